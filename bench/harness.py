@@ -1,0 +1,380 @@
+"""Shared helpers for softdeploy's benchmarks (started from shared/notes/perf/common.py, the peer
+baseline scripts).
+
+Conventions (all scripts):
+  * every script is runnable as `python script.py [--threads 1,2] [--quick]` and prints markdown tables;
+  * timings are MEDIANS over many interleaved rounds (peers of one configuration are run in turn, A B C A B C ...,
+    in a rotated order each round) so ratios between peers are measured in the same run and resist drift
+    on a shared, noisy 2-core machine;
+  * "1 thread" means torch.set_num_threads(1), ORT intra_op_num_threads=1, OpenBLAS limited to 1 via threadpoolctl.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import contextmanager
+
+# Several runtimes share this process (torch/OpenMP, onnxruntime's pool, OpenBLAS). With their default idle SPINNING,
+# the workers of the runtime that ran last keep a core busy while the next one runs: on a 2-core machine that made
+# 2-thread timings of interleaved peers up to 4x worse than alone (ORT MatMul 512^3: 1.4 ms alone, 5.6 ms interleaved
+# with torch.mm). So spinning is off unless PERF_SPIN=1: OMP_WAIT_POLICY=PASSIVE, OpenBLAS threads sleep at once, and
+# ORT sessions get session.intra_op.allow_spinning=0. This module must be imported BEFORE numpy / torch.
+SPIN = os.environ.get("PERF_SPIN", "0") == "1"
+if not SPIN:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
+
+# ---------------------------------------------------------------------------------------------------------------------
+# argument helpers
+
+
+def int_list(s: str) -> list[int]:
+    return [int(x) for x in s.split(",") if x.strip()]
+
+
+def str_list(s: str) -> list[str]:
+    return [x.strip() for x in s.split(",") if x.strip()]
+
+
+def base_parser(desc: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=desc, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--threads", type=int_list, default=[1, 2], help="thread counts to measure")
+    p.add_argument("--rounds", type=int, default=15, help="interleaved rounds per configuration (median taken)")
+    p.add_argument("--batch-ms", type=float, default=20.0, help="target duration of one timed batch of calls")
+    p.add_argument("--quick", action="store_true", help="fewer rounds / shapes, for smoke tests")
+    p.add_argument(
+        "--quiet-wait",
+        type=float,
+        default=30.0,
+        help="before each block, wait up to this many seconds for other processes to go idle",
+    )
+    p.add_argument(
+        "--tries",
+        type=int,
+        default=3,
+        help="re-measure a configuration (up to this many times) when other processes used > 0.3 cores "
+        "during it; the quietest try is kept and its background load printed",
+    )
+    return p
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# threads
+
+
+@contextmanager
+def threads(n: int):
+    """Limit torch intra-op threads and OpenBLAS/OpenMP pools to n (ORT sessions take n explicitly)."""
+    old_torch = None
+    try:
+        import torch
+
+        old_torch = torch.get_num_threads()
+        torch.set_num_threads(n)
+    except ImportError:
+        pass
+    try:
+        from threadpoolctl import threadpool_limits
+
+        ctx = threadpool_limits(limits=n)
+    except ImportError:  # numpy BLAS then uses its default (all cores)
+        ctx = None
+    try:
+        yield
+    finally:
+        if ctx is not None:
+            ctx.restore_original_limits()
+        if old_torch is not None:
+            import torch
+
+            torch.set_num_threads(old_torch)
+
+
+def ort_session(model_bytes_or_path, n_threads: int, opt_level: str = "all", providers=None):
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = n_threads
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    so.graph_optimization_level = {
+        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        "none": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+    }[opt_level]
+    so.log_severity_level = 3
+    if not SPIN:
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return ort.InferenceSession(model_bytes_or_path, so, providers=providers or ["CPUExecutionProvider"])
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# timing
+
+
+class Timing:
+    __slots__ = ("inner", "median", "min", "q1", "q3", "samples")
+
+    def __init__(self, samples: list[float], inner: int):
+        s = sorted(samples)
+        self.samples = s
+        self.inner = inner
+        self.median = statistics.median(s)
+        self.min = s[0]
+        n = len(s)
+        self.q1 = s[max(0, (n - 1) // 4)]
+        self.q3 = s[min(n - 1, (3 * (n - 1) + 3) // 4)]
+
+    @property
+    def spread(self) -> float:
+        """interquartile range relative to the median"""
+        return (self.q3 - self.q1) / self.median if self.median > 0 else 0.0
+
+
+def _calibrate(fn: Callable[[], object], batch_s: float, max_inner: int = 100000) -> int:
+    fn()  # warm-up (allocations, lazy init)
+    t0 = time.perf_counter()
+    fn()
+    dt = time.perf_counter() - t0
+    if dt <= 0:
+        return max_inner
+    return int(max(1, min(max_inner, round(batch_s / dt))))
+
+
+def bench_interleaved(
+    fns: dict[str, Callable[[], object]], rounds: int = 15, batch_ms: float = 20.0, warmup_rounds: int = 1
+) -> dict[str, Timing]:
+    """Time several callables in turn. Returns per-call seconds (median over rounds)."""
+    names = list(fns)
+    inner = {n: _calibrate(fns[n], batch_ms / 1e3) for n in names}
+    samples: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(warmup_rounds + rounds):
+        order = names[r % len(names) :] + names[: r % len(names)]
+        for n in order:
+            f, k = fns[n], inner[n]
+            t0 = time.perf_counter()
+            for _ in range(k):
+                f()
+            dt = (time.perf_counter() - t0) / k
+            if r >= warmup_rounds:
+                samples[n].append(dt)
+    return {n: Timing(samples[n], inner[n]) for n in names}
+
+
+def bench(fn: Callable[[], object], rounds: int = 15, batch_ms: float = 20.0) -> Timing:
+    return bench_interleaved({"f": fn}, rounds, batch_ms)["f"]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# formatting
+
+
+def fmt_time(s: float) -> str:
+    if s < 1e-3:
+        return f"{s * 1e6:.1f} us"
+    if s < 1:
+        return f"{s * 1e3:.2f} ms"
+    return f"{s:.2f} s"
+
+
+def fmt_num(x: float | None, nd: int = 1) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, str):
+        return x
+    if x != x:  # nan
+        return "nan"
+    if abs(x) >= 1000:
+        return f"{x:,.0f}"
+    return f"{x:.{nd}f}"
+
+
+def md_table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
+    rows = [[str(c) for c in r] for r in rows]
+    out = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def header(title: str) -> None:
+    import importlib
+
+    vers = []
+    for m in ("softdeploy", "numpy", "torch", "onnxruntime", "onnx"):
+        try:
+            vers.append(f"{m} {importlib.import_module(m).__version__}")
+        except Exception:
+            pass
+    cpu = "?"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    env = {
+        k: os.environ[k]
+        for k in (
+            "OPENBLAS_CORETYPE",
+            "OPENBLAS_L2_SIZE",
+            "OMP_NUM_THREADS",
+            "OMP_WAIT_POLICY",
+            "OPENBLAS_THREAD_TIMEOUT",
+            "PERF_SPIN",
+        )
+        if k in os.environ
+    }
+    print(f"# {title}\n")
+    flags = []
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    have = set(line.split(":", 1)[1].split())
+                    flags = [
+                        x
+                        for x in (
+                            "avx2",
+                            "fma",
+                            "avx512f",
+                            "avx512bw",
+                            "avx512vl",
+                            "avx512dq",
+                            "avx512_vnni",
+                            "avx512_bf16",
+                            "avx512_fp16",
+                            "amx_tile",
+                        )
+                        if x in have
+                    ]
+                    break
+    except OSError:
+        pass
+    print(f"- host: {cpu}, {os.cpu_count()} logical CPUs, python {platform.python_version()}; {', '.join(vers)}")
+    print(
+        f"- CPU flags: {' '.join(flags)}; softdeploy kernel variant: {os.environ.get('SOFTDEPLOY_ISA', 'best available')}"
+    )
+    print(f"- env: {env}; idle spinning of thread pools {'ON (PERF_SPIN=1)' if SPIN else 'OFF (see common.py)'}")
+    print(
+        "- timing: median per call over interleaved rounds; spread = IQR/median; bg load = CPU cores used by other "
+        "processes DURING the measurement (shared machine; a configuration is re-measured while it is > 0.3)\n"
+    )
+    sys.stdout.flush()
+
+
+def sync_print(*a, **k):
+    print(*a, **k)
+    sys.stdout.flush()
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# in-run yardsticks (so that ratios vs physical limits are measured in the same process/run)
+
+
+def stream_yardsticks(n_threads: int, mbytes: int = 256, rounds: int = 9) -> dict[str, float]:
+    """DRAM-resident copy and read bandwidth with torch (which is OpenMP-parallel): GB/s, STREAM counting
+    (copy counts read+write bytes, no write-allocate)."""
+    import torch
+
+    n = mbytes * (1 << 20) // 4
+    a = torch.ones(n, dtype=torch.float32)
+    b = torch.empty_like(a)
+    with threads(n_threads):
+        t, bg = quiet_bench({"copy": lambda: b.copy_(a), "read": lambda: torch.amax(a)}, rounds=rounds, batch_ms=1)
+    return {"copy_GBs": 2 * n * 4 / t["copy"].median / 1e9, "read_GBs": n * 4 / t["read"].median / 1e9, "bg": bg}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# neighbours: this machine is shared; record (and optionally wait out) CPU load from other processes
+
+
+def _proc_stat_busy():
+    with open("/proc/stat") as f:
+        parts = f.readline().split()[1:]
+    vals = [int(x) for x in parts]
+    idle = vals[3] + (vals[4] if len(vals) > 4 else 0)
+    return sum(vals[:8]) - idle, sum(vals[:8])
+
+
+def _self_ticks():
+    ticks = 0
+    base = "/proc/self/task"
+    for tid in os.listdir(base):
+        try:
+            with open(f"{base}/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            ticks += int(fields[11]) + int(fields[12])
+        except OSError:
+            pass
+    return ticks
+
+
+def background_load(interval: float = 0.5) -> float:
+    """CPU cores kept busy by OTHER processes during `interval` seconds (this process sleeps meanwhile)."""
+    b0, t0 = _proc_stat_busy()
+    s0 = _self_ticks()
+    time.sleep(interval)
+    b1, t1 = _proc_stat_busy()
+    s1 = _self_ticks()
+    ncpu = os.cpu_count() or 1
+    if t1 == t0:
+        return 0.0
+    return max(0.0, (b1 - b0 - (s1 - s0)) / (t1 - t0) * ncpu)
+
+
+def wait_quiet(max_wait_s: float = 60.0, threshold: float = 0.3) -> float:
+    """Wait (up to max_wait_s) until other processes use less than `threshold` cores; return the last reading."""
+    deadline = time.time() + max_wait_s
+    load = background_load()
+    while load > threshold and time.time() < deadline:
+        time.sleep(2.0)
+        load = background_load()
+    return load
+
+
+class LoadMeter:
+    """Average CPU cores used by OTHER processes between start() and stop()."""
+
+    def start(self):
+        self.b0, self.t0 = _proc_stat_busy()
+        self.s0 = _self_ticks()
+        return self
+
+    def stop(self) -> float:
+        b1, t1 = _proc_stat_busy()
+        s1 = _self_ticks()
+        if t1 == self.t0:
+            return 0.0
+        return max(0.0, (b1 - self.b0 - (s1 - self.s0)) / (t1 - self.t0) * (os.cpu_count() or 1))
+
+
+def quiet_bench(
+    fns: dict[str, Callable[[], object]],
+    rounds: int = 15,
+    batch_ms: float = 20.0,
+    max_tries: int = 3,
+    wait_s: float = 30.0,
+    threshold: float = 0.3,
+):
+    """bench_interleaved, repeated (up to max_tries, after waiting up to wait_s for quiet) while other processes used
+    more than `threshold` cores during the measurement. Returns (timings of the quietest try, its background load)."""
+    best = None
+    for attempt in range(max_tries):
+        if attempt:
+            wait_quiet(wait_s, threshold)
+        m = LoadMeter().start()
+        t = bench_interleaved(fns, rounds=rounds, batch_ms=batch_ms)
+        bg = m.stop()
+        if best is None or bg < best[1]:
+            best = (t, bg)
+        if bg <= threshold:
+            break
+    return best

@@ -1,0 +1,25 @@
+// CPU feature detection and the run-time choice of kernel variant.
+//
+// Every kernel has a portable C++ variant and, where it pays, AVX2+FMA and AVX-512 variants compiled
+// with __attribute__((target(...))) in the same file. Which one runs is decided once per kernel
+// instance (at session creation) from the CPU's features; the environment variable SOFTDEPLOY_ISA
+// (portable | avx2 | avx512) may lower the choice, never raise it above what the CPU supports --
+// the conformance tests use it to check every variant on one machine.
+#pragma once
+
+namespace sd {
+
+enum class Isa { kPortable = 0, kAvx2 = 1, kAvx512 = 2 };
+
+// The best variant this CPU can run (AVX-512 needs F, BW, VL and DQ; AVX2 needs FMA as well).
+Isa DetectIsa() noexcept;
+
+// DetectIsa() lowered by SOFTDEPLOY_ISA when set. An unknown value is ignored.
+Isa SelectIsa() noexcept;
+
+const char* IsaName(Isa isa) noexcept;
+
+}  // namespace sd
+
+#define SD_TARGET_AVX2 __attribute__((target("avx2,fma")))
+#define SD_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")))

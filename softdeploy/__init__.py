@@ -1,0 +1,30 @@
+"""softdeploy: ship PyTorch models that use "soft" operators to onnxruntime (and TVM).
+
+``import softdeploy`` is deliberately light: it imports neither torch, nor onnxruntime, nor TVM.
+The op registry lives in :mod:`softdeploy.ops`, sessions in :mod:`softdeploy.runtime`.
+"""
+
+from __future__ import annotations
+
+from softdeploy.errors import (
+    ExportError,
+    LibraryNotFoundError,
+    OpContractError,
+    RuntimeFailure,
+    SoftdeployError,
+)
+
+__version__ = "0.1.0"
+DOMAIN = "com.softdeploy"
+OPSET_VERSION = 1
+
+__all__ = [
+    "DOMAIN",
+    "OPSET_VERSION",
+    "ExportError",
+    "LibraryNotFoundError",
+    "OpContractError",
+    "RuntimeFailure",
+    "SoftdeployError",
+    "__version__",
+]

@@ -1,0 +1,65 @@
+"""The portable fallback: every com.softdeploy node of a model carries a standard-ONNX function body
+as a model-local FunctionProto. onnxruntime prefers a registered kernel over a model-local function
+of the same domain/name and runs the body when softdeploy's library is not registered; TVM and
+onnx.reference need the bodies inlined first (:func:`inline_function_bodies`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from softdeploy import DOMAIN, OPSET_VERSION
+from softdeploy.errors import ExportError
+
+
+def _nodes(graph: Any) -> Iterator[Any]:
+    for node in graph.node:
+        yield node
+        for attr in node.attribute:
+            if attr.g.node:
+                yield from _nodes(attr.g)
+            for g in attr.graphs:
+                yield from _nodes(g)
+
+
+def default_opset(model: Any) -> int:
+    for imp in model.opset_import:
+        if imp.domain in ("", "ai.onnx"):
+            return int(imp.version)
+    raise ExportError("model imports no default ('') opset")
+
+
+def attach_function_bodies(model: Any) -> Any:
+    """Appends (in place, and returns) the function body of every com.softdeploy op the model uses
+    and does not already define, targeted at the model's default opset; adds the domain import."""
+    from softdeploy.ops import REGISTRY, register_onnx_schemas
+
+    register_onnx_schemas()
+    used = {n.op_type for n in _nodes(model.graph) if n.domain == DOMAIN}
+    unknown = sorted(used - set(REGISTRY))
+    if unknown:
+        raise ExportError(f"model uses {unknown} in domain {DOMAIN}, which softdeploy does not define")
+    have = {(f.domain, f.name) for f in model.functions}
+    opset = default_opset(model)
+    for name in sorted(used):
+        if (DOMAIN, name) not in have:
+            model.functions.append(REGISTRY[name].function_proto(opset))
+    if used and not any(i.domain == DOMAIN for i in model.opset_import):
+        model.opset_import.append(_opsetid(DOMAIN, OPSET_VERSION))
+    return model
+
+
+def inline_function_bodies(model: Any) -> Any:
+    """A copy of the model with every com.softdeploy function inlined (standard ops only)."""
+    import onnx.inliner
+
+    attach_function_bodies(model)
+    targets = [(DOMAIN, f.name) for f in model.functions if f.domain == DOMAIN]
+    return onnx.inliner.inline_selected_functions(model, targets, exclude=False)
+
+
+def _opsetid(domain: str, version: int) -> Any:
+    from onnx import helper
+
+    return helper.make_opsetid(domain, version)

@@ -1,0 +1,115 @@
+"""torch -> ONNX: modules that call ``torch.ops.softdeploy.*`` export to com.softdeploy nodes.
+
+The translation table is built from the registry: each ``softdeploy::<stem>`` torch op maps to a
+function emitting the com.softdeploy node (onnxscript finds the op through the ONNX schema
+registered by register_onnx_schemas). torch.onnx inlines every function it records, so the portable
+function bodies are attached *after* export (attach_function_bodies).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from softdeploy import DOMAIN, OPSET_VERSION
+from softdeploy.errors import ExportError
+from softdeploy.export.functions import attach_function_bodies
+from softdeploy.ops._schema import OpDef
+
+DEFAULT_OPSET = 18
+
+
+def _translator(d: OpDef) -> Any:
+    """A Python function with the op's exact signature (inputs, then typed attributes) that emits
+    the com.softdeploy node; the exporter reads inputs vs attributes from the signature."""
+    from onnxscript import values
+
+    opset = values.Opset(DOMAIN, OPSET_VERSION)
+    attr_names = [a.name for a in d.attrs]
+
+    def translate(*args: Any, **kwargs: Any) -> Any:
+        n = len(d.inputs)
+        inputs = list(args[:n])
+        attrs = dict(zip(attr_names, args[n:], strict=False))
+        attrs.update(kwargs)
+        while inputs and inputs[-1] is None:
+            inputs.pop()
+        return (
+            getattr(opset, d.name)(*inputs, **attrs, _num_outputs=len(d.outputs))
+            if len(d.outputs) > 1
+            else getattr(opset, d.name)(*inputs, **attrs)
+        )
+
+    params = [
+        inspect.Parameter(
+            p.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None if p.optional else inspect.Parameter.empty
+        )
+        for p in d.inputs
+    ]
+    params += [
+        inspect.Parameter(
+            a.name,
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+            annotation=a.kind,
+            default=inspect.Parameter.empty if a.required else a.default,
+        )
+        for a in d.attrs
+    ]
+    translate.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    translate.__annotations__ = {a.name: a.kind for a in d.attrs}
+    translate.__name__ = d.stem
+    return translate
+
+
+def translation_table() -> dict[Any, Any]:
+    from softdeploy.ops import REGISTRY, register_onnx_schemas
+    from softdeploy.ops._torch import register_torch_ops
+
+    register_onnx_schemas()
+    ops = register_torch_ops()
+    return {ops[name].default: _translator(d) for name, d in REGISTRY.items()}
+
+
+def export_module(
+    module: Any,
+    args: Sequence[Any],
+    path: str | Path | None = None,
+    *,
+    dynamic_shapes: Any = None,
+    input_names: Sequence[str] | None = None,
+    output_names: Sequence[str] | None = None,
+    opset: int = DEFAULT_OPSET,
+    overwrite: bool = False,
+) -> Any:
+    """Exports ``module(*args)`` with torch.onnx (dynamo) to an onnx.ModelProto whose soft ops are
+    com.softdeploy nodes carrying their function bodies; checked with onnx.checker. Writes ``path``
+    when given (refuses to replace an existing file unless ``overwrite``)."""
+    import onnx
+    import torch
+
+    if path is not None and Path(path).exists() and not overwrite:
+        raise ExportError(f"{path} exists; pass overwrite=True (CLI: --overwrite) to replace it")
+    try:
+        program = torch.onnx.export(
+            module,
+            tuple(args),
+            dynamo=True,
+            custom_translation_table=translation_table(),
+            dynamic_shapes=dynamic_shapes,
+            input_names=list(input_names) if input_names else None,
+            output_names=list(output_names) if output_names else None,
+            opset_version=opset,
+            optimize=True,
+            verbose=False,
+        )
+    except Exception as e:  # torch raises many exception types from the exporter
+        raise ExportError(f"torch.onnx.export failed: {e}") from e
+    model = attach_function_bodies(program.model_proto)
+    onnx.checker.check_model(model, full_check=True)
+    if path is not None:
+        tmp = Path(str(path) + ".tmp")
+        onnx.save(model, tmp)
+        tmp.replace(path)
+    return model

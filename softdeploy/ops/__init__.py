@@ -1,0 +1,45 @@
+"""The operator registry: the one Python list of softdeploy's ops.
+
+Adding an op = ``softdeploy/ops/<stem>.py`` (defines ``DEF``) + one line here + ``ops/<stem>.cc`` +
+one line in ``ops/ops.inc``. tests/ops/test_registry.py checks that this list, ops.inc and the ops
+the built library registers are the same set.
+"""
+
+from __future__ import annotations
+
+from softdeploy.ops import two_pass_softmax
+from softdeploy.ops._schema import ErrorCase, OpDef, Sample
+
+REGISTRY: dict[str, OpDef] = {d.name: d for d in sorted((two_pass_softmax.DEF,), key=lambda d: d.name)}
+
+
+def get(name: str) -> OpDef:
+    from softdeploy.errors import SoftdeployError
+
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise SoftdeployError(f"unknown op {name!r}; softdeploy ops are {sorted(REGISTRY)}") from None
+
+
+_schemas_registered = False
+
+
+def register_onnx_schemas() -> None:
+    """Registers every op's schema with onnx (idempotent), so onnx.checker and shape inference know
+    domain com.softdeploy."""
+    global _schemas_registered
+    if _schemas_registered:
+        return
+    from onnx import defs
+
+    from softdeploy import DOMAIN, OPSET_VERSION
+
+    for d in REGISTRY.values():
+        if defs.has(d.name, OPSET_VERSION, DOMAIN):
+            defs.deregister_schema(d.name, OPSET_VERSION, DOMAIN)
+        defs.register_schema(d.onnx_schema())
+    _schemas_registered = True
+
+
+__all__ = ["REGISTRY", "ErrorCase", "OpDef", "Sample", "get", "register_onnx_schemas"]

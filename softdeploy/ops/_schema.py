@@ -1,0 +1,264 @@
+"""What an operator is, as data: :class:`OpDef` and its parts.
+
+Each ``softdeploy/ops/<stem>.py`` builds exactly one ``DEF = OpDef(...)``; everything else in
+softdeploy (ONNX schemas, function bodies, torch ops, export, runtime, tests, benchmarks, CLI)
+iterates :data:`softdeploy.ops.REGISTRY` and never lists ops itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from softdeploy import DOMAIN, OPSET_VERSION
+from softdeploy.errors import OpContractError
+
+# The standard-ONNX opset the function bodies are written against; attach_function_bodies() retargets
+# them to a model's own default opset (every op the bodies use has the same semantics in 18..23).
+BODY_OPSET = 18
+SUPPORTED_MODEL_OPSETS = range(18, 24)
+
+# Floating element types an op's "T" ports accept (computed in float32 in the kernels).
+FLOAT_TYPES = ("float32", "float16")
+
+_ONNX_TYPE = {
+    "float32": "tensor(float)",
+    "float16": "tensor(float16)",
+    "float64": "tensor(double)",
+    "int64": "tensor(int64)",
+    "int32": "tensor(int32)",
+    "int8": "tensor(int8)",
+    "uint8": "tensor(uint8)",
+    "bool": "tensor(bool)",
+}
+
+
+class _Required:
+    def __repr__(self) -> str:
+        return "REQUIRED"
+
+
+REQUIRED: Any = _Required()
+
+
+@dataclasses.dataclass(frozen=True)
+class Port:
+    """One input or output. ``dtype`` is ``"T"`` (the op's float type) or a fixed numpy dtype name."""
+
+    name: str
+    dtype: str = "T"
+    optional: bool = False
+    doc: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Attr:
+    """One attribute; ``default=REQUIRED`` makes it mandatory."""
+
+    name: str
+    kind: type  # int | float | str
+    default: Any = REQUIRED
+    doc: str = ""
+
+    @property
+    def required(self) -> bool:
+        return self.default is REQUIRED
+
+
+@dataclasses.dataclass(frozen=True)
+class Sample:
+    """Inputs (``None`` = an omitted optional input) and attributes on which every backend must agree.
+
+    ``kind`` is ``"typical"``, ``"edge"`` (boundary sizes: empty, one element, k = n, tile edges) or
+    ``"special"`` (+-inf, NaN, ties).
+    """
+
+    name: str
+    inputs: tuple[np.ndarray | None, ...]
+    attrs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    kind: str = "typical"
+
+
+@dataclasses.dataclass(frozen=True)
+class ErrorCase:
+    """Inputs that break a rule of the contract; every backend must refuse them with ``match`` in
+    the message (the kernel as an onnxruntime error status, Python as OpContractError)."""
+
+    name: str
+    inputs: tuple[np.ndarray | None, ...]
+    attrs: Mapping[str, Any]
+    match: str
+
+
+@dataclasses.dataclass(frozen=True)
+class OpDef:
+    name: str  # ONNX op type in domain com.softdeploy
+    doc: str  # the equation and the rules (the op module's docstring)
+    inputs: tuple[Port, ...]
+    outputs: tuple[Port, ...]
+    attrs: tuple[Attr, ...]
+    reference: Callable[..., tuple[np.ndarray, ...]]  # float64 NumPy oracle: (*inputs, **attrs)
+    function: Any  # onnxscript OnnxFunction named like the op: the portable standard-ONNX body
+    samples: Callable[[np.random.Generator], Iterable[Sample]]
+    errors: Callable[[], Iterable[ErrorCase]]
+    torch_impl: Callable[..., Any]  # eager torch version: (*tensors, **attrs) -> tensor | tuple
+    infer_shapes: Callable[[Any], None] | None = None  # onnx InferenceContext -> sets output types
+    torch_fake: Callable[..., Any] | None = None  # defaults to torch_impl on fake tensors
+    float_types: tuple[str, ...] = FLOAT_TYPES
+    # (rtol, atol) against the float64 reference, per float type of the inputs
+    tolerance: Mapping[str, tuple[float, float]] = dataclasses.field(
+        default_factory=lambda: {"float32": (2e-6, 1e-30), "float16": (2e-3, 1e-6)}
+    )
+    source: str = ""  # paper / reference implementation
+
+    # ---- derived names ---------------------------------------------------------------------------
+
+    @property
+    def stem(self) -> str:
+        """snake_case name: module ``softdeploy/ops/<stem>.py``, kernel ``ops/<stem>.cc``, torch op
+        ``softdeploy::<stem>``."""
+        return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", self.name).lower()
+
+    def attr_defaults(self) -> dict[str, Any]:
+        return {a.name: a.default for a in self.attrs if not a.required}
+
+    def resolve_attrs(self, attrs: Mapping[str, Any]) -> dict[str, Any]:
+        """Defaults filled in; unknown or missing required attributes raise OpContractError."""
+        known = {a.name for a in self.attrs}
+        unknown = sorted(set(attrs) - known)
+        if unknown:
+            raise OpContractError(f"{self.name}: unknown attribute(s) {unknown} (rule: attributes are {sorted(known)})")
+        out = self.attr_defaults()
+        out.update(attrs)
+        for a in self.attrs:
+            if a.name not in out:
+                raise OpContractError(f"{self.name}: attribute '{a.name}' is required")
+        return out
+
+    # ---- ONNX ------------------------------------------------------------------------------------
+
+    def onnx_schema(self) -> Any:
+        """The onnx.defs.OpSchema of this op (so onnx.checker and shape inference know it)."""
+        from onnx import defs, helper
+
+        def formal(p: Port) -> defs.OpSchema.FormalParameter:
+            option = (
+                defs.OpSchema.FormalParameterOption.Optional
+                if p.optional
+                else defs.OpSchema.FormalParameterOption.Single
+            )
+            type_str = "T" if p.dtype == "T" else _ONNX_TYPE[p.dtype]
+            return defs.OpSchema.FormalParameter(p.name, type_str, p.doc, param_option=option)
+
+        attr_types = {
+            int: defs.OpSchema.AttrType.INT,
+            float: defs.OpSchema.AttrType.FLOAT,
+            str: defs.OpSchema.AttrType.STRING,
+        }
+        attributes = [
+            defs.OpSchema.Attribute(a.name, attr_types[a.kind], a.doc, required=True)
+            if a.required
+            else defs.OpSchema.Attribute(a.name, helper.make_attribute(a.name, a.default), a.doc)
+            for a in self.attrs
+        ]
+        schema = defs.OpSchema(
+            self.name,
+            DOMAIN,
+            OPSET_VERSION,
+            self.doc,
+            inputs=[formal(p) for p in self.inputs],
+            outputs=[formal(p) for p in self.outputs],
+            type_constraints=[("T", [_ONNX_TYPE[t] for t in self.float_types], "float types")],
+            attributes=attributes,
+        )
+        if self.infer_shapes is not None:
+            schema.set_type_and_shape_inference_function(self.infer_shapes)
+        return schema
+
+    def function_proto(self, opset: int = BODY_OPSET) -> Any:
+        """The portable body as a FunctionProto for a model whose default opset is ``opset``."""
+        from softdeploy.errors import ExportError
+
+        if opset not in SUPPORTED_MODEL_OPSETS:
+            raise ExportError(
+                f"{self.name}: model opset {opset} is not supported for function bodies "
+                f"(rule: {SUPPORTED_MODEL_OPSETS.start} <= opset < {SUPPORTED_MODEL_OPSETS.stop}); "
+                "convert the model first with onnx.version_converter.convert_version(model, 18)"
+            )
+        proto = self.function.to_function_proto()
+        for imp in proto.opset_import:
+            if imp.domain in ("", "ai.onnx"):
+                imp.version = opset
+        return proto
+
+    def make_node(self, inputs: Sequence[str], outputs: Sequence[str], **attrs: Any) -> Any:
+        from onnx import helper
+
+        return helper.make_node(self.name, list(inputs), list(outputs), domain=DOMAIN, **attrs)
+
+    def make_model(
+        self, sample: Sample, *, with_function: bool = True, opset: int = BODY_OPSET, outputs: int | None = None
+    ) -> Any:
+        """A one-node model running this op on ``sample`` (omitted optional inputs stay omitted)."""
+        from onnx import helper
+
+        from softdeploy.export.functions import attach_function_bodies
+
+        in_names, graph_inputs = [], []
+        for port, value in zip(self.inputs, sample.inputs, strict=False):
+            if value is None:
+                in_names.append("")
+                continue
+            elem = helper.np_dtype_to_tensor_dtype(np.asarray(value).dtype)
+            dims = [f"{port.name}_{i}" for i in range(np.ndim(value))]
+            graph_inputs.append(helper.make_tensor_value_info(port.name, elem, dims))
+            in_names.append(port.name)
+        while in_names and in_names[-1] == "":
+            in_names.pop()
+        n_out = len(self.outputs) if outputs is None else outputs
+        out_ports = self.outputs[:n_out]
+        t_type = next(
+            (
+                np.asarray(v).dtype
+                for p, v in zip(self.inputs, sample.inputs, strict=False)
+                if p.dtype == "T" and v is not None
+            ),
+            np.dtype(np.float32),
+        )
+
+        def elem(p: Port) -> int:
+            return helper.np_dtype_to_tensor_dtype(t_type if p.dtype == "T" else np.dtype(p.dtype))
+
+        # Output ranks from the oracle (the checker wants a shape; dims stay symbolic).
+        ranks = [np.ndim(r) for r in self.reference(*sample.inputs, **sample.attrs)]
+        graph_outputs = [
+            helper.make_tensor_value_info(p.name, elem(p), [f"{p.name}_{i}" for i in range(r)])
+            for p, r in zip(out_ports, ranks, strict=False)
+        ]
+        node = self.make_node(in_names, [p.name for p in out_ports], **sample.attrs)
+        graph = helper.make_graph([node], f"{self.stem}_one_node", graph_inputs, graph_outputs)
+        model = helper.make_model(
+            graph,
+            opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid(DOMAIN, OPSET_VERSION)],
+            ir_version=10,
+        )
+        return attach_function_bodies(model) if with_function else model
+
+    def feeds(self, sample: Sample) -> dict[str, np.ndarray]:
+        return {p.name: v for p, v in zip(self.inputs, sample.inputs, strict=False) if v is not None}
+
+    # ---- torch -----------------------------------------------------------------------------------
+
+    def torch_schema(self) -> str:
+        """``softdeploy::<stem>`` schema derived from the ports and attributes."""
+        kinds = {int: "int", float: "float", str: "str"}
+        args = [f"Tensor{'?' if p.optional else ''} {p.name}{'=None' if p.optional else ''}" for p in self.inputs]
+        for a in self.attrs:
+            default = "" if a.required else "=" + (f'"{a.default}"' if a.kind is str else repr(a.default))
+            args.append(f"{kinds[a.kind]} {a.name}{default}")
+        outs = "Tensor" if len(self.outputs) == 1 else "(" + ", ".join("Tensor" for _ in self.outputs) + ")"
+        return f"({', '.join(args)}) -> {outs}"

@@ -1,0 +1,103 @@
+"""The one place that builds onnxruntime sessions.
+
+``Session(model, kernels="native")`` registers softdeploy's kernel library, so com.softdeploy nodes
+run the native kernels; ``kernels="portable"`` never registers it, so onnxruntime runs the standard-ONNX
+function bodies attached to the model (what a user without softdeploy gets); ``kernels="auto"``
+uses the library when it loads and the function bodies otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from softdeploy.errors import OpContractError, RuntimeFailure
+
+Kernels = Literal["native", "portable", "auto"]
+
+
+def _session_options(threads: int, spin: bool) -> Any:
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.log_severity_level = 3  # errors reach the caller as exceptions; don't also print them
+    # Idle ORT workers spinning on a core steal it from whatever runs next (measured on 2 cores).
+    so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
+    return so
+
+
+class Session:
+    """An onnxruntime InferenceSession with softdeploy's kernels (or their portable bodies)."""
+
+    def __init__(
+        self,
+        model: Any,
+        *,
+        kernels: Kernels = "native",
+        threads: int = 1,
+        spin: bool = False,
+        optimization: str = "all",
+    ) -> None:
+        import onnxruntime as ort
+
+        from softdeploy.runtime.library import library_path, library_status
+
+        if kernels not in ("native", "portable", "auto"):
+            raise ValueError(f"kernels must be 'native', 'portable' or 'auto', not {kernels!r}")
+        so = _session_options(threads, spin)
+        so.graph_optimization_level = {
+            "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+            "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+            "none": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+        }[optimization]
+        self.library: Path | None = None
+        if kernels == "native":
+            self.library = library_path()
+        elif kernels == "auto":
+            self.library = library_status().path
+        if self.library is not None:
+            so.register_custom_ops_library(str(self.library))
+        self.kernels = "native" if self.library is not None else "portable"
+        self.threads = threads
+        if hasattr(model, "SerializeToString"):
+            model = model.SerializeToString()
+        elif isinstance(model, os.PathLike):
+            model = os.fspath(model)
+        try:
+            self._sess = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+        except Exception as e:  # onnxruntime raises its own exception types
+            raise _translate(e) from e
+
+    @property
+    def input_names(self) -> list[str]:
+        return [i.name for i in self._sess.get_inputs()]
+
+    @property
+    def output_names(self) -> list[str]:
+        return [o.name for o in self._sess.get_outputs()]
+
+    def run(self, feeds: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None) -> list[np.ndarray]:
+        try:
+            return self._sess.run(list(outputs) if outputs else None, dict(feeds))
+        except Exception as e:
+            raise _translate(e) from e
+
+    @property
+    def ort_session(self) -> Any:
+        return self._sess
+
+
+def _translate(e: Exception) -> Exception:
+    """onnxruntime error -> typed softdeploy error carrying the kernel's own message."""
+    text = str(e)
+    marker = "Status Message: "
+    message = text.split(marker, 1)[1] if marker in text else text
+    if "INVALID_ARGUMENT" in text or type(e).__name__ in ("InvalidArgument", "InvalidGraph"):
+        return OpContractError(message.strip())
+    return RuntimeFailure(message.strip())

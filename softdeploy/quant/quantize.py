@@ -1,0 +1,278 @@
+"""int8 quantization of ONNX models (onnxruntime's quantizer, driven so that our custom ops work).
+
+Two modes:
+  * ``dynamic``: weights int8 (per output channel by default), activations quantized at run time
+    (``MatMulInteger``/``DynamicQuantizeLinear``); no calibration data needed.
+  * ``static``: QDQ format -- ``QuantizeLinear``/``DequantizeLinear`` pairs around the quantized
+    nodes with activation ranges from calibration data. Calibration runs through
+    :func:`softdeploy.quant.calibration.softdeploy_calibration_sessions`, so com.softdeploy nodes run
+    our native kernels (or their function bodies when the library is absent) instead of failing.
+
+com.softdeploy nodes are never quantized themselves: they stay in float between a DequantizeLinear
+and a QuantizeLinear (static) or simply in float (dynamic), and keep their function bodies.
+
+Activation type follows onnxruntime's CPU guidance: uint8 activations with int8 weights; on a CPU
+without VNNI, ``reduce_range`` (7-bit weights) avoids u8s8 saturation in the vpmaddubsw path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from softdeploy.errors import SoftdeployError
+from softdeploy.quant.calibration import as_calibration_reader, softdeploy_calibration_sessions
+from softdeploy.runtime.session import Kernels
+
+Mode = Literal["dynamic", "static"]
+CalibrationMethod = Literal["minmax", "percentile", "entropy"]
+
+# What static QDQ quantizes by default: the GEMM-like ops, where int8 pays. Quantizing everything
+# onnxruntime can (Add, LayerNormalization, Reshape, ...) inserts Q/DQ pairs that cost time and,
+# on transformers, accuracy (measured on all-MiniLM-L6-v2: see results/minilm_retrieval/).
+STATIC_DEFAULT_OP_TYPES = ("MatMul", "Gemm", "Conv")
+
+
+class QuantizationError(SoftdeployError):
+    """Quantization could not be carried out as asked."""
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantConfig:
+    mode: Mode = "dynamic"
+    per_channel: bool = True
+    # None: dynamic -> onnxruntime's integer-op set (MatMul, Conv, Gather, Attention, LSTM, ...);
+    # static -> STATIC_DEFAULT_OP_TYPES.
+    op_types: tuple[str, ...] | None = None
+    calibrate_method: CalibrationMethod = "minmax"
+    exclude: tuple[str, ...] = ()  # node names kept in float
+    only: tuple[str, ...] | None = None  # quantize only these nodes (the sensitivity probe)
+    reduce_range: bool | None = None  # None: True exactly when the CPU lacks VNNI
+
+    def describe(self) -> str:
+        parts = [
+            f"int8 {self.mode}",
+            "per-channel" if self.per_channel else "per-tensor",
+        ]
+        if self.mode == "static":
+            parts.append(f"QDQ, {self.calibrate_method} calibration")
+        if self.exclude:
+            parts.append(f"{len(self.exclude)} node(s) kept in float")
+        return ", ".join(parts)
+
+    def with_exclude(self, nodes: Sequence[str]) -> QuantConfig:
+        return dataclasses.replace(self, exclude=tuple(nodes))
+
+    def resolved_op_types(self) -> tuple[str, ...]:
+        if self.op_types is not None:
+            return self.op_types
+        if self.mode == "static":
+            return STATIC_DEFAULT_OP_TYPES
+        from onnxruntime.quantization.registry import IntegerOpsRegistry
+
+        return tuple(sorted(IntegerOpsRegistry))
+
+
+@dataclasses.dataclass
+class QuantizedModel:
+    path: Path
+    config: QuantConfig
+    quantized_nodes: list[str]  # candidate nodes that now run in int8
+    float_nodes: list[str]  # candidate nodes left in float (excluded, or the quantizer declined)
+    calibration_kernels: str | None  # static: "native" or "portable" (function bodies)
+    reduce_range: bool
+    seconds: float
+
+    @property
+    def size_bytes(self) -> int:
+        return self.path.stat().st_size
+
+
+def cpu_has_vnni() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    return bool(flags & {"avx512_vnni", "avx_vnni", "avx512vnni"})
+    except OSError:
+        pass
+    return False
+
+
+def load_named(model: str | os.PathLike[str] | Any) -> Any:
+    """The model as a ModelProto whose every node has a unique name (the quantizer selects and
+    reports nodes by name; exporters sometimes leave names empty)."""
+    import onnx
+
+    proto = onnx.load(os.fspath(model)) if isinstance(model, str | os.PathLike) else model
+    seen: set[str] = set()
+    for i, node in enumerate(proto.graph.node):
+        if not node.name or node.name in seen:
+            node.name = f"{node.op_type}_{i}"
+        seen.add(node.name)
+    return proto
+
+
+def candidate_nodes(model: Any, config: QuantConfig) -> list[tuple[str, str]]:
+    """(name, op_type) of the nodes the quantizer may turn into int8 under ``config``: nodes of the
+    configured op types, in graph order. Dynamic MatMul/Gemm needs one constant (weight) input to be
+    worth it; a MatMul of two activations (attention scores) is still a candidate, as onnxruntime
+    quantizes it too."""
+    types = set(config.resolved_op_types())
+    return [(n.name, n.op_type) for n in model.graph.node if n.op_type in types and n.domain in ("", "ai.onnx")]
+
+
+def _quantized_names(out_model: Any, candidates: Sequence[tuple[str, str]], mode: Mode) -> list[str]:
+    nodes = list(out_model.graph.node)
+    if mode == "dynamic":
+        # onnxruntime replaces a quantized node by integer ops under new names; a candidate that is
+        # still there with its float op type was not quantized.
+        still_float = {(n.name, n.op_type) for n in nodes}
+        return [name for name, op in candidates if (name, op) not in still_float]
+    producer = {o: n for n in nodes for o in n.output}
+    by_name = {n.name: n for n in nodes}
+    out = []
+    for name, _ in candidates:
+        node = by_name.get(name)
+        if node is not None and any(
+            producer.get(i) is not None and producer[i].op_type == "DequantizeLinear" for i in node.input if i
+        ):
+            out.append(name)
+    return out
+
+
+class _DropPreprocessHint(logging.Filter):
+    """onnxruntime logs "Please consider to run pre-processing before quantization" on every call;
+    softdeploy's exports are already shape-inferred and the hint only buries real warnings."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "pre-process" not in record.getMessage()
+
+
+@contextmanager
+def _quiet_quantizer() -> Iterator[None]:
+    root = logging.getLogger()
+    hint = _DropPreprocessHint()
+    root.addFilter(hint)
+    try:
+        yield
+    finally:
+        root.removeFilter(hint)
+
+
+def quantize(
+    model: str | os.PathLike[str] | Any,
+    output: str | os.PathLike[str],
+    config: QuantConfig = QuantConfig(),
+    *,
+    calibration: Sequence[Mapping[str, np.ndarray]] | None = None,
+    calibration_cache: str | os.PathLike[str] | None = None,
+    kernels: Kernels = "auto",
+) -> QuantizedModel:
+    """Quantizes ``model`` (path or ModelProto) to ``output`` under ``config``.
+
+    ``calibration`` (static mode): input batches, e.g. a few hundred real samples. With
+    ``calibration_cache`` (a JSON path) the activation ranges are computed once and reused by later
+    calls (the sensitivity search quantizes the same model many times)."""
+    from onnxruntime.quantization import CalibrationMethod as OrtCalibrationMethod
+    from onnxruntime.quantization import QuantFormat, QuantType, quantize_dynamic, quantize_static
+
+    from softdeploy.ops import register_onnx_schemas
+
+    register_onnx_schemas()  # the quantizer's shape inference must know com.softdeploy ops
+    t0 = time.perf_counter()
+    proto = load_named(model)
+    candidates = candidate_nodes(proto, config)
+    names = {n for n, _ in candidates}
+    unknown = sorted((set(config.exclude) | set(config.only or ())) - {n.name for n in proto.graph.node})
+    if unknown:
+        raise QuantizationError(f"nodes {unknown} are not in the model (node names: see `softdeploy quantize --list`)")
+    reduce_range = (not cpu_has_vnni()) if config.reduce_range is None else config.reduce_range
+    op_types = list(config.resolved_op_types())
+    exclude = [n for n in config.exclude if n in names]
+    only = [n for n in config.only if n in names] if config.only is not None else None
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    calibration_kernels = None
+    with tempfile.TemporaryDirectory(prefix="softdeploy-quant-") as tmp, _quiet_quantizer():
+        src = Path(tmp) / "named.onnx"
+        import onnx
+
+        onnx.save(proto, src)
+        if config.mode == "dynamic":
+            quantize_dynamic(
+                src,
+                output,
+                weight_type=QuantType.QInt8,
+                per_channel=config.per_channel,
+                reduce_range=reduce_range,
+                op_types_to_quantize=op_types,
+                nodes_to_quantize=only,
+                nodes_to_exclude=exclude,
+            )
+        elif config.mode == "static":
+            cache = Path(calibration_cache) if calibration_cache is not None else None
+            if not calibration and not (cache is not None and cache.is_file()):
+                raise QuantizationError("static quantization needs calibration data (input batches)")
+            method = {
+                "minmax": OrtCalibrationMethod.MinMax,
+                "percentile": OrtCalibrationMethod.Percentile,
+                "entropy": OrtCalibrationMethod.Entropy,
+            }[config.calibrate_method]
+            with softdeploy_calibration_sessions(kernels=kernels) as record:
+                quantize_static(
+                    src,
+                    output,
+                    as_calibration_reader(calibration) if calibration else None,
+                    quant_format=QuantFormat.QDQ,
+                    op_types_to_quantize=op_types,
+                    per_channel=config.per_channel,
+                    reduce_range=reduce_range,
+                    activation_type=QuantType.QUInt8,
+                    weight_type=QuantType.QInt8,
+                    nodes_to_quantize=only,
+                    nodes_to_exclude=exclude,
+                    calibrate_method=method,
+                    calibration_cache_path=cache,
+                    # MatMul of two activations (attention) stays float: int8 there costs accuracy
+                    # for little speed at these sizes.
+                    extra_options={"MatMulConstBOnly": True},
+                )
+            if record.kernels is not None:
+                calibration_kernels = record.kernels
+                if cache is not None:
+                    cache.with_suffix(".kernels").write_text(record.kernels)
+            else:
+                calibration_kernels = calibration_kernels_from_cache(cache)
+        else:
+            raise QuantizationError(f"mode must be 'dynamic' or 'static', not {config.mode!r}")
+    out_model = onnx.load(os.fspath(output))
+    quantized = _quantized_names(out_model, candidates, config.mode)
+    qset = set(quantized)
+    return QuantizedModel(
+        path=output,
+        config=config,
+        quantized_nodes=quantized,
+        float_nodes=[n for n, _ in candidates if n not in qset],
+        calibration_kernels=calibration_kernels,
+        reduce_range=reduce_range,
+        seconds=time.perf_counter() - t0,
+    )
+
+
+def calibration_kernels_from_cache(cache: Path | None) -> str | None:
+    """Ranges loaded from a cache file: the kernels that produced them are recorded beside it."""
+    if cache is None:
+        return None
+    marker = cache.with_suffix(".kernels")
+    return marker.read_text().strip() if marker.is_file() else None

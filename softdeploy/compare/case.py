@@ -1,0 +1,93 @@
+"""What ``softdeploy compare`` needs from a model + data + task (a *case*).
+
+A case owns the task: it exports its fp32 model, supplies calibration and probe inputs, evaluates a
+variant (anything that maps input feeds to output arrays) on its data, and says which latency
+measurements matter and which floors hold. The comparison machinery (variants, timing, agreement,
+reports) is the same for every case: see :mod:`softdeploy.compare.runner`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+Feeds = Mapping[str, np.ndarray]
+Runner = Callable[[Feeds], list[np.ndarray]]
+
+
+@dataclasses.dataclass
+class Evaluation:
+    """A variant's results on the case's data."""
+
+    metrics: dict[str, float]  # the task's own metrics, e.g. {"MRR@10": 0.62, ...}
+    # named [n, d] vector sets, each compared row by row with the reference's by cosine: the column
+    # is the name (e.g. "token cosine")
+    rows: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+    scores: np.ndarray | None = None  # [queries, candidates] compared by top-k agreement and KL
+    notes: dict[str, str] = dataclasses.field(default_factory=dict)  # e.g. {"scorer": "MaxSim op (native kernel)"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Timed:
+    """One latency measurement of a variant: ``fn`` runs one call handling ``items`` items."""
+
+    fn: Callable[[], object]
+    items: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Floor:
+    """A requirement checked on the results: ``value`` against ``target``."""
+
+    name: str
+    value: float | None
+    target: str
+    met: bool
+    detail: str = ""
+
+
+class Progress(Protocol):
+    def step(self, description: str, total: int | None = None) -> Any:
+        """A context manager yielding ``advance(n=1)``."""
+
+
+class Case(Protocol):
+    name: str  # folder name of the results, e.g. "minilm_retrieval"
+    title: str  # one line for the report
+    primary_metric: str  # the metric the accuracy budget and the plot use
+    metric_names: tuple[str, ...]
+    agreement_k: int  # k of the top-k agreement
+    cosine_name: str  # the Evaluation.rows entry the plot and floors use
+    timed_phases: tuple[str, ...]  # e.g. ("encode", "score"); the first is the model's own latency
+
+    def prepare(self, progress: Progress) -> None:
+        """Load the model and data (cached on the instance)."""
+
+    def export_fp32(self, path: Path) -> None:
+        """Write the fp32 ONNX model to ``path``."""
+
+    def torch_runner(self, threads: int) -> Runner:
+        """The eager torch model as a runner over the same feeds."""
+
+    def calibration_feeds(self) -> list[dict[str, np.ndarray]]:
+        """Input batches for static calibration (held apart from the evaluation queries)."""
+
+    def probe_feeds(self) -> list[dict[str, np.ndarray]]:
+        """A few input batches for the per-node sensitivity probe."""
+
+    def evaluate(self, runner: Runner, kernels: str, progress: Progress, label: str) -> Evaluation:
+        """Run the task with ``runner`` (the model) and ``kernels`` ("native", "portable" or "torch":
+        how the case's own post-processing ops run)."""
+
+    def timed(self, runner: Runner, kernels: str, threads: int) -> dict[str, Timed]:
+        """The latency measurements of one variant, by phase."""
+
+    def floors(self, rows: list[dict[str, Any]]) -> list[Floor]:
+        """The requirements of this case, checked on the result rows."""
+
+    def describe(self) -> dict[str, Any]:
+        """Data set, model and settings, for the report."""

@@ -1,0 +1,121 @@
+"""The environment block of every comparison: package versions, CPU model and ISA flags, cores,
+threads, and how busy the machine was with other processes (a shared machine skews latency)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import time
+from typing import Any
+
+# ISA features that decide which kernels run (ours, onnxruntime's MLAS, torch's).
+ISA_FLAGS = (
+    "sse4_2",
+    "avx",
+    "avx2",
+    "fma",
+    "f16c",
+    "avx512f",
+    "avx512bw",
+    "avx512vl",
+    "avx512_vnni",
+    "avx512_bf16",
+    "avx512_fp16",
+    "avx_vnni",
+    "amx_int8",
+)
+PACKAGES = ("softdeploy", "numpy", "torch", "onnx", "onnxruntime", "onnxscript", "transformers", "tokenizers")
+
+
+def _cpuinfo() -> tuple[str, set[str]]:
+    model, flags = platform.processor() or "unknown", set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name") and model in ("unknown", "", "x86_64"):
+                    model = line.split(":", 1)[1].strip()
+                elif line.startswith("flags") and not flags:
+                    flags = set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return model, flags
+
+
+def environment(threads: int) -> dict[str, Any]:
+    from softdeploy.runtime import library_status
+
+    model, flags = _cpuinfo()
+    versions = {}
+    for p in PACKAGES:
+        try:
+            versions[p] = importlib.metadata.version(p)
+        except importlib.metadata.PackageNotFoundError:
+            versions[p] = None
+    status = library_status()
+    kernel_isa = None
+    if status.ok:
+        from softdeploy.conformance import available_isas
+
+        kernel_isa = available_isas()[-1]
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "packages": versions,
+        "cpu": model,
+        "cores": os.cpu_count(),
+        "isa": [f for f in ISA_FLAGS if f in flags],
+        "threads": threads,
+        "softdeploy_library": str(status.path) if status.ok else None,
+        "softdeploy_kernel_isa": kernel_isa,
+        "background_load_cores": round(background_load(), 2),
+        "time": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+    }
+
+
+def _proc_stat_busy() -> tuple[int, int]:
+    with open("/proc/stat") as f:
+        vals = [int(x) for x in f.readline().split()[1:]]
+    idle = vals[3] + (vals[4] if len(vals) > 4 else 0)
+    return sum(vals[:8]) - idle, sum(vals[:8])
+
+
+def _self_ticks() -> int:
+    ticks = 0
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            ticks += int(fields[11]) + int(fields[12])
+        except OSError:
+            pass
+    return ticks
+
+
+class LoadMeter:
+    """Average number of cores used by OTHER processes between start() and stop() (0 where /proc
+    is unavailable)."""
+
+    def start(self) -> LoadMeter:
+        try:
+            self._b0, self._t0 = _proc_stat_busy()
+            self._s0 = _self_ticks()
+            self._ok = True
+        except OSError:
+            self._ok = False
+        return self
+
+    def stop(self) -> float:
+        if not self._ok:
+            return 0.0
+        b1, t1 = _proc_stat_busy()
+        s1 = _self_ticks()
+        if t1 == self._t0:
+            return 0.0
+        return max(0.0, (b1 - self._b0 - (s1 - self._s0)) / (t1 - self._t0) * (os.cpu_count() or 1))
+
+
+def background_load(interval: float = 0.3) -> float:
+    meter = LoadMeter().start()
+    time.sleep(interval)
+    return meter.stop()

@@ -1,0 +1,215 @@
+"""Reports of a comparison: a rich table in the terminal, and report.md, results.csv, results.json
+and accuracy_vs_latency.png in the output folder."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from softdeploy.compare.runner import REFERENCE, CompareResult
+
+# Columns shown in the terminal table and the markdown summary (all columns go to CSV/JSON).
+_ALWAYS = ("variant", "precision", "softdeploy ops")
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "nan"
+        a = abs(v)
+        if a == 0:
+            return "0"
+        if a >= 1000:
+            return f"{v:,.0f}"
+        if a >= 100:
+            return f"{v:.1f}"
+        if a >= 1:
+            return f"{v:.3f}" if a < 10 else f"{v:.2f}"
+        if a >= 1e-3:
+            return f"{v:.4f}"
+        return f"{v:.2e}"
+    return str(v)
+
+
+def summary_columns(result: CompareResult) -> list[str]:
+    cols = list(_ALWAYS) + list(result.metric_names)
+    rows = result.rows()
+    cols += sorted({k for r in rows for k in r if k.endswith("cosine")})
+    cols += [f"top{result.agreement_k} agreement", "KL"]
+    for phase in result.timed_phases:
+        cols += [f"{phase} p50 ms", f"{phase} p90 ms", f"{phase} /s"]
+    cols += [f"{result.timed_phases[0]} speed-up", "size MiB"]
+    return [c for c in cols if any(c in r for r in rows)]
+
+
+def markdown_table(headers: list[str], rows: list[list[Any]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(_fmt(x) for x in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def to_markdown(result: CompareResult) -> str:
+    rows = result.rows()
+    cols = summary_columns(result)
+    env = result.environment
+    out = [f"# {result.title}", ""]
+    desc = result.description
+    out += [f"- **{k}**: {v}" for k, v in desc.items()]
+    out += [
+        f"- **reference** for agreement and speed-up: `{REFERENCE}`; latency at {result.threads} thread(s), "
+        "p50/p90 per call over interleaved rounds after warm-up",
+        "",
+        "## Floors",
+        "",
+        markdown_table(
+            ["floor", "measured", "target", "met", "detail"],
+            [[f.name, f.value, f.target, "yes" if f.met else "**NO**", f.detail] for f in result.floors],
+        ),
+        "",
+        "## Results",
+        "",
+        markdown_table(cols, [[r.get(c) for c in cols] for r in rows]),
+        "",
+        "![accuracy vs latency](accuracy_vs_latency.png)",
+        "",
+        "## Quantization",
+        "",
+    ]
+    for v in result.variants:
+        if v.quantized is None:
+            continue
+        q = v.quantized
+        line = (
+            f"- `{v.spec.name}`: {q.config.describe()}; {len(q.quantized_nodes)} nodes int8, "
+            f"{len(q.float_nodes)} candidate nodes left in float; reduce_range={q.reduce_range}"
+        )
+        if q.calibration_kernels:
+            line += f"; calibration ran softdeploy ops as **{q.calibration_kernels}** kernels"
+        out.append(line + f"; {q.seconds:.1f} s")
+    notes = sorted({f"{k}: {val}" for r in rows for k, val in r.items() if k in ("scorer", "post-processing")})
+    if notes:
+        out += ["", "Post-processing per variant: " + "; ".join(notes)]
+    out += [
+        "",
+        "## Latency details",
+        "",
+        markdown_table(
+            [
+                "variant",
+                "phase",
+                "p50 ms",
+                "p90 ms",
+                "mean ms",
+                "min ms",
+                "calls",
+                "warm-up calls",
+                "items/call",
+                "items/s",
+            ],
+            [
+                [
+                    v.spec.name,
+                    p,
+                    s.p50_ms,
+                    s.p90_ms,
+                    s.mean_ms,
+                    s.min_ms,
+                    s.calls,
+                    s.warmup_calls,
+                    s.items_per_call,
+                    s.throughput,
+                ]
+                for v in result.variants
+                for p, s in v.latency.items()
+            ],
+        ),
+        "",
+        "Background load (cores used by other processes while timing): "
+        + ", ".join(f"{p}: {x}" for p, x in result.latency_background_load.items()),
+        "",
+        "## Environment",
+        "",
+        f"- CPU: {env['cpu']} ({env['cores']} cores); ISA: {' '.join(env['isa'])}",
+        f"- softdeploy kernels: {env['softdeploy_kernel_isa'] or 'library not found'}; threads: {env['threads']}",
+        "- packages: " + ", ".join(f"{k} {v}" for k, v in env["packages"].items() if v),
+        f"- python {env['python']} on {env['platform']}; {env['time']}",
+        f"- run time: {result.seconds:.0f} s (" + ", ".join(f"{k} {v:.0f} s" for k, v in result.steps.items()) + ")",
+        "",
+    ]
+    return "\n".join(out)
+
+
+def write_csv(result: CompareResult, path: Path) -> None:
+    rows = result.rows()
+    cols: list[str] = []
+    for r in rows:
+        cols += [c for c in r if c not in cols]
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=cols)
+        w.writeheader()
+        w.writerows(rows)
+
+
+def plot(result: CompareResult, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = result.rows()
+    phase = result.timed_phases[0]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for ax, metric in zip(axes, (result.primary_metric, result.cosine_name), strict=True):
+        for r in rows:
+            x, y = r.get(f"{phase} p50 ms"), r.get(metric)
+            if x is None or y is None:
+                continue
+            marker = "s" if r["precision"] == "int8" else "o"
+            ax.scatter([x], [y], marker=marker, s=60)
+            ax.annotate(r["variant"], (x, y), textcoords="offset points", xytext=(5, 4), fontsize=8)
+        ax.set_xlabel(f"{phase} latency p50 (ms, {result.threads} thread(s))")
+        ax.set_ylabel(metric if metric != result.cosine_name else f"{metric} to {REFERENCE}")
+        ax.grid(alpha=0.3)
+        ax.margins(x=0.25, y=0.25)
+    fig.suptitle(result.title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_reports(result: CompareResult, out: str | Path) -> dict[str, Path]:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {
+        "markdown": out / "report.md",
+        "csv": out / "results.csv",
+        "json": out / "results.json",
+        "plot": out / "accuracy_vs_latency.png",
+    }
+    paths["markdown"].write_text(to_markdown(result))
+    write_csv(result, paths["csv"])
+    paths["json"].write_text(json.dumps(result.to_json(), indent=1, default=str))
+    plot(result, paths["plot"])
+    return paths
+
+
+def print_table(result: CompareResult, console: Any) -> None:
+    from rich.table import Table
+
+    cols = summary_columns(result)
+    table = Table(title=result.title, show_lines=False)
+    for c in cols:
+        table.add_column(c, justify="left" if c in _ALWAYS else "right")
+    for r in result.rows():
+        table.add_row(*[_fmt(r.get(c)) for c in cols])
+    console.print(table)
+    for f in result.floors:
+        mark = "[green]met[/green]" if f.met else "[bold red]NOT MET[/bold red]"
+        console.print(f"  floor {f.name}: {_fmt(f.value)} (target {f.target}) {mark} {f.detail}")

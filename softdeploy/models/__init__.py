@@ -12,14 +12,21 @@ from typing import Any
 from softdeploy.errors import SoftdeployError
 
 
-def _minilm(**kw: Any) -> Any:
+def _minilm(quick: bool = False, **kw: Any) -> Any:
     from softdeploy.models.minilm_retrieval import MiniLMRetrieval
 
-    return MiniLMRetrieval(**kw)
+    return MiniLMRetrieval(**({"limit_queries": 100} if quick else {}), **kw)
+
+
+def _mtcnn(quick: bool = False, **kw: Any) -> Any:
+    from softdeploy.models.mtcnn_faces import MtcnnFaces
+
+    return MtcnnFaces(**kw)
 
 
 CASES: dict[str, Callable[..., Any]] = {
     "minilm_retrieval": _minilm,
+    "mtcnn_faces": _mtcnn,
 }
 DEFAULT_CASE = "minilm_retrieval"
 

@@ -1,0 +1,73 @@
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from softdeploy.compare import REFERENCE, VARIANTS, run_compare
+from softdeploy.compare.progress import SilentProgress
+from softdeploy.compare.report import print_table, to_markdown, write_reports
+from softdeploy.errors import SoftdeployError
+from tests.compare.tiny_case import TinyCase
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    out = tmp_path_factory.mktemp("compare")
+    return run_compare(TinyCase(), out, threads=1, rounds=2, round_seconds=0.01, progress=SilentProgress()), out
+
+
+def test_every_variant_is_measured(result) -> None:  # type: ignore[no-untyped-def]
+    r, _ = result
+    rows = r.rows()
+    assert [row["variant"] for row in rows] == list(VARIANTS)
+    ref = next(row for row in rows if row["variant"] == REFERENCE)
+    assert ref["output cosine"] == pytest.approx(1.0) and ref["infer speed-up"] == pytest.approx(1.0)
+    for row in rows:
+        assert row["infer p50 ms"] > 0 and row["infer p90 ms"] >= row["infer p50 ms"]
+        assert row["output cosine"] > 0.98  # fp32 variants agree; int8 ones are close
+        assert row["top3 agreement"] > 0.6
+        assert row["size MiB"] is None or row["size MiB"] > 0
+    fp32_like = [row for row in rows if row["precision"] == "fp32"]
+    assert all(row["output cosine"] > 0.99999 for row in fp32_like)
+    static = next(v for v in r.variants if v.spec.name == "ort-int8-static")
+    assert static.quantized is not None and static.quantized.calibration_kernels == "native"
+    assert r.floors and r.floors[0].met
+    assert set(r.environment) >= {"cpu", "isa", "packages", "threads"}
+
+
+def test_reports_are_written(result) -> None:  # type: ignore[no-untyped-def]
+    r, out = result
+    paths = write_reports(r, out)
+    with open(paths["csv"]) as f:
+        assert [row["variant"] for row in csv.DictReader(f)] == list(VARIANTS)
+    data = json.loads(paths["json"].read_text())
+    assert data["case"] == "tiny" and len(data["rows"]) == len(VARIANTS)
+    assert "ort-int8-static" in data["quantization"]
+    assert paths["plot"].read_bytes()[:4] == b"\x89PNG"
+    md = to_markdown(r)
+    assert "## Floors" in md and "ort-int8-dynamic" in md and "## Environment" in md
+
+
+def test_terminal_table(result) -> None:  # type: ignore[no-untyped-def]
+    from rich.console import Console
+
+    r, _ = result
+    console = Console(record=True, width=300)
+    print_table(r, console)
+    text = console.export_text()
+    assert "ort-int8-static" in text and "floor worst output cosine" in text
+
+
+def test_unknown_variant(tmp_path: Path) -> None:
+    with pytest.raises(SoftdeployError, match="unknown variant"):
+        run_compare(TinyCase(), tmp_path, variants=["tvm-tuned"], progress=SilentProgress())
+
+
+def test_subset_always_includes_reference(tmp_path: Path) -> None:
+    r = run_compare(
+        TinyCase(), tmp_path, variants=["ort-int8-dynamic"], rounds=1, round_seconds=0.0, progress=SilentProgress()
+    )
+    assert [v.spec.name for v in r.variants] == [REFERENCE, "ort-int8-dynamic"]

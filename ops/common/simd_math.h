@@ -68,15 +68,8 @@ inline float Scale2(float v, float e) {
 // ---- AVX-512 ----------------------------------------------------------------------------------
 
 SD_TARGET_AVX512 inline void ExtExp(__m512 x, __m512* m, __m512* n) {
-  // Round-to-nearest-even via the magic-bias trick (cheaper than vrndscaleps on Zen 4); exact for
-  // |x * log2e| < 2^22, beyond that roundscale keeps n exact.
-  const __m512 z = _mm512_mul_ps(x, _mm512_set1_ps(kLog2e));
-  const __m512 magic = _mm512_set1_ps(0x1.8p23f);
-  __m512 nn = _mm512_sub_ps(_mm512_add_ps(z, magic), magic);
-  const __mmask16 big = _mm512_cmp_ps_mask(_mm512_abs_ps(z), _mm512_set1_ps(0x1p22f), _CMP_NLT_UQ);
-  if (__builtin_expect(big != 0, 0)) {
-    nn = _mm512_mask_roundscale_ps(nn, big, z, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  }
+  const __m512 nn = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)),
+                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512 t = _mm512_fmadd_ps(nn, _mm512_set1_ps(kMinusLn2Hi), x);
   t = _mm512_fmadd_ps(nn, _mm512_set1_ps(kMinusLn2Lo), t);
   __m512 p = _mm512_set1_ps(kC5);
@@ -84,11 +77,10 @@ SD_TARGET_AVX512 inline void ExtExp(__m512 x, __m512* m, __m512* n) {
   p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(kC3));
   p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(kC2));
   p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(kC1));
-  // exp(-inf) = 0 * 2^-inf: the mantissa is zeroed (t is NaN there); the exponent stays -inf, which
-  // every caller combines only through max() and scalef(0, .) = 0.
-  const __mmask16 finite_or_nan = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-INFINITY), _CMP_NEQ_UQ);
-  *m = _mm512_maskz_fmadd_ps(finite_or_nan, p, t, _mm512_set1_ps(1.0f));
-  *n = nn;
+  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(1.0f));
+  const __mmask16 neg_inf = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ);
+  *m = _mm512_mask_blend_ps(neg_inf, p, _mm512_setzero_ps());
+  *n = _mm512_mask_blend_ps(neg_inf, nn, _mm512_set1_ps(kNoExponent));
 }
 
 // exp(x); exact 0 below the float range, -inf -> 0, +inf -> +inf, NaN -> NaN.

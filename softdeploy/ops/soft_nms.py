@@ -37,8 +37,11 @@ NaN rule: a NaN score is never ``>= ScoreThreshold``, so a box whose input score
 front and a box whose decayed score becomes NaN (inf * 0, or a NaN IoU from infinite coordinates under
 the gaussian weight) is dropped when it is decayed; NaN never enters the max search. (The original
 loop would keep such boxes and select a NaN whenever it sits at row i.) +inf scores are ordinary:
-selected first, in index order. The selected scores are NOT non-increasing in general: a box decayed
-by one selection can be overtaken later by a box that no later selection decays.
+selected first, in index order (and a later inf * 0 is NaN: dropped).
+
+Order of the selected scores: every weight is in [0, 1] (IoU <= 1 holds in float32 too), so with
+non-negative scores each (batch, class) selects in non-increasing score order. With negative scores
+(a negative ScoreThreshold) a decay moves a score up towards 0 and a later selection can score higher.
 
 The kernel (ops/soft_nms.cc) runs one (batch, class) per task with a SIMD IoU/decay pass over the
 remaining boxes; the function body runs the same loop with ONNX Loop (standard ops, opset 18). The
@@ -117,11 +120,9 @@ def validate(
             )
 
 
-def _scalar_shapes(max_out: Any, iou: Any, score: Any) -> list[tuple[str, Sequence[int] | None]]:
-    return [
-        (name, None if v is None else tuple(np.shape(v)))
-        for name, v in (("MaxOutputBoxesPerClass", max_out), ("IouThreshold", iou), ("ScoreThreshold", score))
-    ]
+def _scalar_shapes(*shapes: Sequence[int] | None) -> list[tuple[str, Sequence[int] | None]]:
+    """(input name, shape or None when omitted) of the three optional scalar inputs."""
+    return list(zip(("MaxOutputBoxesPerClass", "IouThreshold", "ScoreThreshold"), shapes, strict=True))
 
 
 # ---- float32 oracle ------------------------------------------------------------------------------
@@ -233,7 +234,9 @@ def reference(
     validate(
         np.shape(boxes),
         np.shape(scores),
-        _scalar_shapes(max_output_boxes_per_class, iou_threshold, score_threshold),
+        _scalar_shapes(
+            *(None if v is None else np.shape(v) for v in (max_output_boxes_per_class, iou_threshold, score_threshold))
+        ),
         method,
         sigma,
         center_point_box,

@@ -55,9 +55,8 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
-from onnxscript import FLOAT, INT64
+from onnxscript import FLOAT, INT64, script
 from onnxscript import opset18 as op
-from onnxscript import script
 from onnxscript.values import Opset
 
 from softdeploy import DOMAIN, OPSET_VERSION
@@ -415,7 +414,11 @@ def SoftNMS(
             dead_head = op.Compress(pos, op.And(in_head, op.Not(alive)))
             live_tail = op.Compress(pos, op.And(op.Not(in_head), alive))
             live_tail = op.Slice(
-                live_tail, op.Constant(value_ints=[-1]), op.Constant(value_ints=[-(2**62)]), axis0, op.Constant(value_ints=[-1])
+                live_tail,
+                op.Constant(value_ints=[-1]),
+                op.Constant(value_ints=[-(2**62)]),
+                axis0,
+                op.Constant(value_ints=[-1]),
             )
             order = op.ScatterElements(op.Range(zero_i, live, one), dead_head, live_tail)
             work = op.Concat(head, op.Gather(rest64, order, axis=1), axis=1)
@@ -425,10 +428,15 @@ def SoftNMS(
         count = op.Min(trips, op.Gather(op.Shape(work), op.Constant(value_int=1)))
         picked = op.Slice(work, axis0, op.Unsqueeze(count, axis0), op.Constant(value_ints=[1]))  # [7, k]
         bc = op.Cast(op.Concat(op.Unsqueeze(b, axis0), op.Unsqueeze(c, axis0), axis=0), to=11)
-        bc = op.Expand(op.Unsqueeze(bc, op.Constant(value_ints=[1])), op.Concat(op.Constant(value_ints=[2]), op.Unsqueeze(count, axis0), axis=0))
+        bc = op.Expand(
+            op.Unsqueeze(bc, op.Constant(value_ints=[1])),
+            op.Concat(op.Constant(value_ints=[2]), op.Unsqueeze(count, axis0), axis=0),
+        )
         rows = op.Concat(bc, op.Gather(picked, op.Constant(value_ints=[6, 5]), axis=0), axis=0)  # [4, k]
         selected = op.Concat(selected, op.Transpose(rows, perm=[1, 0]), axis=0)
-    out_rows = op.Cast(op.Slice(selected, axis0, op.Constant(value_ints=[3]), op.Constant(value_ints=[1])), to=INT64.dtype)
+    out_rows = op.Cast(
+        op.Slice(selected, axis0, op.Constant(value_ints=[3]), op.Constant(value_ints=[1])), to=INT64.dtype
+    )
     out_scores = op.Cast(op.Gather(selected, op.Constant(value_int=3), axis=1), to=FLOAT.dtype)
     return out_rows, op.CastLike(out_scores, Scores)
 
@@ -458,7 +466,10 @@ def torch_impl(
         tuple(boxes.shape),
         tuple(scores.shape),
         _scalar_shapes(
-            *(None if v is None else tuple(v.shape) for v in (max_output_boxes_per_class, iou_threshold, score_threshold))
+            *(
+                None if v is None else tuple(v.shape)
+                for v in (max_output_boxes_per_class, iou_threshold, score_threshold)
+            )
         ),
         method,
         sigma,
@@ -550,7 +561,10 @@ def torch_fake(
         tuple(boxes.shape),
         tuple(scores.shape),
         _scalar_shapes(
-            *(None if v is None else tuple(v.shape) for v in (max_output_boxes_per_class, iou_threshold, score_threshold))
+            *(
+                None if v is None else tuple(v.shape)
+                for v in (max_output_boxes_per_class, iou_threshold, score_threshold)
+            )
         ),
         method,
         sigma,
@@ -595,8 +609,8 @@ def samples(rng: np.random.Generator) -> Iterator[Sample]:
     def thr(v: float) -> np.ndarray:
         return np.array([v], np.float32)
 
-    boxes = np.stack([clustered_boxes(rng, 60), clustered_boxes(rng, 60)])
-    yield Sample("clustered_b2_c3_n60", (boxes, scores_for(2, 3, 60)))
+    boxes = np.stack([clustered_boxes(rng, 120), clustered_boxes(rng, 120)])
+    yield Sample("clustered_b2_c3_n120", (boxes, scores_for(2, 3, 120)))
     for method in METHODS:
         yield Sample(
             f"{method}_ties_b2_c2_n80",

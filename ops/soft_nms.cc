@@ -60,9 +60,15 @@ struct Params {
 struct Rows {
   std::vector<float> lo0, hi0, lo1, hi1, area, score;
   std::vector<int64_t> index;
+  // gaussian: (row, IoU) of the rows that overlap the selected box, gathered by the SIMD pass so that
+  // the double-precision exp runs over a dense list (+16: whole-vector stores at the end)
+  std::vector<float> near_iou;
+  std::vector<int32_t> near_row;
   void Resize(size_t n) {
     for (auto* v : {&lo0, &hi0, &lo1, &hi1, &area, &score}) v->resize(n);
     index.resize(n);
+    near_iou.resize(n + 16);
+    near_row.resize(n + 16);
   }
   void Swap(int64_t a, int64_t b) {
     for (auto* v : {&lo0, &hi0, &lo1, &hi1, &area, &score}) std::swap((*v)[a], (*v)[b]);
@@ -127,60 +133,91 @@ int64_t FirstEqualPortable(const float* s, int64_t begin, int64_t end, float val
 
 #if defined(__x86_64__) || defined(_M_X64)
 
-SD_TARGET_AVX512 int64_t DecayAvx512(const Selected& t, Rows& r, int64_t begin, int64_t end, const Params& prm,
-                                     float* best) {
-  const __m512 tlo0 = _mm512_set1_ps(t.lo0), thi0 = _mm512_set1_ps(t.hi0);
-  const __m512 tlo1 = _mm512_set1_ps(t.lo1), thi1 = _mm512_set1_ps(t.hi1);
-  const __m512 tarea = _mm512_set1_ps(t.area), off = _mm512_set1_ps(prm.offset);
-  const __m512 zero = _mm512_setzero_ps(), one = _mm512_set1_ps(1.0f);
-  const __m512 nt = _mm512_set1_ps(prm.iou_threshold), thr = _mm512_set1_ps(prm.score_threshold);
-  __m512 m = _mm512_set1_ps(*best);
-  int64_t dead = 0;
-  alignas(64) float iou_lanes[16];
-  for (int64_t p = begin; p < end; p += 16) {
-    const __mmask16 k = static_cast<__mmask16>(end - p >= 16 ? 0xFFFF : (1u << (end - p)) - 1);
-    const __m512 iw = _mm512_add_ps(_mm512_sub_ps(_mm512_min_ps(thi0, _mm512_maskz_loadu_ps(k, &r.hi0[p])),
-                                                  _mm512_max_ps(tlo0, _mm512_maskz_loadu_ps(k, &r.lo0[p]))),
-                                    off);
-    const __m512 ih = _mm512_add_ps(_mm512_sub_ps(_mm512_min_ps(thi1, _mm512_maskz_loadu_ps(k, &r.hi1[p])),
-                                                  _mm512_max_ps(tlo1, _mm512_maskz_loadu_ps(k, &r.lo1[p]))),
-                                    off);
-    const __mmask16 overlap = _mm512_cmp_ps_mask(iw, zero, _CMP_GT_OQ) & _mm512_cmp_ps_mask(ih, zero, _CMP_GT_OQ) & k;
-    if (overlap == 0 && prm.skip_disjoint) {  // common far from the selected box: no score changes, nothing dies
-      m = _mm512_mask_max_ps(m, k, m, _mm512_maskz_loadu_ps(k, &r.score[p]));
-      continue;
-    }
+// One vector of rows [p, p + 16) under mask k (all-ones except at the tail, where the compiler
+// then drops the masking from the loads of the main loop).
+struct Avx512Decay {
+  __m512 tlo0, thi0, tlo1, thi1, tarea, off, nt, thr;
+  const float *lo0, *hi0, *lo1, *hi1, *area;
+  float* score;
+  float* near_iou;
+  int32_t* near_row;
+  int64_t* near_n;
+  Method method;
+
+  SD_TARGET_AVX512 inline void Step(int64_t p, __mmask16 k, __m512& m, int64_t& dead) const {
+    const __m512 zero = _mm512_setzero_ps(), one = _mm512_set1_ps(1.0f);
+    const __m512 iw = _mm512_add_ps(
+        _mm512_sub_ps(_mm512_min_ps(thi0, _mm512_maskz_loadu_ps(k, hi0 + p)), _mm512_max_ps(tlo0, _mm512_maskz_loadu_ps(k, lo0 + p))),
+        off);
+    const __m512 ih = _mm512_add_ps(
+        _mm512_sub_ps(_mm512_min_ps(thi1, _mm512_maskz_loadu_ps(k, hi1 + p)), _mm512_max_ps(tlo1, _mm512_maskz_loadu_ps(k, lo1 + p))),
+        off);
+    const __mmask16 overlap = _mm512_mask_cmp_ps_mask(_mm512_cmp_ps_mask(iw, zero, _CMP_GT_OQ) & k, ih, zero, _CMP_GT_OQ);
+    const __m512 s_old = _mm512_maskz_loadu_ps(k, score + p);
+    // No branch on "any lane overlaps": which vectors overlap the selected box is random, and the
+    // mispredictions cost more than the IoU of a vector that needs none.
     const __m512 inter = _mm512_mul_ps(iw, ih);
-    const __m512 uni = _mm512_sub_ps(_mm512_add_ps(tarea, _mm512_maskz_loadu_ps(k, &r.area[p])), inter);
+    const __m512 uni = _mm512_sub_ps(_mm512_add_ps(tarea, _mm512_maskz_loadu_ps(k, area + p)), inter);
     const __m512 iou = _mm512_maskz_div_ps(overlap, inter, uni);
     __m512 w;
-    if (prm.method == Method::kLinear) {
+    if (method == Method::kLinear) {
       w = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(iou, nt, _CMP_GT_OQ), one, _mm512_sub_ps(one, iou));
-    } else if (prm.method == Method::kHard) {
+    } else if (method == Method::kHard) {
       w = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(iou, nt, _CMP_GT_OQ), one, zero);
     } else {
-      // exp in double per overlapping lane (few per round: only the selected box's neighbours).
-      _mm512_store_ps(iou_lanes, iou);
-      alignas(64) float w_lanes[16];
-      _mm512_store_ps(w_lanes, one);
-      for (unsigned bits = _mm512_cmp_ps_mask(iou, zero, _CMP_NEQ_UQ) & k; bits != 0; bits &= bits - 1) {
-        const int lane = __builtin_ctz(bits);
-        w_lanes[lane] = GaussianWeight(iou_lanes[lane], prm.sigma);
-      }
-      w = _mm512_load_ps(w_lanes);
+      // Rows with IoU != 0 are appended (branch-free) to the near list; GaussianNear decays them.
+      // The others keep their scores (weight exactly 1) and all survive.
+      const __mmask16 near = _mm512_mask_cmp_ps_mask(k, iou, zero, _CMP_NEQ_UQ);
+      const __m512i rows = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(p)),
+                                            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+      _mm512_storeu_ps(near_iou + *near_n, _mm512_maskz_compress_ps(near, iou));
+      _mm512_storeu_si512(near_row + *near_n, _mm512_maskz_compress_epi32(near, rows));
+      *near_n += __builtin_popcount(static_cast<unsigned>(near));
+      m = _mm512_mask_max_ps(m, k & ~near, m, s_old);
+      return;
     }
-    const __m512 s = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, &r.score[p]), w);
-    _mm512_mask_storeu_ps(&r.score[p], k, s);
-    const __mmask16 alive = _mm512_cmp_ps_mask(s, thr, _CMP_GE_OQ) & k;
+    const __m512 s = _mm512_mul_ps(s_old, w);
+    _mm512_mask_storeu_ps(score + p, k, s);
+    const __mmask16 alive = _mm512_mask_cmp_ps_mask(k, s, thr, _CMP_GE_OQ);
     dead += __builtin_popcount(static_cast<unsigned>(k & ~alive));
     m = _mm512_mask_max_ps(m, alive, m, s);
   }
+};
+
+// Decays the rows of the near list (gaussian); same contract as the Decay* functions.
+int64_t GaussianNear(Rows& r, int64_t near_n, const Params& prm, float* best) {
+  int64_t dead = 0;
+  float m = *best;
+  for (int64_t j = 0; j < near_n; ++j) {
+    const int32_t row = r.near_row[j];
+    const float s = r.score[row] * GaussianWeight(r.near_iou[j], prm.sigma);
+    r.score[row] = s;
+    if (s >= prm.score_threshold) m = std::max(m, s);
+    else ++dead;
+  }
+  *best = m;
+  return dead;
+}
+
+SD_TARGET_AVX512 int64_t DecayAvx512(const Selected& t, Rows& r, int64_t begin, int64_t end, const Params& prm,
+                                     float* best) {
+  int64_t near_n = 0;
+  const Avx512Decay d{_mm512_set1_ps(t.lo0), _mm512_set1_ps(t.hi0), _mm512_set1_ps(t.lo1), _mm512_set1_ps(t.hi1),
+                      _mm512_set1_ps(t.area), _mm512_set1_ps(prm.offset), _mm512_set1_ps(prm.iou_threshold),
+                      _mm512_set1_ps(prm.score_threshold), r.lo0.data(), r.hi0.data(), r.lo1.data(), r.hi1.data(),
+                      r.area.data(), r.score.data(), r.near_iou.data(), r.near_row.data(), &near_n, prm.method};
+  __m512 m = _mm512_set1_ps(*best);
+  int64_t dead = 0;
+  int64_t p = begin;
+  for (; p + 16 <= end; p += 16) d.Step(p, 0xFFFF, m, dead);
+  if (p < end) d.Step(p, static_cast<__mmask16>((1u << (end - p)) - 1), m, dead);
   // (not _mm512_reduce_max_ps: GCC 12's version warns about an uninitialised temporary)
   alignas(64) float lanes[16];
   _mm512_store_ps(lanes, m);
   float mx = lanes[0];
   for (float v : lanes) mx = std::max(mx, v);
   *best = mx;
+  if (prm.method == Method::kGaussian) dead += GaussianNear(r, near_n, prm, best);
   return dead;
 }
 
@@ -405,6 +442,9 @@ struct SoftNmsKernel {
     prm.skip_disjoint = Weight(0.0f, prm) == 1.0f;
 
     const int64_t num_batches = boxes.shape[0], num_boxes = boxes.shape[1], num_classes = scores.shape[1];
+    // rows are addressed as int32 in the SIMD passes (2^31 boxes would be 32 GiB of Boxes per batch)
+    if (num_boxes > std::numeric_limits<int32_t>::max())
+      Fail(kOp, "Boxes holds ", num_boxes, " boxes per batch (kernel limit: 2147483647)");
     std::vector<float> ext(static_cast<size_t>(num_batches * num_boxes * 5));
     for (int64_t b = 0; b < num_batches; ++b)
       Extents(boxes.data + b * num_boxes * 4, num_boxes, center_point_box == 1, prm.offset, &ext[b * num_boxes * 5]);

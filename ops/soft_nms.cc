@@ -60,14 +60,16 @@ struct Params {
 struct Rows {
   std::vector<float> lo0, hi0, lo1, hi1, area, score;
   std::vector<int64_t> index;
-  // gaussian: (row, IoU) of the rows that overlap the selected box, gathered by the SIMD pass so that
-  // the double-precision exp runs over a dense list (+16: whole-vector stores at the end)
-  std::vector<float> near_iou;
+  // gaussian (AVX-512): row, intersection and union of the rows that overlap the selected box,
+  // gathered by the SIMD pass so that the division and the double exp run over a dense list
+  // (+16: whole-vector stores at the end)
+  std::vector<float> near_inter, near_union;
   std::vector<int32_t> near_row;
   void Resize(size_t n) {
     for (auto* v : {&lo0, &hi0, &lo1, &hi1, &area, &score}) v->resize(n);
     index.resize(n);
-    near_iou.resize(n + 16);
+    near_inter.resize(n + 16);
+    near_union.resize(n + 16);
     near_row.resize(n + 16);
   }
   void Swap(int64_t a, int64_t b) {
@@ -123,6 +125,13 @@ int64_t DecayPortable(const Selected& t, Rows& r, int64_t begin, int64_t end, co
   return dead;
 }
 
+// First row in [begin, end) whose score is not >= threshold (dead); end when none.
+int64_t FirstDeadPortable(const float* s, int64_t begin, int64_t end, float threshold) {
+  for (int64_t p = begin; p < end; ++p)
+    if (!(s[p] >= threshold)) return p;
+  return end;
+}
+
 int64_t FirstEqualPortable(const float* s, int64_t begin, int64_t end, float value) {
   for (int64_t p = begin; p < end; ++p)
     if (s[p] == value) return p;
@@ -139,7 +148,7 @@ struct Avx512Decay {
   __m512 tlo0, thi0, tlo1, thi1, tarea, off, nt, thr;
   const float *lo0, *hi0, *lo1, *hi1, *area;
   float* score;
-  float* near_iou;
+  float *near_inter, *near_union;
   int32_t* near_row;
   int64_t* near_n;
   Method method;
@@ -158,24 +167,23 @@ struct Avx512Decay {
     // mispredictions cost more than the IoU of a vector that needs none.
     const __m512 inter = _mm512_mul_ps(iw, ih);
     const __m512 uni = _mm512_sub_ps(_mm512_add_ps(tarea, _mm512_maskz_loadu_ps(k, area + p)), inter);
-    const __m512 iou = _mm512_maskz_div_ps(overlap, inter, uni);
-    __m512 w;
-    if (method == Method::kLinear) {
-      w = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(iou, nt, _CMP_GT_OQ), one, _mm512_sub_ps(one, iou));
-    } else if (method == Method::kHard) {
-      w = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(iou, nt, _CMP_GT_OQ), one, zero);
-    } else {
-      // Rows with IoU != 0 are appended (branch-free) to the near list; GaussianNear decays them.
-      // The others keep their scores (weight exactly 1) and all survive.
-      const __mmask16 near = _mm512_mask_cmp_ps_mask(k, iou, zero, _CMP_NEQ_UQ);
+    if (method == Method::kGaussian) {
+      // Overlapping rows go (branch-free) to the near list with their IoU's numerator and
+      // denominator; GaussianNear divides and decays them. The others keep their scores (weight
+      // exactly 1) and all survive.
       const __m512i rows = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(p)),
                                             _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
-      _mm512_storeu_ps(near_iou + *near_n, _mm512_maskz_compress_ps(near, iou));
-      _mm512_storeu_si512(near_row + *near_n, _mm512_maskz_compress_epi32(near, rows));
-      *near_n += __builtin_popcount(static_cast<unsigned>(near));
-      m = _mm512_mask_max_ps(m, k & ~near, m, s_old);
+      _mm512_storeu_ps(near_inter + *near_n, _mm512_maskz_compress_ps(overlap, inter));
+      _mm512_storeu_ps(near_union + *near_n, _mm512_maskz_compress_ps(overlap, uni));
+      _mm512_storeu_si512(near_row + *near_n, _mm512_maskz_compress_epi32(overlap, rows));
+      *near_n += __builtin_popcount(static_cast<unsigned>(overlap));
+      m = _mm512_mask_max_ps(m, k & ~overlap, m, s_old);
       return;
     }
+    const __m512 iou = _mm512_maskz_div_ps(overlap, inter, uni);
+    const __m512 w = method == Method::kLinear
+                         ? _mm512_mask_blend_ps(_mm512_cmp_ps_mask(iou, nt, _CMP_GT_OQ), one, _mm512_sub_ps(one, iou))
+                         : _mm512_mask_blend_ps(_mm512_cmp_ps_mask(iou, nt, _CMP_GT_OQ), one, zero);  // hard
     const __m512 s = _mm512_mul_ps(s_old, w);
     _mm512_mask_storeu_ps(score + p, k, s);
     const __mmask16 alive = _mm512_mask_cmp_ps_mask(k, s, thr, _CMP_GE_OQ);
@@ -184,18 +192,69 @@ struct Avx512Decay {
   }
 };
 
-// Decays the rows of the near list (gaussian); same contract as the Decay* functions.
-int64_t GaussianNear(Rows& r, int64_t near_n, const Params& prm, float* best) {
-  int64_t dead = 0;
-  float m = *best;
-  for (int64_t j = 0; j < near_n; ++j) {
+// exp(t) in double for 8 lanes, within a few ulp (Taylor degree 12 on |r| <= ln2/2 after
+// t = n*ln2 + r). Only used where the float32 rounding of the result is unambiguous (below).
+SD_TARGET_AVX512 inline __m512d ExpPd(__m512d t) {
+  t = _mm512_max_pd(_mm512_set1_pd(-800.0), t);  // exp(-800) is 0 in double; NaN stays NaN (2nd operand)
+  const __m512d n = _mm512_roundscale_pd(_mm512_mul_pd(t, _mm512_set1_pd(1.4426950408889634)), _MM_FROUND_TO_NEAREST_INT);
+  __m512d r = _mm512_fnmadd_pd(n, _mm512_set1_pd(6.93147180369123816490e-01), t);
+  r = _mm512_fnmadd_pd(n, _mm512_set1_pd(1.90821492927058770002e-10), r);
+  static constexpr double kInvFact[] = {1.0 / 479001600, 1.0 / 39916800, 1.0 / 3628800, 1.0 / 362880, 1.0 / 40320,
+                                        1.0 / 5040,      1.0 / 720,      1.0 / 120,     1.0 / 24,     1.0 / 6,
+                                        1.0 / 2,         1.0,            1.0};
+  __m512d p = _mm512_set1_pd(kInvFact[0]);
+  for (int j = 1; j < 13; ++j) p = _mm512_fmadd_pd(p, r, _mm512_set1_pd(kInvFact[j]));
+  return _mm512_scalef_pd(p, n);
+}
+
+// Decays the rows of the near list (gaussian): IoU = inter / union (as the oracle, float32), weight
+// float(exp(double(-(IoU*IoU) / sigma))). ExpPd and glibc's exp are both within 2^-50 (relative) of
+// the true value, so whenever [y - y*2^-50, y + y*2^-50] rounds to one float32 that float32 is the
+// oracle's weight, bit for bit; the (about 2^-26-rare) lanes where it does not use std::exp itself.
+SD_TARGET_AVX512 int64_t GaussianNearAvx512(Rows& r, int64_t near_n, const Params& prm, float* best) {
+  const __m256 sigma = _mm256_set1_ps(prm.sigma), thr = _mm256_set1_ps(prm.score_threshold);
+  const __m512d band = _mm512_set1_pd(0x1p-50);
+  float* score = r.score.data();
+  __m256 m = _mm256_set1_ps(*best);
+  int64_t dead = 0, j = 0;
+  for (; j + 8 <= near_n; j += 8) {
+    const __m256 iou = _mm256_div_ps(_mm256_loadu_ps(&r.near_inter[j]), _mm256_loadu_ps(&r.near_union[j]));
+    const __m256 t = _mm256_div_ps(_mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(iou, iou)), sigma);
+    const __m512d y = ExpPd(_mm512_cvtps_pd(t));
+    const __m512d dy = _mm512_mul_pd(_mm512_abs_pd(y), band);
+    __m256 w = _mm512_cvtpd_ps(y);
+    const __mmask8 unsure = _mm256_cmp_ps_mask(_mm512_cvtpd_ps(_mm512_sub_pd(y, dy)), _mm512_cvtpd_ps(_mm512_add_pd(y, dy)),
+                                               _CMP_NEQ_OQ);
+    if (unsure != 0) {
+      alignas(32) float iou_lanes[8], w_lanes[8];
+      _mm256_store_ps(iou_lanes, iou);
+      _mm256_store_ps(w_lanes, w);
+      for (unsigned bits = unsure; bits != 0; bits &= bits - 1) {
+        const int lane = __builtin_ctz(bits);
+        w_lanes[lane] = GaussianWeight(iou_lanes[lane], prm.sigma);
+      }
+      w = _mm256_load_ps(w_lanes);
+    }
+    const __m256i rows = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(&r.near_row[j]));
+    const __m256 s = _mm256_mul_ps(_mm256_i32gather_ps(score, rows, 4), w);
+    _mm256_i32scatter_ps(score, rows, s, 4);  // rows are distinct
+    const __mmask8 alive = _mm256_cmp_ps_mask(s, thr, _CMP_GE_OQ);
+    dead += 8 - __builtin_popcount(static_cast<unsigned>(alive));
+    m = _mm256_mask_max_ps(m, alive, m, s);
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, m);
+  float mx = lanes[0];
+  for (float v : lanes) mx = std::max(mx, v);
+  for (; j < near_n; ++j) {
     const int32_t row = r.near_row[j];
-    const float s = r.score[row] * GaussianWeight(r.near_iou[j], prm.sigma);
-    r.score[row] = s;
-    if (s >= prm.score_threshold) m = std::max(m, s);
+    const float iou = r.near_inter[j] / r.near_union[j];
+    const float sc = score[row] * GaussianWeight(iou, prm.sigma);
+    score[row] = sc;
+    if (sc >= prm.score_threshold) mx = std::max(mx, sc);
     else ++dead;
   }
-  *best = m;
+  *best = mx;
   return dead;
 }
 
@@ -205,7 +264,8 @@ SD_TARGET_AVX512 int64_t DecayAvx512(const Selected& t, Rows& r, int64_t begin, 
   const Avx512Decay d{_mm512_set1_ps(t.lo0), _mm512_set1_ps(t.hi0), _mm512_set1_ps(t.lo1), _mm512_set1_ps(t.hi1),
                       _mm512_set1_ps(t.area), _mm512_set1_ps(prm.offset), _mm512_set1_ps(prm.iou_threshold),
                       _mm512_set1_ps(prm.score_threshold), r.lo0.data(), r.hi0.data(), r.lo1.data(), r.hi1.data(),
-                      r.area.data(), r.score.data(), r.near_iou.data(), r.near_row.data(), &near_n, prm.method};
+                      r.area.data(), r.score.data(), r.near_inter.data(), r.near_union.data(), r.near_row.data(), &near_n,
+                      prm.method};
   __m512 m = _mm512_set1_ps(*best);
   int64_t dead = 0;
   int64_t p = begin;
@@ -217,8 +277,18 @@ SD_TARGET_AVX512 int64_t DecayAvx512(const Selected& t, Rows& r, int64_t begin, 
   float mx = lanes[0];
   for (float v : lanes) mx = std::max(mx, v);
   *best = mx;
-  if (prm.method == Method::kGaussian) dead += GaussianNear(r, near_n, prm, best);
+  if (prm.method == Method::kGaussian) dead += GaussianNearAvx512(r, near_n, prm, best);
   return dead;
+}
+
+SD_TARGET_AVX512 int64_t FirstDeadAvx512(const float* s, int64_t begin, int64_t end, float threshold) {
+  const __m512 v = _mm512_set1_ps(threshold);
+  for (int64_t p = begin; p < end; p += 16) {
+    const __mmask16 k = static_cast<__mmask16>(end - p >= 16 ? 0xFFFF : (1u << (end - p)) - 1);
+    const __mmask16 dead = k & ~_mm512_mask_cmp_ps_mask(k, _mm512_maskz_loadu_ps(k, s + p), v, _CMP_GE_OQ);
+    if (dead != 0) return p + __builtin_ctz(dead);
+  }
+  return end;
 }
 
 SD_TARGET_AVX512 int64_t FirstEqualAvx512(const float* s, int64_t begin, int64_t end, float value) {
@@ -290,6 +360,16 @@ SD_TARGET_AVX2 int64_t DecayAvx2(const Selected& t, Rows& r, int64_t begin, int6
   return dead + DecayPortable(t, r, p, end, prm, best);
 }
 
+SD_TARGET_AVX2 int64_t FirstDeadAvx2(const float* s, int64_t begin, int64_t end, float threshold) {
+  const __m256 v = _mm256_set1_ps(threshold);
+  int64_t p = begin;
+  for (; p + 8 <= end; p += 8) {
+    const int alive = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(s + p), v, _CMP_GE_OQ));
+    if (alive != 0xFF) return p + __builtin_ctz(static_cast<unsigned>(~alive & 0xFF));
+  }
+  return FirstDeadPortable(s, p, end, threshold);
+}
+
 SD_TARGET_AVX2 int64_t FirstEqualAvx2(const float* s, int64_t begin, int64_t end, float value) {
   const __m256 v = _mm256_set1_ps(value);
   int64_t p = begin;
@@ -310,12 +390,17 @@ struct Pick {
 };
 
 using DecayFn = int64_t (*)(const Selected&, Rows&, int64_t, int64_t, const Params&, float*);
-using FirstEqualFn = int64_t (*)(const float*, int64_t, int64_t, float);
+using FirstEqualFn = int64_t (*)(const float*, int64_t, int64_t, float);  // also FirstDead*
+
+struct Isafns {
+  DecayFn decay;
+  FirstEqualFn first_equal, first_dead;
+};
 
 // One (batch, class). `ext` holds the batch's boxes as [N][5] (lo0, hi0, lo1, hi1, area); `rows` is
 // the task's scratch (capacity N).
-void SoftNmsOne(const float* ext, const float* scores, int64_t num_boxes, const Params& prm, DecayFn decay,
-                FirstEqualFn first_equal, Rows& rows, std::vector<Pick>& out) {
+void SoftNmsOne(const float* ext, const float* scores, int64_t num_boxes, const Params& prm, const Isafns& fn,
+                Rows& rows, std::vector<Pick>& out) {
   int64_t n = 0;
   float best = -std::numeric_limits<float>::infinity();
   for (int64_t j = 0; j < num_boxes; ++j) {
@@ -331,22 +416,21 @@ void SoftNmsOne(const float* ext, const float* scores, int64_t num_boxes, const 
   const int64_t limit = prm.max_output > 0 ? std::min(prm.max_output, n) : n;
   for (int64_t i = 0; i < n && i < limit; ++i) {
     // best = max over rows [i, n); its first row is the selection (ties: earlier working row).
-    const int64_t m = first_equal(rows.score.data(), i, n, best);
+    const int64_t m = fn.first_equal(rows.score.data(), i, n, best);
     if (m != i) rows.Swap(i, m);
     out.push_back({rows.index[i], rows.score[i]});
     const Selected t{rows.lo0[i], rows.hi0[i], rows.lo1[i], rows.hi1[i], rows.area[i]};
     best = -std::numeric_limits<float>::infinity();
-    const int64_t dead = decay(t, rows, i + 1, n, prm, &best);
+    const int64_t dead = fn.decay(t, rows, i + 1, n, prm, &best);
     if (dead == 0) continue;
-    // The original's removal: the last working row moves into a dead slot, which is looked at again.
-    int64_t p = i + 1;
-    while (p < n) {
-      if (!(rows.score[p] >= prm.score_threshold)) {
-        rows.Move(n - 1, p);
-        --n;
-      } else {
-        ++p;
-      }
+    // The original's removal: the last working row moves into a dead slot, which is looked at again
+    // (so dead rows at the tail are dropped first, then the last live row fills the slot).
+    const float* s = rows.score.data();
+    for (int64_t p = fn.first_dead(s, i + 1, n, prm.score_threshold); p < n;) {
+      while (n - 1 > p && !(s[n - 1] >= prm.score_threshold)) --n;
+      rows.Move(n - 1, p);  // n - 1 == p: the dead row is the last one and just goes
+      --n;
+      p = fn.first_dead(s, p + 1, n, prm.score_threshold);
     }
   }
 }
@@ -449,11 +533,10 @@ struct SoftNmsKernel {
     for (int64_t b = 0; b < num_batches; ++b)
       Extents(boxes.data + b * num_boxes * 4, num_boxes, center_point_box == 1, prm.offset, &ext[b * num_boxes * 5]);
 
-    DecayFn decay = DecayPortable;
-    FirstEqualFn first_equal = FirstEqualPortable;
+    Isafns fn{DecayPortable, FirstEqualPortable, FirstDeadPortable};
 #if defined(__x86_64__) || defined(_M_X64)
-    if (isa == Isa::kAvx512) decay = DecayAvx512, first_equal = FirstEqualAvx512;
-    else if (isa == Isa::kAvx2) decay = DecayAvx2, first_equal = FirstEqualAvx2;
+    if (isa == Isa::kAvx512) fn = {DecayAvx512, FirstEqualAvx512, FirstDeadAvx512};
+    else if (isa == Isa::kAvx2) fn = {DecayAvx2, FirstEqualAvx2, FirstDeadAvx2};
 #endif
     const int64_t pairs = num_batches * num_classes;
     std::vector<std::vector<Pick>> picks(static_cast<size_t>(pairs));
@@ -469,7 +552,7 @@ struct SoftNmsKernel {
         const int64_t b = pair / num_classes;
         const T* s = scores.data + pair * num_boxes;
         for (int64_t j = 0; j < num_boxes; ++j) s32[j] = ToFloat(s[j]);
-        SoftNmsOne(&ext[b * num_boxes * 5], s32.data(), num_boxes, prm, decay, first_equal, rows, picks[pair]);
+        SoftNmsOne(&ext[b * num_boxes * 5], s32.data(), num_boxes, prm, fn, rows, picks[pair]);
       }
     });
 

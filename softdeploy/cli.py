@@ -184,12 +184,16 @@ def cmd_quantize(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from rich.console import Console
+
     from softdeploy.compare import VARIANTS, run_compare
     from softdeploy.compare.progress import RichProgress
     from softdeploy.compare.report import print_table, write_reports
     from softdeploy.models import get_case
 
-    console = _console()
+    console = Console()
+    if not console.is_terminal:  # a log file: don't squeeze the wide table into 80 columns
+        console = Console(width=240)
     variants = [v for v in args.variants.split(",") if v] if args.variants else list(VARIANTS)
     out = Path(args.out) / args.case
     with RichProgress(console) as progress:
@@ -200,6 +204,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
             threads=args.threads,
             eval_threads=args.eval_threads,
             rounds=3 if args.quick else args.rounds,
+            quiet_wait=0.0 if args.quick else args.quiet_wait,
             progress=progress,
         )
         with progress.step("write report.md, results.csv, results.json, accuracy_vs_latency.png"):
@@ -275,6 +280,12 @@ def _add_compare_parser(sub: argparse._SubParsersAction) -> None:  # type: ignor
     p.add_argument("--threads", type=int, default=1, help="threads for the latency measurements")
     p.add_argument("--eval-threads", type=int, help="threads for the accuracy runs (default: all cores)")
     p.add_argument("--rounds", type=int, default=8, help="interleaved timing rounds")
+    p.add_argument(
+        "--quiet-wait",
+        type=float,
+        default=20.0,
+        help="before timing, wait up to this many seconds for other processes to go idle (shared machines)",
+    )
     p.add_argument("--quick", action="store_true", help="a subset of the data and fewer rounds (smoke test)")
     p.set_defaults(fn=cmd_compare)
 

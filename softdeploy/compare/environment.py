@@ -119,3 +119,15 @@ def background_load(interval: float = 0.3) -> float:
     meter = LoadMeter().start()
     time.sleep(interval)
     return meter.stop()
+
+
+def wait_quiet(max_wait_s: float, threshold: float = 0.5) -> float:
+    """Waits (up to ``max_wait_s``) until other processes use less than ``threshold`` cores; returns
+    the last reading. On a shared machine this keeps a burst of someone else's work out of the
+    timings; the load during the timing itself is recorded either way."""
+    deadline = time.monotonic() + max_wait_s
+    load = background_load()
+    while load > threshold and time.monotonic() < deadline:
+        time.sleep(1.0)
+        load = background_load()
+    return load

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from softdeploy.compare.case import Case, Evaluation, Floor, Progress, Runner
-from softdeploy.compare.environment import environment
+from softdeploy.compare.environment import environment, wait_quiet
 from softdeploy.compare.latency import LatencyStats, measure_interleaved
 from softdeploy.compare.metrics import cosine_rows, kl_softmax, topk_agreement
 from softdeploy.errors import SoftdeployError
@@ -185,6 +185,7 @@ def run_compare(
     eval_threads: int | None = None,
     rounds: int = 8,
     round_seconds: float = 0.25,
+    quiet_wait: float = 0.0,
     progress: Progress,
 ) -> CompareResult:
     import os
@@ -261,6 +262,9 @@ def run_compare(
     background: dict[str, float] = {}
     with _torch_threads(threads):
         for phase in case.timed_phases:
+            if quiet_wait > 0:
+                with progress.step(f"waiting up to {quiet_wait:.0f} s for other processes to go quiet"):
+                    wait_quiet(quiet_wait)
             fns = {n: timed[n][phase].fn for n in variants if phase in timed[n]}
             items = next(timed[n][phase].items for n in variants if phase in timed[n])
             with progress.step(

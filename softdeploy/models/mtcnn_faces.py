@@ -161,9 +161,7 @@ class MtcnnFaces:
             with matplotlib.cbook.get_sample_data("grace_hopper.jpg") as f:
                 hopper = skimage.io.imread(f)
             self._photos = {"astronaut": skimage.data.astronaut(), "grace_hopper": hopper}
-            self._calibration = {
-                n: getattr(skimage.data, n)() for n in ("chelsea", "coffee", "camera", "rocket")
-            }
+            self._calibration = {n: getattr(skimage.data, n)() for n in ("chelsea", "coffee", "camera", "rocket")}
             self._reference = self._detect(self.torch_runner(1), self.nms("native-reference", 1))
 
     def describe(self) -> dict[str, Any]:
@@ -238,7 +236,7 @@ class MtcnnFaces:
     def evaluate(self, runner: Runner, kernels: str, progress: Progress, label: str) -> Evaluation:
         assert self._crops is not None and self._labels is not None and self._reference is not None
         with progress.step(f"{label}: LFW crops and photo detection"):
-            offsets, probs = runner({"image": self._crops})
+            _, probs = runner({"image": self._crops})
             face = probs[:, 1].reshape(len(probs), -1).max(axis=1)
             nms = self.nms(kernels, 1)
             found = self._detect(runner, nms)

@@ -123,13 +123,53 @@ def load_named(model: str | os.PathLike[str] | Any) -> Any:
     return proto
 
 
+def activation_matmuls(model: Any) -> set[str]:
+    """MatMul nodes whose second input is not a constant (attention scores, attention x values).
+    Both modes keep them in float: dynamic mode does so by onnxruntime's default (MatMulConstBOnly),
+    which its QDQ quantizer ignores -- so static mode excludes them explicitly. int8 there costs
+    accuracy for little speed at these sizes."""
+    constants = _constants(model)
+    return {n.name for n in model.graph.node if n.op_type == "MatMul" and n.input[1] not in constants}
+
+
 def candidate_nodes(model: Any, config: QuantConfig) -> list[tuple[str, str]]:
-    """(name, op_type) of the nodes the quantizer may turn into int8 under ``config``: nodes of the
-    configured op types, in graph order. Dynamic MatMul/Gemm needs one constant (weight) input to be
-    worth it; a MatMul of two activations (attention scores) is still a candidate, as onnxruntime
-    quantizes it too."""
+    """(name, op_type) of the nodes the quantizer may turn into int8 under ``config``, in graph
+    order: nodes of the configured op types that carry a weight (a constant input) -- the ones int8
+    makes smaller and faster -- without activation x activation MatMuls."""
     types = set(config.resolved_op_types())
-    return [(n.name, n.op_type) for n in model.graph.node if n.op_type in types and n.domain in ("", "ai.onnx")]
+    skip = activation_matmuls(model)
+    constants = _constants(model)
+    return [
+        (n.name, n.op_type)
+        for n in model.graph.node
+        if n.op_type in types
+        and n.domain in ("", "ai.onnx")
+        and n.name not in skip
+        and any(i in constants for i in n.input)
+    ]
+
+
+def _constants(model: Any) -> set[str]:
+    out = {i.name for i in model.graph.initializer}
+    return out | {o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
+
+
+def node_scope(model: Any, name: str) -> str:
+    """The torch module a node came from (torch.onnx records it), e.g.
+    "m.encoder.layer.0.output.dense"; "" when unknown."""
+    import ast
+
+    for node in model.graph.node:
+        if node.name == name:
+            for prop in node.metadata_props:
+                if prop.key == "pkg.torch.onnx.name_scopes":
+                    try:
+                        scopes = ast.literal_eval(prop.value)
+                    except (ValueError, SyntaxError):
+                        return ""
+                    # the last entry is the op's own name (e.g. "linear_5"), the one before the module
+                    return str(scopes[-2]) if len(scopes) >= 2 else ""
+    return ""
 
 
 def _quantized_names(out_model: Any, candidates: Sequence[tuple[str, str]], mode: Mode) -> list[str]:
@@ -200,6 +240,8 @@ def quantize(
     reduce_range = (not cpu_has_vnni()) if config.reduce_range is None else config.reduce_range
     op_types = list(config.resolved_op_types())
     exclude = [n for n in config.exclude if n in names]
+    if config.mode == "static":
+        exclude += sorted(activation_matmuls(proto))
     only = [n for n in config.only if n in names] if config.only is not None else None
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -244,9 +286,6 @@ def quantize(
                     nodes_to_exclude=exclude,
                     calibrate_method=method,
                     calibration_cache_path=cache,
-                    # MatMul of two activations (attention) stays float: int8 there costs accuracy
-                    # for little speed at these sizes.
-                    extra_options={"MatMulConstBOnly": True},
                 )
             if record.kernels is not None:
                 calibration_kernels = record.kernels

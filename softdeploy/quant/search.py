@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from softdeploy.quant.quantize import QuantConfig, QuantizedModel, candidate_nodes, load_named, quantize
+from softdeploy.quant.quantize import QuantConfig, QuantizedModel, candidate_nodes, load_named, node_scope, quantize
 from softdeploy.runtime.session import Kernels
 
 Evaluate = Callable[[Path], float]  # model path -> task metric (higher is better)
@@ -38,6 +38,7 @@ class NodeSensitivity:
     op_type: str
     cosine_alone: float  # mean output cosine to fp32 when only this node is quantized
     rank: int  # 1 = most sensitive
+    scope: str = ""  # the torch module it came from, when the exporter recorded it
 
     @property
     def drop_alone(self) -> float:
@@ -79,8 +80,9 @@ class BudgetResult:
             return lines
         n = len(self.sensitivities)
         for s in self.kept:
+            where = f", {s.scope}" if s.scope else ""
             lines.append(
-                f"keep {s.node} ({s.op_type}) in float: quantizing it alone moves the output to cosine "
+                f"keep {s.node} ({s.op_type}{where}) in float: quantizing it alone moves the output to cosine "
                 f"{s.cosine_alone:.5f} (rank {s.rank} of {n} candidates)"
             )
         for t in self.trials:
@@ -167,7 +169,9 @@ def node_sensitivities(
         if progress is not None:
             progress(name)
     out.sort(key=lambda t: t[2])
-    return [NodeSensitivity(name, op, cos, rank) for rank, (name, op, cos) in enumerate(out, 1)]
+    return [
+        NodeSensitivity(name, op, cos, rank, node_scope(model, name)) for rank, (name, op, cos) in enumerate(out, 1)
+    ]
 
 
 def budget_search(

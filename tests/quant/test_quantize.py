@@ -86,3 +86,37 @@ def test_static_calibration_cache_is_reused(tmp_path: Path) -> None:
     assert again.calibration_kernels == first.calibration_kernels
     f = feeds(1, seed=3)[0]
     np.testing.assert_array_equal(Session(first.path).run(f)[0], Session(again.path).run(f)[0])
+
+
+def test_activation_matmuls_stay_float(tmp_path: Path) -> None:
+    """Attention-style MatMuls (no constant input) stay float in both modes; onnxruntime's QDQ
+    quantizer would quantize them."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from softdeploy.quant.quantize import activation_matmuls
+
+    rng = np.random.default_rng(0)
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["X", "W"], ["A"], name="proj"),
+            helper.make_node("Transpose", ["A"], ["At"], name="t", perm=[1, 0]),
+            helper.make_node("MatMul", ["A", "At"], ["Y"], name="scores"),
+        ],
+        "attn",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [4, 16])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [4, 4])],
+        initializer=[numpy_helper.from_array(rng.standard_normal((16, 8)).astype(np.float32), "W")],
+    )
+    src = _save(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10), tmp_path / "a.onnx"
+    )
+    assert activation_matmuls(onnx.load(src)) == {"scores"}
+    data = [{"X": rng.standard_normal((4, 16)).astype(np.float32)} for _ in range(3)]
+    for mode in ("dynamic", "static"):
+        q = quantize(src, tmp_path / f"{mode}.onnx", QuantConfig(mode), calibration=data)  # type: ignore[arg-type]
+        assert q.quantized_nodes == ["proj"] and q.float_nodes == []
+        out = onnx.load(q.path)
+        producers = {o: n.op_type for n in out.graph.node for o in n.output}
+        scores = next(n for n in out.graph.node if n.name == "scores")
+        assert scores.op_type == "MatMul"
+        assert all(producers.get(i) != "DequantizeLinear" for i in scores.input)

@@ -179,15 +179,22 @@ def _quantized_names(out_model: Any, candidates: Sequence[tuple[str, str]], mode
         # still there with its float op type was not quantized.
         still_float = {(n.name, n.op_type) for n in nodes}
         return [name for name, op in candidates if (name, op) not in still_float]
+    # QDQ: a node runs in int8 when its weight arrives through a DequantizeLinear of an int8
+    # initializer (an activation input may come through a DQ even for a float node: the QDQ pair
+    # belongs to the producer's output).
     producer = {o: n for n in nodes for o in n.output}
+    inits = {i.name for i in out_model.graph.initializer}
     by_name = {n.name: n for n in nodes}
     out = []
     for name, _ in candidates:
         node = by_name.get(name)
-        if node is not None and any(
-            producer.get(i) is not None and producer[i].op_type == "DequantizeLinear" for i in node.input if i
-        ):
-            out.append(name)
+        if node is None:
+            continue
+        for i in node.input:
+            p = producer.get(i)
+            if p is not None and p.op_type == "DequantizeLinear" and p.input[0] in inits:
+                out.append(name)
+                break
     return out
 
 

@@ -70,3 +70,19 @@ def test_budget_not_met_is_reported(tmp_path: Path) -> None:
 def test_invalid_budget(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="max_drop"):
         budget_search(tmp_path / "m.onnx", tmp_path / "o.onnx", QuantConfig(), lambda p: 1.0, max_drop=-1, probe=[])
+
+
+def test_node_scope_reads_the_exporters_module_path() -> None:
+    from onnx import StringStringEntryProto
+
+    from softdeploy.quant.quantize import node_scope
+
+    model = mlp_with_custom_op(with_function=True)
+    fc2 = next(n for n in model.graph.node if n.name == "fc2")
+    fc2.metadata_props.append(
+        StringStringEntryProto(
+            key="pkg.torch.onnx.name_scopes", value="['', 'm', 'm.layer.0.output.dense', 'linear_5']"
+        )
+    )
+    assert node_scope(model, "fc2") == "m.layer.0.output.dense"
+    assert node_scope(model, "fc1") == ""

@@ -3,7 +3,9 @@
 Where it is looked for, in order:
   1. ``$SOFTDEPLOY_LIBRARY`` (a path to the .so), when set;
   2. ``softdeploy/_lib/`` inside the imported package (where ``pip install`` puts it, and where a
-     developer build ``cmake -S . -B build && cmake --build build`` copies it).
+     developer build ``cmake -S . -B build && cmake --build build`` copies it);
+  3. the ``_lib/`` of the installed softdeploy distribution, when the imported package is a source
+     tree without a build (e.g. ``python -m pytest`` run from a checkout after ``pip install .``).
 """
 
 from __future__ import annotations
@@ -33,6 +35,14 @@ def candidates() -> list[Path]:
     if env:
         found.append(Path(env))
     found.append(Path(__file__).resolve().parent.parent / "_lib" / LIBRARY_NAME)
+    try:
+        from importlib.metadata import PackageNotFoundError, distribution
+
+        installed = Path(str(distribution("softdeploy").locate_file(f"softdeploy/_lib/{LIBRARY_NAME}")))
+        if installed not in found:
+            found.append(installed)
+    except (PackageNotFoundError, ImportError):
+        pass
     return found
 
 

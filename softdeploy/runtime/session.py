@@ -84,7 +84,7 @@ class Session:
 
     def run(self, feeds: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None) -> list[np.ndarray]:
         try:
-            return self._sess.run(list(outputs) if outputs else None, dict(feeds))
+            return self._sess.run(list(outputs) if outputs else None, {k: np.asarray(v) for k, v in feeds.items()})
         except Exception as e:
             raise _translate(e) from e
 

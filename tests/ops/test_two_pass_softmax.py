@@ -1,0 +1,63 @@
+"""TwoPassSoftmax invariants beyond the conformance samples."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from softdeploy import conformance
+from softdeploy.ops import REGISTRY, Sample
+
+OP = REGISTRY["TwoPassSoftmax"]
+
+finite_rows = hnp.arrays(
+    np.float32,
+    hnp.array_shapes(min_dims=2, max_dims=2, min_side=1, max_side=300),
+    elements=st.floats(-1e4, 1e4, width=32),
+)
+
+
+@given(finite_rows)
+def test_rows_sum_to_one_and_match_reference(x):
+    (y,) = conformance.run(OP, Sample("h", (x,)), "kernel")
+    np.testing.assert_allclose(y.astype(np.float64).sum(axis=-1), 1.0, rtol=5e-6)
+    (want,) = OP.reference(x)
+    np.testing.assert_allclose(y, want, rtol=1e-6, atol=1e-37)
+
+
+@given(finite_rows, st.floats(-50, 50, width=32))
+def test_shift_invariance(x, c):
+    """softmax(x + c) = softmax(x): the kernel has no max pass, so this checks its exponent bookkeeping."""
+    shifted = (x.astype(np.float64) + c).astype(np.float32)
+    (a,) = conformance.run(OP, Sample("h", (x,)), "kernel")
+    (b,) = conformance.run(OP, Sample("h", (shifted,)), "kernel")
+    (ra,) = OP.reference(x)
+    (rb,) = OP.reference(shifted)
+    # compare each against its own oracle (x + c is rounded to float32, so a and b may differ slightly)
+    np.testing.assert_allclose(a, ra, rtol=1e-6, atol=1e-37)
+    np.testing.assert_allclose(b, rb, rtol=1e-6, atol=1e-37)
+
+
+@given(
+    hnp.arrays(np.float32, st.tuples(st.integers(1, 4), st.integers(1, 80)), elements=st.floats(-30, 30, width=32)),
+    st.data(),
+)
+def test_masked_entries_are_exact_zeros(x, data):
+    mask = data.draw(hnp.arrays(np.bool_, x.shape))
+    mask[:, 0] = False  # keep one finite entry per row
+    x = np.where(mask, -np.inf, x).astype(np.float32)
+    for isa in conformance.available_isas():
+        (y,) = conformance.run(OP, Sample("h", (x,)), "kernel", isa=isa)
+        assert (y[mask] == 0).all()
+        assert (y[~mask] > 0).all() or (x[~mask] < -80).any()  # tiny but nonzero unless underflow
+        np.testing.assert_allclose(y.astype(np.float64).sum(-1), 1.0, rtol=5e-6)
+
+
+def test_agrees_with_onnxruntime_softmax_on_large_rows():
+    """The 64 x 256000 benchmark shape (streaming stores, several tasks) against the reference."""
+    x = (np.random.default_rng(3).standard_normal((64, 256000)) * 3).astype(np.float32)
+    (y,) = conformance.run(OP, Sample("big", (x,)), "kernel", threads=2)
+    (want,) = OP.reference(x)
+    np.testing.assert_allclose(y, want, rtol=1e-6, atol=1e-37)

@@ -21,6 +21,7 @@ class SoftRule(RewriteRuleClassBase):
     pattern's last node): a node of that type that is not rewritten is reported with the reason."""
 
     anchor_op: ClassVar[str]
+    target_op: ClassVar[str]  # the com.softdeploy op the rule writes
     summary: ClassVar[str]
 
     def __init__(self) -> None:

@@ -39,6 +39,7 @@ def _is_last_two_swap(node: ir.Node | None, r: int) -> bool:
 
 class MaxSimRule(SoftRule):
     name_ = "maxsim"
+    target_op = "MaxSim"
     anchor_op = "ReduceSum"
     summary = "MatMul -> ReduceMax -> ReduceSum => MaxSim"
 

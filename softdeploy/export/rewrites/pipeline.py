@@ -12,6 +12,7 @@ import onnx
 from onnxscript import ir
 from onnxscript.rewriter import MatchingTracer, MatchStatus, RewriteRuleSet
 
+from softdeploy import DOMAIN
 from softdeploy.errors import ExportError
 from softdeploy.export.functions import attach_function_bodies, default_opset
 from softdeploy.export.rewrites._base import SoftRule, describe
@@ -133,6 +134,11 @@ def optimize(
     if unknown:
         raise ExportError(f"unknown rewrite rule(s) {unknown}; rules are {list(RULES)}")
     names = [n for n in RULES if n in names]
+    from softdeploy.ops import REGISTRY, register_onnx_schemas
+
+    missing = {n: RULES[n].target_op for n in names if RULES[n].target_op not in REGISTRY}
+    if missing:
+        raise ExportError(f"rule(s) {missing} write ops this softdeploy build does not define; ops: {sorted(REGISTRY)}")
     notes = []
     work = onnx.ModelProto()
     work.CopyFrom(model)
@@ -142,8 +148,10 @@ def optimize(
 
         work = version_converter.convert_version(work, TARGET_OPSET)
         notes.append(f"converted from opset {opset} to {TARGET_OPSET} (the function bodies need >= 18)")
-    from softdeploy.ops import register_onnx_schemas
-
+    # softdeploy's own function bodies are not rewritten (they are re-attached afterwards).
+    ours = [f for f in work.functions if f.domain == DOMAIN]
+    for f in ours:
+        work.functions.remove(f)
     register_onnx_schemas()
     work = onnx.shape_inference.infer_shapes(work)
     ir_model = ir.from_proto(work)

@@ -26,6 +26,7 @@ from softdeploy.export.rewrites._base import SoftRule, const_floats, const_ints,
 
 class NmsToSoftNmsRule(SoftRule):
     name_ = "nms-to-softnms"
+    target_op = "SoftNMS"
     anchor_op = "NonMaxSuppression"
     summary = "NonMaxSuppression => SoftNMS(method=hard) (on request)"
 

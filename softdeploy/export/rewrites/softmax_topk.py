@@ -20,6 +20,7 @@ from softdeploy.export.rewrites._base import SoftRule, const_ints, dtype_name, i
 
 class SoftmaxTopKRule(SoftRule):
     name_ = "softmax-topk"
+    target_op = "SoftmaxTopK"
     anchor_op = "TopK"
     summary = "Softmax -> TopK => SoftmaxTopK"
 

@@ -26,6 +26,7 @@ MIN_ROW_LENGTH = 1024
 
 class TwoPassSoftmaxRule(SoftRule):
     name_ = "two-pass-softmax"
+    target_op = "TwoPassSoftmax"
     anchor_op = "Softmax"
     summary = "Softmax => TwoPassSoftmax (last axis, long rows)"
     default_min_row_length: ClassVar[int] = MIN_ROW_LENGTH

@@ -10,8 +10,7 @@ row length from which the kernel is faster at every longer row measured.
 
 from __future__ import annotations
 
-import harness  # noqa: I001  (sets the no-spin environment before numpy/torch)
-
+import harness
 import numpy as np
 import torch
 from onnx import TensorProto, helper
@@ -56,12 +55,14 @@ def main() -> None:
             x = (rng.standard_normal((args.rows, n)) * 3).astype(np.float32)
             tx, ty = torch.from_numpy(x), torch.empty(args.rows, n)
             feeds = {"X": x}
-            np.testing.assert_allclose(ours.run(feeds)[0], ort.run(feeds)[0], rtol=2e-3, atol=1e-9)  # MLAS sums long rows in float32 (4e-4 off at 4M)
+            np.testing.assert_allclose(
+                ours.run(feeds)[0], ort.run(feeds)[0], rtol=2e-3, atol=1e-9
+            )  # MLAS sums long rows in float32 (4e-4 off at 4M)
             with harness.threads(n_threads):
                 t, bg = harness.quiet_bench(
                     {
-                        "ort_softmax": lambda feeds=feeds: ort.run(feeds),
-                        "two_pass": lambda feeds=feeds: ours.run(feeds),
+                        "ort_softmax": lambda feeds=feeds, ort=ort: ort.run(feeds),
+                        "two_pass": lambda feeds=feeds, ours=ours: ours.run(feeds),
                         "floor_copy": lambda tx=tx, ty=ty: ty.copy_(tx),
                     },
                     rounds=rounds,

@@ -19,7 +19,6 @@ DOMAIN = "com.softdeploy"
 OPSET_VERSION = 1
 
 
-
 def __getattr__(name: str) -> object:
     # ``softdeploy.export(module, example_inputs)``: the export package is callable (see
     # softdeploy/export/__init__.py); imported on first use so that ``import softdeploy`` stays light.

@@ -80,7 +80,9 @@ class Divergence:
 
     def __str__(self) -> str:
         kind = f"{self.domain}::{self.op_type}" if self.domain else self.op_type
-        cause = "its inputs agree, so this node is the cause" if self.inputs_agree else "some inputs could not be compared"
+        cause = (
+            "its inputs agree, so this node is the cause" if self.inputs_agree else "some inputs could not be compared"
+        )
         where = f"; torch: {self.source}" if self.source else ""
         return (
             f"first diverging node {self.node!r} ({kind}), output {self.output!r}: max |err| "
@@ -131,7 +133,7 @@ class ValidationReport:
                     notes.append(f"- {desc}, {o.name}: {o.note}")
             if c.divergence is not None:
                 notes.append(f"- {desc}: {c.divergence}")
-        return "\n".join(lines + ([""] + notes if notes else []))
+        return "\n".join(lines + (["", *notes] if notes else []))
 
     def __str__(self) -> str:
         return self.to_markdown()
@@ -163,10 +165,11 @@ def compare_output(
             diff = np.where(np.isnan(w) | same_inf, 0.0, np.abs(g - w))
             diff = np.where(np.isnan(diff), np.inf, diff)
             bad = nan_mismatch | (diff > atol + rtol * np.abs(np.where(np.isfinite(w), w, 0.0)))
-            rel = diff / np.maximum(np.abs(np.where(np.isfinite(w), w, 0.0)), np.finfo(np.float64).tiny)
+            scale = np.abs(np.where(np.isfinite(w), w, 0.0))
+            rel = np.where(scale > 0, diff / np.where(scale > 0, scale, 1.0), 0.0)  # over nonzero references
         note = "NaN where torch has none (or the reverse)" if nan_mismatch.any() else ""
         return OutputCheck(
-            **base, ok=not bad.any(), max_abs_err=float(diff.max()), max_rel_err=float(np.where(diff > 0, rel, 0).max()),
+            **base, ok=not bad.any(), max_abs_err=float(diff.max()), max_rel_err=float(rel.max()),
             mismatched=int(bad.sum()), note=note,
         )  # fmt: skip
     bad = got != want
@@ -204,9 +207,7 @@ def onnx_feeds(model: Any, example_inputs: Sequence[Any], kwargs: Mapping[str, A
     import torch
     import torch.utils._pytree as pytree
 
-    leaves = [
-        x for x in pytree.tree_leaves((tuple(example_inputs), dict(kwargs or {}))) if isinstance(x, torch.Tensor)
-    ]
+    leaves = [x for x in pytree.tree_leaves((tuple(example_inputs), dict(kwargs or {}))) if isinstance(x, torch.Tensor)]
     names = [i.name for i in model.graph.input]
     if len(leaves) != len(names):
         raise RuntimeFailure(f"the model has {len(names)} graph inputs {names} but {len(leaves)} tensors were given")
@@ -221,7 +222,9 @@ def _to_numpy(t: Any) -> np.ndarray:
     return np.asarray(t)
 
 
-def run_backend(model: Any, feeds: Mapping[str, np.ndarray], backend: str, outputs: Sequence[str] | None = None) -> list:
+def run_backend(
+    model: Any, feeds: Mapping[str, np.ndarray], backend: str, outputs: Sequence[str] | None = None
+) -> list:
     from softdeploy.runtime import Session
 
     return Session(model, kernels=backend).run(feeds, outputs)  # type: ignore[arg-type]
@@ -301,7 +304,7 @@ def torch_intermediates(exported_program: Any, example_inputs: Sequence[Any], kw
             elif isinstance(result, tuple | list) and n.op == "call_function":
                 # multi-output ops: the exporter names the outputs getitem, getitem_1, ...
                 for user in n.users:
-                    if user.target is getattr(__import__("operator"), "getitem"):
+                    if user.target is __import__("operator").getitem:
                         item = result[user.args[1]]
                         if isinstance(item, torch.Tensor):
                             values[user.name] = _to_numpy(item)

@@ -144,7 +144,9 @@ def maxsim_peer_model(opset=18, keepdims=0, max_axis=1, transpose=True):
         nodes.append(helper.make_node("ReduceMax", ["M"], ["R"], axes=[max_axis], keepdims=keepdims))
     nodes.append(helper.make_node("ReduceSum", ["R", "AXS"], ["S"], keepdims=keepdims))
     inits.append(ints("AXS", [1 if keepdims == 0 else 2]))
-    return make_model(nodes, [tensor("Q", F, q_shape), tensor("D", F, ["N", 12, 16])], [tensor("S", F, None)], opset, inits)
+    return make_model(
+        nodes, [tensor("Q", F, q_shape), tensor("D", F, ["N", 12, 16])], [tensor("S", F, None)], opset, inits
+    )
 
 
 @pytest.mark.parametrize("opset", [17, 18, 20])
@@ -315,7 +317,9 @@ def test_nms_score_threshold_is_strict_after_the_rewrite():
 def test_nms_center_point_box_is_kept():
     feeds = nms_feeds(2)
     b = feeds["boxes"]
-    feeds["boxes"] = np.concatenate([(b[..., :2] + b[..., 2:]) / 2, b[..., 2:] - b[..., :2]], axis=-1)[..., [1, 0, 3, 2]]
+    feeds["boxes"] = np.concatenate([(b[..., :2] + b[..., 2:]) / 2, b[..., 2:] - b[..., :2]], axis=-1)[
+        ..., [1, 0, 3, 2]
+    ]
     model = nms_model(4, 0.4, 0.05, center_point_box=1)
     result = optimize(model, nms_to_softnms=True, feeds=feeds)
     assert result.counts["nms-to-softnms"] == 1

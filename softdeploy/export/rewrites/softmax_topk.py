@@ -44,7 +44,9 @@ class SoftmaxTopKRule(SoftRule):
         elif sm_axis % r != tk_axis % r:
             return self.reject(f"Softmax axis {sm_axis} and TopK axis {tk_axis} differ")
         if opset < 13 and (r is None or sm_axis % r != r - 1):
-            return self.reject(f"opset {opset} Softmax flattens the axes from {sm_axis} on (same only on the last axis)")
+            return self.reject(
+                f"opset {opset} Softmax flattens the axes from {sm_axis} on (same only on the last axis)"
+            )
         if int_attr(topk, "largest", 1) != 1:
             return self.reject("TopK largest=0 (SoftmaxTopK returns the largest)")
         if int_attr(topk, "sorted", 1) != 1:

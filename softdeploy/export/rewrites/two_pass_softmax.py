@@ -56,9 +56,7 @@ class TwoPassSoftmaxRule(SoftRule):
         if not isinstance(n, int):
             return self.reject(f"row length {n} is not static")
         if n < self.min_row_length:
-            return self.reject(
-                f"row length {n} < min_row_length {self.min_row_length}"
-            )
+            return self.reject(f"row length {n} < min_row_length {self.min_row_length}")
         return True
 
     def rewrite(self, op: Any, x: ir.Value, probs: ir.Value, **_: Any) -> Any:

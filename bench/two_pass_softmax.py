@@ -133,10 +133,12 @@ def main():
     sync_print("\nMicroseconds per call (median). Speed-up = peer time / softdeploy time.\n")
     sync_print(
         md_table(
-            ["thr", "BxV", "MiB"]
-            + PEERS
-            + FLOORS
-            + [
+            [
+                "thr",
+                "BxV",
+                "MiB",
+                *PEERS,
+                *FLOORS,
                 "vs ort_softmax",
                 "vs best peer",
                 "ours/floor_copy",

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+import onnxscript.optimizer
 from onnxscript import ir
 from onnxscript.rewriter import MatchingTracer, MatchStatus, RewriteRuleSet
 
@@ -163,6 +164,8 @@ def optimize(
         rule_set.apply_to_model(ir_model, tracer=tracer)  # with a tracer nothing is rewritten
         applied = rule_set.apply_to_model(ir_model)
         reports.append(RuleReport(name, rule.summary, applied, tuple(tracer.rejected)))
+    # Producers only a rewritten pattern used (e.g. a Transpose MaxSim folded away) are dead now.
+    onnxscript.optimizer.remove_unused_nodes(ir_model)
     out = ir.to_proto(ir_model)
     attach_function_bodies(out)
     try:

@@ -289,6 +289,8 @@ def test_nms_is_rewritten_only_on_request():
     assert "nms-to-softnms" not in DEFAULT_RULES
     result = optimize(nms_model(), feeds=nms_feeds())
     assert custom_ops(result.model) == []
+    result = optimize(nms_model(), nms_to_softnms=True, feeds=nms_feeds())
+    assert result.counts["nms-to-softnms"] == 1 and custom_ops(result.model) == ["SoftNMS"]
 
 
 @pytest.mark.parametrize("opset", [17, 18, 20])
@@ -296,8 +298,8 @@ def test_nms_is_rewritten_only_on_request():
 def test_nms_to_hard_softnms_reproduces_nms(opset, max_out, iou, score):
     model = nms_model(max_out, iou, score, opset=opset)
     feeds = nms_feeds()
-    result = optimize(model, nms_to_softnms=True, feeds=feeds)
-    assert result.counts["nms-to-softnms"] == 1
+    result = optimize(model, rules=["nms-to-softnms"], feeds=feeds)
+    assert result.counts == {"nms-to-softnms": 1}
     assert custom_ops(result.model) == ["SoftNMS"]
     want = Session(model, kernels="portable").run(feeds)[0]
     for backend in ("native", "portable"):
@@ -309,7 +311,7 @@ def test_nms_score_threshold_is_strict_after_the_rewrite():
     feeds = nms_feeds(1)
     feeds["scores"][0, 0, :5] = 0.25  # exactly at the threshold: NonMaxSuppression drops them
     model = nms_model(10, 0.5, 0.25)
-    result = optimize(model, nms_to_softnms=True, feeds=feeds)
+    result = optimize(model, rules=["nms-to-softnms"], feeds=feeds)
     got = Session(result.model, kernels="native").run(feeds)[0]
     np.testing.assert_array_equal(got, Session(model, kernels="portable").run(feeds)[0])
 
@@ -321,14 +323,14 @@ def test_nms_center_point_box_is_kept():
         ..., [1, 0, 3, 2]
     ]
     model = nms_model(4, 0.4, 0.05, center_point_box=1)
-    result = optimize(model, nms_to_softnms=True, feeds=feeds)
+    result = optimize(model, rules=["nms-to-softnms"], feeds=feeds)
     assert result.counts["nms-to-softnms"] == 1
 
 
 def test_nms_max_output_zero_means_no_output():
     for max_out in (0, None):
         model = nms_model(max_out, 0.5, 0.1)
-        result = optimize(model, nms_to_softnms=True, feeds=nms_feeds())
+        result = optimize(model, rules=["nms-to-softnms"], feeds=nms_feeds())
         assert result.counts["nms-to-softnms"] == 1
         (got,) = Session(result.model, kernels="native").run(nms_feeds())
         assert got.shape == (0, 3) and got.dtype == np.int64
@@ -336,7 +338,7 @@ def test_nms_max_output_zero_means_no_output():
 
 @pytest.mark.parametrize(("score", "reason"), [(None, "no score_threshold"), (-0.5, "< 0")])
 def test_nms_without_an_exact_translation_is_reported(score, reason):
-    result = optimize(nms_model(3, 0.5, score), nms_to_softnms=True, feeds=nms_feeds())
+    result = optimize(nms_model(3, 0.5, score), rules=["nms-to-softnms"], feeds=nms_feeds())
     assert result.counts["nms-to-softnms"] == 0
     assert any(reason in r for r in reasons(result, "nms-to-softnms"))
 

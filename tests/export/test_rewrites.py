@@ -222,9 +222,10 @@ def softmax_model(n, axis=-1, opset=18):
     return make_model(nodes, [tensor("X", F, ["B", n])], [tensor("P", F, None)], opset)
 
 
-def test_two_pass_softmax_is_opt_in():
-    assert "two-pass-softmax" not in DEFAULT_RULES
-    result = optimize(softmax_model(2048))
+def test_two_pass_softmax_is_on_by_default_and_can_be_turned_off():
+    assert "two-pass-softmax" in DEFAULT_RULES
+    assert optimize(softmax_model(2048)).counts["two-pass-softmax"] == 1
+    result = optimize(softmax_model(2048), rules=["softmax-topk"])
     assert "two-pass-softmax" not in result.counts
     assert custom_ops(result.model) == []
 

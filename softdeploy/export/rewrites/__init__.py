@@ -3,7 +3,7 @@
 
     softmax-topk       Softmax -> TopK                    => SoftmaxTopK
     maxsim             MatMul -> ReduceMax -> ReduceSum   => MaxSim
-    two-pass-softmax   Softmax (last axis, long rows)     => TwoPassSoftmax          (opt-in, see its module)
+    two-pass-softmax   Softmax (last axis, long rows)     => TwoPassSoftmax          (rows >= 1024, measured)
     nms-to-softnms     NonMaxSuppression                  => SoftNMS(method="hard")   (on request)
 
 :func:`optimize` runs the chosen rules in that order, reports per rule how often it fired and why each

@@ -28,8 +28,8 @@ RULES: dict[str, type[SoftRule]] = {
     r.name_: r  # type: ignore[attr-defined]
     for r in (SoftmaxTopKRule, MaxSimRule, TwoPassSoftmaxRule, NmsToSoftNmsRule)
 }
-# two-pass-softmax is opt-in: bench/results/softmax_rewrite.md measured no shape where it is faster.
-DEFAULT_RULES = ("softmax-topk", "maxsim")
+# nms-to-softnms only on request: it changes an op the user chose (same results, see its module).
+DEFAULT_RULES = ("softmax-topk", "maxsim", "two-pass-softmax")
 TARGET_OPSET = 18  # models below it are converted first (the function bodies need >= 18)
 VERIFY_TOLERANCE = {"float32": (1e-4, 1e-6), "float16": (1e-2, 1e-3)}
 

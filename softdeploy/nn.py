@@ -6,6 +6,7 @@ body. The semantics of each op (special values, ties, masks) are those of /OPS.m
 only as far as a module adds to them.
 
 Normalizers (``[..., n] -> [..., n]`` along ``dim``):
+    TwoPassSoftmax              y = softmax(x + mask)
     Softpick                    y_i = relu(e_i) / (sum_j |e_j| + eps),  e_j = exp(x_j - m) - exp(-m)
     MultiMax                    y = softmax(sigma(x) + mask),
                                 sigma(x) = x + t0 relu(r0 - x) + t1 relu(x - r1)
@@ -37,6 +38,19 @@ def _op(name: str) -> Any:
 
 
 # ---- normalizers ---------------------------------------------------------------------------------
+
+
+class TwoPassSoftmax(nn.Module):
+    """``y = softmax(x + mask, dim)`` through the two-pass kernel (no max pass, no overflow)."""
+
+    def __init__(self, dim: int = -1) -> None:
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        if mask is not None:
+            x = x + mask
+        return _op("TwoPassSoftmax")(x, axis=self.dim)
 
 
 class Softpick(nn.Module):
@@ -351,4 +365,5 @@ __all__ = [
     "Softpick",
     "SoftpickAttention",
     "SoftpickHead",
+    "TwoPassSoftmax",
 ]

@@ -49,6 +49,18 @@ def attention_ref(module: sdnn.SoftAttention, x: torch.Tensor, weights_fn, mask=
 
 
 @torch.no_grad()
+def test_softmax_attention_through_two_pass_softmax_exports():
+    module = sdnn.SoftAttention(16, 4, sdnn.TwoPassSoftmax(), num_kv_heads=2, causal=True).eval()
+    x = randn(2, 5, 16)
+    causal = torch.full((5, 5), -math.inf).triu(1)
+    want = attention_ref(module, x, lambda s: torch.softmax(s, -1), causal)
+    torch.testing.assert_close(module(x), want, rtol=1e-5, atol=1e-6)
+    result = softdeploy.export(module, (x,))
+    assert result.custom_ops == ["TwoPassSoftmax"]
+    assert result.validation is not None and result.validation.ok
+
+
+@torch.no_grad()
 def test_softpick_attention_equation_with_gqa_and_causal_mask():
     module = sdnn.SoftpickAttention(16, 4, num_kv_heads=2, causal=True).eval()
     x = randn(2, 5, 16)
@@ -202,7 +214,7 @@ def test_module_exports_to_its_softdeploy_op_and_validates(name, module, inputs,
 
 
 def test_attention_exports_with_dynamic_batch_and_sequence():
-    module = sdnn.SoftpickAttention(16, 2).eval()
+    module = sdnn.SoftAttention(16, 2, sdnn.TwoPassSoftmax(), causal=True).eval()
     batch, seq = torch.export.Dim("batch", max=16), torch.export.Dim("seq", min=2, max=128)
     result = softdeploy.export(module, (randn(2, 6, 16),), dynamic_shapes=({0: batch, 1: seq},))
     from softdeploy.runtime import Session

@@ -18,6 +18,17 @@ __version__ = "0.1.0"
 DOMAIN = "com.softdeploy"
 OPSET_VERSION = 1
 
+
+def __getattr__(name: str) -> object:
+    # ``softdeploy.export(module, example_inputs)``: the export package is callable (see
+    # softdeploy/export/__init__.py); imported on first use so that ``import softdeploy`` stays light.
+    if name == "export":
+        import importlib
+
+        return importlib.import_module("softdeploy.export")
+    raise AttributeError(f"module 'softdeploy' has no attribute {name!r}")
+
+
 __all__ = [
     "DOMAIN",
     "OPSET_VERSION",
@@ -27,4 +38,5 @@ __all__ = [
     "RuntimeFailure",
     "SoftdeployError",
     "__version__",
+    "export",
 ]

@@ -9,6 +9,8 @@ softdeploy quantize int8 dynamic (per-channel) or static QDQ with calibration th
 softdeploy compare  one model in every variant (torch, onnxruntime fp32 stock / softdeploy, int8
                     dynamic / static) on the same data: task accuracy, agreement, latency, size;
                     with no arguments: all-MiniLM-L6-v2 MaxSim retrieval on chatterbot-corpus
+softdeploy export   FACTORY OUT.onnx: export the module a factory returns, validate it against torch
+softdeploy optimize IN.onnx OUT.onnx: rewrite standard-op patterns into softdeploy ops; per-rule report
 """
 
 from __future__ import annotations
@@ -215,6 +217,105 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _refuse_overwrite(path: str, overwrite: bool) -> None:
+    from pathlib import Path
+
+    from softdeploy.errors import ExportError
+
+    if Path(path).exists() and not overwrite:
+        raise ExportError(f"{path} exists; pass --overwrite to replace it")
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from softdeploy.export.api import export
+    from softdeploy.export.factory import load_factory
+
+    _refuse_overwrite(args.out, args.overwrite)
+    spec = load_factory(args.factory)
+    tolerance = tuple(float(v) for v in args.tolerance.split(",")) if args.tolerance else None
+    result = export(
+        spec.module,
+        spec.example_inputs,
+        args.out,
+        dynamic_shapes=spec.dynamic_shapes,
+        opset=args.opset,
+        validate=not args.no_validate,
+        tolerance=tolerance,  # type: ignore[arg-type]
+        strict=not args.keep_failed,
+        overwrite=args.overwrite,
+    )
+    print(f"wrote {args.out}: com.softdeploy ops {result.custom_ops or 'none'}")
+    if result.validation is not None:
+        print(result.validation.to_markdown())
+        return 0 if result.validation.ok else 1
+    return 0
+
+
+def cmd_optimize(args: argparse.Namespace) -> int:
+    import onnx
+
+    from softdeploy.export.rewrites import DEFAULT_RULES, optimize
+
+    _refuse_overwrite(args.out, args.overwrite)
+    dims = dict(_dim(d) for d in args.dim)
+    feeds = None
+    if args.feeds:
+        import numpy as np
+
+        with np.load(args.feeds) as data:
+            feeds = {k: data[k] for k in data.files}
+    result = optimize(
+        args.input,
+        rules=args.rules.split(",") if args.rules else list(DEFAULT_RULES),
+        nms_to_softnms=args.nms_to_softnms,
+        two_pass_min_row=args.two_pass_min_row,
+        verify=not args.no_verify,
+        feeds=feeds,
+        dims=dims,
+    )
+    onnx.save(result.model, args.out)
+    print(result.to_text())
+    print(f"wrote {args.out}")
+    return 0
+
+
+def _dim(text: str) -> tuple[str, int]:
+    name, _, size = text.partition("=")
+    if not size.isdigit():
+        raise argparse.ArgumentTypeError(f"--dim wants NAME=SIZE, got {text!r}")
+    return name, int(size)
+
+
+def _add_export_commands(sub: argparse._SubParsersAction) -> None:
+    from softdeploy.export.rewrites.two_pass_softmax import MIN_ROW_LENGTH
+
+    p = sub.add_parser(
+        "export",
+        help="export a torch module to ONNX with softdeploy ops, validated against torch",
+        description="FACTORY is 'package.module:attr' or 'path/to/file.py:attr': a callable returning "
+        "(module, example_inputs) or (module, example_inputs, dynamic_shapes).",
+    )
+    p.add_argument("factory")
+    p.add_argument("out")
+    p.add_argument("--opset", type=int, default=18)
+    p.add_argument("--no-validate", action="store_true", help="skip the onnxruntime-vs-torch validation")
+    p.add_argument("--tolerance", help="RTOL,ATOL for every float output (default: per dtype)")
+    p.add_argument("--keep-failed", action="store_true", help="write the model even when validation fails")
+    p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    p.set_defaults(fn=cmd_export)
+    p = sub.add_parser("optimize", help="rewrite standard-op patterns of an ONNX model into softdeploy ops")
+    p.add_argument("input")
+    p.add_argument("out")
+    p.add_argument("--rules", help="comma-separated rules (two-pass-softmax, nms-to-softnms)")
+    p.add_argument("--nms-to-softnms", action="store_true", help="also NonMaxSuppression => SoftNMS(method=hard)")
+    p.add_argument("--two-pass-min-row", type=int, default=MIN_ROW_LENGTH, help="two-pass-softmax: min row length")
+    p.add_argument("--no-verify", action="store_true", help="skip running original and rewritten model")
+    p.add_argument("--feeds", help=".npz of inputs for the verification (default: random)")
+    p.add_argument("--dim", action="append", default=[], help="NAME=SIZE for a symbolic input dim (verification)")
+    p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    p.set_defaults(fn=cmd_optimize)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="softdeploy", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -229,6 +330,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.set_defaults(fn=cmd_demo)
     _add_quantize_parser(sub)
     _add_compare_parser(sub)
+    _add_export_commands(sub)
     args = parser.parse_args(argv)
     from softdeploy.errors import SoftdeployError
 

@@ -86,6 +86,33 @@ def export_module(
     """Exports ``module(*args)`` with torch.onnx (dynamo) to an onnx.ModelProto whose soft ops are
     com.softdeploy nodes carrying their function bodies; checked with onnx.checker. Writes ``path``
     when given (refuses to replace an existing file unless ``overwrite``)."""
+    model, _ = export_program(
+        module,
+        args,
+        path,
+        dynamic_shapes=dynamic_shapes,
+        input_names=input_names,
+        output_names=output_names,
+        opset=opset,
+        overwrite=overwrite,
+    )
+    return model
+
+
+def export_program(
+    module: Any,
+    args: Sequence[Any],
+    path: str | Path | None = None,
+    *,
+    kwargs: dict[str, Any] | None = None,
+    dynamic_shapes: Any = None,
+    input_names: Sequence[str] | None = None,
+    output_names: Sequence[str] | None = None,
+    opset: int = DEFAULT_OPSET,
+    overwrite: bool = False,
+) -> tuple[Any, Any]:
+    """:func:`export_module`, also returning the torch.export ExportedProgram the ONNX graph was
+    translated from (its FX node names are the ONNX value names; validation localises with it)."""
     import onnx
     import torch
 
@@ -95,6 +122,7 @@ def export_module(
         program = torch.onnx.export(
             module,
             tuple(args),
+            kwargs=kwargs,
             dynamo=True,
             custom_translation_table=translation_table(),
             dynamic_shapes=dynamic_shapes,
@@ -112,4 +140,4 @@ def export_module(
         tmp = Path(str(path) + ".tmp")
         onnx.save(model, tmp)
         tmp.replace(path)
-    return model
+    return model, program.exported_program

@@ -1,0 +1,110 @@
+"""``softdeploy.export(module, example_inputs)``: export, check, validate, save.
+
+Any ``nn.Module`` with example inputs is accepted; calls to ``torch.ops.softdeploy.*`` (e.g. the
+modules of :mod:`softdeploy.nn`) become ``com.softdeploy`` nodes with their function bodies attached.
+The model is validated against torch eager on onnxruntime with softdeploy's kernels and on stock
+onnxruntime (function bodies) -- see :mod:`softdeploy.export.validate` for the method.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from softdeploy.errors import ExportError
+from softdeploy.export.torch_export import DEFAULT_OPSET, export_program
+from softdeploy.export.validate import BACKENDS, Tolerance, ValidationReport, validate_export
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportResult:
+    model: Any  # onnx.ModelProto: com.softdeploy nodes + their function bodies, onnx.checker clean
+    path: Path | None  # where it was written, if anywhere
+    validation: ValidationReport | None  # None when validate=False
+
+    @property
+    def custom_ops(self) -> list[str]:
+        """The com.softdeploy op types the model uses."""
+        from softdeploy import DOMAIN
+
+        return sorted({n.op_type for n in self.model.graph.node if n.domain == DOMAIN})
+
+
+def export(
+    module: Any,
+    example_inputs: Sequence[Any] | Any,
+    path: str | Path | None = None,
+    *,
+    example_kwargs: Mapping[str, Any] | None = None,
+    dynamic_shapes: Any = None,
+    input_names: Sequence[str] | None = None,
+    output_names: Sequence[str] | None = None,
+    opset: int = DEFAULT_OPSET,
+    validate: bool = True,
+    tolerance: Mapping[str, Any] | Tolerance | None = None,
+    backends: Sequence[str] = BACKENDS,
+    strict: bool = True,
+    overwrite: bool = False,
+) -> ExportResult:
+    """Exports ``module(*example_inputs, **example_kwargs)`` to ONNX and validates it.
+
+    The module is exported in eval mode (its training flag is restored afterwards). ``tolerance``:
+    ``(rtol, atol)`` for every float output, ``{"float32": (rtol, atol), ...}`` per dtype, or
+    ``{"output_name": (rtol, atol), ...}`` per output. With ``strict`` a failed validation raises
+    ExportError carrying the report (nothing is written); otherwise the report is returned.
+    ``path`` is written only after validation passed, never over an existing file unless ``overwrite``.
+    """
+    import torch
+
+    if isinstance(example_inputs, torch.Tensor):
+        example_inputs = (example_inputs,)
+    args = tuple(example_inputs)
+    if path is not None and Path(path).exists() and not overwrite:
+        raise ExportError(f"{path} exists; pass overwrite=True (CLI: --overwrite) to replace it")
+    was_training = bool(getattr(module, "training", False))
+    if hasattr(module, "eval"):
+        module.eval()
+    try:
+        model, program = export_program(
+            module,
+            args,
+            kwargs=dict(example_kwargs) if example_kwargs else None,
+            dynamic_shapes=dynamic_shapes,
+            input_names=input_names,
+            output_names=output_names,
+            opset=opset,
+        )
+        report = None
+        if validate:
+            report = validate_export(
+                model,
+                module,
+                args,
+                kwargs=example_kwargs,
+                tolerance=_normalize_tolerance(tolerance),
+                exported_program=program,
+                backends=backends,
+            )
+    finally:
+        if was_training:
+            module.train()
+    if report is not None and not report.ok and strict:
+        error = ExportError(f"the exported model disagrees with torch:\n{report.to_markdown()}")
+        error.report = report  # type: ignore[attr-defined]
+        raise error
+    if path is not None:
+        import onnx
+
+        tmp = Path(str(path) + ".tmp")
+        onnx.save(model, tmp)
+        tmp.replace(path)
+    return ExportResult(model=model, path=Path(path) if path is not None else None, validation=report)
+
+
+def _normalize_tolerance(tolerance: Any) -> Any:
+    if tolerance is None or isinstance(tolerance, Mapping):
+        return tolerance
+    rtol, atol = tolerance
+    return {"float32": (rtol, atol), "float16": (rtol, atol), "float64": (rtol, atol)}

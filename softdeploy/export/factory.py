@@ -1,0 +1,52 @@
+"""``softdeploy export FACTORY``: what the module to export is, named as ``package.module:attr`` or
+``path/to/file.py:attr``. The attribute is a callable returning ``(module, example_inputs)`` or
+``(module, example_inputs, dynamic_shapes)``."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+from softdeploy.errors import ExportError
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportSpec:
+    module: Any
+    example_inputs: tuple[Any, ...]
+    dynamic_shapes: Any = None
+
+
+def load_factory(spec: str) -> ExportSpec:
+    target, sep, attr = spec.rpartition(":")
+    if not sep or not target or not attr:
+        raise ExportError(f"factory {spec!r} must be 'package.module:attr' or 'file.py:attr'")
+    if target.endswith(".py"):
+        path = Path(target)
+        if not path.is_file():
+            raise ExportError(f"factory file {path} does not exist")
+        loader_spec = importlib.util.spec_from_file_location(path.stem, path)
+        assert loader_spec is not None and loader_spec.loader is not None
+        mod = importlib.util.module_from_spec(loader_spec)
+        loader_spec.loader.exec_module(mod)
+    else:
+        try:
+            mod = importlib.import_module(target)
+        except ImportError as e:
+            raise ExportError(f"cannot import {target!r} for factory {spec!r}: {e}") from e
+    if not hasattr(mod, attr):
+        raise ExportError(f"{target} has no attribute {attr!r}")
+    made = getattr(mod, attr)()
+    if not isinstance(made, tuple) or len(made) not in (2, 3):
+        raise ExportError(
+            f"factory {spec!r} returned {type(made).__name__}; expected (module, example_inputs[, dynamic_shapes])"
+        )
+    module, inputs = made[0], made[1]
+    import torch
+
+    if isinstance(inputs, torch.Tensor):
+        inputs = (inputs,)
+    return ExportSpec(module, tuple(inputs), made[2] if len(made) == 3 else None)

@@ -1,0 +1,222 @@
+"""The rewrite pipeline: :func:`optimize` and its report (see the package docstring)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxscript.optimizer
+from onnxscript import ir
+from onnxscript.rewriter import MatchingTracer, MatchStatus, RewriteRuleSet
+
+from softdeploy import DOMAIN
+from softdeploy.errors import ExportError
+from softdeploy.export.functions import attach_function_bodies, default_opset
+from softdeploy.export.rewrites._base import SoftRule, describe
+from softdeploy.export.rewrites.soft_nms import NmsToSoftNmsRule
+from softdeploy.export.rewrites.two_pass_softmax import MIN_ROW_LENGTH, TwoPassSoftmaxRule
+from softdeploy.export.validate import OutputCheck, compare_output
+
+# In the order they run.
+RULES: dict[str, type[SoftRule]] = {
+    r.name_: r  # type: ignore[attr-defined]
+    for r in (TwoPassSoftmaxRule, NmsToSoftNmsRule)
+}
+# nms-to-softnms only on request: it changes an op the user chose (same results, see its module).
+DEFAULT_RULES = ("two-pass-softmax",)
+TARGET_OPSET = 18  # models below it are converted first (the function bodies need >= 18)
+VERIFY_TOLERANCE = {"float32": (1e-4, 1e-6), "float16": (1e-2, 1e-3)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Rejection:
+    node: str  # the candidate node, e.g. "TopK 'topk_3'"
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class RuleReport:
+    name: str
+    summary: str
+    applied: int
+    rejected: tuple[Rejection, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class VerifyCheck:
+    backend: str  # the rewritten model's onnxruntime configuration, compared with the original
+    outputs: tuple[OutputCheck, ...]
+
+    @property
+    def ok(self) -> bool:
+        return all(o.ok for o in self.outputs)
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizeResult:
+    model: Any  # the rewritten onnx.ModelProto (function bodies attached, checker clean)
+    rules: tuple[RuleReport, ...]
+    verification: tuple[VerifyCheck, ...]  # empty when verify=False
+    notes: tuple[str, ...] = ()
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return {r.name: r.applied for r in self.rules}
+
+    @property
+    def ok(self) -> bool:
+        return all(v.ok for v in self.verification)
+
+    def to_text(self) -> str:
+        lines = ["rule                 fired  candidates not rewritten"]
+        for r in self.rules:
+            lines.append(f"{r.name:<20} {r.applied:>5}  {len(r.rejected)}    ({r.summary})")
+            for rej in r.rejected:
+                lines.append(f"    - {rej.node}: {rej.reason}")
+        lines += [f"note: {n}" for n in self.notes]
+        for v in self.verification:
+            worst = max((o.max_abs_err for o in v.outputs), default=0.0)
+            status = "agrees" if v.ok else "DISAGREES"
+            lines.append(f"verify ({v.backend}): {status} with the original, max |err| {worst:.3g}")
+            lines += [f"    - {o.name}: {o.mismatched} mismatched {o.note}" for o in v.outputs if not o.ok]
+        return "\n".join(lines)
+
+
+class _RejectionTracer(MatchingTracer):
+    """Records every candidate a rule looked at and did not rewrite, with the reason."""
+
+    def __init__(self, anchor_op: str) -> None:
+        super().__init__()
+        self.anchor_op = anchor_op
+        self.rejected: list[Rejection] = []
+
+    def log(self, rule: Any, container: Any, node: ir.Node, match_result: Any, status: MatchStatus) -> None:
+        if status == MatchStatus.SUCCESS:
+            return
+        if status == MatchStatus.NO_MATCH and not (node.op_type == self.anchor_op and node.domain in ("", "ai.onnx")):
+            return  # not a candidate: does not even end like the pattern
+        reason = match_result.reason if match_result is not None and match_result.reason else "does not match"
+        self.rejected.append(Rejection(describe(node), reason))
+
+
+def _make_rule(name: str, two_pass_min_row: int) -> SoftRule:
+    cls = RULES[name]
+    return TwoPassSoftmaxRule(two_pass_min_row) if cls is TwoPassSoftmaxRule else cls()
+
+
+def optimize(
+    model: Any,
+    *,
+    rules: Sequence[str] | None = None,
+    nms_to_softnms: bool = False,
+    two_pass_min_row: int = MIN_ROW_LENGTH,
+    verify: bool = True,
+    feeds: Mapping[str, np.ndarray] | None = None,
+    dims: Mapping[str, int] | None = None,
+    seed: int = 0,
+) -> OptimizeResult:
+    """Rewrites ``model`` (ModelProto or path) with ``rules`` (default DEFAULT_RULES, plus
+    ``nms-to-softnms`` when ``nms_to_softnms``). ``verify`` runs the original and the rewritten model
+    on ``feeds`` (default: random inputs, symbolic dimensions from ``dims`` or 3) and compares every
+    output; a disagreement raises ExportError with the report."""
+    if not isinstance(model, onnx.ModelProto):
+        model = onnx.load(Path(model))
+    original = model
+    names = list(DEFAULT_RULES if rules is None else rules)
+    if nms_to_softnms and "nms-to-softnms" not in names:
+        names.append("nms-to-softnms")
+    unknown = sorted(set(names) - set(RULES))
+    if unknown:
+        raise ExportError(f"unknown rewrite rule(s) {unknown}; rules are {list(RULES)}")
+    names = [n for n in RULES if n in names]
+    from softdeploy.ops import REGISTRY, register_onnx_schemas
+
+    missing = {n: RULES[n].target_op for n in names if RULES[n].target_op not in REGISTRY}
+    if missing:
+        raise ExportError(f"rule(s) {missing} write ops this softdeploy build does not define; ops: {sorted(REGISTRY)}")
+    notes = []
+    work = onnx.ModelProto()
+    work.CopyFrom(model)
+    opset = default_opset(work)
+    if opset < TARGET_OPSET:
+        from onnx import version_converter
+
+        work = version_converter.convert_version(work, TARGET_OPSET)
+        notes.append(f"converted from opset {opset} to {TARGET_OPSET} (the function bodies need >= 18)")
+    # softdeploy's own function bodies are not rewritten (they are re-attached afterwards).
+    ours = [f for f in work.functions if f.domain == DOMAIN]
+    for f in ours:
+        work.functions.remove(f)
+    register_onnx_schemas()
+    work = onnx.shape_inference.infer_shapes(work)
+    ir_model = ir.from_proto(work)
+    reports = []
+    for name in names:
+        rule = _make_rule(name, two_pass_min_row)
+        rule_set = RewriteRuleSet([rule.rule()])
+        tracer = _RejectionTracer(rule.anchor_op)
+        rule_set.apply_to_model(ir_model, tracer=tracer)  # with a tracer nothing is rewritten
+        applied = rule_set.apply_to_model(ir_model)
+        reports.append(RuleReport(name, rule.summary, applied, tuple(tracer.rejected)))
+    # Producers only a rewritten pattern used are dead now (e.g. a Transpose folded into the new op).
+    onnxscript.optimizer.remove_unused_nodes(ir_model)
+    out = ir.to_proto(ir_model)
+    attach_function_bodies(out)
+    try:
+        onnx.checker.check_model(out, full_check=True)
+    except onnx.checker.ValidationError as e:
+        raise ExportError(f"the rewritten model fails onnx.checker: {e}") from e
+    result = OptimizeResult(out, tuple(reports), (), tuple(notes))
+    if verify:
+        result = dataclasses.replace(result, verification=_verify(original, out, feeds, dims, seed))
+        if not result.ok:
+            raise ExportError(f"the rewritten model disagrees with the original:\n{result.to_text()}")
+    return result
+
+
+def random_feeds(model: Any, dims: Mapping[str, int] | None = None, seed: int = 0) -> dict[str, np.ndarray]:
+    """Random inputs for ``model``: floats standard normal, integers in [0, 4), bools; a symbolic
+    dimension takes its size from ``dims`` (by name), else 3."""
+    from onnx import helper
+
+    rng = np.random.default_rng(seed)
+    initializers = {t.name for t in model.graph.initializer}
+    feeds = {}
+    for vi in model.graph.input:
+        if vi.name in initializers:
+            continue
+        t = vi.type.tensor_type
+        shape = []
+        for d in t.shape.dim:
+            if d.HasField("dim_value"):
+                shape.append(d.dim_value)
+            else:
+                shape.append(int((dims or {}).get(d.dim_param, 3)))
+        dtype = helper.tensor_dtype_to_np_dtype(t.elem_type)
+        if np.issubdtype(dtype, np.floating):
+            feeds[vi.name] = rng.standard_normal(shape).astype(dtype)
+        elif dtype == np.bool_:
+            feeds[vi.name] = rng.random(shape) < 0.5
+        else:
+            feeds[vi.name] = rng.integers(0, 4, shape).astype(dtype)
+    return feeds
+
+
+def _verify(
+    original: Any, rewritten: Any, feeds: Mapping[str, np.ndarray] | None, dims: Any, seed: int
+) -> tuple[VerifyCheck, ...]:
+    from softdeploy.runtime import Session
+
+    feeds = dict(feeds) if feeds is not None else random_feeds(original, dims, seed)
+    want = Session(original, kernels="auto").run(feeds)
+    names = [o.name for o in original.graph.output]
+    checks = []
+    for backend in ("native", "portable"):
+        got = Session(rewritten, kernels=backend).run(feeds)  # type: ignore[arg-type]
+        outs = tuple(compare_output(n, g, w, VERIFY_TOLERANCE) for n, g, w in zip(names, got, want, strict=True))
+        checks.append(VerifyCheck(backend, outs))
+    return tuple(checks)

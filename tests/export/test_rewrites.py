@@ -1,0 +1,192 @@
+"""softdeploy optimize on ONNX models built by hand with onnx.helper (not exported by softdeploy):
+each rule fires where it is safe, reports why where it is not, and the result agrees with the original."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from softdeploy import DOMAIN, ExportError
+from softdeploy.export.rewrites import DEFAULT_RULES, optimize
+from softdeploy.runtime import Session
+
+F = TensorProto.FLOAT
+
+
+def make_model(nodes, inputs, outputs, opset, initializers=()):
+    graph = helper.make_graph(nodes, "hand_built", inputs, outputs, initializer=list(initializers))
+    # Output shapes are left out on purpose (as many hand-written models do); optimize() must cope.
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
+
+
+def ints(name, values):
+    return numpy_helper.from_array(np.array(values, np.int64), name)
+
+
+def tensor(name, elem, shape):
+    return helper.make_tensor_value_info(name, elem, shape)
+
+
+def custom_ops(model):
+    return sorted(n.op_type for n in model.graph.node if n.domain == DOMAIN)
+
+
+def reasons(result, rule):
+    return [r.reason for r in next(x for x in result.rules if x.name == rule).rejected]
+
+
+# ---- Softmax => TwoPassSoftmax -----------------------------------------------------------------
+
+
+def softmax_model(n, axis=-1, opset=18):
+    nodes = [helper.make_node("Softmax", ["X"], ["P"], axis=axis)]
+    return make_model(nodes, [tensor("X", F, ["B", n])], [tensor("P", F, None)], opset)
+
+
+def test_two_pass_softmax_is_on_by_default_and_can_be_turned_off():
+    assert "two-pass-softmax" in DEFAULT_RULES
+    assert optimize(softmax_model(2048)).counts["two-pass-softmax"] == 1
+    result = optimize(softmax_model(2048), rules=["nms-to-softnms"])
+    assert "two-pass-softmax" not in result.counts
+    assert custom_ops(result.model) == []
+
+
+@pytest.mark.parametrize("opset", [17, 18, 20])
+def test_two_pass_softmax_on_long_last_axis_rows(opset):
+    result = optimize(softmax_model(2048, opset=opset), rules=["two-pass-softmax"])
+    assert result.counts["two-pass-softmax"] == 1
+    assert custom_ops(result.model) == ["TwoPassSoftmax"]
+    assert result.ok
+
+
+@pytest.mark.parametrize(
+    ("n", "axis", "reason"),
+    [(100, -1, "row length 100 < min_row_length 1024"), (2048, 0, "not the last axis"), ("N", -1, "not static")],
+)
+def test_two_pass_softmax_reports_why_it_did_not_fire(n, axis, reason):
+    result = optimize(softmax_model(n, axis), rules=["two-pass-softmax"])
+    assert result.counts["two-pass-softmax"] == 0
+    assert any(reason in r for r in reasons(result, "two-pass-softmax")), reasons(result, "two-pass-softmax")
+
+
+# ---- NonMaxSuppression => SoftNMS --------------------------------------------------------------
+
+
+def nms_model(max_out=3, iou=0.5, score=0.1, center_point_box=0, opset=18):
+    names = ["boxes", "scores"]
+    inits = []
+    for name, value, dtype in (("max_out", max_out, np.int64), ("iou", iou, np.float32), ("score", score, np.float32)):
+        if value is None:
+            names.append("")
+        else:
+            names.append(name)
+            inits.append(numpy_helper.from_array(np.array([value], dtype), name))
+    while names[-1] == "":
+        names.pop()
+    node = helper.make_node("NonMaxSuppression", names, ["selected"], center_point_box=center_point_box)
+    return make_model(
+        [node],
+        [tensor("boxes", F, [2, 40, 4]), tensor("scores", F, [2, 3, 40])],
+        [tensor("selected", TensorProto.INT64, None)],
+        opset,
+        inits,
+    )
+
+
+def nms_feeds(seed=0):
+    rng = np.random.default_rng(seed)
+    corner = rng.uniform(0, 10, (2, 40, 2)).astype(np.float32)
+    size = rng.uniform(1, 4, (2, 40, 2)).astype(np.float32)
+    boxes = np.concatenate([corner, corner + size], axis=-1)  # [y1, x1, y2, x2]
+    scores = rng.permutation(2 * 3 * 40).reshape(2, 3, 40).astype(np.float32) / 240  # distinct
+    return {"boxes": boxes, "scores": scores}
+
+
+def test_nms_is_rewritten_only_on_request():
+    assert "nms-to-softnms" not in DEFAULT_RULES
+    result = optimize(nms_model(), feeds=nms_feeds())
+    assert custom_ops(result.model) == []
+    result = optimize(nms_model(), nms_to_softnms=True, feeds=nms_feeds())
+    assert result.counts["nms-to-softnms"] == 1 and custom_ops(result.model) == ["SoftNMS"]
+
+
+@pytest.mark.parametrize("opset", [17, 18, 20])
+@pytest.mark.parametrize(("max_out", "iou", "score"), [(3, 0.5, 0.1), (100, 0.3, 0.0), (5, None, 0.2)])
+def test_nms_to_hard_softnms_reproduces_nms(opset, max_out, iou, score):
+    model = nms_model(max_out, iou, score, opset=opset)
+    feeds = nms_feeds()
+    result = optimize(model, rules=["nms-to-softnms"], feeds=feeds)
+    assert result.counts == {"nms-to-softnms": 1}
+    assert custom_ops(result.model) == ["SoftNMS"]
+    want = Session(model, kernels="portable").run(feeds)[0]
+    for backend in ("native", "portable"):
+        got = Session(result.model, kernels=backend).run(feeds)[0]
+        np.testing.assert_array_equal(got, want)
+
+
+def test_nms_score_threshold_is_strict_after_the_rewrite():
+    feeds = nms_feeds(1)
+    feeds["scores"][0, 0, :5] = 0.25  # exactly at the threshold: NonMaxSuppression drops them
+    model = nms_model(10, 0.5, 0.25)
+    result = optimize(model, rules=["nms-to-softnms"], feeds=feeds)
+    got = Session(result.model, kernels="native").run(feeds)[0]
+    np.testing.assert_array_equal(got, Session(model, kernels="portable").run(feeds)[0])
+
+
+def test_nms_center_point_box_is_kept():
+    feeds = nms_feeds(2)
+    b = feeds["boxes"]
+    feeds["boxes"] = np.concatenate([(b[..., :2] + b[..., 2:]) / 2, b[..., 2:] - b[..., :2]], axis=-1)[
+        ..., [1, 0, 3, 2]
+    ]
+    model = nms_model(4, 0.4, 0.05, center_point_box=1)
+    result = optimize(model, rules=["nms-to-softnms"], feeds=feeds)
+    assert result.counts["nms-to-softnms"] == 1
+
+
+def test_nms_max_output_zero_means_no_output():
+    for max_out in (0, None):
+        model = nms_model(max_out, 0.5, 0.1)
+        result = optimize(model, rules=["nms-to-softnms"], feeds=nms_feeds())
+        assert result.counts["nms-to-softnms"] == 1
+        (got,) = Session(result.model, kernels="native").run(nms_feeds())
+        assert got.shape == (0, 3) and got.dtype == np.int64
+
+
+@pytest.mark.parametrize(("score", "reason"), [(None, "no score_threshold"), (-0.5, "< 0")])
+def test_nms_without_an_exact_translation_is_reported(score, reason):
+    result = optimize(nms_model(3, 0.5, score), rules=["nms-to-softnms"], feeds=nms_feeds())
+    assert result.counts["nms-to-softnms"] == 0
+    assert any(reason in r for r in reasons(result, "nms-to-softnms"))
+
+
+# ---- pipeline ----------------------------------------------------------------------------------
+
+
+def test_unknown_rule_is_an_error():
+    with pytest.raises(ExportError, match="unknown rewrite rule"):
+        optimize(softmax_model(10), rules=["fuse-everything"])
+
+
+def test_function_bodies_are_not_rewritten():
+    once = optimize(softmax_model(2048), rules=["two-pass-softmax"]).model
+    again = optimize(once, rules=["two-pass-softmax"])
+    assert again.counts["two-pass-softmax"] == 0
+    assert reasons(again, "two-pass-softmax") == []
+
+
+def test_cli_optimize_reports_and_refuses_to_overwrite(tmp_path):
+    src, dst = tmp_path / "in.onnx", tmp_path / "out.onnx"
+    onnx.save(softmax_model(4096), src)
+    cmd = [sys.executable, "-m", "softdeploy.cli", "optimize", str(src), str(dst), "--dim", "B=3"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "two-pass-softmax" in out.stdout and "agrees" in out.stdout
+    assert custom_ops(onnx.load(dst)) == ["TwoPassSoftmax"]
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 2 and "--overwrite" in again.stderr

@@ -167,13 +167,14 @@ def plot(result: CompareResult, path: Path) -> None:
     phase = result.timed_phases[0]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     for ax, metric in zip(axes, (result.primary_metric, result.cosine_name), strict=True):
-        for r in rows:
+        for i, r in enumerate(rows):
             x, y = r.get(f"{phase} p50 ms"), r.get(metric)
             if x is None or y is None:
                 continue
             marker = "s" if r["precision"] == "int8" else "o"
             ax.scatter([x], [y], marker=marker, s=60)
-            ax.annotate(r["variant"], (x, y), textcoords="offset points", xytext=(5, 4), fontsize=8)
+            # staggered labels: fp32 variants often sit on top of each other
+            ax.annotate(r["variant"], (x, y), textcoords="offset points", xytext=(5, 4 - 11 * (i % 3)), fontsize=8)
         ax.set_xlabel(f"{phase} latency p50 (ms, {result.threads} thread(s))")
         ax.set_ylabel(metric if metric != result.cosine_name else f"{metric} to {REFERENCE}")
         ax.grid(alpha=0.3)

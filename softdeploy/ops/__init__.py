@@ -7,8 +7,7 @@ the built library registers are the same set.
 
 from __future__ import annotations
 
-from softdeploy.ops import softmax_topk
-from softdeploy.ops import two_pass_softmax
+from softdeploy.ops import softmax_topk, two_pass_softmax
 from softdeploy.ops._schema import ErrorCase, OpDef, Sample
 
 REGISTRY: dict[str, OpDef] = {d.name: d for d in sorted((softmax_topk.DEF, two_pass_softmax.DEF), key=lambda d: d.name)}

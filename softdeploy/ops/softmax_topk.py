@@ -237,4 +237,5 @@ DEF = OpDef(
     tolerance={"float32": (2e-6, 1e-37), "float16": (2e-3, 1e-7)},
     source="Milakov & Gimelshein 2018, arXiv 1805.02867 (online normalizer, Algorithm 4); "
     "NVIDIA/online-softmax online_softmax_benchmark.cu",
+    stem_override="softmax_topk",
 )

@@ -78,7 +78,8 @@ def reference(
     rows = x64.reshape(-1, x64.shape[-1])
     idx = _rank_order(rows)[:, :k] if rows.shape[0] else np.zeros((0, k), np.int64)
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-        z = rows / np.float64(temperature)
+        # ONNX float attributes are float32: the op's temperature is float32(temperature).
+        z = rows / np.float64(np.float32(temperature))
         has_nan = np.isnan(z).any(axis=-1)
         has_posinf = (z == np.inf).any(axis=-1)
         m = z.max(axis=-1, initial=-np.inf, where=~np.isnan(z))

@@ -49,14 +49,22 @@ struct Entry {
 };
 
 // The contract's ranking: NaN above everything, then larger value, then lower index.
-inline bool RanksAbove(const Entry& a, const Entry& b) {
-  const bool an = std::isnan(a.value), bn = std::isnan(b.value);
-  if (an != bn) return an;
-  if (!an && a.value != b.value) return a.value > b.value;
-  return a.index < b.index;
+struct RanksAbove {
+  bool operator()(const Entry& a, const Entry& b) const {
+    const bool an = std::isnan(a.value), bn = std::isnan(b.value);
+    if (an != bn) return an;
+    if (!an && a.value != b.value) return a.value > b.value;
+    return a.index < b.index;
+  }
+};
+
+// The same order for entries that are never NaN (the fast variants' candidates).
+inline bool RanksAboveNoNan(const Entry& a, const Entry& b) {
+  return a.value != b.value ? a.value > b.value : a.index < b.index;
 }
 
-// The k best entries seen so far, as a heap whose top is the worst of them.
+// The k best entries seen so far, as a heap whose root is the worst of them (every parent ranks
+// below its children).
 class Selection {
  public:
   explicit Selection(int64_t k) : k_(static_cast<size_t>(k)) { heap_.reserve(k_); }
@@ -64,21 +72,37 @@ class Selection {
   bool full() const { return heap_.size() == k_; }
   // Value of the worst kept entry; meaningful once full().
   float worst() const { return heap_.front().value; }
-  // Offers entry (v, i); i must be larger than every index offered before.
+  // Offers entry (v, i), any value; i must be larger than every index offered before.
   void Offer(float v, int64_t i) {
     const Entry e{v, i};
     if (!full()) {
       heap_.push_back(e);
-      std::push_heap(heap_.begin(), heap_.end(), RanksAbove);
-    } else if (RanksAbove(e, heap_.front())) {
-      std::pop_heap(heap_.begin(), heap_.end(), RanksAbove);
+      std::push_heap(heap_.begin(), heap_.end(), RanksAbove());
+    } else if (RanksAbove()(e, heap_.front())) {
+      std::pop_heap(heap_.begin(), heap_.end(), RanksAbove());
       heap_.back() = e;
-      std::push_heap(heap_.begin(), heap_.end(), RanksAbove);
+      std::push_heap(heap_.begin(), heap_.end(), RanksAbove());
     }
+  }
+  // Replaces the worst entry by (v, i), which ranks above it; neither the heap nor v holds NaN.
+  // One sift-down: the hot path of the candidates, ~k*ln(n/k) times per row.
+  void ReplaceWorstNoNan(float v, int64_t i) {
+    const Entry e{v, i};
+    const size_t n = heap_.size();
+    size_t at = 0;
+    for (;;) {
+      size_t child = 2 * at + 1;
+      if (child >= n) break;
+      if (child + 1 < n && RanksAboveNoNan(heap_[child], heap_[child + 1])) ++child;  // the worse child
+      if (!RanksAboveNoNan(e, heap_[child])) break;
+      heap_[at] = heap_[child];
+      at = child;
+    }
+    heap_[at] = e;
   }
   // The kept entries, best first (destroys the heap).
   const std::vector<Entry>& Sorted() {
-    std::sort(heap_.begin(), heap_.end(), RanksAbove);
+    std::sort(heap_.begin(), heap_.end(), RanksAbove());
     return heap_;
   }
 
@@ -158,8 +182,8 @@ inline bool OfferCandidates(const float* x, int64_t base, uint32_t mask, Selecti
     if (!(v < INFINITY)) return false;
     if (!sel.full()) {
       sel.Offer(v, j);
-    } else if (v > sel.worst()) {
-      sel.Offer(v, j);
+    } else if (v > sel.worst()) {  // equal values stay out: the kept one has the lower index
+      sel.ReplaceWorstNoNan(v, j);
     }
   }
   return true;

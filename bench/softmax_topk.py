@@ -207,11 +207,14 @@ def main() -> None:
     )
     sync_print(
         md_table(
-            ["thr", "B", "V", "k"]
-            + OURS
-            + PEERS
-            + FLOORS
-            + [
+            [
+                "thr",
+                "B",
+                "V",
+                "k",
+                *OURS,
+                *PEERS,
+                *FLOORS,
                 "best peer",
                 "speedup vs best",
                 "x floor_amax",

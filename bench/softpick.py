@@ -23,7 +23,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from harness import (  # noqa: E402  (first: it sets the thread-pool environment before numpy/torch load)
+from harness import (  # first: it sets the thread-pool environment before numpy/torch load)
     base_parser,
     fmt_num,
     header,
@@ -37,7 +37,7 @@ from harness import (  # noqa: E402  (first: it sets the thread-pool environment
 )
 
 # isort: split
-import numpy as np  # noqa: E402
+import numpy as np
 
 EPS = 1e-6
 PEERS = ["softpick", "ort_decomposed", "ort_body", "ort_softmax", "torch", "numpy"]

@@ -23,7 +23,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from harness import (  # first: it sets the thread-pool environment before numpy/torch load)
+from harness import (  # first: it sets the thread-pool environment before numpy/torch load
     base_parser,
     fmt_num,
     header,

@@ -106,7 +106,9 @@ struct Finish {
 Finish PlanFinish(float m, double total, float r, float eps) {
   if (m == -INFINITY) return {Finish::kZeros};
   if (!(m > 0.0f)) return {Finish::kDone};  // every finite x <= 0: numerators are exact 0 already
-  const double d = total + static_cast<double>(eps) * std::exp(static_cast<double>(m) - static_cast<double>(r) * M_LN2);
+  // m - r ln2 <= (kMaxTermExponent + 0.5) ln2 ~ 70 (m stays below the rescale limit), so the float
+  // exp cannot overflow; this runs once per row, and rows can be short (attention: 128).
+  const double d = eps == 0.0f ? total : total + static_cast<double>(eps * std::exp(m - r * kLn2));
   const float inv = static_cast<float>(1.0 / d);
   if (d >= FLT_MIN && std::isfinite(inv)) return {Finish::kScale, inv};
   return {Finish::kDivide, 0.0f, d};

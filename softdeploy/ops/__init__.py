@@ -11,6 +11,7 @@ from __future__ import annotations
 from softdeploy.ops import (
     soft_nms,
     softmax_topk,
+    softpick,
     two_pass_softmax,
 )
 from softdeploy.ops._schema import ErrorCase, OpDef, Sample
@@ -18,6 +19,7 @@ from softdeploy.ops._schema import ErrorCase, OpDef, Sample
 _DEFS = (
     soft_nms.DEF,
     softmax_topk.DEF,
+    softpick.DEF,
     two_pass_softmax.DEF,
 )
 REGISTRY: dict[str, OpDef] = {d.name: d for d in sorted(_DEFS, key=lambda d: d.name)}

@@ -72,6 +72,28 @@ def translation_table() -> dict[Any, Any]:
     return {ops[name].default: _translator(d) for name, d in REGISTRY.items()}
 
 
+def drop_unused_optional_outputs(model: Any) -> Any:
+    """Removes (in place, and returns) the trailing outputs of com.softdeploy nodes that their op
+    declares optional and nothing reads. A torch op always returns all of its outputs, so without
+    this every exported node would ask the kernel for outputs the model never uses (e.g.
+    SoftmaxTopK's LogSumExp)."""
+    from softdeploy.export.functions import _nodes
+    from softdeploy.ops import REGISTRY
+
+    read = {name for node in _nodes(model.graph) for name in node.input}
+    read |= {o.name for o in model.graph.output}
+    for node in _nodes(model.graph):
+        d = REGISTRY.get(node.op_type) if node.domain == DOMAIN else None
+        if d is None:
+            continue
+        outputs = list(node.output)
+        while len(outputs) > 1 and outputs[-1] not in read and d.outputs[len(outputs) - 1].optional:
+            outputs.pop()
+        for i in range(len(outputs), len(node.output)):
+            node.output[i] = ""
+    return model
+
+
 def export_module(
     module: Any,
     args: Sequence[Any],
@@ -134,7 +156,7 @@ def export_program(
         )
     except Exception as e:  # torch raises many exception types from the exporter
         raise ExportError(f"torch.onnx.export failed: {e}") from e
-    model = attach_function_bodies(program.model_proto)
+    model = attach_function_bodies(drop_unused_optional_outputs(program.model_proto))
     onnx.checker.check_model(model, full_check=True)
     if path is not None:
         tmp = Path(str(path) + ".tmp")

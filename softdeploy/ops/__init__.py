@@ -7,10 +7,22 @@ the built library registers are the same set.
 
 from __future__ import annotations
 
-from softdeploy.ops import soft_nms, two_pass_softmax
+# One op per line, sorted by op name (merge-friendly; test_registry.py checks it against ops.inc).
+from softdeploy.ops import (
+    soft_nms,
+    softmax_topk,
+    softpick,
+    two_pass_softmax,
+)
 from softdeploy.ops._schema import ErrorCase, OpDef, Sample
 
-REGISTRY: dict[str, OpDef] = {d.name: d for d in sorted((soft_nms.DEF, two_pass_softmax.DEF), key=lambda d: d.name)}
+_DEFS = (
+    soft_nms.DEF,
+    softmax_topk.DEF,
+    softpick.DEF,
+    two_pass_softmax.DEF,
+)
+REGISTRY: dict[str, OpDef] = {d.name: d for d in sorted(_DEFS, key=lambda d: d.name)}
 
 
 def get(name: str) -> OpDef:

@@ -114,6 +114,9 @@ class OpDef:
         default_factory=lambda: {"float32": (2e-6, 1e-30), "float16": (2e-3, 1e-6)}
     )
     source: str = ""  # paper / reference implementation
+    # The snake_case stem when the derived one is not wanted (e.g. "SoftmaxTopK" -> "softmax_topk",
+    # not "softmax_top_k"); None derives it from the name.
+    stem_override: str | None = None
 
     # ---- derived names ---------------------------------------------------------------------------
 
@@ -121,6 +124,8 @@ class OpDef:
     def stem(self) -> str:
         """snake_case name: module ``softdeploy/ops/<stem>.py``, kernel ``ops/<stem>.cc``, torch op
         ``softdeploy::<stem>``."""
+        if self.stem_override is not None:
+            return self.stem_override
         return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", self.name).lower()
 
     def attr_defaults(self) -> dict[str, Any]:

@@ -94,10 +94,24 @@ class Session:
 
 
 def _translate(e: Exception) -> Exception:
-    """onnxruntime error -> typed softdeploy error carrying the kernel's own message."""
+    """onnxruntime error -> typed softdeploy error carrying the kernel's own message.
+
+    A kernel reports a contract violation as "<Op>: <what> (rule: ...)": at run time onnxruntime
+    wraps it as INVALID_ARGUMENT, at session creation (attribute checks) as "Exception during
+    initialization"; both become OpContractError with the kernel's message."""
     text = str(e)
-    marker = "Status Message: "
-    message = text.split(marker, 1)[1] if marker in text else text
-    if "INVALID_ARGUMENT" in text or type(e).__name__ in ("InvalidArgument", "InvalidGraph"):
-        return OpContractError(message.strip())
-    return RuntimeFailure(message.strip())
+    message = text
+    for marker in ("Status Message: ", "Exception during initialization: "):
+        if marker in message:
+            message = message.split(marker, 1)[1]
+    message = message.strip()
+    if "INVALID_ARGUMENT" in text or type(e).__name__ in ("InvalidArgument", "InvalidGraph") or _names_our_op(message):
+        return OpContractError(message)
+    return RuntimeFailure(message)
+
+
+def _names_our_op(message: str) -> bool:
+    from softdeploy.ops import REGISTRY
+
+    op = message.split(": ", 1)[0]
+    return op in REGISTRY and "(rule:" in message

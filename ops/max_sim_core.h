@@ -212,15 +212,16 @@ SD_TARGET_AVX512 __attribute__((always_inline)) inline void BlockF32Avx512(const
                  _mm512_max_ps)
 }
 
-// int8 with VNNI: qp is [dim4][32 lanes][4 bytes] (s8), corr[32] = 128 * sum_k q[i, k].
+// int8 with VNNI: qp is [dim4][32 lanes][4 bytes] of Q + 128 (u8), the broadcast operand is D (s8):
+// vpdpbusd sums (q + 128) * d exactly, and dsum128[j] = 128 * sum_k D[j, k] is subtracted per token.
 template <int R, bool kArg>
 SD_TARGET_AVX512 __attribute__((target("avx512vnni"), always_inline)) inline void BlockI8Vnni(
-    const int8_t* qp, const int32_t* corr, const int8_t* d, int64_t dim, int64_t j0, const Doc& doc, Avx512State& st) {
+    const uint8_t* qp, const int32_t* dsum128, const int8_t* d, int64_t dim, int64_t j0, const Doc& doc,
+    Avx512State& st) {
   __m512i acc[R][2];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_si512();
   const int8_t* drow = d + j0 * dim;
-  const __m512i flip = _mm512_set1_epi32(static_cast<int32_t>(0x80808080u));
   const int64_t full = dim / 4;
   for (int64_t k4 = 0; k4 < full; ++k4) {
     const __m512i q0 = _mm512_load_si512(qp + k4 * 128), q1 = _mm512_load_si512(qp + k4 * 128 + 64);
@@ -228,27 +229,27 @@ SD_TARGET_AVX512 __attribute__((target("avx512vnni"), always_inline)) inline voi
     for (int r = 0; r < R; ++r) {
       int32_t w;
       std::memcpy(&w, drow + r * dim + k4 * 4, 4);
-      const __m512i b = _mm512_xor_si512(_mm512_set1_epi32(w), flip);  // d + 128 as u8
-      acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], b, q0);
-      acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], b, q1);
+      const __m512i b = _mm512_set1_epi32(w);
+      acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], q0, b);
+      acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], q1, b);
     }
   }
-  if (full * 4 < dim) {  // last 1..3 k: zero-padded (the padded Q bytes are 0)
+  if (full * 4 < dim) {  // last 1..3 k: the missing D bytes read as 0
     const __m512i q0 = _mm512_load_si512(qp + full * 128), q1 = _mm512_load_si512(qp + full * 128 + 64);
     for (int r = 0; r < R; ++r) {
       int32_t w = 0;
       std::memcpy(&w, drow + r * dim + full * 4, static_cast<size_t>(dim - full * 4));
-      const __m512i b = _mm512_xor_si512(_mm512_set1_epi32(w), flip);
-      acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], b, q0);
-      acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], b, q1);
+      const __m512i b = _mm512_set1_epi32(w);
+      acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], q0, b);
+      acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], q1, b);
     }
   }
-  const __m512i c0 = _mm512_load_si512(corr), c1 = _mm512_load_si512(corr + 16);
   __m512 facc[R][2];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
-    facc[r][0] = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[r][0], c0));
-    facc[r][1] = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[r][1], c1));
+    const __m512i c = _mm512_set1_epi32(dsum128[j0 + r]);
+    facc[r][0] = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[r][0], c));
+    facc[r][1] = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[r][1], c));
   }
   __m512* best = st.best;
   __m512i* idx = st.idx;
@@ -386,13 +387,13 @@ SD_TARGET_AVX512 void TileF32Avx512(const Problem& p, const float* qp, const flo
 }
 
 template <bool kArg>
-SD_TARGET_AVX512 __attribute__((target("avx512vnni"))) void TileI8Vnni(const Problem& p, const int8_t* qp,
-                                                                        const int32_t* corr, const float* qscale,
+SD_TARGET_AVX512 __attribute__((target("avx512vnni"))) void TileI8Vnni(const Problem& p, const uint8_t* qp,
+                                                                        const int32_t* dsum128, const float* qscale,
                                                                         const Doc& doc, TileResult* out) {
   Avx512State st;
   InitState(st, doc, qscale);
   const int8_t* d = static_cast<const int8_t*>(doc.data);
-  SD_MAXSIM_BLOCKS(BlockI8Vnni, qp, corr, d, p.dim)
+  SD_MAXSIM_BLOCKS(BlockI8Vnni, qp, dsum128, d, p.dim)
   StoreState(st, out);
 }
 
@@ -442,6 +443,22 @@ SD_TARGET_AVX2 __attribute__((target("f16c"))) inline void WidenF16C(const Ort::
     _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i))));
   }
   for (; i < n; ++i) y[i] = x[i].ToFloat();
+}
+
+// out[j] = 128 * sum_k d[j, k] (the bias of the u8 side of vpdpbusd), exact in int32.
+SD_TARGET_AVX512 inline void DocSums128(const int8_t* d, int64_t Ld, int64_t dim, int32_t* out) {
+  for (int64_t j = 0; j < Ld; ++j) {
+    const int8_t* row = d + j * dim;
+    __m512i acc = _mm512_setzero_si512();
+    int64_t k = 0;
+    for (; k + 32 <= dim; k += 32) {
+      acc = _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + k))),
+                                                    _mm512_set1_epi16(1)));
+    }
+    int32_t sum = _mm512_reduce_add_epi32(acc);
+    for (; k < dim; ++k) sum += row[k];
+    out[j] = 128 * sum;
+  }
 }
 
 inline bool HasVnni() noexcept {
@@ -503,8 +520,7 @@ void Run(Ort::KernelContext& ctx, const Problem& p, const T* q, const T* d, Isa 
   if (path == Path::kAvx512Vnni) tile_elems = dim4 * 4 * lanes;
   std::vector<float, AlignedAllocator<float>> qf;
   std::vector<int16_t, AlignedAllocator<int16_t>> q16;
-  std::vector<int8_t, AlignedAllocator<int8_t>> q8;
-  std::vector<int32_t, AlignedAllocator<int32_t>> corr;
+  std::vector<uint8_t, AlignedAllocator<uint8_t>> q8;
   const size_t packs = static_cast<size_t>(p.B * tiles);
   if constexpr (!kInt8) {
     if (path != Path::kPortable) {
@@ -516,18 +532,13 @@ void Run(Ort::KernelContext& ctx, const Problem& p, const T* q, const T* d, Isa 
     }
   } else if (path == Path::kAvx512Vnni) {
     q8.assign(packs * tile_elems, 0);
-    corr.assign(packs * lanes, 0);
     for (int64_t b = 0; b < p.B; ++b) {
       for (int64_t i = 0; i < p.Lq; ++i) {
         const int64_t t = i / lanes, l = i % lanes;
-        int8_t* tile = q8.data() + (b * tiles + t) * tile_elems;
-        int32_t sum = 0;
+        uint8_t* tile = q8.data() + (b * tiles + t) * tile_elems;
         for (int64_t k = 0; k < p.dim; ++k) {
-          const int8_t v = qe[(b * p.Lq + i) * p.dim + k];
-          tile[(k / 4) * lanes * 4 + l * 4 + k % 4] = v;
-          sum += v;
+          tile[(k / 4) * lanes * 4 + l * 4 + k % 4] = static_cast<uint8_t>(qe[(b * p.Lq + i) * p.dim + k] + 128);
         }
-        corr[(b * tiles + t) * lanes + l] = 128 * sum;
       }
     }
   } else if (path == Path::kAvx2) {
@@ -551,6 +562,7 @@ void Run(Ort::KernelContext& ctx, const Problem& p, const T* q, const T* d, Isa 
   const int64_t doc_elems = p.Ld * p.dim;
   std::vector<float> d_wide(kHalf ? tasks * static_cast<size_t>(doc_elems) : 0);
   std::vector<uint8_t> valid(tasks * static_cast<size_t>(p.Ld));
+  std::vector<int32_t> dsum128(path == Path::kAvx512Vnni ? tasks * static_cast<size_t>(p.Ld) : 0);
 
   ParallelFor(ctx, tasks, [&](size_t task) {
     int64_t n0, n1;
@@ -579,6 +591,9 @@ void Run(Ort::KernelContext& ctx, const Problem& p, const T* q, const T* d, Isa 
       } else {
         doc.data = d + n * doc_elems;
       }
+      if constexpr (kInt8) {
+        if (path == Path::kAvx512Vnni) DocSums128(d + n * doc_elems, p.Ld, p.dim, dsum128.data() + task * p.Ld);
+      }
       for (int64_t b = 0; b < p.B; ++b) {
         float sum = 0.0f;
         for (int64_t t = 0; t < tiles; ++t) {
@@ -594,7 +609,7 @@ void Run(Ort::KernelContext& ctx, const Problem& p, const T* q, const T* d, Isa 
               break;
             case Path::kAvx512Vnni:
               if constexpr (kInt8) {
-                TileI8Vnni<false>(p, q8.data() + pack * tile_elems, corr.data() + pack * lanes, qs, doc, &res);
+                TileI8Vnni<false>(p, q8.data() + pack * tile_elems, dsum128.data() + task * p.Ld, qs, doc, &res);
               }
               break;
             case Path::kAvx2:

@@ -61,7 +61,11 @@ def cast_sample(op: OpDef, sample: Sample, dtype: str) -> Sample | None:
 
     Samples whose "T" inputs are integers (int8, with their scales) are written in that type and
     never cast; float samples are never cast to an integer type."""
-    t_types = {np.asarray(v).dtype.name for p, v in zip(op.inputs, sample.inputs, strict=False) if p.dtype == "T" and v is not None}
+    t_types = {
+        np.asarray(v).dtype.name
+        for p, v in zip(op.inputs, sample.inputs, strict=False)
+        if p.dtype == "T" and v is not None
+    }
     if np.issubdtype(np.dtype(dtype), np.integer) or any(np.issubdtype(np.dtype(t), np.integer) for t in t_types):
         return sample if t_types == {dtype} else None
     if dtype == "float32":

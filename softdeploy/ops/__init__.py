@@ -10,7 +10,9 @@ from __future__ import annotations
 from softdeploy.ops import max_sim, signed_max_sim, two_pass_softmax
 from softdeploy.ops._schema import ErrorCase, OpDef, Sample
 
-REGISTRY: dict[str, OpDef] = {d.name: d for d in sorted((max_sim.DEF, signed_max_sim.DEF, two_pass_softmax.DEF), key=lambda d: d.name)}
+REGISTRY: dict[str, OpDef] = {
+    d.name: d for d in sorted((max_sim.DEF, signed_max_sim.DEF, two_pass_softmax.DEF), key=lambda d: d.name)
+}
 
 
 def get(name: str) -> OpDef:

@@ -76,7 +76,9 @@ def validate_embeddings(op_name: str, q: Any, d: Any) -> tuple[int, int, int, in
     b, lq, dim = shape_of(q)
     n, ld, dim_d = shape_of(d)
     if dim != dim_d:
-        raise OpContractError(f"{op_name}: Q has dim {dim} but D has dim {dim_d} (rule: Q and D share the last dimension)")
+        raise OpContractError(
+            f"{op_name}: Q has dim {dim} but D has dim {dim_d} (rule: Q and D share the last dimension)"
+        )
     return b, lq, n, ld, dim
 
 
@@ -96,8 +98,7 @@ def validate(q: Any, d: Any, q_mask: Any, d_mask: Any, q_scale: Any, d_scale: An
     validate_side(NAME, "DScale", d_scale, n, ld, "[N, Ld]")
     if dtype_name(q) == "int8" and (q_scale is None or d_scale is None):
         raise OpContractError(
-            f"{NAME}: int8 inputs need QScale and DScale "
-            "(rule: <q, d> = QScale[b, i] * DScale[n, j] * sum_k q_k * d_k)"
+            f"{NAME}: int8 inputs need QScale and DScale (rule: <q, d> = QScale[b, i] * DScale[n, j] * sum_k q_k * d_k)"
         )
 
 
@@ -221,9 +222,7 @@ def torch_similarities(q: Any, d: Any, q_scale: Any, d_scale: Any) -> Any:
     return s
 
 
-def torch_impl(
-    q: Any, d: Any, q_mask: Any = None, d_mask: Any = None, q_scale: Any = None, d_scale: Any = None
-) -> Any:
+def torch_impl(q: Any, d: Any, q_mask: Any = None, d_mask: Any = None, q_scale: Any = None, d_scale: Any = None) -> Any:
     import torch
 
     validate(q, d, q_mask, d_mask, q_scale, d_scale)
@@ -279,7 +278,14 @@ def samples(rng: np.random.Generator) -> Iterator[Sample]:
 
     yield Sample("colbert_2x32_vs_9x40_d128", case(2, 32, 9, 40, 128))
     yield Sample("padded_3x20_vs_7x33_d64", case(3, 20, 7, 33, 64, p_valid=0.7))
-    yield Sample("scaled_float", (*case(2, 5, 4, 6, 16), rng.uniform(0.5, 2, (2, 5)).astype(np.float32), rng.uniform(0.5, 2, (4, 6)).astype(np.float32)))
+    yield Sample(
+        "scaled_float",
+        (
+            *case(2, 5, 4, 6, 16),
+            rng.uniform(0.5, 2, (2, 5)).astype(np.float32),
+            rng.uniform(0.5, 2, (4, 6)).astype(np.float32),
+        ),
+    )
     # register-tile edges: 16/32 query lanes, 1..8 document tokens per tile, 4/8/16-wide dims
     for lq, ld, dim in ((1, 1, 1), (15, 7, 3), (16, 8, 16), (17, 9, 17), (31, 5, 32), (33, 13, 65), (48, 24, 7)):
         yield Sample(f"tile_lq{lq}_ld{ld}_dim{dim}", case(2, lq, 3, ld, dim, p_valid=0.9), kind="edge")
@@ -322,12 +328,23 @@ def samples(rng: np.random.Generator) -> Iterator[Sample]:
 def errors() -> Iterator[ErrorCase]:
     q, d = np.zeros((2, 3, 4), np.float32), np.zeros((5, 6, 4), np.float32)
     yield ErrorCase("dim_mismatch", (q, np.zeros((5, 6, 3), np.float32)), {}, "Q has dim 4 but D has dim 3")
-    yield ErrorCase("q_rank", (np.zeros((3, 4), np.float32), d), {}, "Q must have rank 3 [B, Lq, dim], got shape [3, 4]")
-    yield ErrorCase("d_rank", (q, np.zeros((6, 4), np.float32)), {}, "D must have rank 3 [N, Ld, dim], got shape [6, 4]")
-    yield ErrorCase("qmask_shape", (q, d, np.ones((2, 4), bool)), {}, "QMask has shape [2, 4], expected [B, Lq] = [2, 3]")
-    yield ErrorCase("dmask_shape", (q, d, None, np.ones((6, 5), bool)), {}, "DMask has shape [6, 5], expected [N, Ld] = [5, 6]")
     yield ErrorCase(
-        "qscale_shape", (q, d, None, None, np.ones((3,), np.float32)), {}, "QScale has shape [3], expected [B, Lq] = [2, 3]"
+        "q_rank", (np.zeros((3, 4), np.float32), d), {}, "Q must have rank 3 [B, Lq, dim], got shape [3, 4]"
+    )
+    yield ErrorCase(
+        "d_rank", (q, np.zeros((6, 4), np.float32)), {}, "D must have rank 3 [N, Ld, dim], got shape [6, 4]"
+    )
+    yield ErrorCase(
+        "qmask_shape", (q, d, np.ones((2, 4), bool)), {}, "QMask has shape [2, 4], expected [B, Lq] = [2, 3]"
+    )
+    yield ErrorCase(
+        "dmask_shape", (q, d, None, np.ones((6, 5), bool)), {}, "DMask has shape [6, 5], expected [N, Ld] = [5, 6]"
+    )
+    yield ErrorCase(
+        "qscale_shape",
+        (q, d, None, None, np.ones((3,), np.float32)),
+        {},
+        "QScale has shape [3], expected [B, Lq] = [2, 3]",
     )
     q8, d8 = np.zeros((2, 3, 4), np.int8), np.zeros((5, 6, 4), np.int8)
     need = "int8 inputs need QScale and DScale"

@@ -223,13 +223,24 @@ def errors() -> Iterator[ErrorCase]:
     q, d = np.ones((2, 3, 4), np.float32), np.ones((5, 6, 4), np.float32)
     qs, ds = np.ones((2, 3), np.float32), np.ones((5, 6), np.float32)
     yield ErrorCase("dim_mismatch", (q, qs, np.ones((5, 6, 3), np.float32), ds), {}, "Q has dim 4 but D has dim 3")
-    yield ErrorCase("qsign_shape", (q, np.ones((3, 2), np.float32), d, ds), {}, "QSign has shape [3, 2], expected [B, Lq] = [2, 3]")
-    yield ErrorCase("dsign_shape", (q, qs, d, np.ones((5,), np.float32)), {}, "DSign has shape [5], expected [N, Ld] = [5, 6]")
-    yield ErrorCase("dmask_shape", (q, qs, d, ds, None, np.ones((5, 7), bool)), {}, "DMask has shape [5, 7], expected [N, Ld] = [5, 6]")
+    yield ErrorCase(
+        "qsign_shape", (q, np.ones((3, 2), np.float32), d, ds), {}, "QSign has shape [3, 2], expected [B, Lq] = [2, 3]"
+    )
+    yield ErrorCase(
+        "dsign_shape", (q, qs, d, np.ones((5,), np.float32)), {}, "DSign has shape [5], expected [N, Ld] = [5, 6]"
+    )
+    yield ErrorCase(
+        "dmask_shape",
+        (q, qs, d, ds, None, np.ones((5, 7), bool)),
+        {},
+        "DMask has shape [5, 7], expected [N, Ld] = [5, 6]",
+    )
     bad = ds.copy()
     bad[4, 2] = 1.5
     yield ErrorCase("sign_out_of_range", (q, qs, d, bad), {}, "DSign[4, 2] = 1.5 is outside [-1, 1]")
-    yield ErrorCase("q_rank", (np.ones((3, 4), np.float32), qs, d, ds), {}, "Q must have rank 3 [B, Lq, dim], got shape [3, 4]")
+    yield ErrorCase(
+        "q_rank", (np.ones((3, 4), np.float32), qs, d, ds), {}, "Q must have rank 3 [B, Lq, dim], got shape [3, 4]"
+    )
 
 
 DEF = OpDef(

@@ -194,7 +194,12 @@ SD_TARGET_AVX512 __attribute__((always_inline)) inline void BlockF32Avx512(const
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
   const float* drow = d + j0 * dim;
+  // The next block (8 * dim floats, contiguous; past the last block it is the next document) is
+  // pulled into the cache while this one computes: hardware prefetchers lose the 8 strided row
+  // streams, and D comes from DRAM for a large index (one thread, N = 3000: 59 -> 108 GFLOP/s).
+  const char* next = reinterpret_cast<const char*>(drow + R * dim);
   for (int64_t k = 0; k < dim; ++k) {
+    _mm_prefetch(next + k * 32, _MM_HINT_T0);
     const __m512 q0 = _mm512_load_ps(qp + k * 32), q1 = _mm512_load_ps(qp + k * 32 + 16);
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
@@ -223,7 +228,9 @@ SD_TARGET_AVX512 __attribute__((target("avx512vnni"), always_inline)) inline voi
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_si512();
   const int8_t* drow = d + j0 * dim;
   const int64_t full = dim / 4;
+  const char* next = reinterpret_cast<const char*>(drow + R * dim);  // next block: see BlockF32Avx512
   for (int64_t k4 = 0; k4 < full; ++k4) {
+    _mm_prefetch(next + k4 * 32, _MM_HINT_T0);
     const __m512i q0 = _mm512_load_si512(qp + k4 * 128), q1 = _mm512_load_si512(qp + k4 * 128 + 64);
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
@@ -285,7 +292,9 @@ SD_TARGET_AVX2 __attribute__((always_inline)) inline void BlockF32Avx2(const flo
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
   const float* drow = d + j0 * dim;
+  const char* next = reinterpret_cast<const char*>(drow + R * dim);  // next block: see BlockF32Avx512
   for (int64_t k = 0; k < dim; ++k) {
+    _mm_prefetch(next + k * 32, _MM_HINT_T0);
     const __m256 q0 = _mm256_load_ps(qp + k * 16), q1 = _mm256_load_ps(qp + k * 16 + 8);
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {

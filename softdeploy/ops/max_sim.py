@@ -13,8 +13,8 @@ Q ``[B, Lq, dim]``, D ``[N, Ld, dim]``; optional QMask ``[B, Lq]`` and DMask ``[
   required and ``<q, d> = QScale[b, i] * DScale[n, j] * sum_k q_k * d_k`` with the integer sum
   accumulated exactly (int32). Scales given with float inputs scale the same way (default 1);
 * NaN in a valid (query, document) pair makes that score NaN; -inf similarities are ordinary values;
-* a dim mismatch, a Q/D element-type mismatch, wrong mask/scale shapes, or int8 inputs without
-  both scales are errors.
+* a dim mismatch, a Q/D element-type mismatch, wrong mask/scale shapes, int8 inputs without
+  both scales, or an int8 dim above 65536 (exact int32 sums) are errors.
 
 The kernel (ops/max_sim.cc, tile code in ops/max_sim_core.h) never materialises the
 ``[Lq, N * Ld]`` similarity matrix: it is a tiled GEMM that keeps a running max per (query token,
@@ -43,6 +43,8 @@ from softdeploy.ops._schema import ErrorCase, OpDef, Port, Sample
 
 NAME = "MaxSim"
 ELEMENT_TYPES = ("float32", "float16", "int8")
+# int8 sums are exact in int32 up to this dim (the kernel's biased u8 x s8 sum is <= dim * 255 * 128).
+MAX_INT8_DIM = 65536
 
 
 # ---- validation (messages word for word as in ops/max_sim_core.h) -----------------------------------
@@ -100,6 +102,9 @@ def validate(q: Any, d: Any, q_mask: Any, d_mask: Any, q_scale: Any, d_scale: An
         raise OpContractError(
             f"{NAME}: int8 inputs need QScale and DScale (rule: <q, d> = QScale[b, i] * DScale[n, j] * sum_k q_k * d_k)"
         )
+    dim = shape_of(q)[2]
+    if dtype_name(q) == "int8" and dim > MAX_INT8_DIM:
+        raise OpContractError(f"{NAME}: int8 dim {dim} exceeds {MAX_INT8_DIM} (rule: exact int32 accumulation)")
 
 
 # ---- float64 reference --------------------------------------------------------------------------------
@@ -350,6 +355,9 @@ def errors() -> Iterator[ErrorCase]:
     need = "int8 inputs need QScale and DScale"
     yield ErrorCase("int8_without_scales", (q8, d8), {}, need)
     yield ErrorCase("int8_without_dscale", (q8, d8, None, None, np.ones((2, 3), np.float32)), {}, need)
+    wide = np.zeros((1, 1, MAX_INT8_DIM + 1), np.int8)
+    ones = np.ones((1, 1), np.float32)
+    yield ErrorCase("int8_dim_too_large", (wide, wide, None, None, ones, ones), {}, "int8 dim 65537 exceeds 65536")
 
 
 DEF = OpDef(

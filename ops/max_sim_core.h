@@ -12,9 +12,10 @@
 // broadcast), so the R x kLanes similarities of a block sit in 2R accumulators; the block then
 // folds into the running max (and argmax) per query lane and is dropped. The [Lq, N * Ld] similarity
 // matrix is never written. int8: the same shape with exact int32 sums -- AVX-512 VNNI vpdpbusd
-// (u8 x s8, 4 k per lane) on D + 128 (u8) times Q (s8), minus 128 * sum_k Q[i, k] per lane; AVX2
-// (and AVX-512 without VNNI) vpmaddwd on int16 pairs. float16 documents are widened to float32 one
-// document at a time (F16C).
+// (u8 x s8, 4 k per lane) on Q + 128 (u8, packed once) times a broadcast of D (s8), minus
+// 128 * sum_k D[j, k] per document token; AVX2 (and AVX-512 without VNNI) vpmaddwd on int16 pairs.
+// float16 documents are widened to float32 one document at a time (F16C). The index D streams from
+// DRAM for a large N: each block prefetches the next block (float) or the next document (int8).
 //
 // What must stay true:
 //  * masked document tokens never enter the max, NaN test or argmax (their similarities are

@@ -57,7 +57,17 @@ def forced_isa(isa: str | None) -> Iterator[None]:
 
 
 def cast_sample(op: OpDef, sample: Sample, dtype: str) -> Sample | None:
-    """The sample with its "T" inputs cast to ``dtype``; None when a value would not survive the cast."""
+    """The sample with its "T" inputs cast to ``dtype``; None when a value would not survive the cast.
+
+    Samples whose "T" inputs are integers (int8, with their scales) are written in that type and
+    never cast; float samples are never cast to an integer type."""
+    t_types = {
+        np.asarray(v).dtype.name
+        for p, v in zip(op.inputs, sample.inputs, strict=False)
+        if p.dtype == "T" and v is not None
+    }
+    if np.issubdtype(np.dtype(dtype), np.integer) or any(np.issubdtype(np.dtype(t), np.integer) for t in t_types):
+        return sample if t_types == {dtype} else None
     if dtype == "float32":
         return sample
     info = np.finfo(dtype)

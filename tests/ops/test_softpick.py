@@ -81,7 +81,9 @@ def test_row_sums_at_most_one(isa, x, eps):
 @given(x=rows(-20.0, 20.0), eps=st.sampled_from([1e-8, 1e-6, 1e-2]))
 def test_agrees_with_authors_naive_formula_on_finite_rows(isa, x, eps):
     want = authors_naive(x, eps)
-    np.testing.assert_allclose(reference(x, eps=eps), want, rtol=1e-9, atol=1e-12)
+    # The naive exp(x - m) - exp(-m) cancels for |x| << 1 (~1e-16 / |x| relative): 1e-7 is its accuracy
+    # at |x| ~ 1e-8, ours (expm1-based) is exact there.
+    np.testing.assert_allclose(reference(x, eps=eps), want, rtol=1e-7, atol=1e-12)
     np.testing.assert_allclose(kernel(x, isa, eps=eps), want, rtol=1e-5, atol=1e-7)
 
 

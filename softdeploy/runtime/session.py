@@ -9,6 +9,7 @@ uses the library when it loads and the function bodies otherwise.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -105,9 +106,26 @@ def _translate(e: Exception) -> Exception:
         if marker in message:
             message = message.split(marker, 1)[1]
     message = message.strip()
+    no_kernel = re.search(r"no kernel def matches node inputs for Op: (\w+)", text)
+    if no_kernel:
+        return OpContractError(_type_rule(no_kernel.group(1)))
     if "INVALID_ARGUMENT" in text or type(e).__name__ in ("InvalidArgument", "InvalidGraph") or _names_our_op(message):
         return OpContractError(message)
     return RuntimeFailure(message)
+
+
+def _type_rule(op: str) -> str:
+    """Message for a node whose input element types match none of the op's kernels."""
+    from softdeploy.ops import REGISTRY
+
+    d = REGISTRY.get(op)
+    if d is None:
+        return f"{op}: the input element types match no registered kernel"
+    typed = [p.name for p in d.inputs if p.dtype == "T"]
+    return (
+        f"{op}: the element types of inputs {typed} match no kernel "
+        f"(rule: they share one type T in {list(d.float_types)})"
+    )
 
 
 def _names_our_op(message: str) -> bool:

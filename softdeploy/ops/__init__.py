@@ -10,7 +10,10 @@ from __future__ import annotations
 from softdeploy.ops import adaptive_temperature_softmax, multi_max, two_pass_softmax
 from softdeploy.ops._schema import ErrorCase, OpDef, Sample
 
-REGISTRY: dict[str, OpDef] = {d.name: d for d in sorted((adaptive_temperature_softmax.DEF, multi_max.DEF, two_pass_softmax.DEF), key=lambda d: d.name)}
+REGISTRY: dict[str, OpDef] = {
+    d.name: d
+    for d in sorted((adaptive_temperature_softmax.DEF, multi_max.DEF, two_pass_softmax.DEF), key=lambda d: d.name)
+}
 
 
 def get(name: str) -> OpDef:

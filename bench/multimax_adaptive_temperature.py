@@ -141,7 +141,10 @@ def main() -> None:
                 want = d.reference(*inputs)[0]
                 for label, sess in (("ours", ours), ("ort_decomp", decomp)):
                     got = sess.run(feeds)[0]
-                    np.testing.assert_allclose(got, want, rtol=2e-4, atol=1e-30, err_msg=label)
+                    # ours is held to DEF.tolerance by the tests; the float32 decomposed graph drifts more.
+                    np.testing.assert_allclose(
+                        got, want, rtol=2e-5 if label == "ours" else 1e-3, atol=1e-30, err_msg=label
+                    )
                 peers = {
                     "ours": lambda s=ours, f=feeds: s.run(f),
                     "ort_decomp": lambda s=decomp, f=feeds: s.run(f),

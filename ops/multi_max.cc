@@ -168,13 +168,14 @@ SD_TARGET_AVX512 void RowAvx512(const RowArgs& a, const SigmaParams& p, bool str
     Accumulate(v0, e0, v1, e1);
     Accumulate(tv, te, v0, e0);
   }
+  // Lane reduction in registers (scalar ldexp per lane costs more than a 128-element row).
   alignas(64) float vv[16], ee[16];
-  _mm512_store_ps(vv, tv);
   _mm512_store_ps(ee, te);
   float e = simd::kNoExponent;
   for (int i = 0; i < 16; ++i) e = std::max(e, ee[i]);
+  _mm512_store_ps(vv, _mm512_scalef_ps(tv, _mm512_sub_ps(te, _mm512_set1_ps(e))));
   float v = 0.0f;
-  for (int i = 0; i < 16; ++i) v += simd::Scale2(vv[i], ee[i] - e);
+  for (int i = 0; i < 16; ++i) v += vv[i];
   if (bad != 0 || !(v > 0.0f) || !std::isfinite(v)) return FillNan(a.y, n);  // NaN/+inf, or all -inf
 
   const __m512 inv = _mm512_set1_ps(1.0f / v);
@@ -265,12 +266,12 @@ SD_TARGET_AVX2 void RowAvx2(const RowArgs& a, const SigmaParams& p, bool stream)
     Accumulate(tv, te, v0, e0);
   }
   alignas(32) float vv[8], ee[8];
-  _mm256_store_ps(vv, tv);
   _mm256_store_ps(ee, te);
   float e = simd::kNoExponent;
   for (int i = 0; i < 8; ++i) e = std::max(e, ee[i]);
+  _mm256_store_ps(vv, _mm256_mul_ps(tv, simd::Exp2NonPositive(_mm256_sub_ps(te, _mm256_set1_ps(e)))));
   float v = 0.0f;
-  for (int i = 0; i < 8; ++i) v += simd::Scale2(vv[i], ee[i] - e);
+  for (int i = 0; i < 8; ++i) v += vv[i];
   bool scalar_bad = false;
   for (int64_t t = n8; t < n; ++t) {  // scalar tail
     const float z = p(a.x[t]) + a.mask[t * a.mask_step];

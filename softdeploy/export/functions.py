@@ -40,6 +40,7 @@ def attach_function_bodies(model: Any) -> Any:
     unknown = sorted(used - set(REGISTRY))
     if unknown:
         raise ExportError(f"model uses {unknown} in domain {DOMAIN}, which softdeploy does not define")
+    _fill_omitted_inputs(model.graph, REGISTRY)
     have = {(f.domain, f.name) for f in model.functions}
     opset = default_opset(model)
     for name in sorted(used):
@@ -48,6 +49,40 @@ def attach_function_bodies(model: Any) -> Any:
     if used and not any(i.domain == DOMAIN for i in model.opset_import):
         model.opset_import.append(_opsetid(DOMAIN, OPSET_VERSION))
     return model
+
+
+def _fill_omitted_inputs(graph: Any, registry: Any) -> None:
+    """Feeds ``Port.body_fill`` (cast like the node's input 0) to every omitted optional input that
+    declares one, in this graph and its subgraphs; the value is what the op means by "omitted"."""
+    from onnx import helper
+
+    nodes = []
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.g.node:
+                _fill_omitted_inputs(attr.g, registry)
+            for g in attr.graphs:
+                _fill_omitted_inputs(g, registry)
+        op = registry.get(node.op_type) if node.domain == DOMAIN else None
+        for i, port in enumerate(op.inputs if op is not None else ()):
+            if port.body_fill is None or (i < len(node.input) and node.input[i]):
+                continue
+            base = f"{node.name or node.op_type}_{port.name}_omitted_{len(nodes)}"
+            nodes.append(helper.make_node("Constant", [], [base + "_f32"], value_float=float(port.body_fill)))
+            nodes.append(helper.make_node("CastLike", [base + "_f32", node.input[0]], [base]))
+            while len(node.input) < i:
+                node.input.append("")
+            if i < len(node.input):
+                node.input[i] = base
+            else:
+                node.input.append(base)
+        nodes.append(node)
+    if len(nodes) != len(graph.node):
+        copies = [type(n)() for n in nodes]
+        for c, n in zip(copies, nodes, strict=True):
+            c.CopyFrom(n)
+        del graph.node[:]
+        graph.node.extend(copies)
 
 
 def inline_function_bodies(model: Any) -> Any:

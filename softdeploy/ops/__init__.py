@@ -9,7 +9,9 @@ from __future__ import annotations
 
 # One op per line, sorted by op name (merge-friendly; test_registry.py checks it against ops.inc).
 from softdeploy.ops import (
+    adaptive_temperature_softmax,
     max_sim,
+    multi_max,
     signed_max_sim,
     soft_nms,
     softmax_topk,
@@ -19,7 +21,9 @@ from softdeploy.ops import (
 from softdeploy.ops._schema import ErrorCase, OpDef, Sample
 
 _DEFS = (
+    adaptive_temperature_softmax.DEF,
     max_sim.DEF,
+    multi_max.DEF,
     signed_max_sim.DEF,
     soft_nms.DEF,
     softmax_topk.DEF,

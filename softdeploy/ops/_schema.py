@@ -53,6 +53,10 @@ class Port:
     dtype: str = "T"
     optional: bool = False
     doc: str = ""
+    # For an optional "T" input whose function body needs a value: the scalar fed in its place when a
+    # node omits it (onnxruntime cannot type an omitted input inside a model-local function body,
+    # not even under OptionalHasElement/If). attach_function_bodies adds CastLike(body_fill, input 0).
+    body_fill: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)

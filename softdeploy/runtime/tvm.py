@@ -128,6 +128,10 @@ class TVMSession:
         return list(self._signature.outputs)
 
     @property
+    def input_dtypes(self) -> list[str]:
+        return [dtype for _, _, dtype in self._signature.inputs]
+
+    @property
     def input_shapes(self) -> dict[str, list[int]]:
         return {name: list(shape) for name, shape, _ in self._signature.inputs}
 

@@ -104,7 +104,7 @@ def unsupported_ops(model: Any) -> dict[str, str]:
     for node in _walk(model.graph.node):
         why = _why_not(node, convert_map, functions)
         if why is not None:
-            key = node.op_type if node.domain in _STANDARD_DOMAINS else f"{node.domain}.{node.op_type}"
+            key = node.op_type if node.domain in (*_STANDARD_DOMAINS, DOMAIN) else f"{node.domain}.{node.op_type}"
             found[key] = why
     for f in model.functions:  # local functions other than ours are inlined; check their bodies too
         if f.domain == DOMAIN:

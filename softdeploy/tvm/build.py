@@ -67,7 +67,9 @@ def lower(mod: Any) -> Any:
 
 
 def _is_scheduled(func: Any) -> bool:
-    return bool(func.attrs is not None and "tir.is_scheduled" in func.attrs and func.attrs["tir.is_scheduled"])
+    """Set by MetaScheduleApplyDatabase and dlight ("tirx.is_scheduled" in 0.27, "tir." before)."""
+    attrs = func.attrs or {}
+    return any(k in attrs and bool(attrs[k]) for k in ("tirx.is_scheduled", "tir.is_scheduled"))
 
 
 def _default_schedules(mod: Any, target: Any) -> Any:

@@ -1,9 +1,12 @@
 """MetaSchedule tuning into a persistent JSON database.
 
 Two traps of TVM 0.27 on small machines are handled here:
-  * every build/run worker imports ``tvm.s_tir.tensor_intrin`` on its first job (~30 s on 2 busy
-    cores), which hits the default 30 s builder timeout: every candidate then "fails to build" and
-    tuning returns normally with zero trials. Workers pre-import in an initializer, timeouts are 120 s;
+  * TVM's default build function imports ``tvm.s_tir.tensor_intrin`` in every fresh builder worker
+    (LocalBuilder restarts its pool for each batch): ~30 s on 2 idle cores, minutes on busy ones,
+    which hits the default 30 s timeout: every candidate then "fails to build" and tuning returns
+    normally with zero trials. Our build function is the same minus that import (tensor intrinsics
+    are for tensorized int8/GPU schedules, not these CPU float kernels), registered in each worker
+    by a cheap initializer; timeouts are 120 s;
   * zero successful trials is raised as :class:`TuningError`, never passed on as an untuned build.
 
 Tasks already in the database are measured again only if ``trials`` asks for more; records from
@@ -25,9 +28,21 @@ from softdeploy.tvm.errors import TuningError
 from softdeploy.tvm.target import import_tvm, make_target
 
 
-def _warm_worker() -> None:
-    """Builder/runner worker initializer: the slow first import, before the timeout clock runs."""
-    import tvm.s_tir.tensor_intrin  # noqa: F401
+_BUILD_FUNC = "softdeploy.meta_schedule.build"
+
+
+def _register_build_func() -> None:
+    """Builder worker initializer: registers :data:`_BUILD_FUNC`, TVM's
+    ``s_tir.meta_schedule.builder.default_build`` without its ``import tvm.s_tir.tensor_intrin``."""
+    import tvm
+    from tvm.driver import build as tvm_build
+    from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
+
+    def build(mod: Any, target: Any, _params: Any) -> Any:
+        mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
+        return tvm_build(mod, target=target)
+
+    tvm.register_global_func(_BUILD_FUNC, build, override=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,9 +91,11 @@ class TuneReport:
 def _builder_runner(rpc: RPCSpec | None, workers: int) -> tuple[Any, Any]:
     import tvm.s_tir.meta_schedule as ms
 
-    builder = ms.builder.LocalBuilder(max_workers=workers, timeout_sec=120, initializer=_warm_worker)
+    builder = ms.builder.LocalBuilder(
+        max_workers=workers, timeout_sec=120, f_build=_BUILD_FUNC, initializer=_register_build_func
+    )
     if rpc is None:
-        runner = ms.runner.LocalRunner(timeout_sec=120, initializer=_warm_worker)
+        runner = ms.runner.LocalRunner(timeout_sec=120)
     else:
         config = ms.runner.RPCConfig(
             tracker_host=rpc.host,
@@ -86,7 +103,7 @@ def _builder_runner(rpc: RPCSpec | None, workers: int) -> tuple[Any, Any]:
             tracker_key=rpc.key,
             session_timeout_sec=rpc.session_timeout_s,
         )
-        runner = ms.runner.RPCRunner(config, max_workers=1, initializer=_warm_worker)
+        runner = ms.runner.RPCRunner(config, max_workers=1)
     return builder, runner
 
 

@@ -73,15 +73,22 @@ def _is_scheduled(func: Any) -> bool:
 
 
 def _default_schedules(mod: Any, target: Any) -> Any:
-    """dlight's CPU rules for every kernel without a tuned schedule, one kernel at a time: a rule that
+    """Our ops' hand schedules, then dlight's CPU rules, for every kernel without a tuned schedule, one
+    kernel at a time: a rule that
     fails on one kernel (e.g. zero-extent loops of an empty tensor) leaves that kernel unscheduled
     (TVM's default loop nest, still correct) instead of failing the build."""
     tvm = import_tvm()
     from tvm.s_tir import dlight as dl
 
+    from softdeploy.tvm.ops import apply_schedules
+
     rules = dl.ApplyDefaultSchedule(dl.cpu.GEMV(), dl.cpu.Reduction())
     for gv, func in list(mod.functions.items()):
         if not isinstance(func, tvm.tirx.PrimFunc) or _is_scheduled(func):
+            continue
+        ours = apply_schedules(func)
+        if ours is not None:
+            mod[gv] = ours.with_attr("tirx.is_scheduled", True)
             continue
         try:
             scheduled = rules(tvm.IRModule({gv: func}))

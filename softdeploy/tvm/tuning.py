@@ -118,6 +118,25 @@ def _search_strategy() -> Any:
     )
 
 
+def _design_space(task: Any) -> Any:
+    """MetaSchedule's generic space; for a kernel of one of our ops, united with the op's hand
+    schedule, so that the search measures it and keeps whichever is faster."""
+    import tvm.s_tir.meta_schedule as ms
+
+    from softdeploy.tvm.ops import SCHEDULES, apply_schedules, inline_neighbours
+
+    if apply_schedules(task.dispatched[0]["main"]) is None:
+        return "post-order-apply"
+
+    def ours(sch: Any) -> None:
+        inline_neighbours(sch)
+        for rule in SCHEDULES.values():
+            if rule(sch):
+                return
+
+    return ms.space_generator.SpaceGeneratorUnion([ms.space_generator.ScheduleFn(ours), ms.space_generator.PostOrderApply()])
+
+
 def _successful(database: Any, workload: Any) -> list[Any]:
     """Records of ``workload`` with a finite measured latency."""
     records = database.get_top_k(workload, 1 << 20)
@@ -167,7 +186,7 @@ def tune(
         contexts, weights = [], []
         for task in extracted:  # one search strategy object per task: they hold per-task state
             ctx, weight = ms.relax_integration.extracted_tasks_to_tune_contexts(
-                [task], work_dir=logs, space="post-order-apply", strategy=_search_strategy(), seed=seed
+                [task], work_dir=logs, space=_design_space(task), strategy=_search_strategy(), seed=seed
             )
             contexts += ctx
             weights += weight

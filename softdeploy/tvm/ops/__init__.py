@@ -14,14 +14,50 @@ from typing import Any
 from softdeploy.tvm.ops import two_pass_softmax
 
 Converter = Callable[[Any, list[Any], dict[str, Any]], Any]
+Scheduler = Callable[[Any], bool]  # (tvm.s_tir.Schedule) -> applied? (False: not this op's kernel)
 
 TIR_OPS: dict[str, Converter] = {
     "TwoPassSoftmax": two_pass_softmax.convert,
 }
+
+# Hand schedules of the TIR computes (dlight style: a rule that does not recognise the kernel
+# returns False). Used for kernels without a tuning record, and offered to MetaSchedule as one more
+# candidate of its design space.
+SCHEDULES: dict[str, Scheduler] = {
+    "TwoPassSoftmax": two_pass_softmax.schedule,
+}
+
+
+def apply_schedules(func: Any) -> Any | None:
+    """``func`` scheduled by the first of SCHEDULES that recognises it (after inlining the elementwise
+    neighbours the fusion pass put into the same kernel), or None."""
+    from tvm.s_tir import Schedule
+
+    for rule in SCHEDULES.values():
+        sch = Schedule(func)
+        inline_neighbours(sch)
+        try:
+            if rule(sch):
+                return sch.mod["main"]
+        except Exception:  # a schedule primitive refused this kernel: not applicable
+            continue
+    return None
+
+
+def inline_neighbours(sch: Any) -> None:
+    root = sch.get_sblock("root")
+    for block in sch.get_child_blocks(root):
+        for inline in (sch.compute_inline, sch.reverse_compute_inline):
+            try:
+                inline(block)
+                break
+            except Exception:  # reductions and our own blocks stay
+                continue
+
 
 # Ops that have no TIR compute and whose function body TVM's importer cannot take -> why. The
 # importer pre-check (softdeploy.tvm.frontend) finds these by itself; this list documents them and
 # the conformance test holds it to the truth.
 NOT_IMPORTABLE: dict[str, str] = {}
 
-__all__ = ["NOT_IMPORTABLE", "TIR_OPS", "Converter"]
+__all__ = ["NOT_IMPORTABLE", "SCHEDULES", "TIR_OPS", "Converter", "Scheduler", "apply_schedules", "inline_neighbours"]

@@ -4,23 +4,26 @@
 //
 // Python half, the contract and the float64 oracle: softdeploy/ops/two_pass_softmax.py; OPS.md.
 //
-// Pass 1 reads x once and accumulates sum_j exp(x_j) as a (mantissa v, exponent e) pair with the
-// exponent held in float ("ExtExp", common/simd_math.h): exp(x_j) = m_j * 2^n_j and
-//   e' = max(e, n_j),  v' = v * 2^(e - e') + m_j * 2^(n_j - e')
-// which cannot overflow for any |x| < 2^127 / log2(e), so no max pass is needed.
-// Pass 2 reads x again and writes y_j = (m_j / v) * 2^(n_j - e).
+// Two reads of x, no max pass, no overflow, for any |x| up to ~2.9e6 (larger rows take RowSafe):
+//  * AVX-512 (this machine's path): pass 1 reads x, writes exp(x_j) / 2^nb into y and accumulates
+//    the row sum as a (mantissa, exponent) pair; nb is the rounded exponent of the block's maximum
+//    per SIMD lane. Pass 2 rescales y in place (one multiply per element). See the AVX-512 section.
+//  * AVX2 and portable: the paper's algorithm verbatim -- pass 1 accumulates sum_j exp(x_j) as a
+//    (mantissa v, exponent e) pair with e' = max(e, n_j), v' = v 2^(e - e') + m_j 2^(n_j - e'),
+//    pass 2 recomputes y_j = (m_j / v) 2^(n_j - e).
+// Every term is formed as exp(x) = m 2^n with n = round(x log2 e) and t = x - n ln2 (Cody-Waite),
+// so only integer exponent differences are taken: full float precision even for |x| ~ 1e4.
 //
 // What must stay true:
 //  * -inf inputs give exactly 0 (masks); a row with no finite entry, or with +inf or NaN, is
 //    recomputed by the reference three-pass loop (RowSafe) so that it matches ai.onnx.Softmax / torch
-//    bit-for-bit in which entries are NaN.
-//  * Sums are accumulated in blocks (kBlock elements per lane accumulator, then merged) to keep the
-//    float32 summation error of long rows (V = 256000) below ~1e-7 relative.
+//    in which entries are NaN.
+//  * Sums are accumulated in blocks (kBlock elements, then merged) to keep the float32 summation
+//    error of long rows (V = 256000) near 1e-7 relative.
 //  * Rows are independent: threads split rows (MapRows), never a row.
-//  * Large outputs are written with non-temporal stores: the output is not re-read by this kernel,
-//    and skipping the write-allocate read is what beats a three-pass softmax out of cache.
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "common/kernel.h"
 #include "common/simd_math.h"
@@ -83,84 +86,116 @@ void RowPortable(const float* x, float* y, int64_t n) {
 constexpr int64_t kBlock = 1024;  // elements per block of the two-level summation
 
 // ---- AVX-512 ------------------------------------------------------------------------------------
+//
+// Pass 1 reads x once and writes exp(x_j) / 2^nb into y, where nb is the rounded base-2 exponent of
+// the block's maximum in that SIMD lane (blocks of kBlock elements; the lane maxima come from a
+// quick max over the block while it sits in L1). Each term is formed exactly as in the two-pass
+// paper -- exp(x) = m * 2^n with n = round(x log2 e) and t = x - n ln2 by Cody-Waite -- so only the
+// integer exponent difference n - nb is taken, never the rounded difference x - max that limits a
+// three-pass softmax to ~|x - max| * 2^-24 relative error. The sum is accumulated as the paper's
+// (mantissa, exponent) pair per lane, merged once per block.
+// Pass 2 scales y in place by 2^(nb - E) / V, (V, E) being the row sum.
+// Compared with the paper's pass 2 (recompute exp from x), rescaling y costs one multiply per
+// element instead of a second exp: on Zen 4 the exp, not memory, bounds rows that fit in L2.
 
-SD_TARGET_AVX512 inline void Accumulate(__m512& v, __m512& e, __m512 m, __m512 n) {
-  const __m512 max_e = _mm512_max_ps(e, n);
-  v = _mm512_add_ps(_mm512_scalef_ps(v, _mm512_sub_ps(e, max_e)), _mm512_scalef_ps(m, _mm512_sub_ps(n, max_e)));
+SD_TARGET_AVX512 inline __mmask16 TailMask(int64_t left) {
+  return static_cast<__mmask16>(left >= 16 ? 0xFFFF : (1u << left) - 1);
+}
+
+// m * 2^(n - nb) = exp(x) / 2^nb for x >= floor (x below floor is clamped there: it comes out
+// below 2^-158, i.e. exactly 0). NaN propagates (max_ps returns its 2nd operand on NaN).
+SD_TARGET_AVX512 inline __m512 ExpRelative(__m512 x, __m512 floor, __m512 nb) {
+  x = _mm512_max_ps(floor, x);
+  const __m512 magic = _mm512_set1_ps(0x1.8p23f);  // round-to-nearest for |x log2e| < 2^22
+  const __m512 nn = _mm512_sub_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(simd::kLog2e), magic), magic);
+  __m512 t = _mm512_fmadd_ps(nn, _mm512_set1_ps(simd::kMinusLn2Hi), x);
+  t = _mm512_fmadd_ps(nn, _mm512_set1_ps(simd::kMinusLn2Lo), t);
+  __m512 p = _mm512_set1_ps(simd::kC5);
+  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(simd::kC4));
+  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(simd::kC3));
+  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(simd::kC2));
+  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(simd::kC1));
+  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, _mm512_sub_ps(nn, nb));
+}
+
+SD_TARGET_AVX512 inline void Accumulate(__m512& v, __m512& e, __m512 bv, __m512 be) {
+  const __m512 max_e = _mm512_max_ps(e, be);
+  v = _mm512_add_ps(_mm512_scalef_ps(v, _mm512_sub_ps(e, max_e)), _mm512_scalef_ps(bv, _mm512_sub_ps(be, max_e)));
   e = max_e;
 }
 
-// Sum of exp over x[0, n) as (v, e) pairs per lane.
-SD_TARGET_AVX512 void Pass1Avx512(const float* x, int64_t n, __m512* out_v, __m512* out_e) {
-  __m512 tv = _mm512_setzero_ps(), te = _mm512_set1_ps(simd::kNoExponent);
-  int64_t j = 0;
-  while (j < n) {
-    const int64_t block_end = std::min(n, j + kBlock);
-    __m512 v0 = _mm512_setzero_ps(), v1 = v0, v2 = v0;
-    __m512 e0 = _mm512_set1_ps(simd::kNoExponent), e1 = e0, e2 = e0;
-    for (; j + 48 <= block_end; j += 48) {
-      __m512 m, e;
-      simd::ExtExp(_mm512_loadu_ps(x + j), &m, &e);
-      Accumulate(v0, e0, m, e);
-      simd::ExtExp(_mm512_loadu_ps(x + j + 16), &m, &e);
-      Accumulate(v1, e1, m, e);
-      simd::ExtExp(_mm512_loadu_ps(x + j + 32), &m, &e);
-      Accumulate(v2, e2, m, e);
+// Returns false (the caller then takes RowSafe) for rows with NaN, +inf, no finite entry, or
+// |max| >= 2.9e6, beyond which the magic-bias rounding of x log2e is no longer exact.
+SD_TARGET_AVX512 bool RowAvx512(const float* x, float* y, int64_t n) {
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+  thread_local std::vector<float> block_exponents;  // nb per (block, lane); ORT pool threads reuse it
+  block_exponents.resize(static_cast<size_t>(blocks) * 16);
+  const __m512 neg_inf = _mm512_set1_ps(-INFINITY);
+  const __m512 magic = _mm512_set1_ps(0x1.8p23f);
+  __m512 sum_v = _mm512_setzero_ps(), sum_e = _mm512_set1_ps(simd::kNoExponent);
+  __mmask16 bad = 0;
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    const int64_t j0 = blk * kBlock, j1 = std::min(n, j0 + kBlock);
+    __m512 bm0 = neg_inf, bm1 = neg_inf;
+    int64_t j = j0;
+    for (; j + 32 <= j1; j += 32) {
+      bm0 = _mm512_max_ps(bm0, _mm512_loadu_ps(x + j));
+      bm1 = _mm512_max_ps(bm1, _mm512_loadu_ps(x + j + 16));
     }
-    for (; j < block_end; j += 16) {
-      const __mmask16 k = static_cast<__mmask16>(block_end - j >= 16 ? 0xFFFF : (1u << (block_end - j)) - 1);
-      __m512 m, e;
-      simd::ExtExp(_mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), k, x + j), &m, &e);
-      Accumulate(v0, e0, m, e);
+    for (; j < j1; j += 16) bm0 = _mm512_max_ps(bm0, _mm512_mask_loadu_ps(neg_inf, TailMask(j1 - j), x + j));
+    const __m512 bm = _mm512_max_ps(bm0, bm1);
+    // A lane that saw only -inf in this block gets nb = 0 and floor -110: its terms are all 0.
+    const __mmask16 live = _mm512_cmp_ps_mask(bm, neg_inf, _CMP_NEQ_OQ);
+    bad |= _mm512_mask_cmp_ps_mask(live, _mm512_abs_ps(bm), _mm512_set1_ps(2.9e6f), _CMP_NLT_UQ);
+    const __m512 live_bm = _mm512_maskz_mov_ps(live, bm);
+    const __m512 nb = _mm512_sub_ps(_mm512_fmadd_ps(live_bm, _mm512_set1_ps(simd::kLog2e), magic), magic);
+    const __m512 floor = _mm512_sub_ps(live_bm, _mm512_set1_ps(110.0f));
+    _mm512_storeu_ps(block_exponents.data() + blk * 16, nb);
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (j = j0; j + 64 <= j1; j += 64) {
+      const __m512 e0 = ExpRelative(_mm512_loadu_ps(x + j), floor, nb);
+      const __m512 e1 = ExpRelative(_mm512_loadu_ps(x + j + 16), floor, nb);
+      const __m512 e2 = ExpRelative(_mm512_loadu_ps(x + j + 32), floor, nb);
+      const __m512 e3 = ExpRelative(_mm512_loadu_ps(x + j + 48), floor, nb);
+      _mm512_storeu_ps(y + j, e0);
+      _mm512_storeu_ps(y + j + 16, e1);
+      _mm512_storeu_ps(y + j + 32, e2);
+      _mm512_storeu_ps(y + j + 48, e3);
+      a0 = _mm512_add_ps(a0, e0);
+      a1 = _mm512_add_ps(a1, e1);
+      a2 = _mm512_add_ps(a2, e2);
+      a3 = _mm512_add_ps(a3, e3);
     }
-    Accumulate(v0, e0, v1, e1);
-    Accumulate(v0, e0, v2, e2);
-    Accumulate(tv, te, v0, e0);
+    for (; j < j1; j += 16) {
+      const __mmask16 k = TailMask(j1 - j);
+      const __m512 e0 = ExpRelative(_mm512_mask_loadu_ps(neg_inf, k, x + j), floor, nb);
+      _mm512_mask_storeu_ps(y + j, k, e0);
+      a0 = _mm512_add_ps(a0, _mm512_maskz_mov_ps(k, e0));
+    }
+    const __m512 block_sum = _mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3));
+    bad |= _mm512_cmp_ps_mask(block_sum, block_sum, _CMP_UNORD_Q);  // NaN or +inf in the block
+    Accumulate(sum_v, sum_e, block_sum, nb);
   }
-  *out_v = tv;
-  *out_e = te;
-}
-
-SD_TARGET_AVX512 void RowAvx512(const float* x, float* y, int64_t n, bool stream) {
-  __m512 lv, le;
-  Pass1Avx512(x, n, &lv, &le);
-  // Reduce the 16 lanes.
-  alignas(64) float vv[16], ee[16];
-  _mm512_store_ps(vv, lv);
-  _mm512_store_ps(ee, le);
-  float e = simd::kNoExponent;
-  for (int i = 0; i < 16; ++i) e = std::isnan(ee[i]) ? NAN : std::max(e, ee[i]);
-  float v = 0.0f;
-  for (int i = 0; i < 16; ++i) v += simd::Scale2(vv[i], ee[i] - e);
-  if (!(v > 0.0f) || !std::isfinite(v) || std::isnan(e)) return RowSafe(x, y, n);
-
+  if (bad) return false;
+  const float e = _mm512_reduce_max_ps(sum_e);
+  const float v = _mm512_reduce_add_ps(_mm512_scalef_ps(sum_v, _mm512_sub_ps(sum_e, _mm512_set1_ps(e))));
+  if (!(v > 0.0f) || !std::isfinite(v)) return false;  // no finite entry
   const __m512 inv = _mm512_set1_ps(1.0f / v);
   const __m512 minus_e = _mm512_set1_ps(-e);
-  int64_t j = 0;
-  auto out = [&](int64_t at) SD_TARGET_AVX512 {
-    __m512 m, ne;
-    simd::ExtExp(_mm512_loadu_ps(x + at), &m, &ne);
-    return _mm512_scalef_ps(_mm512_mul_ps(m, inv), _mm512_add_ps(ne, minus_e));
-  };
-  if (stream) {
-    // Peel to a 64-byte aligned output address: streaming stores need it.
-    while (j < n && (reinterpret_cast<uintptr_t>(y + j) & 63) != 0) {
-      float m, ne;
-      simd::ExtExp(x[j], &m, &ne);
-      y[j] = simd::Scale2(m / v, ne - e);
-      ++j;
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    const int64_t j0 = blk * kBlock, j1 = std::min(n, j0 + kBlock);
+    const __m512 shift = _mm512_add_ps(_mm512_loadu_ps(block_exponents.data() + blk * 16), minus_e);
+    int64_t j = j0;
+    for (; j + 16 <= j1; j += 16) {
+      _mm512_storeu_ps(y + j, _mm512_scalef_ps(_mm512_mul_ps(_mm512_loadu_ps(y + j), inv), shift));
     }
-    for (; j + 16 <= n; j += 16) _mm512_stream_ps(y + j, out(j));
-    _mm_sfence();
-  } else {
-    for (; j + 16 <= n; j += 16) _mm512_storeu_ps(y + j, out(j));
+    if (j < j1) {
+      const __mmask16 k = TailMask(j1 - j);
+      _mm512_mask_storeu_ps(y + j, k, _mm512_scalef_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(k, y + j), inv), shift));
+    }
   }
-  if (j < n) {
-    const __mmask16 k = static_cast<__mmask16>((1u << (n - j)) - 1);
-    __m512 m, ne;
-    simd::ExtExp(_mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), k, x + j), &m, &ne);
-    _mm512_mask_storeu_ps(y + j, k, _mm512_scalef_ps(_mm512_mul_ps(m, inv), _mm512_add_ps(ne, minus_e)));
-  }
+  return true;
 }
 
 // ---- AVX2 ---------------------------------------------------------------------------------------
@@ -172,7 +207,7 @@ SD_TARGET_AVX2 inline void Accumulate(__m256& v, __m256& e, __m256 m, __m256 n) 
   e = max_e;
 }
 
-SD_TARGET_AVX2 void RowAvx2(const float* x, float* y, int64_t n, bool stream) {
+SD_TARGET_AVX2 void RowAvx2(const float* x, float* y, int64_t n) {
   // A NaN anywhere is detected up front: AVX2's max_ps and the exponent emulation drop NaNs.
   __m256 tv = _mm256_setzero_ps(), te = _mm256_set1_ps(simd::kNoExponent);
   __m256 nan_seen = _mm256_setzero_ps();
@@ -222,32 +257,18 @@ SD_TARGET_AVX2 void RowAvx2(const float* x, float* y, int64_t n, bool stream) {
   const __m256 inv = _mm256_set1_ps(1.0f / v);
   const __m256 minus_e = _mm256_set1_ps(-e);
   j = 0;
-  if (stream) {
-    while (j < n && (reinterpret_cast<uintptr_t>(y + j) & 31) != 0) {
-      float m, ne;
-      simd::ExtExp(x[j], &m, &ne);
-      y[j] = simd::Scale2(m / v, ne - e);
-      ++j;
-    }
-  }
   for (; j + 8 <= n; j += 8) {
     __m256 m, ne;
     simd::ExtExp(_mm256_loadu_ps(x + j), &m, &ne);
     const __m256 r = _mm256_mul_ps(_mm256_mul_ps(m, inv), simd::Exp2NonPositive(_mm256_add_ps(ne, minus_e)));
-    if (stream) _mm256_stream_ps(y + j, r);
-    else _mm256_storeu_ps(y + j, r);
+    _mm256_storeu_ps(y + j, r);
   }
-  if (stream) _mm_sfence();
   for (; j < n; ++j) {
     float m, ne;
     simd::ExtExp(x[j], &m, &ne);
     y[j] = simd::Scale2(m / v, ne - e);
   }
 }
-
-// Outputs at least this large are streamed past the cache (half the 32 MiB L3 of the machines we
-// measure on; a smaller output is likely to be read back from cache by the next node).
-constexpr int64_t kStreamBytes = 16 << 20;
 
 struct TwoPassSoftmaxKernel {
   static constexpr const char* kName = kOp;
@@ -266,13 +287,14 @@ struct TwoPassSoftmaxKernel {
     if (x.rank() == 0) Fail(kOp, "input must have rank >= 1, got a scalar");
     const AxisLayout l = AxisLayout::Of(x.shape, NormalizeAxis(kOp, axis, x.rank()));
     if (x.size() == 0) return;
-    const bool stream = x.size() * static_cast<int64_t>(sizeof(float)) >= kStreamBytes;
     switch (isa) {
       case Isa::kAvx512:
-        MapRows<T>(ctx, x.data, y, l, [stream](const float* a, float* b, int64_t n) { RowAvx512(a, b, n, stream); });
+        MapRows<T>(ctx, x.data, y, l, [](const float* a, float* b, int64_t n) {
+          if (!RowAvx512(a, b, n)) RowSafe(a, b, n);
+        });
         break;
       case Isa::kAvx2:
-        MapRows<T>(ctx, x.data, y, l, [stream](const float* a, float* b, int64_t n) { RowAvx2(a, b, n, stream); });
+        MapRows<T>(ctx, x.data, y, l, RowAvx2);
         break;
       default:
         MapRows<T>(ctx, x.data, y, l, RowPortable);

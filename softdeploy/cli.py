@@ -98,7 +98,7 @@ def _cpu_model() -> str:
 def cmd_demo(args: argparse.Namespace) -> int:
     from softdeploy.demo import run_demo
 
-    run_demo(threads=args.threads, out=args.out)
+    run_demo(threads=args.threads, out=args.out, overwrite=args.overwrite)
     return 0
 
 
@@ -158,7 +158,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub.add_parser("doctor", help="check the native library and the environment").set_defaults(fn=cmd_doctor)
     p = sub.add_parser("demo", help="train, export and run a small model with the softmax-family ops")
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--out", default="softdeploy-demo", help="folder for the exported model")
+    p.add_argument("--out", default=None, help="folder for the exported model (default: a new temporary folder)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing model file in --out")
     p.set_defaults(fn=cmd_demo)
     p = sub.add_parser("compile", help="compile an ONNX model with TVM (tuned schedules, RPC devices)")
     p.add_argument("model", help="ONNX model (com.softdeploy ops allowed)")

@@ -7,10 +7,10 @@ the built library registers are the same set.
 
 from __future__ import annotations
 
-from softdeploy.ops import two_pass_softmax
+from softdeploy.ops import soft_nms, two_pass_softmax
 from softdeploy.ops._schema import ErrorCase, OpDef, Sample
 
-REGISTRY: dict[str, OpDef] = {d.name: d for d in sorted((two_pass_softmax.DEF,), key=lambda d: d.name)}
+REGISTRY: dict[str, OpDef] = {d.name: d for d in sorted((soft_nms.DEF, two_pass_softmax.DEF), key=lambda d: d.name)}
 
 
 def get(name: str) -> OpDef:

@@ -12,14 +12,13 @@ onnxruntime fp32 at batch 1, seq 128.
 
 from __future__ import annotations
 
-import harness  # noqa: I001 - sets the no-spin environment before numpy/torch load
-
 import os
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+import harness
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))

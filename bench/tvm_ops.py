@@ -12,11 +12,10 @@ C++ kernel.
 
 from __future__ import annotations
 
-import harness  # noqa: I001 - sets the no-spin environment before numpy/torch load
-
 import sys
 from pathlib import Path
 
+import harness
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -114,12 +113,32 @@ def main() -> None:
                 ratio = t.median / base
                 verdict = ("MET" if ratio <= FLOOR_RATIO else "NOT MET") if peer == "TVM tuned" else ""
                 rows.append(
-                    (op.name, label, n, peer, harness.fmt_time(t.median), f"{t.spread:.0%}", f"{ratio:.2f}x", verdict, f"{bg:.2f}")
+                    (
+                        op.name,
+                        label,
+                        n,
+                        peer,
+                        harness.fmt_time(t.median),
+                        f"{t.spread:.0%}",
+                        f"{ratio:.2f}x",
+                        verdict,
+                        f"{bg:.2f}",
+                    )
                 )
     print()
     print(
         harness.md_table(
-            ("op", "shape", "threads", "peer", "median", "spread", "vs C++ kernel", f"floor <= {FLOOR_RATIO}x", "bg load"),
+            (
+                "op",
+                "shape",
+                "threads",
+                "peer",
+                "median",
+                "spread",
+                "vs C++ kernel",
+                f"floor <= {FLOOR_RATIO}x",
+                "bg load",
+            ),
             rows,
         )
     )

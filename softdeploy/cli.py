@@ -129,9 +129,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     if args.tune_trials:
         folder = args.records or "tvm-records"
         records = [folder]
-        report = tune(
-            import_model(prepare(model, shapes)), folder, trials=args.tune_trials, target=target, rpc=rpc
-        )
+        report = tune(import_model(prepare(model, shapes)), folder, trials=args.tune_trials, target=target, rpc=rpc)
         print(report.summary())
     sess = TVMSession(model, shapes=shapes, tuned=not args.untuned, databases=records, target=target, rpc=rpc)
     out = args.output or str(args.model).removesuffix(".onnx") + "_tvm.so"
@@ -143,7 +141,10 @@ def cmd_compile(args: argparse.Namespace) -> int:
     if rpc is not None:
         import numpy as np
 
-        feeds = {n: np.zeros(s, d) for n, s, d in zip(sess.input_names, sess.input_shapes.values(), sess.input_dtypes)}
+        feeds = {
+            n: np.zeros(s, d)
+            for n, s, d in zip(sess.input_names, sess.input_shapes.values(), sess.input_dtypes, strict=True)
+        }
         secs = sorted(sess.benchmark(feeds))
         print(f"latency on the RPC device {rpc.key}: median {secs[len(secs) // 2] * 1e3:.3f} ms")
     return 0

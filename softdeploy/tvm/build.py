@@ -58,11 +58,10 @@ def record_folders(extra: Sequence[str | Path] = ()) -> list[Path]:
 
 def lower(mod: Any) -> Any:
     """Legalize + fuse: the module whose PrimFuncs are the tuning tasks."""
-    tvm = import_tvm()
+    import_tvm()
     from tvm import relax
 
     mod = relax.transform.DecomposeOpsForInference()(mod)
-    del tvm
     return relax.get_pipeline("zero")(mod)
 
 
@@ -108,7 +107,6 @@ def build(
     """(executable, report). ``databases``: user tuning folders, applied over the shipped records."""
     tvm = import_tvm()
     from tvm import relax
-    from tvm.s_tir import dlight as dl
     from tvm.s_tir import meta_schedule as ms
 
     from softdeploy.tvm.target import host_target

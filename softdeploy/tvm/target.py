@@ -6,8 +6,8 @@ import os
 import platform
 from typing import Any
 
-from softdeploy.tvm.errors import TVMNotInstalledError
 from softdeploy.tvm import SUPPORTED_TVM
+from softdeploy.tvm.errors import TVMNotInstalledError
 
 
 def import_tvm() -> Any:
@@ -41,7 +41,7 @@ def host_target(mcpu: str | None = None, num_cores: int | None = None) -> dict[s
     """LLVM target for this CPU. ``mcpu`` defaults to LLVM's name of the host CPU (``mcpu=native`` is
     rejected by TVM 0.27); the triple is set explicitly because the wheel's default is its build's
     (x86_64-conda-linux-gnu)."""
-    tvm = import_tvm()
+    import_tvm()
     from tvm.target import codegen
 
     cpu = mcpu or str(codegen.llvm_get_system_cpu())
@@ -52,7 +52,6 @@ def host_target(mcpu: str | None = None, num_cores: int | None = None) -> dict[s
     target: dict[str, Any] = {"kind": "llvm", "mcpu": cpu, "num-cores": num_cores or physical_cores()}
     if triple:
         target["mtriple"] = triple
-    del tvm
     return target
 
 

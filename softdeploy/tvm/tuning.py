@@ -27,7 +27,6 @@ from typing import Any
 from softdeploy.tvm.errors import TuningError
 from softdeploy.tvm.target import import_tvm, make_target
 
-
 _BUILD_FUNC = "softdeploy.meta_schedule.build"
 
 
@@ -134,7 +133,9 @@ def _design_space(task: Any) -> Any:
             if rule(sch):
                 return
 
-    return ms.space_generator.SpaceGeneratorUnion([ms.space_generator.ScheduleFn(ours), ms.space_generator.PostOrderApply()])
+    return ms.space_generator.SpaceGeneratorUnion(
+        [ms.space_generator.ScheduleFn(ours), ms.space_generator.PostOrderApply()]
+    )
 
 
 def _successful(database: Any, workload: Any) -> list[Any]:

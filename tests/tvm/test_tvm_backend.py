@@ -13,15 +13,15 @@ import pytest
 
 pytest.importorskip("tvm", reason="the TVM backend is optional: pip install 'softdeploy[tvm]'")
 
-import onnx  # noqa: E402
-from onnx import TensorProto, helper  # noqa: E402
+import onnx
+from onnx import TensorProto, helper
 
-from softdeploy import DOMAIN, OPSET_VERSION  # noqa: E402
-from softdeploy.export.functions import attach_function_bodies  # noqa: E402
-from softdeploy.runtime import Session  # noqa: E402
-from softdeploy.runtime.tvm import TVMSession  # noqa: E402
-from softdeploy.tvm.errors import TuningError, UnsupportedModelError  # noqa: E402
-from softdeploy.tvm.frontend import check_importable, import_model, prepare, unsupported_ops  # noqa: E402
+from softdeploy import DOMAIN, OPSET_VERSION
+from softdeploy.export.functions import attach_function_bodies
+from softdeploy.runtime import Session
+from softdeploy.runtime.tvm import TVMSession
+from softdeploy.tvm.errors import TuningError, UnsupportedModelError
+from softdeploy.tvm.frontend import check_importable, import_model, prepare, unsupported_ops
 
 
 def _model(nodes, inputs, outputs, initializers=(), functions=()):
@@ -236,7 +236,10 @@ def test_rpc_tracker_on_loopback_tunes_and_runs(tmp_path):
         report = tune(mod, tmp_path / "db", trials=2, rpc=cluster.spec)
         assert report.trials >= 1
         sess = TVMSession(
-            op.make_model(sample), shapes={"X": list(sample.inputs[0].shape)}, databases=[tmp_path / "db"], rpc=cluster.spec
+            op.make_model(sample),
+            shapes={"X": list(sample.inputs[0].shape)},
+            databases=[tmp_path / "db"],
+            rpc=cluster.spec,
         )
         assert sess.remote is not None
         want = conformance.run(op, sample, "reference")

@@ -62,9 +62,7 @@ def row_reduce(
 ) -> te.Tensor:
     """``out[i] = reducer(body(index with k along axis) for k)`` over the shape without ``axis``."""
     k = te.reduce_axis((0, shape[axis]), name=f"{name}_k")
-    return te.compute(
-        reduced_shape(shape, axis), lambda *i: reducer(body(with_axis(i, axis, k)), axis=k), name=name
-    )
+    return te.compute(reduced_shape(shape, axis), lambda *i: reducer(body(with_axis(i, axis, k)), axis=k), name=name)
 
 
 def as_f32(x: te.Tensor) -> Callable[..., Any]:

@@ -29,14 +29,10 @@ LANES = 16  # float32 lanes of an AVX-512 register
 BLOCKS = ("row_max_part", "row_max", "row_sum_part", "row_sum", "softmax")
 
 
-def _lane_split_reduce(
-    rows: list[Any], n: Any, body: Any, reducer: Any, name: str
-) -> te.Tensor:
+def _lane_split_reduce(rows: list[Any], n: Any, body: Any, reducer: Any, name: str) -> te.Tensor:
     """``out[r] = reducer_l reducer_k body(r, k * LANES + l)`` over rows ``r`` of a contiguous last axis."""
     k = te.reduce_axis((0, n // LANES), name=f"{name}_k")
-    part = te.compute(
-        (*rows, LANES), lambda *i: reducer(body(i[:-1], k * LANES + i[-1]), axis=k), name=f"{name}_part"
-    )
+    part = te.compute((*rows, LANES), lambda *i: reducer(body(i[:-1], k * LANES + i[-1]), axis=k), name=f"{name}_part")
     lane = te.reduce_axis((0, LANES), name=f"{name}_lane")
     return te.compute(tuple(rows), lambda *r: reducer(part(*r, lane), axis=lane), name=name)
 
@@ -52,7 +48,9 @@ def compute(x: te.Tensor, axis: int) -> te.Tensor:
         row_sum = _lane_split_reduce(rows, n, lambda r, j: exp_f32(xf(*r, j) - row_max(*r)), te.sum, "row_sum")
     else:
         row_max = row_reduce(shape, axis, lambda i: xf(*i), te.max, "row_max")
-        row_sum = row_reduce(shape, axis, lambda i: exp_f32(xf(*i) - row_max(*without_axis(i, axis))), te.sum, "row_sum")
+        row_sum = row_reduce(
+            shape, axis, lambda i: exp_f32(xf(*i) - row_max(*without_axis(i, axis))), te.sum, "row_sum"
+        )
 
     def scale(*i: Any) -> Any:
         r = without_axis(i, axis)

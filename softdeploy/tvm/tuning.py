@@ -141,7 +141,8 @@ def _design_space(task: Any) -> Any:
 def _successful(database: Any, workload: Any) -> list[Any]:
     """Records of ``workload`` with a finite measured latency."""
     records = database.get_top_k(workload, 1 << 20)
-    return [r for r in records if r.run_secs and all(math.isfinite(float(s)) for s in r.run_secs)]
+    # MetaSchedule stores a failed build/run as run_secs = [1e10]
+    return [r for r in records if r.run_secs and all(math.isfinite(float(s)) and float(s) < 1e9 for s in r.run_secs)]
 
 
 def tune(

@@ -52,14 +52,17 @@ class LocalCluster:
         return RPCSpec("127.0.0.1", self.port, self.key)
 
     def __enter__(self) -> LocalCluster:
+        # --port-end: both scripts search [port, port-end) and default the end to 9199
         tracker = [sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1", "--port", str(self.port)]
+        tracker += ["--port-end", str(self.port + 1)]
         self._procs.append(subprocess.Popen(tracker, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         try:
             self._wait_tracker()
             for _ in range(self._servers):
                 server = [
                     sys.executable, "-m", "tvm.exec.rpc_server", "--host", "127.0.0.1",
-                    "--port", str(_free_port()), "--tracker", f"127.0.0.1:{self.port}", "--key", self.key,
+                    "--port", str(port := _free_port()), "--port-end", str(port + 1),
+                    "--tracker", f"127.0.0.1:{self.port}", "--key", self.key,
                 ]  # fmt: skip
                 self._procs.append(subprocess.Popen(server, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
             self._wait_servers()

@@ -54,7 +54,8 @@ def compute(x: te.Tensor, axis: int) -> te.Tensor:
 
     def scale(*i: Any) -> Any:
         r = without_axis(i, axis)
-        y = exp_f32(xf(*i) - row_max(*r)) / row_sum(*r)
+        # times the reciprocal: 1 / s is loop-invariant, so LLVM hoists it out of the row (a / s is not)
+        y = exp_f32(xf(*i) - row_max(*r)) * (f32(1.0) / row_sum(*r))
         y = tirx.Select(row_max(*r) == f32(float("inf")), f32(float("nan")), y)
         return y.astype(x.dtype)
 

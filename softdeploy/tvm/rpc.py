@@ -15,6 +15,8 @@ then ``softdeploy compile model.onnx --backend tvm --tune-trials 200 --rpc TRACK
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -55,7 +57,7 @@ class LocalCluster:
         # --port-end: both scripts search [port, port-end) and default the end to 9199
         tracker = [sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1", "--port", str(self.port)]
         tracker += ["--port-end", str(self.port + 1)]
-        self._procs.append(subprocess.Popen(tracker, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        self._procs.append(self._start(tracker))
         try:
             self._wait_tracker()
             for _ in range(self._servers):
@@ -64,12 +66,17 @@ class LocalCluster:
                     "--port", str(port := _free_port()), "--port-end", str(port + 1),
                     "--tracker", f"127.0.0.1:{self.port}", "--key", self.key,
                 ]  # fmt: skip
-                self._procs.append(subprocess.Popen(server, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+                self._procs.append(self._start(server))
             self._wait_servers()
         except BaseException:
             self.__exit__(None, None, None)
             raise
         return self
+
+    @staticmethod
+    def _start(command: list[str]) -> subprocess.Popen:
+        # own process group: a server forks popen workers that must end with it (see __exit__)
+        return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
 
     def _wait_tracker(self, timeout_s: float = 60.0) -> None:
         deadline = time.monotonic() + timeout_s
@@ -97,11 +104,20 @@ class LocalCluster:
 
     def __exit__(self, *exc: object) -> None:
         for proc in reversed(self._procs):
-            proc.terminate()
+            _signal_group(proc, signal.SIGTERM)
         for proc in reversed(self._procs):
             try:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
-                proc.kill()
+                _signal_group(proc, signal.SIGKILL)
                 proc.wait()
+            _signal_group(proc, signal.SIGKILL)  # workers the server forked, if any outlived it
         self._procs.clear()
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    """Signals the process group that :meth:`LocalCluster._start` created for ``proc`` (and only it)."""
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass

@@ -11,6 +11,7 @@ softdeploy compare  one model in every variant (torch, onnxruntime fp32 stock / 
                     with no arguments: all-MiniLM-L6-v2 MaxSim retrieval on chatterbot-corpus
 softdeploy export   FACTORY OUT.onnx: export the module a factory returns, validate it against torch
 softdeploy optimize IN.onnx OUT.onnx: rewrite standard-op patterns into softdeploy ops; per-rule report
+softdeploy compile  compile an ONNX model with TVM (optionally MetaSchedule-tuned, locally or over RPC)
 """
 
 from __future__ import annotations
@@ -316,6 +317,54 @@ def _add_export_commands(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(fn=cmd_optimize)
 
 
+def cmd_compile(args: argparse.Namespace) -> int:
+    import onnx
+
+    from softdeploy.tvm.frontend import check_importable
+
+    shapes = {}
+    for item in args.shape:
+        name, sep, dims = item.partition("=")
+        if not sep or not dims:
+            raise SystemExit(f"--shape wants NAME=D0xD1..., got {item!r}")
+        shapes[name] = [int(d) for d in dims.lower().split("x")]
+    if (args.rpc is None) != (args.key is None):
+        raise SystemExit("--rpc HOST:PORT and --key K go together")
+    model = onnx.load(args.model)
+    check_importable(model)  # every op TVM cannot take, all at once, before any work
+
+    from softdeploy.runtime.tvm import TVMSession
+    from softdeploy.tvm.frontend import import_model, prepare
+    from softdeploy.tvm.target import host_target
+    from softdeploy.tvm.tuning import RPCSpec, tune
+
+    rpc = RPCSpec.parse(args.rpc, args.key) if args.rpc else None
+    target = host_target(mcpu=args.target_cpu)
+    records = [args.records] if args.records else []
+    if args.tune_trials:
+        folder = args.records or "tvm-records"
+        records = [folder]
+        report = tune(import_model(prepare(model, shapes)), folder, trials=args.tune_trials, target=target, rpc=rpc)
+        print(report.summary())
+    sess = TVMSession(model, shapes=shapes, tuned=not args.untuned, databases=records, target=target, rpc=rpc)
+    out = args.output or str(args.model).removesuffix(".onnx") + "_tvm.so"
+    sess.save(out)
+    print(sess.report.summary())
+    if sess.tir_ops or sess.inlined_ops:
+        print(f"softdeploy ops as TIR kernels: {list(sess.tir_ops)}; from function bodies: {list(sess.inlined_ops)}")
+    print(f"wrote {out} and {out.removesuffix('.so')}.json (load with softdeploy.runtime.tvm.TVMSession.load)")
+    if rpc is not None:
+        import numpy as np
+
+        feeds = {
+            n: np.zeros(s, d)
+            for n, s, d in zip(sess.input_names, sess.input_shapes.values(), sess.input_dtypes, strict=True)
+        }
+        secs = sorted(sess.benchmark(feeds))
+        print(f"latency on the RPC device {rpc.key}: median {secs[len(secs) // 2] * 1e3:.3f} ms")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="softdeploy", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -331,6 +380,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     _add_quantize_parser(sub)
     _add_compare_parser(sub)
     _add_export_commands(sub)
+    p = sub.add_parser("compile", help="compile an ONNX model with TVM (tuned schedules, RPC devices)")
+    p.add_argument("model", help="ONNX model (com.softdeploy ops allowed)")
+    p.add_argument("--backend", choices=["tvm"], default="tvm")
+    p.add_argument("--shape", action="append", default=[], help="static input shape NAME=1x128 (repeat per input)")
+    p.add_argument("--tune-trials", type=int, default=0, help="MetaSchedule trials in all (0: no tuning)")
+    p.add_argument("--records", default=None, help="tuning database folder (read, and written by --tune-trials)")
+    p.add_argument("--untuned", action="store_true", help="TVM's default schedules only (for comparison)")
+    p.add_argument("--target-cpu", default=None, help="LLVM CPU name (default: this machine's)")
+    p.add_argument("--rpc", default=None, metavar="HOST:PORT", help="TVM RPC tracker: tune and measure there")
+    p.add_argument("--key", default=None, help="device key of the RPC servers")
+    p.add_argument("-o", "--output", default=None, help="compiled library (default MODEL_tvm.so)")
+    p.set_defaults(fn=cmd_compile)
     args = parser.parse_args(argv)
     from softdeploy.errors import SoftdeployError
 

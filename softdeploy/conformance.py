@@ -6,6 +6,8 @@ Backends:
   ``function``   the standard-ONNX function body in stock onnxruntime (library not registered)
   ``kernel``     the native C++ kernel in onnxruntime, optionally forced to an ISA variant
   ``torch``      the ``softdeploy::<stem>`` torch op, run eagerly
+  ``tvm``        TVM (Relax) for the sample's static shapes: the op's TIR compute, or its inlined
+                 function body when it has none (needs apache-tvm; see softdeploy/tvm/)
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import numpy as np
 
 from softdeploy.ops._schema import OpDef, Sample
 
-BACKENDS = ("reference", "function", "kernel", "torch")
+BACKENDS = ("reference", "function", "kernel", "torch", "tvm")
 ISAS = ("portable", "avx2", "avx512")
 
 
@@ -102,6 +104,11 @@ def run(op: OpDef, sample: Sample, backend: str, *, isa: str | None = None, thre
         out = torch_op(op)(*args, **sample.attrs)
         outs = out if isinstance(out, (tuple, list)) else (out,)
         return tuple(o.detach().numpy() for o in outs)
+    if backend == "tvm":
+        from softdeploy.runtime.tvm import TVMSession
+
+        shapes = {p.name: list(np.shape(v)) for p, v in zip(op.inputs, sample.inputs, strict=False) if v is not None}
+        return tuple(TVMSession(op.make_model(sample), shapes=shapes, threads=threads).run(op.feeds(sample)))
     raise ValueError(f"unknown backend {backend!r}; backends are {BACKENDS}")
 
 

@@ -7,6 +7,8 @@ the float16-rounded inputs.
 
 from __future__ import annotations
 
+import importlib.util
+
 import numpy as np
 import pytest
 
@@ -16,6 +18,12 @@ from softdeploy.ops import REGISTRY
 # Stock onnxruntime's and torch's own arithmetic (e.g. MLAS's exp) is looser than our kernels'
 # contract; they are checked for semantic agreement, our kernels for the contract's error bound.
 OTHERS_TOLERANCE = {"float32": (1e-4, 1e-30), "float16": (5e-3, 1e-5), "int8": (1e-4, 1e-30)}
+
+
+# TVM backend: only where apache-tvm is installed (an optional extra). Ops TVM cannot import are
+# listed in softdeploy.tvm.ops.NOT_IMPORTABLE with the reason; for them the test asserts that the
+# backend refuses them naming the op, so the list cannot go stale silently.
+HAVE_TVM = importlib.util.find_spec("tvm") is not None
 
 
 def _cases() -> list:
@@ -28,6 +36,7 @@ def _cases() -> list:
                     continue
                 backends = [("function", None), ("torch", None)]
                 backends += [("kernel", isa) for isa in conformance.available_isas()]
+                backends += [("tvm", None)] if HAVE_TVM else []
                 for backend, isa in backends:
                     tag = backend if isa is None else f"{backend}-{isa}"
                     cases.append(pytest.param(op, s, dtype, backend, isa, id=f"{op.name}-{s.name}-{tag}"))
@@ -37,6 +46,14 @@ def _cases() -> list:
 @pytest.mark.parametrize(("op", "sample", "dtype", "backend", "isa"), _cases())
 def test_matches_reference(op, sample, dtype, backend, isa):
     want = conformance.run(op, sample, "reference")
+    if backend == "tvm":
+        from softdeploy.tvm.errors import UnsupportedModelError
+        from softdeploy.tvm.ops import NOT_IMPORTABLE
+
+        if op.name in NOT_IMPORTABLE:
+            with pytest.raises(UnsupportedModelError, match=op.name):
+                conformance.run(op, sample, backend)
+            return
     got = conformance.run(op, sample, backend, isa=isa)
     for g, p in zip(got, op.outputs, strict=False):
         if p.dtype == "T":

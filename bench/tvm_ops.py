@@ -1,0 +1,148 @@
+"""Each softdeploy op on TVM: tuned vs untuned vs our C++ kernel vs onnxruntime's decomposed graph
+(the function body in stock onnxruntime), all in the same interleaved run.
+
+    python bench/tvm_ops.py [--threads 1,2] [--quick] [--records DIR]
+    python bench/tvm_ops.py --tune-trials 32 --records softdeploy/tvm/records   # (re)tune the shipped records
+
+"TVM tuned" = the op's TIR compute with the records shipped in softdeploy/tvm/records (plus
+--records) applied, dlight defaults where no record matches. "TVM untuned" = the same TIR compute
+with TVM's default (unscheduled) loop nests. Floor of the issue: every tuned op within 1.5x of our
+C++ kernel.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import harness
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+FLOOR_RATIO = 1.5
+
+# Benchmark shapes per op: (label, inputs as (shape, dtype) or None, attrs). The shipped tuning
+# records cover exactly these.
+SHAPES: dict[str, list[tuple[str, list[tuple[tuple[int, ...], str] | None], dict]]] = {
+    "TwoPassSoftmax": [
+        ("4x32000 (vocab)", [((4, 32000), "float32")], {}),
+        ("1536x128 (attention rows)", [((12 * 128, 128), "float32")], {}),
+    ],
+}
+
+
+def _inputs(spec: list[tuple[tuple[int, ...], str] | None], rng: np.random.Generator) -> tuple:
+    out = []
+    for item in spec:
+        if item is None:
+            out.append(None)
+            continue
+        shape, dtype = item
+        out.append((rng.standard_normal(shape) * 3).astype(dtype))
+    return tuple(out)
+
+
+def cases(ops: list[str]) -> list[tuple]:
+    from softdeploy.ops import REGISTRY
+    from softdeploy.ops._schema import Sample
+
+    rng = np.random.default_rng(0)
+    out = []
+    for name in ops:
+        op = REGISTRY[name]
+        for label, spec, attrs in SHAPES[name]:
+            out.append((op, label, Sample(label, _inputs(spec, rng), attrs)))
+    return out
+
+
+def _shapes(op, sample) -> dict[str, list[int]]:
+    return {p.name: list(np.shape(v)) for p, v in zip(op.inputs, sample.inputs, strict=False) if v is not None}
+
+
+def tune(ops: list[str], trials: int, records: str) -> None:
+    from softdeploy.tvm.frontend import import_model, prepare
+    from softdeploy.tvm.tuning import tune as ms_tune
+
+    for op, label, sample in cases(ops):
+        mod = import_model(prepare(op.make_model(sample), _shapes(op, sample)))
+        report = ms_tune(mod, records, trials=trials)
+        print(f"{op.name} {label}: {report.summary()}")
+
+
+def main() -> None:
+    from softdeploy.tvm.ops import TIR_OPS
+
+    p = harness.base_parser(__doc__ or "")
+    p.add_argument("--ops", type=harness.str_list, default=sorted(set(SHAPES) & set(TIR_OPS)))
+    p.add_argument("--records", default=None, help="extra tuning database folder")
+    p.add_argument("--tune-trials", type=int, default=0, help="tune first, into --records")
+    args = p.parse_args()
+    if args.tune_trials:
+        tune(args.ops, args.tune_trials, args.records or "tvm-records")
+        return
+
+    from softdeploy.runtime import Session
+    from softdeploy.runtime.tvm import TVMSession, set_threads
+
+    harness.header("softdeploy ops on TVM: tuned vs untuned vs C++ kernel vs onnxruntime decomposed")
+    rows = []
+    for op, label, sample in cases(args.ops):
+        model, feeds, shapes = op.make_model(sample), op.feeds(sample), _shapes(op, sample)
+        tuned = TVMSession(model, shapes=shapes, databases=[args.records] if args.records else [])
+        untuned = TVMSession(model, shapes=shapes, tuned=False)
+        print(f"- {op.name} {label}: {tuned.report.summary()}")
+        for n in args.threads:
+            set_threads(n)
+            kernel = Session(model, kernels="native", threads=n)
+            decomposed = Session(model, kernels="portable", threads=n)
+            want = kernel.run(feeds)
+            for got in (tuned.run(feeds), untuned.run(feeds)):
+                np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-7)
+            fns = {
+                "C++ kernel": lambda s=kernel: s.run(feeds),
+                "ORT decomposed": lambda s=decomposed: s.run(feeds),
+                "TVM tuned": lambda s=tuned: s.run(feeds),
+                "TVM untuned": lambda s=untuned: s.run(feeds),
+            }
+            timings, bg = harness.quiet_bench(
+                fns, rounds=5 if args.quick else args.rounds, batch_ms=args.batch_ms, max_tries=args.tries
+            )
+            base = timings["C++ kernel"].median
+            for peer, t in timings.items():
+                ratio = t.median / base
+                verdict = ("MET" if ratio <= FLOOR_RATIO else "NOT MET") if peer == "TVM tuned" else ""
+                rows.append(
+                    (
+                        op.name,
+                        label,
+                        n,
+                        peer,
+                        harness.fmt_time(t.median),
+                        f"{t.spread:.0%}",
+                        f"{ratio:.2f}x",
+                        verdict,
+                        f"{bg:.2f}",
+                    )
+                )
+    print()
+    print(
+        harness.md_table(
+            (
+                "op",
+                "shape",
+                "threads",
+                "peer",
+                "median",
+                "spread",
+                "vs C++ kernel",
+                f"floor <= {FLOOR_RATIO}x",
+                "bg load",
+            ),
+            rows,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

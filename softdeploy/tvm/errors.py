@@ -1,0 +1,22 @@
+"""Errors of the TVM backend (all are SoftdeployErrors, so the CLI reports them cleanly)."""
+
+from __future__ import annotations
+
+from softdeploy.errors import SoftdeployError
+
+
+class TVMNotInstalledError(SoftdeployError, ImportError):
+    """apache-tvm is missing or is not the pinned version."""
+
+
+class UnsupportedModelError(SoftdeployError):
+    """The model holds ops that TVM's ONNX importer cannot take; ``unsupported`` maps each op to why."""
+
+    def __init__(self, unsupported: dict[str, str]) -> None:
+        self.unsupported = dict(unsupported)
+        lines = "\n".join(f"  - {op}: {why}" for op, why in sorted(self.unsupported.items()))
+        super().__init__(f"TVM cannot import {len(self.unsupported)} op(s) of this model:\n{lines}")
+
+
+class TuningError(SoftdeployError):
+    """MetaSchedule tuning produced no usable schedule (e.g. every build timed out)."""

@@ -1,0 +1,68 @@
+"""softdeploy's ops as TIR (TE) computes: one PrimFunc per op node, which MetaSchedule tunes as one
+task and TVM runs as one kernel (the inlined function body would be several standard ops).
+
+``TIR_OPS`` maps an op type to its converter ``(bb, inputs, attrs) -> relax.Expr`` (attrs resolved
+against the OpDef, inputs as relax expressions, ``None`` for an omitted optional input). An op
+without an entry is imported from its function body. Importing this package imports TVM.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from softdeploy.tvm.ops import two_pass_softmax
+
+Converter = Callable[[Any, list[Any], dict[str, Any]], Any]
+Scheduler = Callable[[Any], bool]  # (tvm.s_tir.Schedule) -> applied? (False: not this op's kernel)
+
+TIR_OPS: dict[str, Converter] = {
+    "TwoPassSoftmax": two_pass_softmax.convert,
+}
+
+# Hand schedules of the TIR computes (dlight style: a rule that does not recognise the kernel
+# returns False). Used for kernels without a tuning record, and offered to MetaSchedule as one more
+# candidate of its design space.
+SCHEDULES: dict[str, Scheduler] = {
+    "TwoPassSoftmax": two_pass_softmax.schedule,
+}
+
+
+def apply_schedules(func: Any) -> Any | None:
+    """``func`` scheduled by the first of SCHEDULES that recognises it (after inlining the elementwise
+    neighbours the fusion pass put into the same kernel), or None."""
+    from tvm.s_tir import Schedule
+
+    for rule in SCHEDULES.values():
+        sch = Schedule(func)
+        inline_neighbours(sch)
+        try:
+            if rule(sch):
+                return sch.mod["main"]
+        except Exception:  # a schedule primitive refused this kernel: not applicable
+            continue
+    return None
+
+
+def inline_neighbours(sch: Any) -> None:
+    root = sch.get_sblock("root")
+    for block in sch.get_child_blocks(root):
+        for inline in (sch.compute_inline, sch.reverse_compute_inline):
+            try:
+                inline(block)
+                break
+            except Exception:  # reductions and our own blocks stay
+                continue
+
+
+# Ops that have no TIR compute and whose function body TVM's importer cannot take -> why. The
+# importer pre-check (softdeploy.tvm.frontend) finds these by itself; this list documents them and
+# the conformance test holds it to the truth.
+NOT_IMPORTABLE: dict[str, str] = {
+    # The body's selection loop is an ONNX Loop, which the Relax importer lacks; a TIR compute is not
+    # possible either: the number of selected boxes (the output's first dimension) depends on the data.
+    "SoftNMS": "its function body uses Loop (not in TVM's Relax ONNX frontend, apache/tvm#17767) and its "
+    "output size depends on the data, so it has no TIR compute",
+}
+
+__all__ = ["NOT_IMPORTABLE", "SCHEDULES", "TIR_OPS", "Converter", "Scheduler", "apply_schedules", "inline_neighbours"]

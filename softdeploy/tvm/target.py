@@ -1,0 +1,60 @@
+"""The TVM target for this machine (or a named CPU), as a dict: TVM 0.27 rejects string targets."""
+
+from __future__ import annotations
+
+import os
+import platform
+from typing import Any
+
+from softdeploy.tvm import SUPPORTED_TVM
+from softdeploy.tvm.errors import TVMNotInstalledError
+
+
+def import_tvm() -> Any:
+    """``import tvm``, with a clear error when it is missing or not the version the backend is written for."""
+    try:
+        import tvm
+    except ImportError as e:
+        raise TVMNotInstalledError(
+            f"the TVM backend needs apache-tvm {SUPPORTED_TVM}: "
+            'pip install "apache-tvm==0.27.0.post1" "apache-tvm-ffi==0.1.14.post0" psutil '
+            f'(or pip install "softdeploy[tvm]"); import failed: {e}'
+        ) from e
+    if not tvm.__version__.startswith(SUPPORTED_TVM):
+        raise TVMNotInstalledError(
+            f"the TVM backend is written for apache-tvm {SUPPORTED_TVM}.x (renamed APIs, private importer "
+            f"map); found {tvm.__version__}"
+        )
+    return tvm
+
+
+def physical_cores() -> int:
+    try:
+        import psutil
+
+        return int(psutil.cpu_count(logical=False) or os.cpu_count() or 1)
+    except ImportError:
+        return os.cpu_count() or 1
+
+
+def host_target(mcpu: str | None = None, num_cores: int | None = None) -> dict[str, Any]:
+    """LLVM target for this CPU. ``mcpu`` defaults to LLVM's name of the host CPU (``mcpu=native`` is
+    rejected by TVM 0.27); the triple is set explicitly because the wheel's default is its build's
+    (x86_64-conda-linux-gnu)."""
+    import_tvm()
+    from tvm.target import codegen
+
+    cpu = mcpu or str(codegen.llvm_get_system_cpu())
+    if not codegen.llvm_is_valid_cpu(cpu, ""):  # an empty triple means the host's
+        raise ValueError(f"LLVM does not know the CPU {cpu!r}")
+    machine = platform.machine() or "x86_64"
+    triple = {"Linux": f"{machine}-linux-gnu", "Darwin": f"{machine}-apple-darwin"}.get(platform.system())
+    target: dict[str, Any] = {"kind": "llvm", "mcpu": cpu, "num-cores": num_cores or physical_cores()}
+    if triple:
+        target["mtriple"] = triple
+    return target
+
+
+def make_target(spec: dict[str, Any] | None = None) -> Any:
+    tvm = import_tvm()
+    return tvm.target.Target(spec or host_target())

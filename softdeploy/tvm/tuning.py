@@ -1,0 +1,231 @@
+"""MetaSchedule tuning into a persistent JSON database.
+
+Two traps of TVM 0.27 on small machines are handled here:
+  * TVM's default build function imports ``tvm.s_tir.tensor_intrin`` in every fresh builder worker
+    (LocalBuilder restarts its pool for each batch): ~30 s on 2 idle cores, minutes on busy ones,
+    which hits the default 30 s timeout: every candidate then "fails to build" and tuning returns
+    normally with zero trials. Our build function is the same minus that import (tensor intrinsics
+    are for tensorized int8/GPU schedules, not these CPU float kernels), registered in each worker
+    by a cheap initializer; timeouts are 120 s;
+  * zero successful trials is raised as :class:`TuningError`, never passed on as an untuned build.
+
+Tasks already in the database are measured again only if ``trials`` asks for more; records from
+earlier runs (and the shipped ones, when the database folder is ``softdeploy/tvm/records``) are
+kept: MetaSchedule appends to the JSON files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from softdeploy.tvm.errors import TuningError
+from softdeploy.tvm.target import import_tvm, make_target
+
+_BUILD_FUNC = "softdeploy.meta_schedule.build"
+
+
+def _register_build_func() -> None:
+    """Builder worker initializer: registers :data:`_BUILD_FUNC`, TVM's
+    ``s_tir.meta_schedule.builder.default_build`` without its ``import tvm.s_tir.tensor_intrin``."""
+    import tvm
+    from tvm.driver import build as tvm_build
+    from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
+
+    def build(mod: Any, target: Any, _params: Any) -> Any:
+        mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
+        return tvm_build(mod, target=target)
+
+    tvm.register_global_func(_BUILD_FUNC, build, override=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class RPCSpec:
+    """A TVM RPC tracker (``python -m tvm.exec.rpc_tracker``) and the device key its servers use."""
+
+    host: str
+    port: int
+    key: str
+    session_timeout_s: int = 120
+
+    @classmethod
+    def parse(cls, address: str, key: str) -> RPCSpec:
+        host, sep, port = address.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ValueError(f"--rpc wants HOST:PORT of a TVM RPC tracker, got {address!r}")
+        return cls(host, int(port), key)
+
+
+@dataclasses.dataclass
+class TaskResult:
+    name: str
+    weight: float
+    trials: int  # successful measurements
+    best_us: float | None
+
+
+@dataclasses.dataclass
+class TuneReport:
+    database: str
+    tasks: list[TaskResult]
+    seconds: float
+
+    @property
+    def trials(self) -> int:
+        return sum(t.trials for t in self.tasks)
+
+    def summary(self) -> str:
+        tuned = sum(t.trials > 0 for t in self.tasks)
+        return (
+            f"tuned {tuned}/{len(self.tasks)} tasks, {self.trials} successful trials in {self.seconds:.0f} s; "
+            f"records in {self.database}"
+        )
+
+
+def _builder_runner(rpc: RPCSpec | None, workers: int) -> tuple[Any, Any]:
+    import tvm.s_tir.meta_schedule as ms
+
+    builder = ms.builder.LocalBuilder(
+        max_workers=workers, timeout_sec=120, f_build=_BUILD_FUNC, initializer=_register_build_func
+    )
+    if rpc is None:
+        runner = ms.runner.LocalRunner(timeout_sec=120)
+    else:
+        config = ms.runner.RPCConfig(
+            tracker_host=rpc.host,
+            tracker_port=rpc.port,
+            tracker_key=rpc.key,
+            session_timeout_sec=rpc.session_timeout_s,
+        )
+        runner = ms.runner.RPCRunner(config, max_workers=1)
+    return builder, runner
+
+
+def _search_strategy() -> Any:
+    """Evolutionary search sized for a few dozen trials per task: TVM's defaults (population 512,
+    4 genetic iterations, 50 fresh samples) spend minutes per round of 16 candidates on 2 cores
+    (measured: 50 s for the first 16 trials of a GEMM, 270 s for the next 16)."""
+    import tvm.s_tir.meta_schedule as ms
+
+    return ms.search_strategy.EvolutionarySearch(
+        population_size=64, init_measured_ratio=0.2, init_min_unmeasured=16, genetic_num_iters=2
+    )
+
+
+def _design_space(task: Any) -> Any:
+    """MetaSchedule's generic space; for a kernel of one of our ops, united with the op's hand
+    schedule, so that the search measures it and keeps whichever is faster."""
+    import tvm.s_tir.meta_schedule as ms
+
+    from softdeploy.tvm.ops import SCHEDULES, apply_schedules, inline_neighbours
+
+    if apply_schedules(task.dispatched[0]["main"]) is None:
+        return "post-order-apply"
+
+    def ours(sch: Any) -> None:
+        inline_neighbours(sch)
+        for rule in SCHEDULES.values():
+            if rule(sch):
+                return
+
+    return ms.space_generator.SpaceGeneratorUnion(
+        [ms.space_generator.ScheduleFn(ours), ms.space_generator.PostOrderApply()]
+    )
+
+
+def _successful(database: Any, workload: Any) -> list[Any]:
+    """Records of ``workload`` with a finite measured latency."""
+    records = database.get_top_k(workload, 1 << 20)
+    # MetaSchedule stores a failed build/run as run_secs = [1e10]
+    return [r for r in records if r.run_secs and all(math.isfinite(float(s)) and float(s) < 1e9 for s in r.run_secs)]
+
+
+def tune(
+    mod: Any,
+    database: str | Path,
+    *,
+    trials: int,
+    target: dict[str, Any] | None = None,
+    trials_per_task: int | None = None,
+    rpc: RPCSpec | None = None,
+    workers: int = 2,
+    seed: int = 0,
+    only: Sequence[str] = (),
+) -> TuneReport:
+    """Tunes every PrimFunc of ``mod`` (a Relax module from :func:`softdeploy.tvm.frontend.import_model`)
+    for ``trials`` measurements in all, appending to the JSON database in folder ``database``.
+
+    ``only`` restricts tuning to tasks whose names contain one of the given strings. Raises
+    TuningError when no candidate of any task was measured successfully."""
+    import time
+
+    import_tvm()
+    import tvm.s_tir.meta_schedule as ms
+
+    from softdeploy.tvm.build import lower, open_database
+    from softdeploy.tvm.target import host_target
+
+    if trials <= 0:
+        raise ValueError(f"trials must be >= 1, got {trials}")
+    spec = dict(target or host_target())
+    tgt = make_target(spec)
+    lowered = lower(mod)
+    extracted = ms.relax_integration.extract_tasks(lowered, tgt)
+    if only:
+        extracted = [t for t in extracted if any(s in t.task_name for s in only)]
+    if not extracted:
+        raise TuningError("no tunable kernels in the module" + (f" matching {list(only)}" if only else ""))
+    db = open_database(database)
+    builder, runner = _builder_runner(rpc, workers)
+    per_task = trials_per_task or max(8, trials)
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="softdeploy-tune-") as logs:
+        contexts, weights = [], []
+        for task in extracted:  # one search strategy object per task: they hold per-task state
+            ctx, weight = ms.relax_integration.extracted_tasks_to_tune_contexts(
+                [task], work_dir=logs, space=_design_space(task), strategy=_search_strategy(), seed=seed
+            )
+            contexts += ctx
+            weights += weight
+        ms.tune.tune_tasks(
+            tasks=contexts,
+            task_weights=weights,
+            work_dir=logs,
+            max_trials_global=trials,
+            max_trials_per_task=per_task,
+            num_trials_per_iter=min(16, per_task),
+            builder=builder,
+            runner=runner,
+            database=db,
+            cost_model="random",  # xgboost is not a dependency; evolutionary search still mutates the best
+        )
+    seconds = time.perf_counter() - start
+    results = []
+    for task in extracted:
+        mod_task = task.dispatched[0]
+        workload = db.commit_workload(mod_task) if db.has_workload(mod_task) else None
+        good = _successful(db, workload) if workload is not None else []
+        best = min((float(min(r.run_secs)) for r in good), default=None)
+        results.append(TaskResult(task.task_name, float(task.weight), len(good), None if best is None else best * 1e6))
+    report = TuneReport(str(database), results, seconds)
+    if report.trials == 0:
+        raise TuningError(
+            "MetaSchedule measured no candidate successfully (every build or run failed or timed out); "
+            "nothing was tuned. Look at the builder/runner errors above; on a busy machine retry with fewer "
+            "workers, or check the RPC tracker and device key."
+        )
+    return report
+
+
+def database_size(folder: str | Path) -> int:
+    """Tuning records in a database folder (0 when absent)."""
+    path = Path(folder) / "database_tuning_record.json"
+    if not path.is_file():
+        return 0
+    with path.open() as f:
+        return sum(1 for line in f if line.strip() and json.loads(line))

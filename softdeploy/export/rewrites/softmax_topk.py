@@ -23,6 +23,7 @@ class SoftmaxTopKRule(SoftRule):
     target_op = "SoftmaxTopK"
     anchor_op = "TopK"
     summary = "Softmax -> TopK => SoftmaxTopK"
+    shared_intermediate = "the Softmax output is also used elsewhere (the probabilities would still be needed)"
 
     def pattern(self, op: Any, x: ir.Value, k: ir.Value) -> Any:
         probs = op.Softmax(x, _outputs=["probs"])
@@ -60,9 +61,6 @@ class SoftmaxTopKRule(SoftRule):
             n = x.shape[tk_axis % r]
             if isinstance(n, int) and kk[0] > n:
                 return self.reject(f"K={kk[0]} exceeds the axis length {n}")
-        others = [u.node for u in probs.uses() if u.node is not topk]
-        if others or probs.is_graph_output():
-            return self.reject("the Softmax output is also used elsewhere (the probabilities would still be needed)")
         return True
 
     def rewrite(self, op: Any, x: ir.Value, k: ir.Value, probs: ir.Value, values: ir.Value, **_: Any) -> Any:

@@ -176,6 +176,10 @@ def test_soft_nms_hard_is_greedy_nms_and_linear_decays():
 
 def _modules():
     q, d = randn(2, 5, 16), randn(3, 7, 16)
+    qm, dm = torch.ones(2, 5, dtype=torch.bool), torch.ones(3, 7, dtype=torch.bool)
+    qm[1, 3:] = False
+    dm[0, 4:] = False
+    dm[2, :] = False
     return [
         (
             "softpick_attention",
@@ -194,7 +198,8 @@ def _modules():
         ("multimax_head", sdnn.MultiMaxHead(16, 30), (randn(4, 16),), "MultiMax"),
         ("adaptive_head", sdnn.AdaptiveTemperatureHead(16, 30), (randn(4, 16) * 0.1,), "AdaptiveTemperatureSoftmax"),
         ("softmax_topk_head", sdnn.SoftmaxTopKHead(16, 1000, k=5), (randn(4, 16),), "SoftmaxTopK"),
-        ("maxsim", sdnn.MaxSimScorer(normalize=True), (q, d), "MaxSim"),
+        ("maxsim", sdnn.MaxSimScorer(normalize=True), (q, d), "MaxSim"),  # masks omitted: filled in the body
+        ("maxsim_masked", sdnn.MaxSimScorer(), (q, d, qm, dm), "MaxSim"),
         (
             "signed_maxsim",
             sdnn.SignedMaxSimScorer(),

@@ -34,8 +34,8 @@ def default_opset(model: Any) -> int:
 def attach_function_bodies(model: Any) -> Any:
     """Appends (in place, and returns) the function body of every com.softdeploy op the model uses
     and does not already define, targeted at the model's default opset; adds the domain import.
-    Omitted optional inputs with a ``Port.body_fill`` get their fill, omitted outputs a name (both
-    needed for stock onnxruntime to load the bodies; see _fill_omitted_inputs)."""
+    Omitted optional inputs with a ``Port.body_fill`` get their fill, missing trailing outputs an
+    empty slot (both needed for stock onnxruntime to load the bodies; see _fill_omitted_inputs)."""
     from softdeploy.ops import REGISTRY, register_onnx_schemas
 
     register_onnx_schemas()
@@ -56,10 +56,10 @@ def attach_function_bodies(model: Any) -> Any:
 
 def _fill_omitted_inputs(graph: Any, registry: Any, counter: Iterator[int] | None = None) -> None:
     """Feeds every omitted optional input that declares a ``Port.body_fill`` its fill (see BodyFill),
-    in this graph and its subgraphs, and names every omitted output: onnxruntime type-checks a node
-    against its function body's full signature, so an omitted input or output fails to load with
-    stock onnxruntime (the kernel then also writes the unused output: for SoftmaxTopK's LogSumExp one
-    value per row from the running max and sum it keeps anyway)."""
+    in this graph and its subgraphs, and gives every node all of its output slots: stock onnxruntime
+    type-checks a node against its function body's signature and refuses an omitted input, or fewer
+    output slots than the body has outputs. Trailing optional outputs become "" (omitted: a kernel
+    still skips them, e.g. SoftmaxTopK's LogSumExp), which onnxruntime accepts."""
     counter = itertools.count() if counter is None else counter  # unique names across subgraphs
     nodes = []
     for node in graph.node:
@@ -82,11 +82,8 @@ def _fill_omitted_inputs(graph: Any, registry: Any, counter: Iterator[int] | Non
                     node.input[i] = base
                 else:
                     node.input.append(base)
-            for i, port in enumerate(op.outputs):
-                if i >= len(node.output):
-                    node.output.append("")
-                if not node.output[i]:
-                    node.output[i] = f"{node.name or node.op_type}_{port.name}_unused_{next(counter)}"
+            while len(node.output) < len(op.outputs):
+                node.output.append("")
         nodes.append(node)  # edited in place above; rebuilt below only when fill nodes were added
     if len(nodes) != len(graph.node):
         copies = [type(n)() for n in nodes]

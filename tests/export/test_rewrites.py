@@ -13,6 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from softdeploy import DOMAIN, ExportError
 from softdeploy.export.rewrites import DEFAULT_RULES, optimize
+from softdeploy.export.rewrites.two_pass_softmax import MIN_ROW_LENGTH
 from softdeploy.runtime import Session
 
 F = TensorProto.FLOAT
@@ -217,6 +218,9 @@ def test_maxsim_keepdims_is_reported():
 # ---- Softmax => TwoPassSoftmax -----------------------------------------------------------------
 
 
+LONG = MIN_ROW_LENGTH  # the shortest row the rule rewrites by default
+
+
 def softmax_model(n, axis=-1, opset=18):
     nodes = [helper.make_node("Softmax", ["X"], ["P"], axis=axis)]
     return make_model(nodes, [tensor("X", F, ["B", n])], [tensor("P", F, None)], opset)
@@ -224,15 +228,15 @@ def softmax_model(n, axis=-1, opset=18):
 
 def test_two_pass_softmax_is_on_by_default_and_can_be_turned_off():
     assert "two-pass-softmax" in DEFAULT_RULES
-    assert optimize(softmax_model(2048)).counts["two-pass-softmax"] == 1
-    result = optimize(softmax_model(2048), rules=["softmax-topk"])
+    assert optimize(softmax_model(LONG)).counts["two-pass-softmax"] == 1
+    result = optimize(softmax_model(LONG), rules=["softmax-topk"])
     assert "two-pass-softmax" not in result.counts
     assert custom_ops(result.model) == []
 
 
 @pytest.mark.parametrize("opset", [17, 18, 20])
 def test_two_pass_softmax_on_long_last_axis_rows(opset):
-    result = optimize(softmax_model(2048, opset=opset), rules=["two-pass-softmax"])
+    result = optimize(softmax_model(LONG, opset=opset), rules=["two-pass-softmax"])
     assert result.counts["two-pass-softmax"] == 1
     assert custom_ops(result.model) == ["TwoPassSoftmax"]
     assert result.ok
@@ -240,7 +244,11 @@ def test_two_pass_softmax_on_long_last_axis_rows(opset):
 
 @pytest.mark.parametrize(
     ("n", "axis", "reason"),
-    [(100, -1, "row length 100 < min_row_length 1024"), (2048, 0, "not the last axis"), ("N", -1, "not static")],
+    [
+        (100, -1, f"row length 100 < min_row_length {MIN_ROW_LENGTH}"),
+        (LONG, 0, "not the last axis"),
+        ("N", -1, "not static"),
+    ],
 )
 def test_two_pass_softmax_reports_why_it_did_not_fire(n, axis, reason):
     result = optimize(softmax_model(n, axis), rules=["two-pass-softmax"])
@@ -353,7 +361,7 @@ def test_unknown_rule_is_an_error():
 
 
 def test_function_bodies_are_not_rewritten():
-    once = optimize(softmax_model(2048), rules=["two-pass-softmax"]).model
+    once = optimize(softmax_model(LONG), rules=["two-pass-softmax"]).model
     again = optimize(once, rules=["two-pass-softmax"])
     assert again.counts["two-pass-softmax"] == 0
     assert reasons(again, "two-pass-softmax") == []

@@ -7,10 +7,16 @@ only as far as a module adds to them.
 
 Normalizers (``[..., n] -> [..., n]`` along ``dim``):
     TwoPassSoftmax              y = softmax(x + mask)
+    Softpick                    y_i = relu(e_i) / (sum_j |e_j| + eps),  e_j = exp(x_j - m) - exp(-m)
+    MultiMax                    y = softmax(sigma(x) + mask),
+                                sigma(x) = x + t0 relu(r0 - x) + t1 relu(x - r1)
+                                             + t2 relu(r2 - x)^2 + t3 relu(x - r3)^2
+    AdaptiveTemperatureSoftmax  y = softmax(beta(H) x),  H = entropy of softmax(x)
 
 Attention (self-attention over ``x [B, T, E]``; ``H`` query heads, ``Hk`` key/value heads):
     S = Q K^T * scale + mask,  O = normalize(S) V,  out = O W_o
-Heads: ``Linear -> normalizer``.
+Heads: ``Linear -> normalizer``; :class:`SoftmaxTopKHead` returns the k most probable classes.
+Retrieval: :class:`MaxSimScorer` ``score[b, n] = sum_i max_j <Q[b, i], D[n, j]>``.
 Detection: :class:`SoftNMS` (Bodla et al. 2017), a drop-in for NonMaxSuppression with decayed scores.
 """
 
@@ -47,6 +53,63 @@ class TwoPassSoftmax(nn.Module):
         return _op("TwoPassSoftmax")(x, axis=self.dim)
 
 
+class Softpick(nn.Module):
+    """Softpick (Zuhri et al. 2025): rectified, not-sum-to-one softmax; exact zeros where ``x <= 0``.
+
+    ``y_i = max(e_i, 0) / (sum_{j finite} |e_j| + eps)``, ``e_j = exp(x_j - m) - exp(-m)``,
+    ``m`` = the row max over finite entries. ``-inf`` entries (masks) output 0.
+    """
+
+    def __init__(self, dim: int = -1, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.dim = dim
+        self.eps = eps
+
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        if mask is not None:
+            x = x + mask
+        return _op("Softpick")(x, axis=self.dim, eps=self.eps)
+
+
+class MultiMax(nn.Module):
+    """MultiMax (Zhou, Fritz & Keuper, ICML 2024): softmax of a learned piecewise modulator.
+
+    ``sigma(x) = x + t0 relu(r0 - x) + t1 relu(x - r1) + t2 relu(r2 - x)^2 + t3 relu(x - r3)^2``,
+    ``y = softmax(sigma(x) + mask, dim)``. The additive mask is applied **after** sigma (sigma of
+    ``-inf`` is NaN). ``ranges = (r0, r1, r2, r3)`` and ``ts = (t0, t1, t2, t3)`` are learned; they
+    start at zero (sigma = identity, as in the reference code's zero-initialised variant).
+    """
+
+    def __init__(self, dim: int = -1) -> None:
+        super().__init__()
+        self.dim = dim
+        self.ranges = nn.Parameter(torch.zeros(4))
+        self.ts = nn.Parameter(torch.zeros(4))
+
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        if mask is not None:
+            mask = mask.to(x.dtype).expand_as(x)
+        return _op("MultiMax")(x, self.ranges.to(x.dtype), self.ts.to(x.dtype), mask, axis=self.dim)
+
+
+class AdaptiveTemperatureSoftmax(nn.Module):
+    """Adaptive-temperature softmax (Velickovic et al. 2024, "softmax is not enough").
+
+    ``p = softmax(x)``, ``H = -sum p log(p + 1e-9)``;
+    ``beta = max(-0.037 H^4 + 0.481 H^3 - 2.3 H^2 + 4.917 H - 1.791, 1)`` if ``H > 0.5`` else 1;
+    ``y = softmax(beta x)``: high-entropy rows are sharpened, confident rows left alone.
+    """
+
+    def __init__(self, dim: int = -1) -> None:
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        if mask is not None:
+            x = x + mask
+        return _op("AdaptiveTemperatureSoftmax")(x, axis=self.dim)
+
+
 # ---- attention -----------------------------------------------------------------------------------
 
 
@@ -56,7 +119,8 @@ class SoftAttention(nn.Module):
     ``x [B, T, E] -> Q [B, H, T, D], K, V [B, Hk, T, D]`` (grouped-query heads when ``Hk < H``),
     ``S = Q K^T / sqrt(D)``, ``A = normalizer(S, mask)`` along the key axis, ``out = (A V) W_o``.
     ``attn_mask`` is additive (0 or ``-inf``) and broadcastable to ``[B, H, T, T]``; ``causal=True``
-    adds the lower-triangular mask. The normalizer decides where the mask goes.
+    adds the lower-triangular mask. The normalizer decides where the mask goes (MultiMax adds it
+    after its modulator).
     """
 
     def __init__(
@@ -105,6 +169,28 @@ class SoftAttention(nn.Module):
         return self.out_proj(out)
 
 
+class SoftpickAttention(SoftAttention):
+    """Self-attention with Softpick weights: ``O = Softpick(Q K^T scale + mask) V`` (rows of the
+    weights need not sum to 1; keys with ``score <= 0`` get exactly 0 -- no attention sink)."""
+
+    def __init__(self, embed_dim: int, num_heads: int, *, eps: float = 1e-6, **kwargs: Any) -> None:
+        super().__init__(embed_dim, num_heads, Softpick(-1, eps), **kwargs)
+
+
+class MultiMaxAttention(SoftAttention):
+    """Self-attention with MultiMax weights: ``O = softmax(sigma(Q K^T scale) + mask) V``."""
+
+    def __init__(self, embed_dim: int, num_heads: int, **kwargs: Any) -> None:
+        super().__init__(embed_dim, num_heads, MultiMax(-1), **kwargs)
+
+
+class AdaptiveTemperatureAttention(SoftAttention):
+    """Self-attention with adaptive-temperature weights: ``O = softmax(beta(H) S) V``."""
+
+    def __init__(self, embed_dim: int, num_heads: int, **kwargs: Any) -> None:
+        super().__init__(embed_dim, num_heads, AdaptiveTemperatureSoftmax(-1), **kwargs)
+
+
 # ---- heads ---------------------------------------------------------------------------------------
 
 
@@ -118,6 +204,96 @@ class NormalizedHead(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.normalizer(self.proj(x))
+
+
+class SoftpickHead(NormalizedHead):
+    """``Softpick(x W^T + b)``."""
+
+    def __init__(self, in_features: int, num_classes: int, *, eps: float = 1e-6, bias: bool = True) -> None:
+        super().__init__(in_features, num_classes, Softpick(-1, eps), bias=bias)
+
+
+class MultiMaxHead(NormalizedHead):
+    """``MultiMax(x W^T + b)`` (the paper's classifier placement: modulator, then softmax)."""
+
+    def __init__(self, in_features: int, num_classes: int, *, bias: bool = True) -> None:
+        super().__init__(in_features, num_classes, MultiMax(-1), bias=bias)
+
+
+class AdaptiveTemperatureHead(NormalizedHead):
+    """``AdaptiveTemperatureSoftmax(x W^T + b)``."""
+
+    def __init__(self, in_features: int, num_classes: int, *, bias: bool = True) -> None:
+        super().__init__(in_features, num_classes, AdaptiveTemperatureSoftmax(-1), bias=bias)
+
+
+class SoftmaxTopKHead(nn.Module):
+    """The k most probable classes: ``TopK(softmax((x W^T + b) / temperature), k)``.
+
+    Returns ``(values [..., k], indices [..., k] int64)``, probabilities in descending order, ties to
+    the lower index. One fused op: the probability row is never materialised.
+    """
+
+    def __init__(
+        self, in_features: int, num_classes: int, k: int, *, temperature: float = 1.0, bias: bool = True
+    ) -> None:
+        super().__init__()
+        if not 1 <= k <= num_classes:
+            raise ValueError(f"k={k} must satisfy 1 <= k <= num_classes={num_classes}")
+        self.proj = nn.Linear(in_features, num_classes, bias=bias)
+        self.k = k
+        self.temperature = temperature
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        values, indices, _ = _op("SoftmaxTopK")(self.proj(x), k=self.k, axis=-1, temperature=self.temperature)
+        return values, indices
+
+
+# ---- retrieval -----------------------------------------------------------------------------------
+
+
+class MaxSimScorer(nn.Module):
+    """Late-interaction (ColBERT) relevance: ``score[b, n] = sum_{i valid} max_{j valid} <q_bi, d_nj>``.
+
+    ``queries [B, Lq, dim]``, ``documents [N, Ld, dim]``; optional bool masks ``[B, Lq]`` /
+    ``[N, Ld]`` (True = a real token). Masked document tokens are excluded from the max, masked query
+    tokens contribute 0. ``normalize=True`` L2-normalises both sides first (cosine similarity).
+    """
+
+    def __init__(self, *, normalize: bool = False) -> None:
+        super().__init__()
+        self.normalize = normalize
+
+    def forward(
+        self,
+        queries: Tensor,
+        documents: Tensor,
+        query_mask: Tensor | None = None,
+        document_mask: Tensor | None = None,
+    ) -> Tensor:
+        if self.normalize:
+            queries = nn.functional.normalize(queries, dim=-1)
+            documents = nn.functional.normalize(documents, dim=-1)
+        return _op("MaxSim")(queries, documents, query_mask, document_mask)
+
+
+class SignedMaxSimScorer(nn.Module):
+    """Signed late interaction: the match ``j*`` is chosen on magnitude, the sign multiplies in.
+
+    ``score[b, n] = sum_i q_sign[b, i] d_sign[n, j*] <q_bi, d_nj*>``,
+    ``j* = argmax_{valid j} <q_bi, d_nj>`` (ties to the lowest j).
+    """
+
+    def forward(
+        self,
+        queries: Tensor,
+        query_signs: Tensor,
+        documents: Tensor,
+        document_signs: Tensor,
+        query_mask: Tensor | None = None,
+        document_mask: Tensor | None = None,
+    ) -> Tensor:
+        return _op("SignedMaxSim")(queries, query_signs, documents, document_signs, query_mask, document_mask)
 
 
 # ---- detection -----------------------------------------------------------------------------------
@@ -173,4 +349,21 @@ class SoftNMS(nn.Module):
         return selected, selected_scores
 
 
-__all__ = ["NormalizedHead", "SoftAttention", "SoftNMS", "TwoPassSoftmax"]
+__all__ = [
+    "AdaptiveTemperatureAttention",
+    "AdaptiveTemperatureHead",
+    "AdaptiveTemperatureSoftmax",
+    "MaxSimScorer",
+    "MultiMax",
+    "MultiMaxAttention",
+    "MultiMaxHead",
+    "NormalizedHead",
+    "SignedMaxSimScorer",
+    "SoftAttention",
+    "SoftNMS",
+    "SoftmaxTopKHead",
+    "Softpick",
+    "SoftpickAttention",
+    "SoftpickHead",
+    "TwoPassSoftmax",
+]

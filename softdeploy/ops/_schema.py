@@ -46,6 +46,25 @@ REQUIRED: Any = _Required()
 
 
 @dataclasses.dataclass(frozen=True)
+class BodyFill:
+    """What ``attach_function_bodies`` feeds in place of an omitted optional input whose function body
+    needs a value (onnxruntime cannot type an omitted input inside a model-local function body, not
+    even under OptionalHasElement/If). The kernel receives the fill too, so it must mean exactly what
+    "omitted" means for the op (an additive mask of 0, an all-true bool mask, ...).
+
+    ``value`` is the element: of the port's dtype, or cast like the node's input 0 for a "T" port. With
+    ``shape_of`` it fills the shape ``Shape(input[shape_of])[start:end]`` (ConstantOfShape), e.g. an
+    all-true ``[B, Lq]`` mask from ``Q [B, Lq, dim]`` is ``BodyFill(True, shape_of=0, end=2)``; without,
+    it is a scalar (enough for inputs that broadcast).
+    """
+
+    value: float | bool
+    shape_of: int | None = None  # index of the (required) input whose shape gives the fill's shape
+    start: int = 0
+    end: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class Port:
     """One input or output. ``dtype`` is ``"T"`` (the op's float type) or a fixed numpy dtype name."""
 
@@ -53,10 +72,16 @@ class Port:
     dtype: str = "T"
     optional: bool = False
     doc: str = ""
-    # For an optional "T" input whose function body needs a value: the scalar fed in its place when a
-    # node omits it (onnxruntime cannot type an omitted input inside a model-local function body,
-    # not even under OptionalHasElement/If). attach_function_bodies adds CastLike(body_fill, input 0).
-    body_fill: float | None = None
+    # For an optional input whose function body needs a value: what a node that omits it gets instead
+    # (see BodyFill; a plain float is a scalar BodyFill, cast like input 0).
+    body_fill: BodyFill | float | None = None
+
+    @property
+    def fill(self) -> BodyFill | None:
+        """``body_fill`` as a BodyFill (None when the port has none)."""
+        if self.body_fill is None or isinstance(self.body_fill, BodyFill):
+            return self.body_fill
+        return BodyFill(float(self.body_fill))
 
 
 @dataclasses.dataclass(frozen=True)

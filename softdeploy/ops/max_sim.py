@@ -22,9 +22,11 @@ document) in registers. :func:`quantize_tokens` gives the per-token symmetric in
 (scale = max|x| / 127) the int8 path is meant for.
 
 The portable function body materialises ``[B, N, Lq, Ld]`` (it is a fallback, not the fast path),
-computes int8 products in float32 (exact for dim <= 1024) and handles omitted scales; it needs the
-masks given explicitly: ONNX has no way for a function body to read an omitted bool input (the ops
-that would consume it fail onnxruntime's type inference even in an untaken ``If`` branch).
+computes int8 products in float32 (exact for dim <= 1024) and handles omitted scales. It cannot read
+an omitted bool input (the ops that would consume it fail onnxruntime's type inference even in an
+untaken ``If`` branch), so an omitted mask is given as an all-true mask of its shape when the body is
+attached (``Port.body_fill``: ``BodyFill(True, shape_of=<Q or D>, end=2)``, see
+softdeploy/export/functions.py); all-true is what "omitted" means, for the kernel too.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from onnxscript.values import Opset
 
 from softdeploy import DOMAIN, OPSET_VERSION
 from softdeploy.errors import OpContractError
-from softdeploy.ops._schema import ErrorCase, OpDef, Port, Sample
+from softdeploy.ops._schema import BodyFill, ErrorCase, OpDef, Port, Sample
 
 NAME = "MaxSim"
 ELEMENT_TYPES = ("float32", "float16", "int8")
@@ -169,6 +171,10 @@ def quantize_tokens(x: Any) -> tuple[np.ndarray, np.ndarray]:
 
 # ---- portable function body -----------------------------------------------------------------------------
 
+# What the body gets for an omitted mask: all true, shaped like Q's [B, Lq] / D's [N, Ld].
+Q_ALL = BodyFill(True, shape_of=0, end=2)
+D_ALL = BodyFill(True, shape_of=1, end=2)
+
 
 @script(Opset(DOMAIN, OPSET_VERSION), default_opset=op)
 def MaxSim(Q, D, QMask: BOOL, DMask: BOOL, QScale: FLOAT, DScale: FLOAT):
@@ -273,8 +279,7 @@ def all_valid(rows: int, cols: int) -> np.ndarray:
 
 
 def samples(rng: np.random.Generator) -> Iterator[Sample]:
-    # Masks are always given explicitly here so that the portable body runs every sample too (see the
-    # module docstring); omitted masks are checked against all-true masks in tests/ops/test_maxsim.py.
+    # Omitted masks (None) mean all valid; the portable body gets them as all-true masks (BodyFill).
     def case(b: int, lq: int, n: int, ld: int, dim: int, p_valid: float = 1.0) -> tuple[np.ndarray, ...]:
         q, d = unit_tokens(rng, b, lq, dim), unit_tokens(rng, n, ld, dim)
         qm = random_mask(rng, b, lq, p_valid) if p_valid < 1 else all_valid(b, lq)
@@ -283,6 +288,10 @@ def samples(rng: np.random.Generator) -> Iterator[Sample]:
 
     yield Sample("colbert_2x32_vs_9x40_d128", case(2, 32, 9, 40, 128))
     yield Sample("padded_3x20_vs_7x33_d64", case(3, 20, 7, 33, 64, p_valid=0.7))
+    q, d, qm, dm = case(3, 20, 7, 33, 64, p_valid=0.7)
+    yield Sample("masks_omitted", (q, d))
+    yield Sample("qmask_omitted", (q, d, None, dm))
+    yield Sample("dmask_omitted", (q, d, qm))
     yield Sample(
         "scaled_float",
         (
@@ -299,6 +308,8 @@ def samples(rng: np.random.Generator) -> Iterator[Sample]:
     yield Sample("no_query_tokens", case(2, 0, 3, 5, 8), kind="edge")
     yield Sample("no_document_tokens", case(2, 4, 3, 0, 8), kind="edge")
     yield Sample("dim0", case(2, 4, 3, 5, 0), kind="edge")
+    yield Sample("no_document_tokens_masks_omitted", case(2, 4, 3, 0, 8)[:2], kind="edge")
+    yield Sample("empty_batch_masks_omitted", case(0, 4, 3, 5, 8)[:2], kind="edge")
     q, d, qm, dm = case(2, 6, 5, 7, 8)
     dm[1] = False  # a fully padded document scores 0
     dm[2, 1:] = False  # a one-token document
@@ -311,6 +322,7 @@ def samples(rng: np.random.Generator) -> Iterator[Sample]:
     d8[0, 0, :] = -128
     d8[1, 0, :] = 127
     yield Sample("int8_2x33_vs_5x19_d128", (q8, d8, all_valid(2, 33), random_mask(rng, 5, 19), qs, ds))
+    yield Sample("int8_masks_omitted", (q8, d8, None, None, qs, ds))
     for lq, ld, dim in ((1, 1, 1), (17, 9, 63), (32, 16, 64), (5, 3, 130)):
         q8, qs = quantize_tokens(unit_tokens(rng, 2, lq, dim))
         d8, ds = quantize_tokens(unit_tokens(rng, 3, ld, dim))
@@ -366,8 +378,8 @@ DEF = OpDef(
     inputs=(
         Port("Q", doc="query token embeddings [B, Lq, dim]"),
         Port("D", doc="document token embeddings [N, Ld, dim]"),
-        Port("QMask", "bool", optional=True, doc="valid query tokens [B, Lq]; omitted = all"),
-        Port("DMask", "bool", optional=True, doc="valid document tokens [N, Ld]; omitted = all"),
+        Port("QMask", "bool", optional=True, doc="valid query tokens [B, Lq]; omitted = all", body_fill=Q_ALL),
+        Port("DMask", "bool", optional=True, doc="valid document tokens [N, Ld]; omitted = all", body_fill=D_ALL),
         Port("QScale", "float32", optional=True, doc="per-token query scales [B, Lq] (required for int8)"),
         Port("DScale", "float32", optional=True, doc="per-token document scales [N, Ld] (required for int8)"),
     ),

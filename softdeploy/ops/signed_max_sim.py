@@ -15,8 +15,8 @@ plain MaxSim cannot do that.
 Errors: a dim or element-type mismatch, wrong sign/mask shapes, a sign outside [-1, 1].
 
 Kernel: ops/signed_max_sim.cc, sharing the tiled running-max GEMM of MaxSim (ops/max_sim_core.h),
-which here also carries the index of the running max. The portable function body needs the masks
-given explicitly (see softdeploy/ops/max_sim.py).
+which here also carries the index of the running max. The portable function body gets an omitted
+mask as an all-true mask of its shape (``Port.body_fill``, as in softdeploy/ops/max_sim.py).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from onnxscript.values import Opset
 
 from softdeploy import DOMAIN, OPSET_VERSION
 from softdeploy.errors import OpContractError
-from softdeploy.ops._schema import ErrorCase, OpDef, Port, Sample
+from softdeploy.ops._schema import BodyFill, ErrorCase, OpDef, Port, Sample
 from softdeploy.ops.max_sim import (
     all_valid,
     dtype_name,
@@ -45,6 +45,9 @@ from softdeploy.ops.max_sim import (
 )
 
 NAME = "SignedMaxSim"
+# What the body gets for an omitted mask: all true, shaped like Q's [B, Lq] / D's [N, Ld].
+Q_ALL = BodyFill(True, shape_of=0, end=2)
+D_ALL = BodyFill(True, shape_of=2, end=2)
 
 
 def _check_sign_range(port: str, sign: Any) -> None:
@@ -196,11 +199,18 @@ def samples(rng: np.random.Generator) -> Iterator[Sample]:
 
     yield Sample("colbert_2x32_vs_9x40_d128", case(2, 32, 9, 40, 128))
     yield Sample("soft_signs_padded_3x20_vs_7x33_d64", case(3, 20, 7, 33, 64, p_valid=0.7, kind="soft"))
+    # Omitted masks (None) mean all valid; the portable body gets them as all-true masks (BodyFill).
+    q, qs, d, ds, qm, dm = case(3, 20, 7, 33, 64, p_valid=0.7, kind="soft")
+    yield Sample("masks_omitted", (q, qs, d, ds))
+    yield Sample("qmask_omitted", (q, qs, d, ds, None, dm))
+    yield Sample("dmask_omitted", (q, qs, d, ds, qm))
     for lq, ld, dim in ((1, 1, 1), (15, 7, 3), (16, 8, 16), (17, 9, 17), (33, 13, 65)):
         yield Sample(f"tile_lq{lq}_ld{ld}_dim{dim}", case(2, lq, 3, ld, dim, p_valid=0.9), kind="edge")
     yield Sample("empty_batch", case(0, 4, 3, 5, 8), kind="edge")
     yield Sample("no_documents", case(2, 4, 0, 5, 8), kind="edge")
     yield Sample("no_document_tokens", case(2, 4, 3, 0, 8), kind="edge")
+    yield Sample("no_document_tokens_masks_omitted", case(2, 4, 3, 0, 8)[:4], kind="edge")
+    yield Sample("empty_batch_masks_omitted", case(0, 4, 3, 5, 8)[:4], kind="edge")
     q, qs, d, ds, qm, dm = case(2, 6, 5, 7, 8)
     dm[1] = False
     qm[1, :] = False
@@ -251,8 +261,8 @@ DEF = OpDef(
         Port("QSign", doc="query token signs in [-1, 1], [B, Lq]"),
         Port("D", doc="document magnitude embeddings [N, Ld, dim]"),
         Port("DSign", doc="document token signs in [-1, 1], [N, Ld]"),
-        Port("QMask", "bool", optional=True, doc="valid query tokens [B, Lq]; omitted = all"),
-        Port("DMask", "bool", optional=True, doc="valid document tokens [N, Ld]; omitted = all"),
+        Port("QMask", "bool", optional=True, doc="valid query tokens [B, Lq]; omitted = all", body_fill=Q_ALL),
+        Port("DMask", "bool", optional=True, doc="valid document tokens [N, Ld]; omitted = all", body_fill=D_ALL),
     ),
     outputs=(Port("Scores", "float32", doc="[B, N]"),),
     attrs=(),

@@ -13,6 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from softdeploy import DOMAIN, ExportError
 from softdeploy.export.rewrites import DEFAULT_RULES, optimize
+from softdeploy.export.rewrites.two_pass_softmax import MIN_ROW_LENGTH
 from softdeploy.runtime import Session
 
 F = TensorProto.FLOAT
@@ -40,7 +41,184 @@ def reasons(result, rule):
     return [r.reason for r in next(x for x in result.rules if x.name == rule).rejected]
 
 
+# ---- Softmax -> TopK ---------------------------------------------------------------------------
+
+
+def softmax_topk_model(opset=18, sm_axis=-1, tk_axis=-1, largest=1, sorted_=1, k=5, k_const=True, extra_use=False):
+    nodes = [
+        helper.make_node("Softmax", ["X"], ["P"], axis=sm_axis),
+        helper.make_node("TopK", ["P", "K"], ["V", "I"], axis=tk_axis, largest=largest, sorted=sorted_),
+    ]
+    outputs = [tensor("V", F, None), tensor("I", TensorProto.INT64, None)]
+    if extra_use:
+        nodes.append(helper.make_node("Neg", ["P"], ["NP"]))
+        outputs.append(tensor("NP", F, None))
+    inputs = [tensor("X", F, ["B", 200])]
+    inits = [ints("K", [k])] if k_const else []
+    if not k_const:
+        inputs.append(tensor("K", TensorProto.INT64, [1]))
+    return make_model(nodes, inputs, outputs, opset, inits)
+
+
+@pytest.mark.parametrize("opset", [17, 18, 20])
+def test_softmax_topk_fires_and_agrees(opset):
+    result = optimize(softmax_topk_model(opset), dims={"B": 4})
+    assert result.counts["softmax-topk"] == 1
+    assert custom_ops(result.model) == ["SoftmaxTopK"]
+    node = next(n for n in result.model.graph.node if n.op_type == "SoftmaxTopK")
+    assert {a.name: helper.get_attribute_value(a) for a in node.attribute}["k"] == 5
+    assert [f.name for f in result.model.functions] == ["SoftmaxTopK"]
+    assert result.ok and {v.backend for v in result.verification} == {"native", "portable"}
+    onnx.checker.check_model(result.model, full_check=True)
+
+
+def test_softmax_topk_rewrite_equals_the_original_on_ties_and_masks():
+    model = softmax_topk_model(18, k=3)
+    x = np.zeros((3, 200), np.float32)
+    x[1, ::7] = 2.0  # ties: lower index first in both
+    x[2, :150] = -np.inf
+    x[2, 150:] = np.arange(50, dtype=np.float32)
+    result = optimize(model, feeds={"X": x})
+    assert result.counts["softmax-topk"] == 1
+    want = Session(model, kernels="portable").run({"X": x})
+    got = Session(result.model, kernels="native").run({"X": x})
+    np.testing.assert_array_equal(got[1], want[1])
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "reason"),
+    [
+        ({"sm_axis": 0, "tk_axis": -1}, "Softmax axis 0 and TopK axis -1 differ"),
+        ({"largest": 0}, "largest=0"),
+        ({"sorted_": 0}, "sorted=0"),
+        ({"k_const": False}, "K is not a constant"),
+        ({"k": 300}, "K=300 exceeds the axis length 200"),
+        ({"extra_use": True}, "also used elsewhere"),
+    ],
+)
+def test_softmax_topk_reports_why_it_did_not_fire(kwargs, reason):
+    model = softmax_topk_model(18, **kwargs)
+    feeds = {"X": np.random.default_rng(0).standard_normal((2, 200)).astype(np.float32)}
+    if not kwargs.get("k_const", True):
+        feeds["K"] = np.array([4], np.int64)
+    verify = kwargs.get("k", 5) <= 200  # TopK itself refuses k > n at run time
+    result = optimize(model, feeds=feeds, verify=verify)
+    assert result.counts["softmax-topk"] == 0
+    assert custom_ops(result.model) == []
+    assert any(reason in r for r in reasons(result, "softmax-topk")), reasons(result, "softmax-topk")
+
+
+def test_double_softmax_is_not_rewritten():
+    nodes = [helper.make_node("Softmax", ["X"], ["P"]), helper.make_node("TopK", ["P", "K"], ["V", "I"])]
+    model = make_model(
+        nodes,
+        [tensor("X", TensorProto.DOUBLE, [2, 10])],
+        [tensor("V", TensorProto.DOUBLE, None), tensor("I", TensorProto.INT64, None)],
+        18,
+        [ints("K", [2])],
+    )
+    result = optimize(model)
+    assert result.counts["softmax-topk"] == 0
+    assert "input dtype float64" in reasons(result, "softmax-topk")[0]
+
+
+# ---- MatMul -> ReduceMax -> ReduceSum ----------------------------------------------------------
+
+
+def maxsim_peer_model(opset=18, keepdims=0, max_axis=1, transpose=True):
+    """shared/notes/perf/maxsim.py's ORT peer: Q [Lq, dim], D [N, Ld, dim] -> [N]."""
+    nodes = []
+    qt = "Q"
+    if transpose:
+        nodes.append(helper.make_node("Transpose", ["Q"], ["QT"], perm=[1, 0]))
+        qt = "QT"
+        q_shape = [8, 16]
+    else:
+        q_shape = [16, 8]  # already [dim, Lq]
+    nodes.append(helper.make_node("MatMul", ["D", qt], ["M"]))
+    inits = []
+    if opset >= 18:
+        nodes.append(helper.make_node("ReduceMax", ["M", "AXM"], ["R"], keepdims=keepdims))
+        inits.append(ints("AXM", [max_axis]))
+    else:
+        nodes.append(helper.make_node("ReduceMax", ["M"], ["R"], axes=[max_axis], keepdims=keepdims))
+    nodes.append(helper.make_node("ReduceSum", ["R", "AXS"], ["S"], keepdims=keepdims))
+    inits.append(ints("AXS", [1 if keepdims == 0 else 2]))
+    return make_model(
+        nodes, [tensor("Q", F, q_shape), tensor("D", F, ["N", 12, 16])], [tensor("S", F, None)], opset, inits
+    )
+
+
+@pytest.mark.parametrize("opset", [17, 18, 20])
+def test_maxsim_fires_on_the_peer_layout(opset):
+    result = optimize(maxsim_peer_model(opset), dims={"N": 5})
+    assert result.counts["maxsim"] == 1
+    assert custom_ops(result.model) == ["MaxSim"]
+    assert not any(n.op_type in ("MatMul", "ReduceMax", "Transpose") for n in result.model.graph.node)
+    assert result.ok
+
+
+def test_maxsim_inserts_a_transpose_when_none_is_there():
+    result = optimize(maxsim_peer_model(transpose=False), dims={"N": 4})
+    assert result.counts["maxsim"] == 1
+    assert any(n.op_type == "Transpose" for n in result.model.graph.node)
+
+
+def _matmul_reduce(a_shape, b_shape, max_axis, sum_axis, opset=18):
+    nodes = [
+        helper.make_node("MatMul", ["A", "B"], ["M"]),
+        helper.make_node("ReduceMax", ["M", "AXM"], ["R"], keepdims=0),
+        helper.make_node("ReduceSum", ["R", "AXS"], ["S"], keepdims=0),
+    ]
+    return make_model(
+        nodes,
+        [tensor("A", F, a_shape), tensor("B", F, b_shape)],
+        [tensor("S", F, None)],
+        opset,
+        [ints("AXM", [max_axis]), ints("AXS", [sum_axis])],
+    )
+
+
+@pytest.mark.parametrize(
+    ("a_shape", "b_shape", "max_axis", "sum_axis"),
+    [
+        ([6, 16], [3, 16, 9], -1, -1),  # query [Lq, dim] @ documents^T [N, dim, Ld] -> [N]
+        ([4, 6, 16], [16, 9], -1, -1),  # queries [B, Lq, dim] @ one document^T -> [B]
+        ([6, 16], [16, 9], 1, 0),  # one against one -> scalar
+        ([4, 1, 6, 16], [3, 16, 9], -1, -1),  # all pairs -> [B, N]
+    ],
+)
+def test_maxsim_layouts(a_shape, b_shape, max_axis, sum_axis):
+    result = optimize(_matmul_reduce(a_shape, b_shape, max_axis, sum_axis))
+    assert result.counts["maxsim"] == 1, result.to_text()
+    assert result.ok
+
+
+@pytest.mark.parametrize(
+    ("a_shape", "b_shape", "max_axis", "sum_axis", "reason"),
+    [
+        ([4, 6, 16], [4, 16, 9], -1, -1, "diagonal"),
+        ([4, 6, 16], [4, 16, 9], 0, -1, "not a token axis"),
+        ([6, 16], [3, 16, 9], -1, 0, "not the remaining token axis"),
+    ],
+)
+def test_maxsim_reports_why_it_did_not_fire(a_shape, b_shape, max_axis, sum_axis, reason):
+    result = optimize(_matmul_reduce(a_shape, b_shape, max_axis, sum_axis))
+    assert result.counts["maxsim"] == 0
+    assert any(reason in r for r in reasons(result, "maxsim")), reasons(result, "maxsim")
+
+
+def test_maxsim_keepdims_is_reported():
+    result = optimize(maxsim_peer_model(keepdims=1), dims={"N": 3})
+    assert result.counts["maxsim"] == 0
+    assert "keepdims=1" in reasons(result, "maxsim")[0]
+
+
 # ---- Softmax => TwoPassSoftmax -----------------------------------------------------------------
+
+
+LONG = MIN_ROW_LENGTH  # the shortest row the rule rewrites by default
 
 
 def softmax_model(n, axis=-1, opset=18):
@@ -50,15 +228,15 @@ def softmax_model(n, axis=-1, opset=18):
 
 def test_two_pass_softmax_is_on_by_default_and_can_be_turned_off():
     assert "two-pass-softmax" in DEFAULT_RULES
-    assert optimize(softmax_model(2048)).counts["two-pass-softmax"] == 1
-    result = optimize(softmax_model(2048), rules=["nms-to-softnms"])
+    assert optimize(softmax_model(LONG)).counts["two-pass-softmax"] == 1
+    result = optimize(softmax_model(LONG), rules=["softmax-topk"])
     assert "two-pass-softmax" not in result.counts
     assert custom_ops(result.model) == []
 
 
 @pytest.mark.parametrize("opset", [17, 18, 20])
 def test_two_pass_softmax_on_long_last_axis_rows(opset):
-    result = optimize(softmax_model(2048, opset=opset), rules=["two-pass-softmax"])
+    result = optimize(softmax_model(LONG, opset=opset), rules=["two-pass-softmax"])
     assert result.counts["two-pass-softmax"] == 1
     assert custom_ops(result.model) == ["TwoPassSoftmax"]
     assert result.ok
@@ -66,12 +244,21 @@ def test_two_pass_softmax_on_long_last_axis_rows(opset):
 
 @pytest.mark.parametrize(
     ("n", "axis", "reason"),
-    [(100, -1, "row length 100 < min_row_length 1024"), (2048, 0, "not the last axis"), ("N", -1, "not static")],
+    [
+        (100, -1, f"row length 100 < min_row_length {MIN_ROW_LENGTH}"),
+        (LONG, 0, "not the last axis"),
+        ("N", -1, "not static"),
+    ],
 )
 def test_two_pass_softmax_reports_why_it_did_not_fire(n, axis, reason):
     result = optimize(softmax_model(n, axis), rules=["two-pass-softmax"])
     assert result.counts["two-pass-softmax"] == 0
     assert any(reason in r for r in reasons(result, "two-pass-softmax")), reasons(result, "two-pass-softmax")
+
+
+def test_softmax_feeding_topk_goes_to_softmax_topk_first():
+    result = optimize(softmax_topk_model(18), rules=["two-pass-softmax", "softmax-topk"], two_pass_min_row=1)
+    assert result.counts == {"softmax-topk": 1, "two-pass-softmax": 0}
 
 
 # ---- NonMaxSuppression => SoftNMS --------------------------------------------------------------
@@ -174,7 +361,7 @@ def test_unknown_rule_is_an_error():
 
 
 def test_function_bodies_are_not_rewritten():
-    once = optimize(softmax_model(2048), rules=["two-pass-softmax"]).model
+    once = optimize(softmax_model(LONG), rules=["two-pass-softmax"]).model
     again = optimize(once, rules=["two-pass-softmax"])
     assert again.counts["two-pass-softmax"] == 0
     assert reasons(again, "two-pass-softmax") == []
@@ -182,11 +369,11 @@ def test_function_bodies_are_not_rewritten():
 
 def test_cli_optimize_reports_and_refuses_to_overwrite(tmp_path):
     src, dst = tmp_path / "in.onnx", tmp_path / "out.onnx"
-    onnx.save(softmax_model(4096), src)
+    onnx.save(softmax_topk_model(18), src)
     cmd = [sys.executable, "-m", "softdeploy.cli", "optimize", str(src), str(dst), "--dim", "B=3"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
-    assert "two-pass-softmax" in out.stdout and "agrees" in out.stdout
-    assert custom_ops(onnx.load(dst)) == ["TwoPassSoftmax"]
+    assert "softmax-topk" in out.stdout and "agrees" in out.stdout
+    assert custom_ops(onnx.load(dst)) == ["SoftmaxTopK"]
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert again.returncode == 2 and "--overwrite" in again.stderr

@@ -1,6 +1,8 @@
 """ONNX-level rewrites for models nobody here exported: pattern -> check -> rewrite rules
 (onnxscript rewriter) that replace standard-op subgraphs with com.softdeploy ops.
 
+    softmax-topk       Softmax -> TopK                    => SoftmaxTopK
+    maxsim             MatMul -> ReduceMax -> ReduceSum   => MaxSim
     two-pass-softmax   Softmax (last axis, long rows)     => TwoPassSoftmax          (rows >= 1024, measured)
     nms-to-softnms     NonMaxSuppression                  => SoftNMS(method="hard")   (on request)
 

@@ -23,6 +23,9 @@ class SoftRule(RewriteRuleClassBase):
     anchor_op: ClassVar[str]
     target_op: ClassVar[str]  # the com.softdeploy op the rule writes
     summary: ClassVar[str]
+    # The reason reported when an intermediate value of the pattern is used outside it (the matcher
+    # then refuses the candidate before check runs: the matched nodes could not be removed).
+    shared_intermediate: ClassVar[str] = "an intermediate value of the pattern is also used elsewhere"
 
     def __init__(self) -> None:
         super().__init__(name=self.rule_name())

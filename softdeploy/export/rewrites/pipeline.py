@@ -17,17 +17,19 @@ from softdeploy import DOMAIN
 from softdeploy.errors import ExportError
 from softdeploy.export.functions import attach_function_bodies, default_opset
 from softdeploy.export.rewrites._base import SoftRule, describe
+from softdeploy.export.rewrites.maxsim import MaxSimRule
 from softdeploy.export.rewrites.soft_nms import NmsToSoftNmsRule
+from softdeploy.export.rewrites.softmax_topk import SoftmaxTopKRule
 from softdeploy.export.rewrites.two_pass_softmax import MIN_ROW_LENGTH, TwoPassSoftmaxRule
 from softdeploy.export.validate import OutputCheck, compare_output
 
-# In the order they run.
+# In the order they run: fusions that consume a Softmax before the rule that replaces a lone one.
 RULES: dict[str, type[SoftRule]] = {
     r.name_: r  # type: ignore[attr-defined]
-    for r in (TwoPassSoftmaxRule, NmsToSoftNmsRule)
+    for r in (SoftmaxTopKRule, MaxSimRule, TwoPassSoftmaxRule, NmsToSoftNmsRule)
 }
 # nms-to-softnms only on request: it changes an op the user chose (same results, see its module).
-DEFAULT_RULES = ("two-pass-softmax",)
+DEFAULT_RULES = ("softmax-topk", "maxsim", "two-pass-softmax")
 TARGET_OPSET = 18  # models below it are converted first (the function bodies need >= 18)
 VERIFY_TOLERANCE = {"float32": (1e-4, 1e-6), "float16": (1e-2, 1e-3)}
 
@@ -86,12 +88,18 @@ class OptimizeResult:
         return "\n".join(lines)
 
 
+# onnxscript's matcher refuses a match whose intermediate values have uses outside the pattern
+# (removing the matched nodes would break them) before the rule's check runs, in these words.
+_MATCHER_SHARED_VALUE = "Matched nodes have other uses preventing replacement."
+
+
 class _RejectionTracer(MatchingTracer):
     """Records every candidate a rule looked at and did not rewrite, with the reason."""
 
-    def __init__(self, anchor_op: str) -> None:
+    def __init__(self, rule: SoftRule) -> None:
         super().__init__()
-        self.anchor_op = anchor_op
+        self.rule = rule
+        self.anchor_op = rule.anchor_op
         self.rejected: list[Rejection] = []
 
     def log(self, rule: Any, container: Any, node: ir.Node, match_result: Any, status: MatchStatus) -> None:
@@ -100,6 +108,8 @@ class _RejectionTracer(MatchingTracer):
         if status == MatchStatus.NO_MATCH and not (node.op_type == self.anchor_op and node.domain in ("", "ai.onnx")):
             return  # not a candidate: does not even end like the pattern
         reason = match_result.reason if match_result is not None and match_result.reason else "does not match"
+        if reason == _MATCHER_SHARED_VALUE:  # the matcher's words; the rule's say which value and why
+            reason = self.rule.shared_intermediate
         self.rejected.append(Rejection(describe(node), reason))
 
 
@@ -158,18 +168,24 @@ def optimize(
     for name in names:
         rule = _make_rule(name, two_pass_min_row)
         rule_set = RewriteRuleSet([rule.rule()])
-        tracer = _RejectionTracer(rule.anchor_op)
+        tracer = _RejectionTracer(rule)
         rule_set.apply_to_model(ir_model, tracer=tracer)  # with a tracer nothing is rewritten
         applied = rule_set.apply_to_model(ir_model)
         reports.append(RuleReport(name, rule.summary, applied, tuple(tracer.rejected)))
-    # Producers only a rewritten pattern used are dead now (e.g. a Transpose folded into the new op).
+    # Producers only a rewritten pattern used (e.g. a Transpose MaxSim folded away) are dead now.
     onnxscript.optimizer.remove_unused_nodes(ir_model)
     out = ir.to_proto(ir_model)
     attach_function_bodies(out)
     try:
         onnx.checker.check_model(out, full_check=True)
     except onnx.checker.ValidationError as e:
-        raise ExportError(f"the rewritten model fails onnx.checker: {e}") from e
+        # Only a failure the rewrite introduced is ours: a model nobody here wrote may fail already.
+        try:
+            onnx.checker.check_model(work, full_check=True)
+        except onnx.checker.ValidationError as before:
+            notes.append(f"the input model already fails onnx.checker (so does the result): {before}")
+        else:
+            raise ExportError(f"the rewritten model fails onnx.checker: {e}") from e
     result = OptimizeResult(out, tuple(reports), (), tuple(notes))
     if verify:
         result = dataclasses.replace(result, verification=_verify(original, out, feeds, dims, seed))

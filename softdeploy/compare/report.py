@@ -173,7 +173,22 @@ def plot(result: CompareResult, path: Path) -> None:
     rows = result.rows()
     phase = result.timed_phases[0]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    ref = next((r for r in rows if r["variant"] == REFERENCE), None)
+    half = ref.get(f"{phase} p50 ms") if ref is not None else None
     for ax, metric in zip(axes, (result.primary_metric, result.cosine_name), strict=True):
+        if half is not None:  # where "2x faster than the reference" begins (left of the line)
+            ax.axvline(half / 2, color="grey", linestyle=":", linewidth=1)
+            ax.annotate(
+                f"\u2190 2x faster than {REFERENCE}",
+                (half / 2, 0),
+                xycoords=("data", "axes fraction"),
+                xytext=(3, 4),
+                textcoords="offset points",
+                ha="left",
+                va="bottom",
+                fontsize=7,
+                color="grey",
+            )
         for i, r in enumerate(rows):
             x, y = r.get(f"{phase} p50 ms"), r.get(metric)
             if x is None or y is None:
@@ -185,6 +200,7 @@ def plot(result: CompareResult, path: Path) -> None:
         ax.set_xlabel(f"{phase} latency p50 (ms, {result.threads} thread(s))")
         ax.set_ylabel(metric if metric != result.cosine_name else f"{metric} to {REFERENCE}")
         ax.grid(alpha=0.3)
+        ax.ticklabel_format(axis="y", useOffset=False)  # 0.9990, not "+1" and -0.001
         ax.margins(x=0.25, y=0.25)
     fig.suptitle(result.title, fontsize=10)
     fig.tight_layout()

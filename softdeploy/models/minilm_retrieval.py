@@ -171,7 +171,7 @@ class MiniLMRetrieval:
 
     # ---- model ---------------------------------------------------------------------------------
 
-    def export_fp32(self, path: Path) -> None:
+    def export_fp32(self, path: Path, *, fuse: bool = True) -> None:
         import torch
 
         from softdeploy.export.torch_export import export_module
@@ -189,7 +189,8 @@ class MiniLMRetrieval:
             output_names=["token_embeddings", "sentence_embedding"],
             overwrite=True,
         )
-        fuse_bert_ops(path, NUM_HEADS, HIDDEN)
+        if fuse:
+            fuse_bert_ops(path, NUM_HEADS, HIDDEN)
 
     def static_config(self, fp32: Path) -> QuantConfig:
         """Static int8 as measured best (module constants): percentile calibration, per-channel

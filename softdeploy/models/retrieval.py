@@ -135,7 +135,9 @@ class MaxSimScorer:
 
             impl = REGISTRY["MaxSim"].torch_impl
 
-            def run_torch(q: np.ndarray, qm: np.ndarray, d: np.ndarray, dm: np.ndarray, *scales: np.ndarray) -> np.ndarray:
+            def run_torch(
+                q: np.ndarray, qm: np.ndarray, d: np.ndarray, dm: np.ndarray, *scales: np.ndarray
+            ) -> np.ndarray:
                 import torch
 
                 with torch.inference_mode():

@@ -162,6 +162,8 @@ class MiniLMRetrieval:
             ),
             "scoring": "MaxSim (sum over query tokens of the best document-token cosine); int8 MaxSim: "
             "per-token symmetric int8 codes + scales, exact int32 dot products",
+            "int8 settings": "dynamic: per-channel weights, all weight MatMuls int8; static: percentile calibration, "
+            "per-channel, the 6 FFN down-projections in float (measured: bench/results/minilm_int8_options.md)",
             "latency inputs": f"encode: batch 1 x {self.latency_seq} tokens; score / score int8: one query vs the "
             "whole corpus (int8: corpus stored in int8, the query encoded per call)",
         }
@@ -395,16 +397,17 @@ def fuse_bert_ops(path: Path, num_heads: int, hidden: int) -> dict[str, int]:
 
     # The fusions print/log that symbolic shape inference fails on the dynamo export: it only means
     # that SkipLayerNormalization is left to onnxruntime's session optimiser (which does fuse it).
-    quiet = logging.getLogger("onnxruntime.transformers")
-    level = quiet.level
-    quiet.setLevel(logging.ERROR)
+    # Their loggers are top-level modules (onnxruntime.transformers puts its folder on sys.path), so
+    # warnings are switched off for this call only.
+    previous = logging.root.manager.disable
+    logging.disable(logging.WARNING)
     try:
         with contextlib.redirect_stdout(io.StringIO()):
             model = optimize_model(
                 str(path), model_type="bert", num_heads=num_heads, hidden_size=hidden, opt_level=0, use_gpu=False
             )
     finally:
-        quiet.setLevel(level)
+        logging.disable(previous)
     model.save_model_to_file(str(path))
     return {k: int(v) for k, v in model.get_fused_operator_statistics().items() if v}
 

@@ -195,13 +195,19 @@ class MiniLMRetrieval:
             fuse_bert_ops(path, NUM_HEADS, HIDDEN)
 
     def static_config(self, fp32: Path) -> QuantConfig:
-        """Static int8 as measured best (module constants): percentile calibration, per-channel
-        weights, the FFN down-projections kept in float."""
-        from softdeploy.quant.quantize import candidate_nodes, load_named, node_scope
+        """The static int8 settings that kept MRR@10 within the floor in the measurements (see
+        STATIC_FLOAT_SCOPE): percentile calibration, per-channel weights, the 6 FFN down-projections
+        kept in float (found by the torch module scope the exporter records on each node)."""
+        from softdeploy.quant.quantize import QuantizationError, candidate_nodes, load_named, node_scope
 
         config = QuantConfig("static", calibrate_method="percentile")
         model = load_named(fp32)
         keep = [n for n, _ in candidate_nodes(model, config) if STATIC_FLOAT_SCOPE.search(node_scope(model, n))]
+        if len(keep) != 6:
+            raise QuantizationError(
+                f"found {len(keep)} FFN down-projections (scope {STATIC_FLOAT_SCOPE.pattern}) in {fp32}, expected 6 "
+                "(one per layer): the export lost its module scopes"
+            )
         return config.with_exclude(keep)
 
     def torch_runner(self, threads: int) -> Runner:

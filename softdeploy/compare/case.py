@@ -4,6 +4,9 @@ A case owns the task: it exports its fp32 model, supplies calibration and probe 
 variant (anything that maps input feeds to output arrays) on its data, and says which latency
 measurements matter and which floors hold. The comparison machinery (variants, timing, agreement,
 reports) is the same for every case: see :mod:`softdeploy.compare.runner`.
+
+Optional: ``static_config(fp32_path) -> QuantConfig``, the case's static-quantization settings (e.g. a
+calibration method and the nodes it measured too sensitive for int8); without it, QuantConfig("static").
 """
 
 from __future__ import annotations

@@ -4,6 +4,10 @@ Variants are timed in turn within each round (A B C, B C A, C A B, ...), so a bu
 another process on a shared machine hits every variant alike instead of one; per-call times from
 all rounds are pooled into the percentiles. The CPU time other processes used during the whole
 measurement is recorded beside the numbers (``background_load``, in cores).
+
+Each call's CPU time (this process, all threads) is recorded too: on a loaded machine a call waits
+for a core, which lengthens its wall time but not its CPU time, so ratios of CPU time are the
+steadier estimate of relative speed (``cpu_p50_ms``; compare runs no other work while timing).
 """
 
 from __future__ import annotations
@@ -27,9 +31,12 @@ class LatencyStats:
     warmup_calls: int
     items_per_call: int
     throughput: float  # items per second over the timed calls
+    cpu_p50_ms: float | None = None  # median CPU time of this process per call (all its threads)
 
     @classmethod
-    def from_samples(cls, seconds: list[float], warmup: int, items_per_call: int) -> LatencyStats:
+    def from_samples(
+        cls, seconds: list[float], warmup: int, items_per_call: int, cpu_seconds: list[float] | None = None
+    ) -> LatencyStats:
         s = np.asarray(seconds)
         return cls(
             p50_ms=float(np.percentile(s, 50) * 1e3),
@@ -40,6 +47,7 @@ class LatencyStats:
             warmup_calls=warmup,
             items_per_call=items_per_call,
             throughput=float(items_per_call * len(s) / s.sum()),
+            cpu_p50_ms=float(np.percentile(cpu_seconds, 50) * 1e3) if cpu_seconds else None,
         )
 
 
@@ -60,6 +68,7 @@ def measure_interleaved(
         for _ in range(warmup):
             fns[name]()
     samples: dict[str, list[float]] = {n: [] for n in names}
+    cpu: dict[str, list[float]] = {n: [] for n in names}
     meter = LoadMeter().start()
     for r in range(rounds):
         order = names[r % len(names) :] + names[: r % len(names)]
@@ -68,11 +77,12 @@ def measure_interleaved(
             start = time.perf_counter()
             done = 0
             while done < min_calls_per_round or time.perf_counter() - start < round_seconds:
-                t0 = time.perf_counter()
+                c0, t0 = time.process_time(), time.perf_counter()
                 fn()
                 samples[name].append(time.perf_counter() - t0)
+                cpu[name].append(time.process_time() - c0)
                 done += 1
         if on_round is not None:
             on_round(r)
     load = meter.stop()
-    return {n: LatencyStats.from_samples(samples[n], warmup, items_per_call) for n in names}, load
+    return {n: LatencyStats.from_samples(samples[n], warmup, items_per_call, cpu[n]) for n in names}, load

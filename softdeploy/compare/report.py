@@ -43,9 +43,11 @@ def summary_columns(result: CompareResult) -> list[str]:
     rows = result.rows()
     cols += sorted({k for r in rows for k in r if k.endswith("cosine")})
     cols += [f"top{result.agreement_k} agreement", "KL"]
+    # p50 wall and CPU time per phase; p90, mean, min and throughput are in the latency details
     for phase in result.timed_phases:
-        cols += [f"{phase} p50 ms", f"{phase} p90 ms", f"{phase} /s"]
-    cols += [f"{result.timed_phases[0]} speed-up", "size MiB"]
+        cols += [f"{phase} p50 ms", f"{phase} CPU ms"]
+    first = result.timed_phases[0]
+    cols += [f"{first} speed-up", f"{first} speed-up (CPU time)", "size MiB"]
     return [c for c in cols if any(c in r for r in rows)]
 
 
@@ -108,6 +110,7 @@ def to_markdown(result: CompareResult) -> str:
                 "p90 ms",
                 "mean ms",
                 "min ms",
+                "CPU ms p50",
                 "calls",
                 "warm-up calls",
                 "items/call",
@@ -121,6 +124,7 @@ def to_markdown(result: CompareResult) -> str:
                     s.p90_ms,
                     s.mean_ms,
                     s.min_ms,
+                    s.cpu_p50_ms,
                     s.calls,
                     s.warmup_calls,
                     s.items_per_call,
@@ -130,6 +134,9 @@ def to_markdown(result: CompareResult) -> str:
                 for p, s in v.latency.items()
             ],
         ),
+        "",
+        "CPU ms: this process's CPU time per call (all its threads); on a loaded machine it excludes the "
+        "time a call waits for a core, so its ratios are the steadier speed comparison.",
         "",
         "Background load (cores used by other processes while timing): "
         + ", ".join(f"{p}: {x}" for p, x in result.latency_background_load.items()),
@@ -166,7 +173,22 @@ def plot(result: CompareResult, path: Path) -> None:
     rows = result.rows()
     phase = result.timed_phases[0]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    ref = next((r for r in rows if r["variant"] == REFERENCE), None)
+    half = ref.get(f"{phase} p50 ms") if ref is not None else None
     for ax, metric in zip(axes, (result.primary_metric, result.cosine_name), strict=True):
+        if half is not None:  # where "2x faster than the reference" begins (left of the line)
+            ax.axvline(half / 2, color="grey", linestyle=":", linewidth=1)
+            ax.annotate(
+                f"\u2190 2x faster than {REFERENCE}",
+                (half / 2, 0),
+                xycoords=("data", "axes fraction"),
+                xytext=(3, 4),
+                textcoords="offset points",
+                ha="left",
+                va="bottom",
+                fontsize=7,
+                color="grey",
+            )
         for i, r in enumerate(rows):
             x, y = r.get(f"{phase} p50 ms"), r.get(metric)
             if x is None or y is None:
@@ -178,6 +200,7 @@ def plot(result: CompareResult, path: Path) -> None:
         ax.set_xlabel(f"{phase} latency p50 (ms, {result.threads} thread(s))")
         ax.set_ylabel(metric if metric != result.cosine_name else f"{metric} to {REFERENCE}")
         ax.grid(alpha=0.3)
+        ax.ticklabel_format(axis="y", useOffset=False)  # 0.9990, not "+1" and -0.001
         ax.margins(x=0.25, y=0.25)
     fig.suptitle(result.title, fontsize=10)
     fig.tight_layout()

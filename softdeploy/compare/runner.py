@@ -6,7 +6,8 @@ Variants (``VARIANTS``; TVM joins once the backend exists):
   ort-fp32           onnxruntime fp32 with softdeploy's native kernels -- the reference: agreement
                      and speed-ups are measured against it
   ort-int8-dynamic   int8 weights per output channel, activations quantized at run time
-  ort-int8-static    int8 QDQ with activation ranges calibrated (through our kernels) on held-out data
+  ort-int8-static    int8 QDQ with activation ranges calibrated (through our kernels) on held-out data,
+                     with the case's static settings where it has them (``Case.static_config``)
 
 Accuracy runs with ``eval_threads`` (results do not depend on it); latency with ``threads``,
 interleaved across variants (see latency.py).
@@ -102,9 +103,14 @@ class CompareResult:
                 row[f"{phase} p50 ms"] = st.p50_ms
                 row[f"{phase} p90 ms"] = st.p90_ms
                 row[f"{phase} /s"] = st.throughput
+                if st.cpu_p50_ms is not None:
+                    row[f"{phase} CPU ms"] = st.cpu_p50_ms
             first = self.timed_phases[0]
             if ref is not None and first in v.latency and first in ref.latency:
-                row[f"{first} speed-up"] = ref.latency[first].p50_ms / v.latency[first].p50_ms
+                mine, theirs = v.latency[first], ref.latency[first]
+                row[f"{first} speed-up"] = theirs.p50_ms / mine.p50_ms
+                if mine.cpu_p50_ms and theirs.cpu_p50_ms:
+                    row[f"{first} speed-up (CPU time)"] = theirs.cpu_p50_ms / mine.cpu_p50_ms
             row["size MiB"] = v.size_bytes / 2**20 if v.size_bytes is not None else None
             row["threads"] = self.threads
             row.update(v.evaluation.notes)
@@ -216,10 +222,9 @@ def run_compare(
             quantized["ort-int8-dynamic"] = quantize(fp32, models / "int8_dynamic.onnx", QuantConfig("dynamic"))
     if "ort-int8-static" in variants:
         calibration = case.calibration_feeds()
-        with progress.step(f"quantize: int8 static QDQ, calibrating on {len(calibration)} batches"):
-            quantized["ort-int8-static"] = quantize(
-                fp32, models / "int8_static.onnx", QuantConfig("static"), calibration=calibration
-            )
+        static = static_config(case, fp32)
+        with progress.step(f"quantize: {static.describe()}, calibrating on {len(calibration)} batches"):
+            quantized["ort-int8-static"] = quantize(fp32, models / "int8_static.onnx", static, calibration=calibration)
     steps["quantize"] = time.perf_counter() - t0
 
     def model_of(name: str) -> Path | None:
@@ -316,6 +321,13 @@ def run_compare(
     result.floors = case.floors(result.rows())
     result.seconds = time.perf_counter() - t_start
     return result
+
+
+def static_config(case: Case, fp32: Path) -> QuantConfig:
+    """The case's static-quantization settings (``case.static_config(fp32)`` where it has one, e.g.
+    a calibration method and nodes to keep in float that it measured); else QuantConfig("static")."""
+    own = getattr(case, "static_config", None)
+    return own(fp32) if callable(own) else QuantConfig("static")
 
 
 def case_torch_size(case: Case) -> int | None:

@@ -3,9 +3,12 @@
     score(q, d) = Σ_{valid query tokens i} max_{valid document tokens j} ⟨q_i, d_j⟩
 
 Scoring runs the com.softdeploy ``MaxSim`` ONNX op through :class:`softdeploy.runtime.Session`
-(native kernel, or its standard-ONNX function body for "stock onnxruntime"). Where the op is not in
-this build's registry, a NumPy implementation of the same equation stands in, and
-:attr:`MaxSimScorer.backend` says so (reports print it).
+(native kernel, or its standard-ONNX function body for "stock onnxruntime"), or the op's eager torch
+implementation; :attr:`MaxSimScorer.backend` says which (reports print it).
+
+int8 scoring: :meth:`TokenBank.to_int8` encodes every token with its own symmetric scale
+(:func:`softdeploy.ops.max_sim.quantize_tokens`), and the scorer feeds codes and scales to MaxSim's
+int8 path (``<q, d> = QScale * DScale * sum q_k d_k``, the integer sum exact).
 
 Texts have very different lengths, so token embeddings are kept ragged and padded only within
 length buckets: documents of similar length are scored together (one MaxSim call per bucket and
@@ -29,11 +32,30 @@ MAX_SIMILARITY_FLOATS = 32 * 2**20
 
 @dataclasses.dataclass
 class TokenBank:
-    """Ragged token embeddings of many texts, padded per length bucket."""
+    """Ragged token embeddings of many texts, padded per length bucket (float32, or int8 codes with
+    one scale per token in ``scales``, bucket by bucket)."""
 
     buckets: list[tuple[np.ndarray, np.ndarray, np.ndarray]]  # (emb [n, L, d], mask [n, L] bool, ids [n])
     count: int
     dim: int
+    scales: list[np.ndarray] | None = None  # int8: float32 [n, L] per bucket
+
+    @property
+    def int8(self) -> bool:
+        return self.scales is not None
+
+    def to_int8(self) -> TokenBank:
+        """The same bank as per-token symmetric int8 codes + scales (padding tokens encode as 0)."""
+        from softdeploy.ops.max_sim import quantize_tokens
+
+        if self.int8:
+            return self
+        buckets, scales = [], []
+        for emb, mask, ids in self.buckets:
+            codes, scale = quantize_tokens(emb)
+            buckets.append((codes, mask, ids))
+            scales.append(scale)
+        return TokenBank(buckets, self.count, self.dim, scales)
 
     @classmethod
     def from_ragged(cls, vectors: Sequence[np.ndarray]) -> TokenBank:
@@ -59,34 +81,33 @@ class TokenBank:
         return cls(buckets, len(vectors), dim)
 
     def nbytes(self) -> int:
-        return sum(e.nbytes for e, _, _ in self.buckets)
+        return sum(e.nbytes for e, _, _ in self.buckets) + sum(s.nbytes for s in self.scales or [])
 
 
-def maxsim_reference(q: np.ndarray, qmask: np.ndarray, d: np.ndarray, dmask: np.ndarray) -> np.ndarray:
-    """The equation in NumPy (float32 accumulation): the stand-in where the op is missing."""
-    sim = np.einsum("bid,njd->binj", q, d, optimize=True)
-    sim = np.where(dmask[None, None, :, :], sim, -np.inf)
-    best = sim.max(axis=3)
-    best = np.where(np.isneginf(best), 0.0, best)  # a document with no valid token contributes 0
-    return (best * qmask[:, :, None]).sum(axis=1).astype(np.float32)
-
-
-def _maxsim_model() -> Any:
-    """One-node model: Scores = MaxSim(Q, D, QMask, DMask), with its function body attached."""
+def _maxsim_model(int8: bool) -> Any:
+    """One-node model: Scores = MaxSim(Q, D, QMask, DMask[, QScale, DScale]), with its function body
+    attached; int8: Q and D are int8 codes with per-token float32 scales."""
     from onnx import TensorProto, helper
 
     from softdeploy import DOMAIN, OPSET_VERSION
     from softdeploy.export import attach_function_bodies
 
-    node = helper.make_node("MaxSim", ["Q", "D", "QMask", "DMask"], ["Scores"], domain=DOMAIN, name="maxsim")
+    inputs = ["Q", "D", "QMask", "DMask"] + (["QScale", "DScale"] if int8 else [])
+    elem = TensorProto.INT8 if int8 else TensorProto.FLOAT
+    node = helper.make_node("MaxSim", inputs, ["Scores"], domain=DOMAIN, name="maxsim")
+    scales = [
+        helper.make_tensor_value_info("QScale", TensorProto.FLOAT, ["B", "Lq"]),
+        helper.make_tensor_value_info("DScale", TensorProto.FLOAT, ["N", "Ld"]),
+    ]
     graph = helper.make_graph(
         [node],
         "maxsim_scorer",
         [
-            helper.make_tensor_value_info("Q", TensorProto.FLOAT, ["B", "Lq", "dim"]),
-            helper.make_tensor_value_info("D", TensorProto.FLOAT, ["N", "Ld", "dim"]),
+            helper.make_tensor_value_info("Q", elem, ["B", "Lq", "dim"]),
+            helper.make_tensor_value_info("D", elem, ["N", "Ld", "dim"]),
             helper.make_tensor_value_info("QMask", TensorProto.BOOL, ["B", "Lq"]),
             helper.make_tensor_value_info("DMask", TensorProto.BOOL, ["N", "Ld"]),
+            *(scales if int8 else []),
         ],
         [helper.make_tensor_value_info("Scores", TensorProto.FLOAT, ["B", "N"])],
     )
@@ -96,68 +117,85 @@ def _maxsim_model() -> Any:
     return attach_function_bodies(model)
 
 
-def maxsim_op_available() -> bool:
-    from softdeploy.ops import REGISTRY
-
-    return "MaxSim" in REGISTRY
-
-
 class MaxSimScorer:
     """Scores query token embeddings against a TokenBank with MaxSim.
 
     ``backend``: "native" (the MaxSim op on softdeploy's kernel), "portable" (the op's function body
-    in stock onnxruntime) or "torch" (the op's eager torch implementation)."""
+    in stock onnxruntime) or "torch" (the op's eager torch implementation). ``int8``: score int8
+    TokenBanks (:meth:`TokenBank.to_int8`) through the op's int8 path; float banks are encoded on the
+    way in."""
 
-    def __init__(self, backend: Backend, threads: int = 1) -> None:
+    def __init__(self, backend: Backend, threads: int = 1, *, int8: bool = False) -> None:
         self.threads = threads
-        self._fn: Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], np.ndarray]
-        if not maxsim_op_available():
-            self.backend = "numpy (MaxSim op not in this build)"
-            self._fn = maxsim_reference
-        elif backend == "torch":
+        self.int8 = int8
+        self._fn: Callable[..., np.ndarray]
+        kind = "int8" if int8 else "fp32"
+        if backend == "torch":
             from softdeploy.ops import REGISTRY
 
             impl = REGISTRY["MaxSim"].torch_impl
 
-            def run_torch(q: np.ndarray, qm: np.ndarray, d: np.ndarray, dm: np.ndarray) -> np.ndarray:
+            def run_torch(
+                q: np.ndarray, qm: np.ndarray, d: np.ndarray, dm: np.ndarray, *scales: np.ndarray
+            ) -> np.ndarray:
                 import torch
 
                 with torch.inference_mode():
-                    out = impl(torch.from_numpy(q), torch.from_numpy(d), torch.from_numpy(qm), torch.from_numpy(dm))
+                    args = [torch.from_numpy(a) for a in (q, d, qm, dm, *scales)]
+                    out = impl(*args)
                 return out.numpy()
 
-            self.backend = "MaxSim op (torch eager)"
+            self.backend = f"MaxSim op {kind} (torch eager)"
             self._fn = run_torch
         else:
             from softdeploy.runtime import Session
 
-            session = Session(_maxsim_model(), kernels=backend, threads=threads)
+            session = Session(_maxsim_model(int8), kernels=backend, threads=threads)
+            names = ["Q", "QMask", "D", "DMask"] + (["QScale", "DScale"] if int8 else [])
 
-            def run_onnx(q: np.ndarray, qm: np.ndarray, d: np.ndarray, dm: np.ndarray) -> np.ndarray:
-                return session.run({"Q": q, "D": d, "QMask": qm, "DMask": dm})[0]
+            def run_onnx(*arrays: np.ndarray) -> np.ndarray:
+                return session.run(dict(zip(names, arrays, strict=True)))[0]
 
-            self.backend = f"MaxSim op ({'native kernel' if session.kernels == 'native' else 'function body'})"
+            self.backend = f"MaxSim op {kind} ({'native kernel' if session.kernels == 'native' else 'function body'})"
             self._fn = run_onnx
+
+    def _bank(self, bank: TokenBank) -> TokenBank:
+        if bank.int8 != self.int8:
+            if not self.int8:
+                raise ValueError("an fp32 MaxSimScorer cannot score an int8 TokenBank")
+            return bank.to_int8()
+        return bank
 
     def score(self, queries: TokenBank, corpus: TokenBank) -> np.ndarray:
         """[queries.count, corpus.count] scores."""
+        queries, corpus = self._bank(queries), self._bank(corpus)
         out = np.zeros((queries.count, corpus.count), np.float32)
-        for q, qm, qids in queries.buckets:
-            for d, dm, dids in corpus.buckets:
+        for qi, (q, qm, qids) in enumerate(queries.buckets):
+            for di, (d, dm, dids) in enumerate(corpus.buckets):
                 per_query = q.shape[1] * d.shape[0] * d.shape[1]
                 chunk = max(1, MAX_SIMILARITY_FLOATS // max(per_query, 1))
                 for s in range(0, len(qids), chunk):
-                    block = self._fn(
-                        np.ascontiguousarray(q[s : s + chunk]), np.ascontiguousarray(qm[s : s + chunk]), d, dm
-                    )
-                    out[np.ix_(qids[s : s + chunk], dids)] = block
+                    rows = slice(s, s + chunk)
+                    args = [np.ascontiguousarray(q[rows]), np.ascontiguousarray(qm[rows]), d, dm]
+                    if queries.scales is not None and corpus.scales is not None:
+                        args += [np.ascontiguousarray(queries.scales[qi][rows]), corpus.scales[di]]
+                    out[np.ix_(qids[rows], dids)] = self._fn(*args)
         return out
 
     def score_one(self, q: np.ndarray, corpus: TokenBank) -> np.ndarray:
-        """One query ([Lq, dim], all tokens valid) against the whole corpus: the latency measurement."""
+        """One query ([Lq, dim] float32, all tokens valid) against the whole corpus: the latency
+        measurement (int8: the query is encoded inside, as a deployment would)."""
+        corpus = self._bank(corpus)
         qb = np.ascontiguousarray(q[None])
         qm = np.ones(qb.shape[:2], bool)
+        extra: list[np.ndarray] = []
+        if self.int8:
+            from softdeploy.ops.max_sim import quantize_tokens
+
+            qb, q_scale = quantize_tokens(qb)
+            extra = [q_scale]
         out = np.empty(corpus.count, np.float32)
-        for d, dm, dids in corpus.buckets:
-            out[dids] = self._fn(qb, qm, d, dm)[0]
+        for di, (d, dm, dids) in enumerate(corpus.buckets):
+            scales = [*extra, corpus.scales[di]] if corpus.scales is not None else []
+            out[dids] = self._fn(qb, qm, d, dm, *scales)[0]
         return out

@@ -43,3 +43,23 @@ def test_minilm_retrieval_reduced(tmp_path: Path) -> None:
     assert int8["size MiB"] < 0.35 * ref["size MiB"]
     assert int8["encode p50 ms"] > 0 and ref["score p50 ms"] > 0
     assert result.floors[0].name == "best int8 encode speed-up vs ort-fp32"
+    # scoring ran the MaxSim op's native kernel, fp32 and int8; int8 MaxSim keeps the ranking
+    assert ref["scorer"] == "MaxSim op fp32 (native kernel)" and ref["int8 scorer"] == "MaxSim op int8 (native kernel)"
+    assert abs(ref["MRR@10 int8 MaxSim"] - ref["MRR@10"]) < 0.02
+    assert ref["score int8 p50 ms"] > 0 and ref["encode CPU ms"] > 0
+    assert next(f for f in result.floors if f.name.startswith("scoring runs")).met
+
+    # the exported graph is the eager attention with onnxruntime's BERT fusions (no SDPA NaN guard)
+    import onnx
+
+    fp32 = tmp_path / "models" / "fp32.onnx"
+    ops = {n.op_type for n in onnx.load(fp32, load_external_data=False).graph.node}
+    assert "BiasGelu" in ops and "IsNaN" not in ops
+    # static int8 keeps exactly the six FFN down-projections in float
+    from softdeploy.quant.quantize import load_named, node_scope
+
+    config = case.static_config(fp32)
+    model = load_named(fp32)
+    scopes = sorted(node_scope(model, n) for n in config.exclude)
+    assert scopes == [f"m.encoder.layer.{i}.output.dense" for i in range(6)]
+    assert config.calibrate_method == "percentile" and config.per_channel

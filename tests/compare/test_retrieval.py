@@ -3,7 +3,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from softdeploy.models.retrieval import MaxSimScorer, TokenBank, maxsim_op_available, maxsim_reference
+from softdeploy.models.retrieval import MaxSimScorer, TokenBank
+from softdeploy.ops.max_sim import quantize_tokens
 
 
 def _ragged(rng: np.random.Generator, n: int, max_len: int, dim: int = 8) -> list[np.ndarray]:
@@ -36,13 +37,47 @@ def test_scorer_matches_brute_force(backend: str) -> None:
     np.testing.assert_allclose(got, _brute(queries, docs), rtol=1e-4, atol=1e-4)
     one = scorer.score_one(queries[0], TokenBank.from_ragged(docs))
     np.testing.assert_allclose(one, got[0], rtol=1e-5, atol=1e-5)
-    if not maxsim_op_available():
-        assert scorer.backend.startswith("numpy")
+    assert scorer.backend.startswith("MaxSim op fp32")
+    if backend == "native":
+        assert scorer.backend == "MaxSim op fp32 (native kernel)"
 
 
-def test_reference_masks() -> None:
-    q = np.ones((1, 2, 3), np.float32)
-    d = np.stack([np.ones((2, 3)), -np.ones((2, 3))]).astype(np.float32)
-    qmask = np.array([[True, False]])
-    dmask = np.array([[True, True], [False, False]])  # doc 1 has no valid token -> contributes 0
-    np.testing.assert_allclose(maxsim_reference(q, qmask, d, dmask), [[3.0, 0.0]])
+def _dequantized(texts: list[np.ndarray]) -> list[np.ndarray]:
+    out = []
+    for t in texts:
+        codes, scale = quantize_tokens(t)
+        out.append(codes.astype(np.float64) * scale[:, None])
+    return out
+
+
+@pytest.mark.parametrize("backend", ["native", "portable", "torch"])
+def test_int8_scorer_scores_the_dequantized_tokens(backend: str) -> None:
+    rng = np.random.default_rng(2)
+    queries, docs = _ragged(rng, 5, 12, dim=24), _ragged(rng, 33, 40, dim=24)
+    scorer = MaxSimScorer(backend, threads=1, int8=True)  # type: ignore[arg-type]
+    assert scorer.backend.startswith("MaxSim op int8")
+    bank = TokenBank.from_ragged(docs).to_int8()
+    assert bank.int8 and bank.nbytes() < TokenBank.from_ragged(docs).nbytes() / 3
+    got = scorer.score(TokenBank.from_ragged(queries), bank)  # float queries are encoded on the way in
+    # exactly MaxSim of the dequantized tokens (the int8 sum is exact; float32 rounding of the scales only)
+    np.testing.assert_allclose(got, _brute(_dequantized(queries), _dequantized(docs)), rtol=1e-5, atol=1e-4)
+    # and close to the float scores: per-token scales keep ~7 bits per component
+    np.testing.assert_allclose(got, _brute(queries, docs), rtol=0.02, atol=0.05)
+    np.testing.assert_allclose(scorer.score_one(queries[0], bank), got[0], rtol=1e-6, atol=1e-6)
+
+
+def test_fp32_scorer_refuses_int8_bank() -> None:
+    rng = np.random.default_rng(3)
+    bank = TokenBank.from_ragged(_ragged(rng, 3, 5)).to_int8()
+    with pytest.raises(ValueError, match="int8 TokenBank"):
+        MaxSimScorer("native").score(bank, bank)
+
+
+@pytest.mark.parametrize("backend", ["native", "portable", "torch"])
+def test_scorer_masks(backend: str) -> None:
+    # the short document is padded (with zeros) to its bucket's width: a padding token must never win
+    # the max, although its similarity 0 is larger than the real -3
+    q = [np.ones((2, 3), np.float32)]
+    d = [-np.ones((1, 3), np.float32), np.ones((3, 3), np.float32)]
+    got = MaxSimScorer(backend).score(TokenBank.from_ragged(q), TokenBank.from_ragged(d))  # type: ignore[arg-type]
+    np.testing.assert_allclose(got, [[-6.0, 6.0]])

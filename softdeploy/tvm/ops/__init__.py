@@ -11,19 +11,25 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from softdeploy.tvm.ops import two_pass_softmax
+from softdeploy.tvm.ops import adaptive_temperature_softmax, multi_max, softpick, two_pass_softmax
 
 Converter = Callable[[Any, list[Any], dict[str, Any]], Any]
 Scheduler = Callable[[Any], bool]  # (tvm.s_tir.Schedule) -> applied? (False: not this op's kernel)
 
 TIR_OPS: dict[str, Converter] = {
+    "AdaptiveTemperatureSoftmax": adaptive_temperature_softmax.convert,
+    "MultiMax": multi_max.convert,
+    "Softpick": softpick.convert,
     "TwoPassSoftmax": two_pass_softmax.convert,
 }
 
 # Hand schedules of the TIR computes (dlight style: a rule that does not recognise the kernel
 # returns False). Used for kernels without a tuning record, and offered to MetaSchedule as one more
 # candidate of its design space.
+# MultiMax's kernel has TwoPassSoftmax's blocks (two_pass_softmax.softmax_of): that rule schedules it.
 SCHEDULES: dict[str, Scheduler] = {
+    "AdaptiveTemperatureSoftmax": adaptive_temperature_softmax.schedule,
+    "Softpick": softpick.schedule,
     "TwoPassSoftmax": two_pass_softmax.schedule,
 }
 

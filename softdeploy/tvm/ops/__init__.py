@@ -11,14 +11,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from softdeploy.tvm.ops import adaptive_temperature_softmax, multi_max, softpick, two_pass_softmax
+from softdeploy.tvm.ops import adaptive_temperature_softmax, max_sim, multi_max, softpick, two_pass_softmax
 
 Converter = Callable[[Any, list[Any], dict[str, Any]], Any]
 Scheduler = Callable[[Any], bool]  # (tvm.s_tir.Schedule) -> applied? (False: not this op's kernel)
 
 TIR_OPS: dict[str, Converter] = {
     "AdaptiveTemperatureSoftmax": adaptive_temperature_softmax.convert,
+    "MaxSim": max_sim.convert_max_sim,
     "MultiMax": multi_max.convert,
+    "SignedMaxSim": max_sim.convert_signed_max_sim,
     "Softpick": softpick.convert,
     "TwoPassSoftmax": two_pass_softmax.convert,
 }
@@ -29,6 +31,7 @@ TIR_OPS: dict[str, Converter] = {
 # MultiMax's kernel has TwoPassSoftmax's blocks (two_pass_softmax.softmax_of): that rule schedules it.
 SCHEDULES: dict[str, Scheduler] = {
     "AdaptiveTemperatureSoftmax": adaptive_temperature_softmax.schedule,
+    "MaxSim": max_sim.schedule,  # and SignedMaxSim (same blocks)
     "Softpick": softpick.schedule,
     "TwoPassSoftmax": two_pass_softmax.schedule,
 }

@@ -194,4 +194,4 @@ def shape_proxy(expr: Any) -> Any:
 
     if expr is None:
         return None
-    return np.broadcast_to(np.float32(0), tuple(int(d) for d in expr.ty.shape))
+    return np.broadcast_to(np.zeros((), str(expr.ty.dtype)), tuple(int(d) for d in expr.ty.shape))

@@ -34,10 +34,13 @@ def _similarity(q: te.Tensor, d: te.Tensor, q_scale: te.Tensor | None, d_scale: 
     integer = q.dtype == "int8"
     acc = "int32" if integer else "float32"
     packed = te.compute((n, dim, ld), lambda nn, kk, j: d[nn, j, kk].astype(acc), name="d_packed")
-    k = te.reduce_axis((0, dim), name="k")
-    sim = te.compute(
-        (b, n, lq, ld), lambda bb, nn, i, j: te.sum(q[bb, i, k].astype(acc) * packed[nn, k, j], axis=k), name="sim"
-    )
+    if int(dim) == 0:  # an empty reduction would leave its output unwritten (its init runs inside the loop)
+        sim = te.compute((b, n, lq, ld), lambda *_: tirx.const(0, acc), name="sim")
+    else:
+        k = te.reduce_axis((0, dim), name="k")
+        sim = te.compute(
+            (b, n, lq, ld), lambda bb, nn, i, j: te.sum(q[bb, i, k].astype(acc) * packed[nn, k, j], axis=k), name="sim"
+        )
 
     def scaled(bb: Any, nn: Any, i: Any, j: Any) -> Any:
         v = sim[bb, nn, i, j].astype("float32")
@@ -63,14 +66,28 @@ def _doc_has_token(d_mask: te.Tensor | None, n: Any, ld: Any) -> Any:
     return lambda nn: any_valid[nn] > 0
 
 
+def _nan_max_combine(a: Any, c: Any) -> Any:
+    return tirx.Select(tirx.isnan(c) | (c > a), c, a)  # a NaN, once in, stays (numpy's max)
+
+
+_nan_max = te.comm_reducer(_nan_max_combine, lambda t: tirx.const(_NEG_INF, t), name="nan_max")
+
+
+def _zeros(b: Any, n: Any) -> te.Tensor:
+    """Scores of an empty query (Lq = 0): an empty reduction would leave them unwritten."""
+    return te.compute((b, n), lambda *_: f32(0.0), name="score")
+
+
 def max_sim(q: Any, d: Any, q_mask: Any, d_mask: Any, q_scale: Any, d_scale: Any) -> te.Tensor:
     b, lq, _ = q.shape
     n, ld, _ = d.shape
+    if int(lq) == 0 or int(ld) == 0:
+        return _zeros(b, n)
     sim = _similarity(q, d, q_scale, d_scale)
     j = te.reduce_axis((0, ld), name="j")
     best = te.compute(
         (b, n, lq),
-        lambda bb, nn, i: te.max(tirx.Select(_valid(d_mask, nn, j), sim(bb, nn, i, j), f32(_NEG_INF)), axis=j),
+        lambda bb, nn, i: _nan_max(tirx.Select(_valid(d_mask, nn, j), sim(bb, nn, i, j), f32(_NEG_INF)), axis=j),
         name="best",
     )
     doc = _doc_has_token(d_mask, n, ld)
@@ -100,6 +117,8 @@ _argmax = te.comm_reducer(_argmax_combine, _argmax_identity, name="first_argmax"
 def signed_max_sim(q: Any, q_sign: Any, d: Any, d_sign: Any, q_mask: Any, d_mask: Any) -> te.Tensor:
     b, lq, _ = q.shape
     n, ld, _ = d.shape
+    if int(lq) == 0 or int(ld) == 0:
+        return _zeros(b, n)
     sim = _similarity(q, d, None, None)
     j = te.reduce_axis((0, ld), name="j")
     # masked j never win: they compete as (-inf, ld) and an all -inf row picks its first VALID token
@@ -145,8 +164,7 @@ def schedule(sch: Any) -> bool:
     sch.reorder(nn, bb)  # packing D[n] once serves every batch row
     par = sch.fuse(nn, bb)
     sch.parallel(par)
-    # inits hoisted out of their reductions: with Lq = 0 (or Ld = 0) the reduction loop never runs,
-    # and an init inside it would leave the score unwritten
+    # inits hoisted out of the reduction loops (no per-iteration "first?" branch)
     sch.decompose_reduction(score, sch.get_loops(score)[-1])
     sch.compute_at(blocks["best"], par)
     i_loop, j_loop = sch.get_loops(blocks["best"])[-2:]
@@ -154,13 +172,15 @@ def schedule(sch: Any) -> bool:
     sch.compute_at(blocks["sim"], i_loop)
     sch.compute_at(blocks["d_packed"], par)
     sim = blocks["sim"]
+    if len(sch.get_loops(sim)) < 4:  # dim = 0: a constant block, nothing to vectorise
+        return True
     j_loop, k_loop = sch.get_loops(sim)[-2:]
     ld = sch.get(j_loop).extent
-    if isinstance(ld, tirx.IntImm) and int(ld) % LANES == 0 and int(ld) > 0:
+    if isinstance(ld, tirx.IntImm) and int(ld) % LANES == 0:
         jo, ji = sch.split(j_loop, [None, LANES])
         sch.reorder(jo, k_loop, ji)
         sch.vectorize(ji)
-        sch.decompose_reduction(sim, k_loop)
+    sch.decompose_reduction(sim, k_loop)
     return True
 
 

@@ -195,3 +195,9 @@ def shape_proxy(expr: Any) -> Any:
     if expr is None:
         return None
     return np.broadcast_to(np.zeros((), str(expr.ty.dtype)), tuple(int(d) for d in expr.ty.shape))
+
+
+# max with identity -inf (te.max starts from -FLT_MAX, so "no element" would read as a finite max)
+max_from_neg_inf = te.comm_reducer(
+    lambda a, b: tirx.max(a, b), lambda t: tirx.const(float("-inf"), t), name="max_from_neg_inf"
+)

@@ -20,6 +20,7 @@ from softdeploy.tvm.ops._te import (
     exp_f32,
     f32,
     lane_reduce,
+    max_from_neg_inf,
     one_minus_exp_neg,
     schedule_rows,
     shape_proxy,
@@ -41,7 +42,9 @@ def compute(x: te.Tensor, axis: int, eps: float) -> te.Tensor:
         v = xf(*i)
         return tirx.Select(finite(v), v, f32(0.0))
 
-    m = lane_reduce(shape, axis, lambda i: tirx.Select(finite(xf(*i)), xf(*i), f32(_NEG_INF)), te.max, "row_max")
+    m = lane_reduce(
+        shape, axis, lambda i: tirx.Select(finite(xf(*i)), xf(*i), f32(_NEG_INF)), max_from_neg_inf, "row_max"
+    )
 
     def magnitude(i: tuple[Any, ...]) -> Any:
         r = without_axis(i, axis)

@@ -39,6 +39,12 @@ def _signs(shape: tuple[int, ...]) -> Callable[[np.random.Generator], np.ndarray
     return lambda rng: rng.choice(np.array([-1.0, 1.0], np.float32), size=shape)
 
 
+def _all_valid(shape: tuple[int, ...]) -> Callable[[np.random.Generator], np.ndarray]:
+    """Masks given explicitly: the function bodies of MaxSim/SignedMaxSim do not load in stock
+    onnxruntime with the masks omitted (shape inference of the body's Unsqueeze on a missing input)."""
+    return lambda rng: np.ones(shape, bool)
+
+
 def _unit(shape: tuple[int, ...]) -> Callable[[np.random.Generator], np.ndarray]:
     return lambda rng: (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
 
@@ -55,11 +61,24 @@ SHAPES: dict[str, list[tuple[str, list[InputSpec], dict]]] = {
         ("1536x128 (attention rows)", [LOGITS_ROWS, *MULTIMAX], {}),
     ],
     "AdaptiveTemperatureSoftmax": [("4x32000 (vocab)", [LOGITS_VOCAB], {})],
-    "MaxSim": [("Q 1x32x128 vs D 256x32x128", [_unit((1, 32, 128)), _unit((256, 32, 128))], {})],
+    "MaxSim": [
+        (
+            "Q 1x32x128 vs D 256x32x128",
+            [_unit((1, 32, 128)), _unit((256, 32, 128)), _all_valid((1, 32)), _all_valid((256, 32))],
+            {},
+        )
+    ],
     "SignedMaxSim": [
         (
             "Q 1x32x128 vs D 256x32x128",
-            [_unit((1, 32, 128)), _signs((1, 32)), _unit((256, 32, 128)), _signs((256, 32))],
+            [
+                _unit((1, 32, 128)),
+                _signs((1, 32)),
+                _unit((256, 32, 128)),
+                _signs((256, 32)),
+                _all_valid((1, 32)),
+                _all_valid((256, 32)),
+            ],
             {},
         )
     ],

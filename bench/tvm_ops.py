@@ -13,6 +13,7 @@ C++ kernel.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import harness
@@ -22,24 +23,78 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 FLOOR_RATIO = 1.5
 
-# Benchmark shapes per op: (label, inputs as (shape, dtype) or None, attrs). The shipped tuning
-# records cover exactly these.
-SHAPES: dict[str, list[tuple[str, list[tuple[tuple[int, ...], str] | None], dict]]] = {
+# Benchmark shapes per op: (label, one input maker per port (None = omitted), attrs). An input maker is
+# a (shape, dtype) of normal * 3 values or a function of the generator. The shipped tuning records would
+# cover exactly these.
+InputSpec = tuple[tuple[int, ...], str] | Callable[[np.random.Generator], np.ndarray] | None
+LOGITS_VOCAB = ((4, 32000), "float32")
+LOGITS_ROWS = ((12 * 128, 128), "float32")
+
+
+def _const(values: list[float]) -> Callable[[np.random.Generator], np.ndarray]:
+    return lambda rng: np.array(values, np.float32)
+
+
+def _signs(shape: tuple[int, ...]) -> Callable[[np.random.Generator], np.ndarray]:
+    return lambda rng: rng.choice(np.array([-1.0, 1.0], np.float32), size=shape)
+
+
+def _all_valid(shape: tuple[int, ...]) -> Callable[[np.random.Generator], np.ndarray]:
+    """Masks given explicitly: the function bodies of MaxSim/SignedMaxSim do not load in stock
+    onnxruntime with the masks omitted (shape inference of the body's Unsqueeze on a missing input)."""
+    return lambda rng: np.ones(shape, bool)
+
+
+def _unit(shape: tuple[int, ...]) -> Callable[[np.random.Generator], np.ndarray]:
+    return lambda rng: (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
+
+
+MULTIMAX = [_const([-1.0, 1.0, -2.0, 2.0]), _const([0.1, 0.2, 0.05, 0.03])]
+SHAPES: dict[str, list[tuple[str, list[InputSpec], dict]]] = {
     "TwoPassSoftmax": [
-        ("4x32000 (vocab)", [((4, 32000), "float32")], {}),
-        ("1536x128 (attention rows)", [((12 * 128, 128), "float32")], {}),
+        ("4x32000 (vocab)", [LOGITS_VOCAB], {}),
+        ("1536x128 (attention rows)", [LOGITS_ROWS], {}),
+    ],
+    "Softpick": [("1536x128 (attention rows)", [LOGITS_ROWS], {})],
+    "MultiMax": [
+        ("4x32000 (vocab)", [LOGITS_VOCAB, *MULTIMAX], {}),
+        ("1536x128 (attention rows)", [LOGITS_ROWS, *MULTIMAX], {}),
+    ],
+    "AdaptiveTemperatureSoftmax": [("4x32000 (vocab)", [LOGITS_VOCAB], {})],
+    "MaxSim": [
+        (
+            "Q 1x32x128 vs D 256x32x128",
+            [_unit((1, 32, 128)), _unit((256, 32, 128)), _all_valid((1, 32)), _all_valid((256, 32))],
+            {},
+        )
+    ],
+    "SignedMaxSim": [
+        (
+            "Q 1x32x128 vs D 256x32x128",
+            [
+                _unit((1, 32, 128)),
+                _signs((1, 32)),
+                _unit((256, 32, 128)),
+                _signs((256, 32)),
+                _all_valid((1, 32)),
+                _all_valid((256, 32)),
+            ],
+            {},
+        )
     ],
 }
 
 
-def _inputs(spec: list[tuple[tuple[int, ...], str] | None], rng: np.random.Generator) -> tuple:
+def _inputs(spec: list[InputSpec], rng: np.random.Generator) -> tuple:
     out = []
     for item in spec:
         if item is None:
             out.append(None)
-            continue
-        shape, dtype = item
-        out.append((rng.standard_normal(shape) * 3).astype(dtype))
+        elif callable(item):
+            out.append(item(rng))
+        else:
+            shape, dtype = item
+            out.append((rng.standard_normal(shape) * 3).astype(dtype))
     return tuple(out)
 
 

@@ -8,6 +8,9 @@ Variants (``VARIANTS``; TVM joins once the backend exists):
   ort-int8-dynamic   int8 weights per output channel, activations quantized at run time
   ort-int8-static    int8 QDQ with activation ranges calibrated (through our kernels) on held-out data,
                      with the case's static settings where it has them (``Case.static_config``)
+Opt-in, when apache-tvm is installed (``TVM_VARIANTS``; name them in ``variants``):
+  tvm-fp32           TVM, our ops as TIR kernels, shipped tuning records + hand/dlight schedules
+  tvm-fp32-untuned   TVM's default pipeline without schedules (what tvm.compile alone gives)
 
 Accuracy runs with ``eval_threads`` (results do not depend on it); latency with ``threads``,
 interleaved across variants (see latency.py).
@@ -55,6 +58,23 @@ VARIANTS: dict[str, VariantSpec] = {
         ),
     )
 }
+
+
+# Opt-in (not in the default set: each input shape is a separate TVM build, minutes for a real model).
+TVM_VARIANTS: dict[str, VariantSpec] = {
+    v.name: v
+    for v in (
+        VariantSpec("tvm-fp32", "fp32", "tvm", "native", "TVM, softdeploy ops as TIR kernels, tuned records"),
+        VariantSpec("tvm-fp32-untuned", "fp32", "tvm", "native", "TVM default pipeline, no schedules"),
+    )
+}
+
+
+def known_variants() -> dict[str, VariantSpec]:
+    """VARIANTS, plus TVM_VARIANTS where apache-tvm is importable."""
+    import importlib.util
+
+    return {**VARIANTS, **(TVM_VARIANTS if importlib.util.find_spec("tvm") is not None else {})}
 
 
 @dataclasses.dataclass
@@ -156,6 +176,30 @@ def _onnx_runner(path: Path, kernels: str, threads: int) -> Runner:
     return session.run
 
 
+_TVM_POOL: dict[str, int] = {}
+
+
+def _tvm_runner(path: Path, tuned: bool, threads: int) -> Runner:
+    """A TVMSession per input-shape signature (TVM builds static shapes), built on first use."""
+    import numpy as np
+
+    from softdeploy.runtime.tvm import TVMSession, set_threads
+
+    sessions: dict[tuple[Any, ...], TVMSession] = {}
+
+    def run(feeds: dict[str, Any]) -> list[Any]:
+        shapes = {k: list(np.shape(v)) for k, v in feeds.items()}
+        key = tuple(sorted((k, tuple(v)) for k, v in shapes.items()))
+        if key not in sessions:
+            sessions[key] = TVMSession(path, shapes=shapes, tuned=tuned)
+        if _TVM_POOL.get("threads") != threads:  # process-wide pool; accuracy and latency runs differ
+            set_threads(threads)
+            _TVM_POOL["threads"] = threads
+        return sessions[key].run(feeds)
+
+    return run
+
+
 def _fp32_model(case: Case, models: Path, progress: Progress) -> Path:
     """The case's fp32 export, reused while the case, softdeploy and torch versions are unchanged."""
     import importlib.metadata
@@ -198,9 +242,10 @@ def run_compare(
 
     t_start = time.perf_counter()
     steps: dict[str, float] = {}
-    unknown = [v for v in variants if v not in VARIANTS]
+    specs = known_variants()
+    unknown = [v for v in variants if v not in specs]
     if unknown:
-        raise SoftdeployError(f"unknown variant(s) {unknown}; choose from {list(VARIANTS)}")
+        raise SoftdeployError(f"unknown variant(s) {unknown}; choose from {list(specs)}")
     if REFERENCE not in variants:
         variants = [REFERENCE, *variants]
     eval_threads = eval_threads or os.cpu_count() or 1
@@ -228,24 +273,26 @@ def run_compare(
     steps["quantize"] = time.perf_counter() - t0
 
     def model_of(name: str) -> Path | None:
-        spec = VARIANTS[name]
+        spec = specs[name]
         if spec.engine == "torch":
             return None
         return quantized[name].path if name in quantized else fp32
 
     def runner_of(name: str, n_threads: int) -> Runner:
-        spec = VARIANTS[name]
+        spec = specs[name]
         if spec.engine == "torch":
             return case.torch_runner(n_threads)
         path = model_of(name)
         assert path is not None
+        if spec.engine == "tvm":
+            return _tvm_runner(path, name == "tvm-fp32", n_threads)
         return _onnx_runner(path, spec.kernels, n_threads)
 
     # ---- accuracy ------------------------------------------------------------------------------
     t0 = time.perf_counter()
     evaluations: dict[str, Evaluation] = {}
     for name in variants:
-        evaluations[name] = case.evaluate(runner_of(name, eval_threads), VARIANTS[name].kernels, progress, label=name)
+        evaluations[name] = case.evaluate(runner_of(name, eval_threads), specs[name].kernels, progress, label=name)
     steps["evaluate"] = time.perf_counter() - t0
     ref = evaluations[REFERENCE]
     agreement: dict[str, dict[str, float]] = {}
@@ -262,7 +309,7 @@ def run_compare(
     t0 = time.perf_counter()
     timed = {}
     for name in variants:
-        timed[name] = case.timed(runner_of(name, threads), VARIANTS[name].kernels, threads)
+        timed[name] = case.timed(runner_of(name, threads), specs[name].kernels, threads)
     latency: dict[str, dict[str, LatencyStats]] = {n: {} for n in variants}
     background: dict[str, float] = {}
     with _torch_threads(threads):
@@ -292,7 +339,7 @@ def run_compare(
         path = model_of(name)
         results.append(
             VariantResult(
-                spec=VARIANTS[name],
+                spec=specs[name],
                 model=path,
                 size_bytes=path.stat().st_size if path is not None else case_torch_size(case),
                 evaluation=evaluations[name],

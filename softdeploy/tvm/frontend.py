@@ -217,6 +217,7 @@ def prepare(model: Any, shapes: Mapping[str, Sequence[int]] | None = None, *, us
     check_importable(model)
     model = attach_function_bodies(copy.deepcopy(model))
     in_shapes, dtypes = _input_signature(model, shapes or {})
+    _spell_out_default_attrs(model)
     used = sorted({n.op_type for n in _walk(model.graph.node) if n.domain == DOMAIN})
     # Folding keeps our nodes only with the library registered; without it they are inlined too.
     keep = [op for op in used if use_tir and op in TIR_OPS and library_status().ok]
@@ -225,6 +226,25 @@ def prepare(model: Any, shapes: Mapping[str, Sequence[int]] | None = None, *, us
     _fix_input_shapes(model, in_shapes)
     model = _fold_constants(model, keep_our_nodes=bool(keep))
     return Prepared(model, in_shapes, dtypes, tuple(keep), tuple(op for op in used if op not in keep))
+
+
+def _spell_out_default_attrs(model: Any) -> None:
+    """Writes each omitted attribute of our nodes with its default value onto the node. onnx's
+    inliner leaves a body node that references an attribute the call omits (``Constant(value_int=@axis)``)
+    without a value -- "Constant node has no data attributes" downstream -- instead of using the
+    function's declared default."""
+    from onnx import helper
+
+    from softdeploy.ops import REGISTRY
+
+    for node in _walk(model.graph.node):
+        op = REGISTRY.get(node.op_type) if node.domain == DOMAIN else None
+        if op is None:
+            continue
+        have = {a.name for a in node.attribute}
+        for attr in op.attrs:
+            if not attr.required and attr.name not in have:
+                node.attribute.append(helper.make_attribute(attr.name, attr.kind(attr.default)))
 
 
 @contextlib.contextmanager

@@ -133,6 +133,37 @@ def test_our_op_becomes_one_tir_kernel():
     assert "two_pass_softmax" in names
 
 
+def _importable_ops() -> list[str]:
+    from softdeploy.ops import REGISTRY
+    from softdeploy.tvm.ops import NOT_IMPORTABLE
+
+    return sorted(set(REGISTRY) - set(NOT_IMPORTABLE))
+
+
+@pytest.mark.parametrize("name", _importable_ops())
+def test_each_op_goes_through_its_tir_kernel_where_it_has_one(name):
+    """The conformance test (backend "tvm") compares values; this holds the PATH: an op with a TIR
+    compute is imported as ONE PrimFunc of that compute, the others from their function bodies."""
+    from softdeploy.ops import REGISTRY
+    from softdeploy.tvm.build import lower
+    from softdeploy.tvm.ops import FUNCTION_BODY_ONLY, TIR_OPS
+
+    assert (name in TIR_OPS) != (name in FUNCTION_BODY_ONLY)  # every op accounted for, once
+    op = REGISTRY[name]
+    sample = next(s for s in op.samples(np.random.default_rng(0)) if s.kind == "typical")
+    shapes = {p.name: list(np.shape(v)) for p, v in zip(op.inputs, sample.inputs, strict=False) if v is not None}
+    prepared = prepare(op.make_model(sample), shapes)
+    if name not in TIR_OPS:
+        assert prepared.inlined == (name,) and prepared.tir_ops == ()
+        return
+    assert prepared.tir_ops == (name,) and prepared.inlined == ()
+    lowered = lower(import_model(prepared))
+    import tvm
+
+    prims = [gv.name_hint for gv, f in lowered.functions.items() if isinstance(f, tvm.tirx.PrimFunc)]
+    assert len(prims) == 1, prims
+
+
 def test_bad_attribute_is_a_contract_error_at_import():
     from softdeploy.errors import OpContractError
 

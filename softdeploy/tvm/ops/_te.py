@@ -70,3 +70,134 @@ def as_f32(x: te.Tensor) -> Callable[..., Any]:
     if x.dtype == "float32":
         return lambda *i: x(*i)
     return lambda *i: x(*i).astype("float32")
+
+
+_LOGF_POLY = (
+    7.0376836292e-2,
+    -1.1514610310e-1,
+    1.1676998740e-1,
+    -1.2420140846e-1,
+    1.4249322787e-1,
+    -1.6668057665e-1,
+    2.0000714765e-1,
+    -2.4999993993e-1,
+    3.3333331174e-1,
+)
+_SQRT_HALF = 0.707106781186547524
+
+
+def log_f32(x: Any) -> Any:
+    """Natural log of a POSITIVE NORMAL float32 expression (Cephes' logf: exponent from the bits, a
+    degree-8 polynomial on the mantissa), vectorisable; NaN -> NaN. Callers guarantee x >= 1e-9."""
+    bits = tirx.reinterpret("int32", x)
+    e = ((bits >> 23) & 0xFF) - 126
+    m = tirx.reinterpret("float32", (bits & 0x807FFFFF) | 0x3F000000)  # x = m * 2^e, m in [0.5, 1)
+    small = m < f32(_SQRT_HALF)
+    ef = tirx.Select(small, e - 1, e).astype("float32")
+    m = tirx.Select(small, m + m, m) - f32(1.0)
+    z = m * m
+    p = f32(_LOGF_POLY[0])
+    for c in _LOGF_POLY[1:]:
+        p = p * m + f32(c)
+    y = p * m * z + ef * f32(_LN2_LO) - f32(0.5) * z
+    y = m + y + ef * f32(_LN2_HI)
+    return tirx.Select(tirx.isnan(x), x, y)
+
+
+def one_minus_exp_neg(a: Any) -> Any:
+    """1 - exp(-a) for a >= 0 without cancellation near 0 (-expm1(-a)): Taylor series below 0.5,
+    where 1 - exp(-a) would lose log10(1/a) digits; relative error <= 4e-7."""
+    series = f32(-1.0 / 40320.0)
+    for n in range(7, 0, -1):
+        series = series * a + f32((-1.0) ** (n + 1) / _factorial(n))
+    return tirx.Select(a < f32(0.5), series * a, f32(1.0) - exp_f32(-a))
+
+
+def _factorial(n: int) -> int:
+    out = 1
+    for i in range(2, n + 1):
+        out *= i
+    return out
+
+
+LANES = 16  # float32 lanes of an AVX-512 register
+
+
+def lane_split_ok(shape: Sequence[Any], axis: int) -> bool:
+    """The row is the contiguous last axis and a nonzero multiple of LANES long (the vector form)."""
+    n = shape[axis]
+    return axis == len(shape) - 1 and isinstance(n, tirx.IntImm) and int(n) > 0 and int(n) % LANES == 0
+
+
+def lane_reduce(
+    shape: Sequence[Any],
+    axis: int,
+    body: Callable[[tuple[Any, ...]], Any],
+    reducer: Callable[..., Any],
+    name: str,
+    dtype: str = "float32",
+) -> te.Tensor:
+    """``reducer_j body(index)`` along ``axis``, computed in ``dtype``. In the vector form (see
+    :func:`lane_split_ok`) it is lane-split -- ``{name}_part[r, l]`` over ``j = k * LANES + l``, then
+    ``{name}`` over ``l`` -- so that :func:`schedule_rows` vectorises it without rfactor (and
+    MetaSchedule's search starts from a reduction that vectorises).
+
+    One reduction per statistic: the online (max, sum) recurrence as a tuple reduction would save a
+    pass, but TVM 0.27's VectorizeLoop miscompiles tuple reductions (the second value's update reads
+    the first value AFTER its store: softmax sums came out 13-36% off), so it is not used."""
+    if lane_split_ok(shape, axis):
+        rows, n = list(shape[:-1]), shape[-1]
+        k = te.reduce_axis((0, n // LANES), name=f"{name}_k")
+        part = te.compute(
+            (*rows, LANES),
+            lambda *i: reducer(body((*i[:-1], k * LANES + i[-1])).astype(dtype), axis=k),
+            name=f"{name}_part",
+        )
+        lane = te.reduce_axis((0, LANES), name=f"{name}_lane")
+        return te.compute(tuple(rows), lambda *r: reducer(part(*r, lane), axis=lane), name=name)
+    return row_reduce(shape, axis, lambda i: body(i).astype(dtype), reducer, name)
+
+
+def schedule_rows(sch: Any, out_block: str, reductions: Sequence[str]) -> bool:
+    """The hand schedule of a row-wise op: rows of ``out_block`` in parallel, its row loop vectorised
+    by LANES, each of ``reductions`` (consumers first) computed per row with its lane loop vectorised.
+    Applies to the vector form only: returns False, leaving ``sch`` as it was, otherwise."""
+    try:
+        out = sch.get_sblock(out_block)
+        blocks = [(sch.get_sblock(r), sch.get_sblock(f"{r}_part")) for r in reductions]
+    except Exception:  # not the lane-split form (or not this op)
+        return False
+    loops = sch.get_loops(out)
+    if len(loops) < 2:
+        return False
+    rows = sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0]
+    sch.parallel(rows)
+    _, lanes = sch.split(sch.get_loops(out)[-1], [None, LANES])
+    sch.vectorize(lanes)
+    for row_block, part in blocks:
+        sch.compute_at(row_block, rows)
+        sch.compute_at(part, rows)
+        lane, k = sch.get_loops(part)[-2:]
+        sch.reorder(k, lane)
+        # vectorise, then hoist the init out of the k loop (in the other order vectorize refuses the
+        # loop; with the init left inside, the vector body carries a k == 0 branch)
+        sch.vectorize(lane)
+        sch.decompose_reduction(part, k)
+    return True
+
+
+def shape_proxy(expr: Any) -> Any:
+    """A zero-copy array of the static shape of a Relax expression (None for None): lets a converter
+    run the op's own ``validate`` (which reads shapes and attributes, never values), so that the TVM
+    path raises the kernel's exact messages."""
+    import numpy as np
+
+    if expr is None:
+        return None
+    return np.broadcast_to(np.zeros((), str(expr.ty.dtype)), tuple(int(d) for d in expr.ty.shape))
+
+
+# max with identity -inf (te.max starts from -FLT_MAX, so "no element" would read as a finite max)
+max_from_neg_inf = te.comm_reducer(
+    lambda a, b: tirx.max(a, b), lambda t: tirx.const(float("-inf"), t), name="max_from_neg_inf"
+)

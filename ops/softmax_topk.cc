@@ -246,7 +246,7 @@ bool FinishLanes(const float* m, const float* c, const float* d, int lanes, floa
 //    That needs |C| < 2^16 (K exact); rows with larger scaled logits take kWide: u = x*s - C first,
 //    then the same steps (one op more), for |C| < 2^20.
 //  * selection: entries above the threshold go, in index order, into a candidate buffer by compress
-//    (values and int32 indices); when it holds more than k + 256, KeepTopK cuts it back to exactly the
+//    (values and int32 indices); when it holds more than k + kSlack, KeepTopK cuts it back to exactly the
 //    k best and raises the threshold to the k-th value. The cut is exact (lower index first among
 //    equal values, the buffer being in index order), so a later entry equal to the threshold never
 //    enters and ties keep the lower index. Extra candidates are harmless: the cut ranks them exactly.
@@ -257,7 +257,10 @@ constexpr float kMagic = 0x1.8p18f;  // 1.5 * 2^18: the float grid is 1/32 on [2
 constexpr float kQ1 = 0.6931573152542114f, kQ2 = 0.24022649228572845f;  // 2^r ~ 1 + r*(kQ1 + r*kQ2)
 constexpr float kRaiseAt = 64.0f;   // C is raised when a candidate's x*s - C exceeds this
 constexpr float kClampBelow = 120.0f;  // entries are clamped to x*s - C >= -kClampBelow (~)
-constexpr int64_t kSlack = 48;      // candidate buffer holds 2k + kSlack (+16 for the last compress)
+// The candidate buffer holds k + kSlack (+16 for the last compress) before a cut. Small: the threshold
+// then rises soon after each k-th value is passed, which beats rarer, larger cuts (measured with
+// bench/micro/softmax_topk_rows.cc: k = 50, V = 32000: 0.29 ns/entry at k + 32, 0.40 at 4k + 64).
+constexpr int64_t kSlack = 32;
 constexpr int64_t kFlush = 512;     // entries per float partial sum before it is added in double
 
 // bits(2^(j/32)) - (j << 18), j = 0..31: the term's 2^n is added as (bits(t) << 18), which also
@@ -278,7 +281,7 @@ struct Exp2Table {
 struct CandidateBuffer {
   explicit CandidateBuffer(int64_t k)
       : k(k),
-        cap(2 * k + kSlack),
+        cap(k + kSlack),
         values(static_cast<size_t>(cap + 32)),
         indices(static_cast<size_t>(cap + 32)),
         keys(static_cast<size_t>(cap + 32)) {
@@ -380,39 +383,14 @@ SD_TARGET_AVX512 __attribute__((noinline)) float KeepTopK(CandidateBuffer& b) {
   return FromOrderKey(LaneMin(kept_min));
 }
 
-// The row's state that the rare paths (candidates) change.
-struct RowState {
-  float c;    // the reference C, finite
-  float thr;  // entries must exceed this to be candidates
-  double rescale;  // != 1: the sums so far are relative to an older C; multiply them by this
-};
-
 enum class RowResult { kDone, kGeneric, kWide };
 
-// Handles the candidates `mask` of the vector v = x[i, i + 16): raises C first if one of them would
-// make a term above 2^kRaiseAt (the sums so far are then due a factor st.rescale, which the caller
-// applies before it takes more exps), then appends them to the buffer and cuts it back when full.
-// Out of line: the hot loop keeps its registers and calls this only for vectors with candidates.
+// The new reference C for a candidate x_max that would make a term above 2^kRaiseAt; NaN when it
+// leaves the range of the variant (the row then goes to the kWide variant or to RowGeneric).
 template <bool kWide>
-SD_TARGET_AVX512 __attribute__((noinline)) RowResult Candidates(__m512 v, int64_t i, __mmask16 mask, float s,
-                                                                RowState& st, CandidateBuffer& b) {
-  if (_mm512_mask_cmp_ps_mask(mask, v, _mm512_set1_ps(INFINITY), _CMP_NLT_UQ) != 0) return RowResult::kGeneric;
-  const __m512 vs = _mm512_set1_ps(s);
-  const __mmask16 big =
-      _mm512_mask_cmp_ps_mask(mask, _mm512_fmsub_ps(v, vs, _mm512_set1_ps(st.c)), _mm512_set1_ps(kRaiseAt), _CMP_GT_OQ);
-  if (big != 0) {
-    const float new_c = std::nearbyint(_mm512_mask_reduce_max_ps(big, v) * s * 32.0f) / 32.0f;
-    if (!(std::fabs(new_c) < (kWide ? 0x1p20f : 0x1p16f))) return kWide ? RowResult::kGeneric : RowResult::kWide;
-    st.rescale *= std::exp2(static_cast<double>(st.c) - new_c);
-    st.c = new_c;
-  }
-  const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  _mm512_storeu_ps(b.values.data() + b.count, _mm512_maskz_compress_ps(mask, v));
-  _mm512_storeu_si512(b.indices.data() + b.count,
-                      _mm512_maskz_compress_epi32(mask, _mm512_add_epi32(iota, _mm512_set1_epi32(static_cast<int32_t>(i)))));
-  b.count += __builtin_popcount(mask);
-  if (b.count > b.cap) st.thr = KeepTopK(b);
-  return RowResult::kDone;
+__attribute__((noinline)) float RaisedReference(float x_max, float s) {
+  const float c = std::nearbyint(x_max * s * 32.0f) / 32.0f;
+  return std::fabs(c) < (kWide ? 0x1p20f : 0x1p16f) ? c : NAN;
 }
 
 template <bool kWide>
@@ -426,23 +404,22 @@ SD_TARGET_AVX512 RowResult RowAvx512(const float* x, int64_t n, float s, double 
   if (m0 == -INFINITY)
     for (int64_t j = 64; j < n; ++j) m0 = std::max(m0, x[j]);
   if (!std::isfinite(m0)) return RowResult::kGeneric;  // all -inf (or +inf): RowGeneric's cases
-  RowState st{std::nearbyint(m0 * s * 32.0f) / 32.0f, -INFINITY, 1.0};
-  if (!(std::fabs(st.c) < (kWide ? 0x1p20f : 0x1p16f))) return kWide ? RowResult::kGeneric : RowResult::kWide;
 
   const __m512 tlo = _mm512_load_ps(reinterpret_cast<const float*>(table.bits));
   const __m512 thi = _mm512_load_ps(reinterpret_cast<const float*>(table.bits + 16));
   const __m512 vs = _mm512_set1_ps(s), q1 = _mm512_set1_ps(kQ1), q2 = _mm512_set1_ps(kQ2), one = _mm512_set1_ps(1.0f);
   const __m512 magic = _mm512_set1_ps(kMagic);
-  // Refreshed from st after every candidate call.
-  __m512 thr, vc, vk, xlo;
-  auto refresh = [&]() SD_TARGET_AVX512 {
-    thr = _mm512_set1_ps(st.thr);
-    vc = _mm512_set1_ps(st.c);
-    vk = _mm512_set1_ps(kMagic - st.c);  // exact: C is a multiple of 1/32, |C| < 2^16 (unless kWide)
-    xlo = _mm512_set1_ps((st.c - kClampBelow) / s);
+  float c = std::nearbyint(m0 * s * 32.0f) / 32.0f;  // the reference C
+  if (!(std::fabs(c) < (kWide ? 0x1p20f : 0x1p16f))) return kWide ? RowResult::kGeneric : RowResult::kWide;
+  if (!std::isfinite((c - kClampBelow) / s)) return RowResult::kGeneric;  // huge temperatures
+  __m512 thr = _mm512_set1_ps(-INFINITY), vc, vk, xlo;
+  auto set_reference = [&](float new_c) SD_TARGET_AVX512 {
+    c = new_c;
+    vc = _mm512_set1_ps(c);
+    vk = _mm512_set1_ps(kMagic - c);  // exact: C is a multiple of 1/32, |C| < 2^16 (unless kWide)
+    xlo = _mm512_set1_ps((c - kClampBelow) / s);
   };
-  refresh();
-  if (!std::isfinite((st.c - kClampBelow) / s)) return RowResult::kGeneric;  // huge temperatures
+  set_reference(c);
   // acc + 2^(x*s - C); x must not be NaN (max_ps(NaN, xlo) = xlo).
   auto term = [&](__m512 x_v, __m512 acc) SD_TARGET_AVX512 {
     const __m512 xc = _mm512_max_ps(x_v, xlo);
@@ -469,15 +446,30 @@ SD_TARGET_AVX512 RowResult RowAvx512(const float* x, int64_t n, float s, double 
     sum_hi = _mm512_add_pd(sum_hi, _mm512_cvtps_pd(_mm512_extractf32x8_ps(part, 1)));
     for (int a = 0; a < 4; ++a) acc[a] = _mm512_setzero_ps();
   };
-  // After candidates: C may have risen (the sums so far are rescaled) and the threshold too.
-  auto after_candidates = [&]() SD_TARGET_AVX512 {
-    if (st.rescale != 1.0) {
+  const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  // The candidates `mask` of v = x[i, i + 16), before any exp of v is taken: C is raised first if
+  // one of them would make a term above 2^kRaiseAt (the sums so far are rescaled), then they are
+  // appended to the buffer, which is cut back when full. In line and call-free except for the rare
+  // events, so the hot loop keeps its registers.
+  auto candidates = [&](__m512 v, int64_t i, __mmask16 mask) SD_TARGET_AVX512 {
+    if (_mm512_mask_cmp_ps_mask(mask, v, _mm512_set1_ps(INFINITY), _CMP_NLT_UQ) != 0) return RowResult::kGeneric;
+    const __mmask16 big =
+        _mm512_mask_cmp_ps_mask(mask, _mm512_fmsub_ps(v, vs, vc), _mm512_set1_ps(kRaiseAt), _CMP_GT_OQ);
+    if (big != 0) [[unlikely]] {
+      const float new_c = RaisedReference<kWide>(_mm512_mask_reduce_max_ps(big, v), s);
+      if (std::isnan(new_c)) return kWide ? RowResult::kGeneric : RowResult::kWide;
       flush();
-      sum_lo = _mm512_mul_pd(sum_lo, _mm512_set1_pd(st.rescale));
-      sum_hi = _mm512_mul_pd(sum_hi, _mm512_set1_pd(st.rescale));
-      st.rescale = 1.0;
+      const __m512d scale = _mm512_set1_pd(std::exp2(static_cast<double>(c) - new_c));
+      sum_lo = _mm512_mul_pd(sum_lo, scale);
+      sum_hi = _mm512_mul_pd(sum_hi, scale);
+      set_reference(new_c);
     }
-    refresh();
+    _mm512_storeu_ps(b.values.data() + b.count, _mm512_maskz_compress_ps(mask, v));
+    _mm512_storeu_si512(b.indices.data() + b.count, _mm512_maskz_compress_epi32(
+                                                        mask, _mm512_add_epi32(iota, _mm512_set1_epi32(static_cast<int32_t>(i)))));
+    b.count += __builtin_popcount(mask);
+    if (b.count > b.cap) [[unlikely]] thr = _mm512_set1_ps(KeepTopK(b));
+    return RowResult::kDone;
   };
   int64_t i = 0;
   while (i + 64 <= n) {
@@ -490,12 +482,11 @@ SD_TARGET_AVX512 RowResult RowAvx512(const float* x, int64_t n, float s, double 
       if ((c0 | c1 | c2 | c3) != 0) [[unlikely]] {
         // The masks were taken against the old threshold: a superset, which the cut ranks exactly.
         RowResult res = RowResult::kDone;
-        if (c0 != 0) res = Candidates<kWide>(v0, i, c0, s, st, b);
-        if (c1 != 0 && res == RowResult::kDone) res = Candidates<kWide>(v1, i + 16, c1, s, st, b);
-        if (c2 != 0 && res == RowResult::kDone) res = Candidates<kWide>(v2, i + 32, c2, s, st, b);
-        if (c3 != 0 && res == RowResult::kDone) res = Candidates<kWide>(v3, i + 48, c3, s, st, b);
+        if (c0 != 0) res = candidates(v0, i, c0);
+        if (c1 != 0 && res == RowResult::kDone) res = candidates(v1, i + 16, c1);
+        if (c2 != 0 && res == RowResult::kDone) res = candidates(v2, i + 32, c2);
+        if (c3 != 0 && res == RowResult::kDone) res = candidates(v3, i + 48, c3);
         if (res != RowResult::kDone) return res;
-        after_candidates();
       }
       acc[0] = term(v0, acc[0]);
       acc[1] = term(v1, acc[1]);
@@ -509,9 +500,8 @@ SD_TARGET_AVX512 RowResult RowAvx512(const float* x, int64_t n, float s, double 
     const __m512 v = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), valid, x + i);
     const __mmask16 c = _mm512_mask_cmp_ps_mask(valid, v, thr, _CMP_NLE_UQ);
     if (c != 0) {
-      const RowResult res = Candidates<kWide>(v, i, c, s, st, b);
+      const RowResult res = candidates(v, i, c);
       if (res != RowResult::kDone) return res;
-      after_candidates();
     }
     acc[0] = _mm512_mask_mov_ps(acc[0], valid, term(v, acc[0]));
   }
@@ -520,11 +510,11 @@ SD_TARGET_AVX512 RowResult RowAvx512(const float* x, int64_t n, float s, double 
   if (b.count > b.k) KeepTopK(b);
   b.top.clear();
   for (int64_t j = 0; j < b.k; ++j) b.top.push_back(Entry{b.values[j], b.indices[j]});
-  std::sort(b.top.begin(), b.top.end(), RanksAboveNoNan);
+  std::sort(b.top.begin(), b.top.end(), [](const Entry& p, const Entry& q) { return RanksAboveNoNan(p, q); });
   // d = sum_j 2^(x_j*s - C); relative to M: D = d * 2^(C - M*s), M*s exact in double.
   const double d = _mm512_reduce_add_pd(_mm512_add_pd(sum_lo, sum_hi));
   const float m = b.top.front().value;
-  const double sum = d * std::exp2(static_cast<double>(st.c) - static_cast<double>(m) * s);
+  const double sum = d * std::exp2(static_cast<double>(c) - static_cast<double>(m) * s);
   if (!(sum > 0.0) || !std::isfinite(sum)) return RowResult::kGeneric;
   EmitFinite(b.top, m, sum, t, out);
   return RowResult::kDone;

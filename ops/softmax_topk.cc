@@ -7,26 +7,30 @@
 // Python half, the contract, the ranking rule for NaN/+inf/-inf rows and the float64 oracle:
 // softdeploy/ops/softmax_topk.py; OPS.md.
 //
-// One read of x per row, never a probability row. Per row:
-//  * selection: a heap of the k best (logit, index) pairs seen so far; an entry enters only when it
-//    ranks above the heap's worst. The SIMD variants test a whole vector against that threshold
-//    with one compare, so only candidates (about k*ln(n/k) per row on random data) take the scalar
-//    path. The heap's order is a strict total order (value, then index), and x is scanned in index
-//    order, so an entry equal to the threshold never enters: ties keep the lower index.
-//  * normaliser: the online recurrence m' = max(m, z), d' = d*e^(m-m') + e^(z-m'), run per SIMD lane
-//    and amortised per block: a block's lane maxima are taken first (pass A, the same loads as the
-//    threshold test), the lane sums rescaled once if a maximum grew, then the block's exps summed
-//    against the new maxima (pass B, from L1). exps are taken in base 2, u = x*s - C with
-//    s = log2(e)/T and C = fl(m*s) exactly known, so the final step can undo every rounding of C.
-//  * values: exp((x_i - M)/T) / D for the k winners only, in double.
+// One read of x per row, never a probability row. Two designs share the entry points and the
+// final emit (values: exp((x_i - M)/T) / D for the k winners only, in double):
+//  * AVX-512 (RowAvx512, the fast path; described at its section): one pass per row -- a candidate
+//    buffer filled by compress and cut back exactly, and the normaliser against ONE reference per
+//    row with a table-based exp, about 11 vector ops per 16 entries.
+//  * AVX2 and portable: selection by a heap of the k best (logit, index) pairs seen so far; an entry
+//    enters only when it ranks above the heap's worst (AVX2 tests a whole vector against that
+//    threshold with one compare, so only candidates, about k*ln(n/k) per row on random data, take
+//    the scalar path). The heap's order is a strict total order (value, then index), and x is
+//    scanned in index order, so an entry equal to the threshold never enters: ties keep the lower
+//    index. Normaliser (AVX2): the online recurrence m' = max(m, z), d' = d*e^(m-m') + e^(z-m'),
+//    run per SIMD lane and amortised per block: a block's lane maxima are taken first (pass A, the
+//    same loads as the threshold test), the lane sums rescaled once if a maximum grew, then the
+//    block's exps summed against the new maxima (pass B, from L1). exps are taken in base 2,
+//    u = x*s - C with s = log2(e)/T and C = fl(m*s) exactly known, so the final step can undo every
+//    rounding of C.
 //
 // What must stay true:
 //  * The fast variants (AVX-512, AVX2) handle rows of finite and -inf entries. A NaN or +inf entry is
 //    always a candidate (the compare is NLE_UQ: NaN passes), and the candidate path hands the row to
 //    RowGeneric, which implements every special row of the contract in double. So does a row whose
-//    scaled logits leave the float range (tiny temperatures).
-//  * -inf entries contribute exactly 0 (the clamped exp2 below); a lane that has only seen -inf has
-//    m = -inf, C = -inf and d = 0, and stays out of the final sum.
+//    scaled logits leave the supported range (tiny temperatures, huge logits).
+//  * -inf entries contribute 0: exactly in AVX2 (the clamped exp2); in AVX-512 less than 2^-120 of
+//    the row's largest term each (they are clamped there), far below float resolution.
 //  * Rows are independent: threads split rows, never a row; results do not depend on the thread
 //    count.
 #include <algorithm>
@@ -257,9 +261,9 @@ constexpr float kMagic = 0x1.8p18f;  // 1.5 * 2^18: the float grid is 1/32 on [2
 constexpr float kQ1 = 0.6931573152542114f, kQ2 = 0.24022649228572845f;  // 2^r ~ 1 + r*(kQ1 + r*kQ2)
 constexpr float kRaiseAt = 64.0f;   // C is raised when a candidate's x*s - C exceeds this
 constexpr float kClampBelow = 120.0f;  // entries are clamped to x*s - C >= -kClampBelow (~)
-// The candidate buffer holds k + kSlack (+16 for the last compress) before a cut. Small: the threshold
-// then rises soon after each k-th value is passed, which beats rarer, larger cuts (measured with
-// bench/micro/softmax_topk_rows.cc: k = 50, V = 32000: 0.29 ns/entry at k + 32, 0.40 at 4k + 64).
+// The candidate buffer holds k + kSlack (+64 for the last group of compresses) before a cut. Small:
+// the threshold then rises soon after each k-th value is passed, which beats rarer, larger cuts
+// (bench/micro/softmax_topk_rows.cc, k = 50, V = 32000: k + 16 ... k + 64 alike, 4k + 64 slower).
 constexpr int64_t kSlack = 32;
 constexpr int64_t kFlush = 512;     // entries per float partial sum before it is added in double
 
@@ -282,9 +286,10 @@ struct CandidateBuffer {
   explicit CandidateBuffer(int64_t k)
       : k(k),
         cap(k + kSlack),
-        values(static_cast<size_t>(cap + 32)),
-        indices(static_cast<size_t>(cap + 32)),
-        keys(static_cast<size_t>(cap + 32)) {
+        // Up to 4 appends of 16 between checks, and KeepTopK reads whole vectors: cap + 64 + 15.
+        values(static_cast<size_t>(cap + 80)),
+        indices(static_cast<size_t>(cap + 80)),
+        keys(static_cast<size_t>(cap + 80)) {
     top.reserve(static_cast<size_t>(k));
   }
   int64_t k, cap, count = 0;
@@ -355,7 +360,9 @@ SD_TARGET_AVX512 __attribute__((noinline)) float KeepTopK(CandidateBuffer& b) {
       exact = true;
       break;
     }
-    (c > k ? lo : hi) = mid;
+    const bool above = c > k;  // branch-free updates: the direction is a coin flip
+    lo = above ? mid : lo;
+    hi = above ? hi : mid;
   }
   // Not exact: lo is the k-th key; keep all above it and the first `need` equal to it.
   const int32_t kth = static_cast<int32_t>(exact ? cut : lo);
@@ -447,30 +454,35 @@ SD_TARGET_AVX512 RowResult RowAvx512(const float* x, int64_t n, float s, double 
     for (int a = 0; a < 4; ++a) acc[a] = _mm512_setzero_ps();
   };
   const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  // The candidates `mask` of v = x[i, i + 16), before any exp of v is taken: C is raised first if
-  // one of them would make a term above 2^kRaiseAt (the sums so far are rescaled), then they are
-  // appended to the buffer, which is cut back when full. In line and call-free except for the rare
-  // events, so the hot loop keeps its registers.
-  auto candidates = [&](__m512 v, int64_t i, __mmask16 mask) SD_TARGET_AVX512 {
-    if (_mm512_mask_cmp_ps_mask(mask, v, _mm512_set1_ps(INFINITY), _CMP_NLT_UQ) != 0) return RowResult::kGeneric;
-    const __mmask16 big =
-        _mm512_mask_cmp_ps_mask(mask, _mm512_fmsub_ps(v, vs, vc), _mm512_set1_ps(kRaiseAt), _CMP_GT_OQ);
-    if (big != 0) [[unlikely]] {
-      const float new_c = RaisedReference<kWide>(_mm512_mask_reduce_max_ps(big, v), s);
-      if (std::isnan(new_c)) return kWide ? RowResult::kGeneric : RowResult::kWide;
-      flush();
-      const __m512d scale = _mm512_set1_pd(std::exp2(static_cast<double>(c) - new_c));
-      sum_lo = _mm512_mul_pd(sum_lo, scale);
-      sum_hi = _mm512_mul_pd(sum_hi, scale);
-      set_reference(new_c);
-    }
-    _mm512_storeu_ps(b.values.data() + b.count, _mm512_maskz_compress_ps(mask, v));
-    _mm512_storeu_si512(b.indices.data() + b.count, _mm512_maskz_compress_epi32(
-                                                        mask, _mm512_add_epi32(iota, _mm512_set1_epi32(static_cast<int32_t>(i)))));
-    b.count += __builtin_popcount(mask);
-    if (b.count > b.cap) [[unlikely]] thr = _mm512_set1_ps(KeepTopK(b));
-    return RowResult::kDone;
+  // Candidates are handled per group of up to 4 vectors, before any exp of the group is taken, with
+  // one branch into this path and only rarely taken ones inside it: C is raised first if one of them
+  // would make a term above 2^kRaiseAt (the sums so far are rescaled), then they are appended to the
+  // buffer (a vector without candidates appends nothing), which is cut back when full. In line and
+  // call-free except for the rare events, so the hot loop keeps its registers.
+  auto raise_reference = [&](__m512 top) SD_TARGET_AVX512 {
+    const float new_c = RaisedReference<kWide>(_mm512_reduce_max_ps(top), s);
+    if (std::isnan(new_c)) return false;
+    flush();
+    const __m512d scale = _mm512_set1_pd(std::exp2(static_cast<double>(c) - new_c));
+    sum_lo = _mm512_mul_pd(sum_lo, scale);
+    sum_hi = _mm512_mul_pd(sum_hi, scale);
+    set_reference(new_c);
+    return true;
   };
+  // NaN or +inf among the candidates; and the candidates that would raise C, kept in `top`.
+  auto special = [&](__m512 v, __mmask16 mask) SD_TARGET_AVX512 {
+    return _mm512_mask_cmp_ps_mask(mask, v, _mm512_set1_ps(INFINITY), _CMP_NLT_UQ);
+  };
+  auto raising = [&](__m512 v, __mmask16 mask) SD_TARGET_AVX512 {
+    return _mm512_mask_cmp_ps_mask(mask, _mm512_fmsub_ps(v, vs, vc), _mm512_set1_ps(kRaiseAt), _CMP_GT_OQ);
+  };
+  auto append = [&](__m512 v, int64_t i, __mmask16 mask) SD_TARGET_AVX512 {
+    const __m512i index = _mm512_add_epi32(iota, _mm512_set1_epi32(static_cast<int32_t>(i)));
+    _mm512_storeu_ps(b.values.data() + b.count, _mm512_maskz_compress_ps(mask, v));
+    _mm512_storeu_si512(b.indices.data() + b.count, _mm512_maskz_compress_epi32(mask, index));
+    b.count += __builtin_popcount(mask);
+  };
+  const RowResult out_of_range = kWide ? RowResult::kGeneric : RowResult::kWide;
   int64_t i = 0;
   while (i + 64 <= n) {
     const int64_t end = std::min(n & ~int64_t{63}, i + kFlush);
@@ -480,13 +492,20 @@ SD_TARGET_AVX512 RowResult RowAvx512(const float* x, int64_t n, float s, double 
       const __mmask16 c0 = _mm512_cmp_ps_mask(v0, thr, _CMP_NLE_UQ), c1 = _mm512_cmp_ps_mask(v1, thr, _CMP_NLE_UQ);
       const __mmask16 c2 = _mm512_cmp_ps_mask(v2, thr, _CMP_NLE_UQ), c3 = _mm512_cmp_ps_mask(v3, thr, _CMP_NLE_UQ);
       if ((c0 | c1 | c2 | c3) != 0) [[unlikely]] {
-        // The masks were taken against the old threshold: a superset, which the cut ranks exactly.
-        RowResult res = RowResult::kDone;
-        if (c0 != 0) res = candidates(v0, i, c0);
-        if (c1 != 0 && res == RowResult::kDone) res = candidates(v1, i + 16, c1);
-        if (c2 != 0 && res == RowResult::kDone) res = candidates(v2, i + 32, c2);
-        if (c3 != 0 && res == RowResult::kDone) res = candidates(v3, i + 48, c3);
-        if (res != RowResult::kDone) return res;
+        if ((special(v0, c0) | special(v1, c1) | special(v2, c2) | special(v3, c3)) != 0) return RowResult::kGeneric;
+        const __mmask16 r0 = raising(v0, c0), r1 = raising(v1, c1), r2 = raising(v2, c2), r3 = raising(v3, c3);
+        if ((r0 | r1 | r2 | r3) != 0) [[unlikely]] {
+          __m512 top = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), r0, v0);
+          top = _mm512_mask_max_ps(top, r1, top, v1);
+          top = _mm512_mask_max_ps(top, r2, top, v2);
+          top = _mm512_mask_max_ps(top, r3, top, v3);
+          if (!raise_reference(top)) return out_of_range;
+        }
+        append(v0, i, c0);
+        append(v1, i + 16, c1);
+        append(v2, i + 32, c2);
+        append(v3, i + 48, c3);
+        if (b.count > b.cap) [[unlikely]] thr = _mm512_set1_ps(KeepTopK(b));
       }
       acc[0] = term(v0, acc[0]);
       acc[1] = term(v1, acc[1]);
@@ -500,8 +519,11 @@ SD_TARGET_AVX512 RowResult RowAvx512(const float* x, int64_t n, float s, double 
     const __m512 v = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), valid, x + i);
     const __mmask16 c = _mm512_mask_cmp_ps_mask(valid, v, thr, _CMP_NLE_UQ);
     if (c != 0) {
-      const RowResult res = candidates(v, i, c);
-      if (res != RowResult::kDone) return res;
+      if (special(v, c) != 0) return RowResult::kGeneric;
+      const __mmask16 r = raising(v, c);
+      if (r != 0 && !raise_reference(_mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), r, v))) return out_of_range;
+      append(v, i, c);
+      if (b.count > b.cap) thr = _mm512_set1_ps(KeepTopK(b));
     }
     acc[0] = _mm512_mask_mov_ps(acc[0], valid, term(v, acc[0]));
   }

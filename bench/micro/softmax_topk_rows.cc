@@ -1,0 +1,84 @@
+// Micro-benchmark of the SoftmaxTopK row functions without onnxruntime in the loop: minimum time over
+// repetitions (robust on a shared machine) of B rows x V, N(0, 2^2) logits like bench/softmax_topk.py,
+// next to a read-once floor (an AVX-512 row max over the same rows).
+//   g++ -O3 -march=x86-64-v4 -std=c++17 -DORT_API_MANUAL_INIT -Iops -I$ORT_HEADERS bench/micro/softmax_topk_rows.cc \
+//       ops/common/cpu.cc -o /tmp/stk && /tmp/stk
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <vector>
+
+#include "../../ops/softmax_topk.cc"
+
+SD_TARGET_AVX512 float RowMax(const float* x, int64_t n) {
+  __m512 a0 = _mm512_set1_ps(-INFINITY), a1 = a0, a2 = a0, a3 = a0;
+  int64_t j = 0;
+  for (; j + 64 <= n; j += 64) {
+    a0 = _mm512_max_ps(a0, _mm512_loadu_ps(x + j));
+    a1 = _mm512_max_ps(a1, _mm512_loadu_ps(x + j + 16));
+    a2 = _mm512_max_ps(a2, _mm512_loadu_ps(x + j + 32));
+    a3 = _mm512_max_ps(a3, _mm512_loadu_ps(x + j + 48));
+  }
+  float m = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(a0, a1), _mm512_max_ps(a2, a3)));
+  for (; j < n; ++j) m = std::max(m, x[j]);
+  return m;
+}
+
+int main(int argc, char** argv) {
+  using clk = std::chrono::steady_clock;
+  // Arguments: [repetitions] [V (0: all)] [k (0: all)] [avx2: 1 to time it too]
+  const int reps = argc > 1 ? std::atoi(argv[1]) : 30;
+  const int64_t only_v = argc > 2 ? std::atoll(argv[2]) : 0, only_k = argc > 3 ? std::atoll(argv[3]) : 0;
+  const bool with_avx2 = argc > 4 ? std::atoi(argv[4]) != 0 : true;
+  const int64_t rows = 64;
+  for (int64_t n : {1000, 32000, 128000}) {
+    if (only_v != 0 && n != only_v) continue;
+    std::vector<float> x(rows * n);
+    std::mt19937 rng(0);
+    std::normal_distribution<float> dist(0.f, 2.f);
+    for (auto& v : x) v = dist(rng);
+    auto time = [&](auto fn) {
+      double best = 1e30;
+      for (int rep = 0; rep < reps; ++rep) {
+        auto t0 = clk::now();
+        fn();
+        best = std::min(best, std::chrono::duration<double>(clk::now() - t0).count());
+      }
+      return best / (rows * n) * 1e9;
+    };
+    volatile float sink = 0;
+    const double floor = time([&] {
+      for (int64_t r = 0; r < rows; ++r) sink = sink + RowMax(x.data() + r * n, n);
+    });
+    std::printf("B=%lld V=%7lld floor(max) %.3f ns/elem\n", (long long)rows, (long long)n, floor);
+    for (int64_t k : {1, 5, 50}) {
+      if (only_k != 0 && k != only_k) continue;
+      std::vector<float> vals(k);
+      std::vector<int64_t> idx(k);
+      sd::Selection sel(k);
+      const float s = static_cast<float>(1.4426950408889634);
+      auto run = [&](auto row_fn) {
+        return time([&] {
+          for (int64_t r = 0; r < rows; ++r) {
+            sd::RowOut out{vals.data(), idx.data(), 0.0f};
+            if (!row_fn(x.data() + r * n, n, s, 1.0, sel, out)) std::abort();
+            sink = sink + out.lse;
+          }
+        });
+      };
+      sd::CandidateBuffer cand(k);
+      auto run512 = [&] {
+        return time([&] {
+          for (int64_t r = 0; r < rows; ++r) {
+            sd::RowOut out{vals.data(), idx.data(), 0.0f};
+            if (sd::RowAvx512<false>(x.data() + r * n, n, s, 1.0, cand, out) != sd::RowResult::kDone) std::abort();
+            sink = sink + out.lse;
+          }
+        });
+      };
+      const double a512 = run512(), a2 = with_avx2 ? run(sd::RowAvx2) : 0.0;
+      std::printf("  k=%2lld avx512 %.3f ns/elem (%.2fx floor)  avx2 %.3f ns/elem\n", (long long)k, a512, a512 / floor, a2);
+    }
+  }
+}

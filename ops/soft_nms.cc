@@ -13,17 +13,31 @@
 //
 // Python half, the contract, the rules for NaN and the float32 oracle: softdeploy/ops/soft_nms.py; OPS.md.
 //
+// How the loop is run. A row whose IoU with the selected box is 0 has weight exactly 1 (except "hard"
+// with IouThreshold < 0), so its score -- and whether it survives -- does not change: each round only
+// has to find the rows that overlap the selected box. The working rows therefore live twice:
+//  * the working order (position -> score, slot): the original loop's array, kept exactly as its
+//    swaps and moves leave it, because the max search breaks ties by position;
+//  * the slots: the rows' boxes sorted by lo0 (structure of arrays, areas precomputed). A round
+//    binary-searches the slots whose lo0 and prefix-max hi0 allow an overlap and runs one SIMD pass
+//    over that window only (IoU test, then the overlapping rows' intersection, union and position go
+//    to a dense "near" list); the near list is divided, weighted and decayed in a second vector pass.
+//    Rows that leave the working set become tombstones (overlap nothing) until the slots are compacted.
+//
 // What must stay true:
 //  * Every float operation is the oracle's, in the oracle's order, with no FMA contraction (the
 //    pragma below): the selection is discrete, so one rounding difference can pick another box.
-//  * The max search keeps the first row of the current working order among equal scores; NaN never
-//    enters the working rows (`!(s >= threshold)` removes it), so max/compare need no NaN care.
-//  * Memory is O(N) per task: the IoU of the selected box against the remaining rows is computed on
-//    the fly (SoA rows, SIMD over rows), never an N x N matrix.
-//  * One (batch, class) is one unit of work; threads split (batch, class) pairs, never one of them.
-//  * gaussian (AVX-512): the IoU pass only gathers the overlapping rows; their weights come from an
-//    8-lane double exp whose float32 rounding is used only where it is provably the same as
-//    float(std::exp(double)) (GaussianNearAvx512), so the scores stay bit-identical to the oracle.
+//  * The window is conservative: a slot outside it provably has iw <= 0 (monotone float bounds, see
+//    Window); slots inside it get the exact test. So exactly the oracle's overlapping rows are decayed.
+//  * The max search keeps the first position among equal scores; NaN never enters the working rows
+//    (`!(s >= threshold)` removes it), so max/compare need no NaN care. Removal replays the original's
+//    moves in ascending position order.
+//  * Memory is O(N) per task, never an N x N matrix. One (batch, class) is one unit of work; threads
+//    split (batch, class) pairs, never one of them.
+//  * gaussian (AVX-512): the near weights come from an 8-lane double exp whose float32 rounding is used
+//    only where it is provably the same as float(std::exp(double)) (GaussianNearAvx512), so the scores
+//    stay bit-identical to the oracle.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -44,6 +58,7 @@ namespace sd {
 namespace {
 
 constexpr const char* kOp = "SoftNMS";
+constexpr float kInf = std::numeric_limits<float>::infinity();
 
 enum class Method { kLinear, kGaussian, kHard };
 
@@ -54,34 +69,69 @@ struct Params {
   float sigma = 0.5f;
   float offset = 0.0f;
   int64_t max_output = 0;  // <= 0: no limit
-  // weight(IoU 0) == 1, so rows that do not overlap the selected box keep their scores and the SIMD
-  // passes may skip them (false only for "hard" with IouThreshold < 0, where IoU 0 > Nt).
+  // weight(IoU 0) == 1, so rows that do not overlap the selected box keep their scores and only the
+  // overlapping ones are decayed (false only for "hard" with IouThreshold < 0, where IoU 0 > Nt: then
+  // every working row is decayed, by the portable pass).
   bool skip_disjoint = true;
 };
 
-// The working rows of one (batch, class), structure of arrays so that SIMD lanes are rows.
-struct Rows {
-  std::vector<float> lo0, hi0, lo1, hi1, area, score;
-  std::vector<int64_t> index;
-  // gaussian (AVX-512): row, intersection and union of the rows that overlap the selected box,
-  // gathered by the SIMD pass so that the division and the double exp run over a dense list
-  // (+16: whole-vector stores at the end)
+// The working rows of one (batch, class); capacity N (+16 where whole vectors are stored).
+struct Work {
+  // Slots: the rows' boxes sorted by lo0. A tombstone (a row that was selected or removed) has pos -1
+  // and hi0 -inf, so that it overlaps nothing. reach[k] >= hi0 of every slot <= k (prefix max).
+  std::vector<float> lo0, hi0, lo1, hi1, area, reach;
+  std::vector<int32_t> pos, box;
+  int64_t slots = 0, tombs = 0;
+  // Working order: position -> current score, slot.
+  std::vector<float> score;
+  std::vector<int32_t> slot;
+  // This round: intersection, union and position of the rows that overlap the selected box; the
+  // positions whose decayed score fell under the threshold.
   std::vector<float> near_inter, near_union;
-  std::vector<int32_t> near_row;
+  std::vector<int32_t> near_pos, dead;
+  std::vector<int32_t> rank;  // box -> initial working position (-1: under the threshold)
+
   void Resize(size_t n) {
-    for (auto* v : {&lo0, &hi0, &lo1, &hi1, &area, &score}) v->resize(n);
-    index.resize(n);
+    for (auto* v : {&lo0, &hi0, &lo1, &hi1, &area, &reach, &score}) v->resize(n);
+    for (auto* v : {&pos, &box, &slot, &rank}) v->resize(n);
     near_inter.resize(n + 16);
     near_union.resize(n + 16);
-    near_row.resize(n + 16);
+    near_pos.resize(n + 16);
+    dead.resize(n + 16);
   }
-  void Swap(int64_t a, int64_t b) {
-    for (auto* v : {&lo0, &hi0, &lo1, &hi1, &area, &score}) std::swap((*v)[a], (*v)[b]);
-    std::swap(index[a], index[b]);
+  void Tombstone(int32_t k) {
+    pos[k] = -1;
+    hi0[k] = -kInf;
+    ++tombs;
   }
-  void Move(int64_t from, int64_t to) {
-    for (auto* v : {&lo0, &hi0, &lo1, &hi1, &area, &score}) (*v)[to] = (*v)[from];
-    index[to] = index[from];
+  void SwapPositions(int64_t a, int64_t b) {
+    std::swap(score[a], score[b]);
+    std::swap(slot[a], slot[b]);
+    pos[slot[a]] = static_cast<int32_t>(a);
+    pos[slot[b]] = static_cast<int32_t>(b);
+  }
+  void MovePosition(int64_t from, int64_t to) {
+    score[to] = score[from];
+    slot[to] = slot[from];
+    pos[slot[to]] = static_cast<int32_t>(to);
+  }
+  void Reach() {
+    float r = -kInf;
+    for (int64_t k = 0; k < slots; ++k) reach[k] = r = std::max(r, hi0[k]);
+  }
+  // Drops the tombstones (the order of the live slots stays sorted by lo0).
+  void Compact() {
+    int64_t w = 0;
+    for (int64_t k = 0; k < slots; ++k) {
+      if (pos[k] < 0) continue;
+      lo0[w] = lo0[k], hi0[w] = hi0[k], lo1[w] = lo1[k], hi1[w] = hi1[k], area[w] = area[k];
+      pos[w] = pos[k], box[w] = box[k];
+      slot[pos[w]] = static_cast<int32_t>(w);
+      ++w;
+    }
+    slots = w;
+    tombs = 0;
+    Reach();
   }
 };
 
@@ -90,15 +140,22 @@ struct Selected {
   float lo0, hi0, lo1, hi1, area;
 };
 
-// ---- portable (also the tails of the SIMD passes) ----------------------------------------------------
+// fl(fl(a - b) + off) > 0: the test the IoU makes on each axis, here as a bound (see Window).
+inline bool Positive(float a, float b, float off) { return (a - b) + off > 0.0f; }
 
-inline float Iou(const Selected& t, const Rows& r, int64_t p, float off) {
-  const float iw = (std::min(t.hi0, r.hi0[p]) - std::max(t.lo0, r.lo0[p])) + off;
-  const float ih = (std::min(t.hi1, r.hi1[p]) - std::max(t.lo1, r.lo1[p])) + off;
-  if (!(iw > 0.0f && ih > 0.0f)) return 0.0f;
-  const float inter = iw * ih;
-  return inter / ((t.area + r.area[p]) - inter);
+// The slots [begin, end) that can overlap t. Rounding is monotone, min(hi0, t.hi0) <= hi0 and <= t.hi0,
+// max(lo0, t.lo0) >= lo0 and >= t.lo0, so a slot's iw is at most fl(fl(hi0 - t.lo0) + off) and at
+// most fl(fl(t.hi0 - lo0) + off) (the infinite cases give NaN or a non-positive iw on both sides).
+// Slots before `begin` have hi0 <= reach < the first bound; slots from `end` on have lo0 too large
+// for the second. Both are monotone in the sorted keys, hence the binary searches.
+inline void Window(const Selected& t, const Work& w, float off, int64_t* begin, int64_t* end) {
+  const float* reach = w.reach.data();
+  const float* lo0 = w.lo0.data();
+  *begin = std::partition_point(reach, reach + w.slots, [&](float r) { return !Positive(r, t.lo0, off); }) - reach;
+  *end = std::partition_point(lo0 + *begin, lo0 + w.slots, [&](float l) { return Positive(t.hi0, l, off); }) - lo0;
 }
+
+// ---- portable (also the tails of the SIMD passes) ----------------------------------------------------
 
 inline float GaussianWeight(float iou, float sigma) {
   const float t = -(iou * iou) / sigma;
@@ -113,26 +170,45 @@ inline float Weight(float iou, const Params& prm) {
   }
 }
 
-// Decays rows [begin, end) against t. Returns how many fell below the threshold; *best is the max
-// of the surviving decayed scores (not lowered when none survives).
-int64_t DecayPortable(const Selected& t, Rows& r, int64_t begin, int64_t end, const Params& prm, float* best) {
-  int64_t dead = 0;
-  float m = *best;
-  for (int64_t p = begin; p < end; ++p) {
-    const float s = r.score[p] * Weight(Iou(t, r, p, prm.offset), prm);
-    r.score[p] = s;
-    if (s >= prm.score_threshold) m = std::max(m, s);
-    else ++dead;
+// Appends the live slots in [begin, end) that overlap t to the near list, from index near_n; returns
+// the new length. Without skip_disjoint every live slot goes, a disjoint one as 0 / 1 (IoU 0).
+int64_t ScanPortable(const Selected& t, Work& w, int64_t begin, int64_t end, const Params& prm, int64_t near_n) {
+  const float off = prm.offset;
+  for (int64_t k = begin; k < end; ++k) {
+    if (w.pos[k] < 0) continue;
+    const float iw = (std::min(t.hi0, w.hi0[k]) - std::max(t.lo0, w.lo0[k])) + off;
+    const float ih = (std::min(t.hi1, w.hi1[k]) - std::max(t.lo1, w.lo1[k])) + off;
+    float inter = 0.0f, uni = 1.0f;
+    if (iw > 0.0f && ih > 0.0f) {
+      inter = iw * ih;
+      uni = (t.area + w.area[k]) - inter;
+    } else if (prm.skip_disjoint) {
+      continue;
+    }
+    w.near_inter[near_n] = inter;
+    w.near_union[near_n] = uni;
+    w.near_pos[near_n] = w.pos[k];
+    ++near_n;
   }
-  *best = m;
-  return dead;
+  return near_n;
 }
 
-// First row in [begin, end) whose score is not >= threshold (dead); end when none.
-int64_t FirstDeadPortable(const float* s, int64_t begin, int64_t end, float threshold) {
-  for (int64_t p = begin; p < end; ++p)
-    if (!(s[p] >= threshold)) return p;
-  return end;
+// Decays the near list [from, near_n); appends the positions that fall under the threshold to
+// w.dead from index dead_n and returns the new count.
+int64_t DecayNearPortable(Work& w, int64_t from, int64_t near_n, const Params& prm, int64_t dead_n) {
+  for (int64_t j = from; j < near_n; ++j) {
+    const int32_t p = w.near_pos[j];
+    const float s = w.score[p] * Weight(w.near_inter[j] / w.near_union[j], prm);
+    w.score[p] = s;
+    if (!(s >= prm.score_threshold)) w.dead[dead_n++] = p;
+  }
+  return dead_n;
+}
+
+float MaxPortable(const float* s, int64_t begin, int64_t end) {
+  float m = -kInf;
+  for (int64_t p = begin; p < end; ++p) m = std::max(m, s[p]);
+  return m;
 }
 
 int64_t FirstEqualPortable(const float* s, int64_t begin, int64_t end, float value) {
@@ -145,55 +221,46 @@ int64_t FirstEqualPortable(const float* s, int64_t begin, int64_t end, float val
 
 #if defined(__x86_64__) || defined(_M_X64)
 
-// One vector of rows [p, p + 16) under mask k (all-ones except at the tail, where the compiler
-// then drops the masking from the loads of the main loop).
-struct Avx512Decay {
-  __m512 tlo0, thi0, tlo1, thi1, tarea, off, nt, thr;
+// One vector of slots [k, k + 16) under mask m (all-ones except at the tail, where the compiler then
+// drops the masking from the loads of the main loop).
+struct Avx512Scan {
+  __m512 tlo0, thi0, tlo1, thi1, tarea, off;
   const float *lo0, *hi0, *lo1, *hi1, *area;
-  float* score;
+  const int32_t* pos;
   float *near_inter, *near_union;
-  int32_t* near_row;
-  int64_t* near_n;
-  Method method;
+  int32_t* near_pos;
 
-  SD_TARGET_AVX512 inline void Step(int64_t p, __mmask16 k, __m512& m, int64_t& dead) const {
-    const __m512 zero = _mm512_setzero_ps(), one = _mm512_set1_ps(1.0f);
+  SD_TARGET_AVX512 inline int64_t Step(int64_t k, __mmask16 m, int64_t near_n) const {
+    const __m512 zero = _mm512_setzero_ps();
     const __m512 iw = _mm512_add_ps(
-        _mm512_sub_ps(_mm512_min_ps(thi0, _mm512_maskz_loadu_ps(k, hi0 + p)), _mm512_max_ps(tlo0, _mm512_maskz_loadu_ps(k, lo0 + p))),
+        _mm512_sub_ps(_mm512_min_ps(thi0, _mm512_maskz_loadu_ps(m, hi0 + k)), _mm512_max_ps(tlo0, _mm512_maskz_loadu_ps(m, lo0 + k))),
         off);
     const __m512 ih = _mm512_add_ps(
-        _mm512_sub_ps(_mm512_min_ps(thi1, _mm512_maskz_loadu_ps(k, hi1 + p)), _mm512_max_ps(tlo1, _mm512_maskz_loadu_ps(k, lo1 + p))),
+        _mm512_sub_ps(_mm512_min_ps(thi1, _mm512_maskz_loadu_ps(m, hi1 + k)), _mm512_max_ps(tlo1, _mm512_maskz_loadu_ps(m, lo1 + k))),
         off);
-    const __mmask16 overlap = _mm512_mask_cmp_ps_mask(_mm512_cmp_ps_mask(iw, zero, _CMP_GT_OQ) & k, ih, zero, _CMP_GT_OQ);
-    const __m512 s_old = _mm512_maskz_loadu_ps(k, score + p);
-    // No branch on "any lane overlaps": which vectors overlap the selected box is random, and the
-    // mispredictions cost more than the IoU of a vector that needs none.
+    const __mmask16 overlap = _mm512_mask_cmp_ps_mask(_mm512_cmp_ps_mask(iw, zero, _CMP_GT_OQ) & m, ih, zero, _CMP_GT_OQ);
+    // Branch-free: which vectors overlap the selected box is random, and the mispredictions would
+    // cost more than the compresses of a vector that has none.
     const __m512 inter = _mm512_mul_ps(iw, ih);
-    const __m512 uni = _mm512_sub_ps(_mm512_add_ps(tarea, _mm512_maskz_loadu_ps(k, area + p)), inter);
-    if (method == Method::kGaussian) {
-      // Overlapping rows go (branch-free) to the near list with their IoU's numerator and
-      // denominator; GaussianNear divides and decays them. The others keep their scores (weight
-      // exactly 1) and all survive.
-      const __m512i rows = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(p)),
-                                            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
-      _mm512_storeu_ps(near_inter + *near_n, _mm512_maskz_compress_ps(overlap, inter));
-      _mm512_storeu_ps(near_union + *near_n, _mm512_maskz_compress_ps(overlap, uni));
-      _mm512_storeu_si512(near_row + *near_n, _mm512_maskz_compress_epi32(overlap, rows));
-      *near_n += __builtin_popcount(static_cast<unsigned>(overlap));
-      m = _mm512_mask_max_ps(m, k & ~overlap, m, s_old);
-      return;
-    }
-    const __m512 iou = _mm512_maskz_div_ps(overlap, inter, uni);
-    const __m512 w = method == Method::kLinear
-                         ? _mm512_mask_blend_ps(_mm512_cmp_ps_mask(iou, nt, _CMP_GT_OQ), one, _mm512_sub_ps(one, iou))
-                         : _mm512_mask_blend_ps(_mm512_cmp_ps_mask(iou, nt, _CMP_GT_OQ), one, zero);  // hard
-    const __m512 s = _mm512_mul_ps(s_old, w);
-    _mm512_mask_storeu_ps(score + p, k, s);
-    const __mmask16 alive = _mm512_mask_cmp_ps_mask(k, s, thr, _CMP_GE_OQ);
-    dead += __builtin_popcount(static_cast<unsigned>(k & ~alive));
-    m = _mm512_mask_max_ps(m, alive, m, s);
+    const __m512 uni = _mm512_sub_ps(_mm512_add_ps(tarea, _mm512_maskz_loadu_ps(m, area + k)), inter);
+    _mm512_storeu_ps(near_inter + near_n, _mm512_maskz_compress_ps(overlap, inter));
+    _mm512_storeu_ps(near_union + near_n, _mm512_maskz_compress_ps(overlap, uni));
+    _mm512_storeu_si512(near_pos + near_n, _mm512_maskz_compress_epi32(overlap, _mm512_maskz_loadu_epi32(m, pos + k)));
+    return near_n + __builtin_popcount(static_cast<unsigned>(overlap));
   }
 };
+
+SD_TARGET_AVX512 int64_t ScanAvx512(const Selected& t, Work& w, int64_t begin, int64_t end, const Params& prm,
+                                    int64_t near_n) {
+  const Avx512Scan s{_mm512_set1_ps(t.lo0), _mm512_set1_ps(t.hi0), _mm512_set1_ps(t.lo1), _mm512_set1_ps(t.hi1),
+                     _mm512_set1_ps(t.area), _mm512_set1_ps(prm.offset), w.lo0.data(), w.hi0.data(), w.lo1.data(),
+                     w.hi1.data(), w.area.data(), w.pos.data(), w.near_inter.data(), w.near_union.data(),
+                     w.near_pos.data()};
+  int64_t k = begin;
+  for (; k + 16 <= end; k += 16) near_n = s.Step(k, 0xFFFF, near_n);
+  if (k < end) near_n = s.Step(k, static_cast<__mmask16>((1u << (end - k)) - 1), near_n);
+  return near_n;
+}
 
 // exp(t) in double for 8 lanes, within a few ulp (Taylor degree 12 on |r| <= ln2/2 after
 // t = n*ln2 + r). Only used where the float32 rounding of the result is unambiguous (below).
@@ -210,88 +277,62 @@ SD_TARGET_AVX512 inline __m512d ExpPd(__m512d t) {
   return _mm512_scalef_pd(p, n);
 }
 
-// Decays the rows of the near list (gaussian): IoU = inter / union (as the oracle, float32), weight
+// Gaussian weights of 8 near rows: IoU = inter / union (as the oracle, float32), weight
 // float(exp(double(-(IoU*IoU) / sigma))). ExpPd and glibc's exp are both within 2^-50 (relative) of
 // the true value, so whenever [y - y*2^-50, y + y*2^-50] rounds to one float32 that float32 is the
 // oracle's weight, bit for bit; the (about 2^-26-rare) lanes where it does not use std::exp itself.
-SD_TARGET_AVX512 int64_t GaussianNearAvx512(Rows& r, int64_t near_n, const Params& prm, float* best) {
-  const __m256 sigma = _mm256_set1_ps(prm.sigma), thr = _mm256_set1_ps(prm.score_threshold);
-  const __m512d band = _mm512_set1_pd(0x1p-50);
-  float* score = r.score.data();
-  __m256 m = _mm256_set1_ps(*best);
-  int64_t dead = 0, j = 0;
-  for (; j + 8 <= near_n; j += 8) {
-    const __m256 iou = _mm256_div_ps(_mm256_loadu_ps(&r.near_inter[j]), _mm256_loadu_ps(&r.near_union[j]));
-    const __m256 t = _mm256_div_ps(_mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(iou, iou)), sigma);
-    const __m512d y = ExpPd(_mm512_cvtps_pd(t));
-    const __m512d dy = _mm512_mul_pd(_mm512_abs_pd(y), band);
-    __m256 w = _mm512_cvtpd_ps(y);
-    const __mmask8 unsure = _mm256_cmp_ps_mask(_mm512_cvtpd_ps(_mm512_sub_pd(y, dy)), _mm512_cvtpd_ps(_mm512_add_pd(y, dy)),
-                                               _CMP_NEQ_OQ);
-    if (unsure != 0) {
-      alignas(32) float iou_lanes[8], w_lanes[8];
-      _mm256_store_ps(iou_lanes, iou);
-      _mm256_store_ps(w_lanes, w);
-      for (unsigned bits = unsure; bits != 0; bits &= bits - 1) {
-        const int lane = __builtin_ctz(bits);
-        w_lanes[lane] = GaussianWeight(iou_lanes[lane], prm.sigma);
-      }
-      w = _mm256_load_ps(w_lanes);
-    }
-    const __m256i rows = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(&r.near_row[j]));
-    const __m256 s = _mm256_mul_ps(_mm256_i32gather_ps(score, rows, 4), w);
-    _mm256_i32scatter_ps(score, rows, s, 4);  // rows are distinct
-    const __mmask8 alive = _mm256_cmp_ps_mask(s, thr, _CMP_GE_OQ);
-    dead += 8 - __builtin_popcount(static_cast<unsigned>(alive));
-    m = _mm256_mask_max_ps(m, alive, m, s);
+SD_TARGET_AVX512 inline __m256 GaussianWeights8(__m256 iou, float sigma) {
+  const __m256 t = _mm256_div_ps(_mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(iou, iou)), _mm256_set1_ps(sigma));
+  const __m512d y = ExpPd(_mm512_cvtps_pd(t));
+  const __m512d dy = _mm512_mul_pd(_mm512_abs_pd(y), _mm512_set1_pd(0x1p-50));
+  const __m256 w = _mm512_cvtpd_ps(y);
+  const __mmask8 unsure =
+      _mm256_cmp_ps_mask(_mm512_cvtpd_ps(_mm512_sub_pd(y, dy)), _mm512_cvtpd_ps(_mm512_add_pd(y, dy)), _CMP_NEQ_OQ);
+  if (unsure == 0) return w;
+  alignas(32) float iou_lanes[8], w_lanes[8];
+  _mm256_store_ps(iou_lanes, iou);
+  _mm256_store_ps(w_lanes, w);
+  for (unsigned bits = unsure; bits != 0; bits &= bits - 1) {
+    const int lane = __builtin_ctz(bits);
+    w_lanes[lane] = GaussianWeight(iou_lanes[lane], sigma);
   }
-  alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, m);
-  float mx = lanes[0];
-  for (float v : lanes) mx = std::max(mx, v);
-  for (; j < near_n; ++j) {
-    const int32_t row = r.near_row[j];
-    const float iou = r.near_inter[j] / r.near_union[j];
-    const float sc = score[row] * GaussianWeight(iou, prm.sigma);
-    score[row] = sc;
-    if (sc >= prm.score_threshold) mx = std::max(mx, sc);
-    else ++dead;
-  }
-  *best = mx;
-  return dead;
+  return _mm256_load_ps(w_lanes);
 }
 
-SD_TARGET_AVX512 int64_t DecayAvx512(const Selected& t, Rows& r, int64_t begin, int64_t end, const Params& prm,
-                                     float* best) {
-  int64_t near_n = 0;
-  const Avx512Decay d{_mm512_set1_ps(t.lo0), _mm512_set1_ps(t.hi0), _mm512_set1_ps(t.lo1), _mm512_set1_ps(t.hi1),
-                      _mm512_set1_ps(t.area), _mm512_set1_ps(prm.offset), _mm512_set1_ps(prm.iou_threshold),
-                      _mm512_set1_ps(prm.score_threshold), r.lo0.data(), r.hi0.data(), r.lo1.data(), r.hi1.data(),
-                      r.area.data(), r.score.data(), r.near_inter.data(), r.near_union.data(), r.near_row.data(), &near_n,
-                      prm.method};
-  __m512 m = _mm512_set1_ps(*best);
-  int64_t dead = 0;
+// DecayNearPortable, 8 near rows a step (gather/scatter of the scores: the positions are distinct).
+SD_TARGET_AVX512 int64_t DecayNearAvx512(Work& w, int64_t from, int64_t near_n, const Params& prm, int64_t dead_n) {
+  const __m256 one = _mm256_set1_ps(1.0f), nt = _mm256_set1_ps(prm.iou_threshold);
+  const __m256 thr = _mm256_set1_ps(prm.score_threshold);
+  float* score = w.score.data();
+  int64_t j = from;
+  for (; j + 8 <= near_n; j += 8) {
+    const __m256 iou = _mm256_div_ps(_mm256_loadu_ps(&w.near_inter[j]), _mm256_loadu_ps(&w.near_union[j]));
+    __m256 wt;
+    if (prm.method == Method::kGaussian) wt = GaussianWeights8(iou, prm.sigma);
+    else if (prm.method == Method::kLinear)
+      wt = _mm256_mask_blend_ps(_mm256_cmp_ps_mask(iou, nt, _CMP_GT_OQ), one, _mm256_sub_ps(one, iou));
+    else wt = _mm256_mask_blend_ps(_mm256_cmp_ps_mask(iou, nt, _CMP_GT_OQ), one, _mm256_setzero_ps());
+    const __m256i p = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(&w.near_pos[j]));
+    const __m256 s = _mm256_mul_ps(_mm256_i32gather_ps(score, p, 4), wt);
+    _mm256_i32scatter_ps(score, p, s, 4);
+    const __mmask8 died = _mm256_cmp_ps_mask(s, thr, _CMP_NGE_UQ);  // !(s >= thr), NaN included
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(&w.dead[dead_n]), _mm256_maskz_compress_epi32(died, p));
+    dead_n += __builtin_popcount(static_cast<unsigned>(died));
+  }
+  return DecayNearPortable(w, j, near_n, prm, dead_n);
+}
+
+SD_TARGET_AVX512 float MaxAvx512(const float* s, int64_t begin, int64_t end) {
+  __m512 m = _mm512_set1_ps(-kInf);
   int64_t p = begin;
-  for (; p + 16 <= end; p += 16) d.Step(p, 0xFFFF, m, dead);
-  if (p < end) d.Step(p, static_cast<__mmask16>((1u << (end - p)) - 1), m, dead);
+  for (; p + 16 <= end; p += 16) m = _mm512_max_ps(m, _mm512_loadu_ps(s + p));
+  if (p < end) m = _mm512_mask_max_ps(m, static_cast<__mmask16>((1u << (end - p)) - 1), m, _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << (end - p)) - 1), s + p));
   // (not _mm512_reduce_max_ps: GCC 12's version warns about an uninitialised temporary)
   alignas(64) float lanes[16];
   _mm512_store_ps(lanes, m);
   float mx = lanes[0];
   for (float v : lanes) mx = std::max(mx, v);
-  *best = mx;
-  if (prm.method == Method::kGaussian) dead += GaussianNearAvx512(r, near_n, prm, best);
-  return dead;
-}
-
-SD_TARGET_AVX512 int64_t FirstDeadAvx512(const float* s, int64_t begin, int64_t end, float threshold) {
-  const __m512 v = _mm512_set1_ps(threshold);
-  for (int64_t p = begin; p < end; p += 16) {
-    const __mmask16 k = static_cast<__mmask16>(end - p >= 16 ? 0xFFFF : (1u << (end - p)) - 1);
-    const __mmask16 dead = k & ~_mm512_mask_cmp_ps_mask(k, _mm512_maskz_loadu_ps(k, s + p), v, _CMP_GE_OQ);
-    if (dead != 0) return p + __builtin_ctz(dead);
-  }
-  return end;
+  return mx;
 }
 
 SD_TARGET_AVX512 int64_t FirstEqualAvx512(const float* s, int64_t begin, int64_t end, float value) {
@@ -306,71 +347,46 @@ SD_TARGET_AVX512 int64_t FirstEqualAvx512(const float* s, int64_t begin, int64_t
 
 // ---- AVX2 ------------------------------------------------------------------------------------
 
-SD_TARGET_AVX2 int64_t DecayAvx2(const Selected& t, Rows& r, int64_t begin, int64_t end, const Params& prm,
-                                 float* best) {
+SD_TARGET_AVX2 int64_t ScanAvx2(const Selected& t, Work& w, int64_t begin, int64_t end, const Params& prm,
+                                int64_t near_n) {
   const __m256 tlo0 = _mm256_set1_ps(t.lo0), thi0 = _mm256_set1_ps(t.hi0);
   const __m256 tlo1 = _mm256_set1_ps(t.lo1), thi1 = _mm256_set1_ps(t.hi1);
-  const __m256 tarea = _mm256_set1_ps(t.area), off = _mm256_set1_ps(prm.offset);
-  const __m256 zero = _mm256_setzero_ps(), one = _mm256_set1_ps(1.0f);
-  const __m256 nt = _mm256_set1_ps(prm.iou_threshold), thr = _mm256_set1_ps(prm.score_threshold);
-  // Lanes start at -inf; a lane's max only takes surviving scores (the blend below).
-  __m256 m = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
-  int64_t dead = 0;
-  int64_t p = begin;
-  for (; p + 8 <= end; p += 8) {
+  const __m256 tarea = _mm256_set1_ps(t.area), off = _mm256_set1_ps(prm.offset), zero = _mm256_setzero_ps();
+  int64_t k = begin;
+  for (; k + 8 <= end; k += 8) {
     const __m256 iw = _mm256_add_ps(
-        _mm256_sub_ps(_mm256_min_ps(thi0, _mm256_loadu_ps(&r.hi0[p])), _mm256_max_ps(tlo0, _mm256_loadu_ps(&r.lo0[p]))),
+        _mm256_sub_ps(_mm256_min_ps(thi0, _mm256_loadu_ps(&w.hi0[k])), _mm256_max_ps(tlo0, _mm256_loadu_ps(&w.lo0[k]))),
         off);
     const __m256 ih = _mm256_add_ps(
-        _mm256_sub_ps(_mm256_min_ps(thi1, _mm256_loadu_ps(&r.hi1[p])), _mm256_max_ps(tlo1, _mm256_loadu_ps(&r.lo1[p]))),
+        _mm256_sub_ps(_mm256_min_ps(thi1, _mm256_loadu_ps(&w.hi1[k])), _mm256_max_ps(tlo1, _mm256_loadu_ps(&w.lo1[k]))),
         off);
-    const __m256 overlap = _mm256_and_ps(_mm256_cmp_ps(iw, zero, _CMP_GT_OQ), _mm256_cmp_ps(ih, zero, _CMP_GT_OQ));
-    const __m256 s_old = _mm256_loadu_ps(&r.score[p]);
-    if (_mm256_movemask_ps(overlap) == 0 && prm.skip_disjoint) {
-      m = _mm256_max_ps(m, s_old);  // unchanged scores: all >= threshold already
-      continue;
+    const int overlap =
+        _mm256_movemask_ps(_mm256_and_ps(_mm256_cmp_ps(iw, zero, _CMP_GT_OQ), _mm256_cmp_ps(ih, zero, _CMP_GT_OQ)));
+    if (overlap == 0) continue;
+    alignas(32) float inter[8], uni[8];
+    const __m256 x = _mm256_mul_ps(iw, ih);
+    _mm256_store_ps(inter, x);
+    _mm256_store_ps(uni, _mm256_sub_ps(_mm256_add_ps(tarea, _mm256_loadu_ps(&w.area[k])), x));
+    for (unsigned bits = static_cast<unsigned>(overlap); bits != 0; bits &= bits - 1) {
+      const int lane = __builtin_ctz(bits);
+      w.near_inter[near_n] = inter[lane];
+      w.near_union[near_n] = uni[lane];
+      w.near_pos[near_n] = w.pos[k + lane];
+      ++near_n;
     }
-    const __m256 inter = _mm256_mul_ps(iw, ih);
-    const __m256 uni = _mm256_sub_ps(_mm256_add_ps(tarea, _mm256_loadu_ps(&r.area[p])), inter);
-    // Non-overlapping lanes may divide 0 by 0 here; the and-mask makes their IoU exactly 0.
-    const __m256 iou = _mm256_and_ps(overlap, _mm256_div_ps(inter, uni));
-    __m256 w;
-    if (prm.method == Method::kLinear) {
-      w = _mm256_blendv_ps(one, _mm256_sub_ps(one, iou), _mm256_cmp_ps(iou, nt, _CMP_GT_OQ));
-    } else if (prm.method == Method::kHard) {
-      w = _mm256_blendv_ps(one, zero, _mm256_cmp_ps(iou, nt, _CMP_GT_OQ));
-    } else {
-      alignas(32) float iou_lanes[8], w_lanes[8];
-      _mm256_store_ps(iou_lanes, iou);
-      _mm256_store_ps(w_lanes, one);
-      for (unsigned bits = _mm256_movemask_ps(_mm256_cmp_ps(iou, zero, _CMP_NEQ_UQ)); bits != 0; bits &= bits - 1) {
-        const int lane = __builtin_ctz(bits);
-        w_lanes[lane] = GaussianWeight(iou_lanes[lane], prm.sigma);
-      }
-      w = _mm256_load_ps(w_lanes);
-    }
-    const __m256 s = _mm256_mul_ps(s_old, w);
-    _mm256_storeu_ps(&r.score[p], s);
-    const __m256 alive = _mm256_cmp_ps(s, thr, _CMP_GE_OQ);
-    dead += 8 - __builtin_popcount(static_cast<unsigned>(_mm256_movemask_ps(alive)));
-    m = _mm256_max_ps(m, _mm256_blendv_ps(_mm256_set1_ps(-std::numeric_limits<float>::infinity()), s, alive));
   }
-  alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, m);
-  float mx = *best;
-  for (float v : lanes) mx = std::max(mx, v);
-  *best = mx;
-  return dead + DecayPortable(t, r, p, end, prm, best);
+  return ScanPortable(t, w, k, end, prm, near_n);
 }
 
-SD_TARGET_AVX2 int64_t FirstDeadAvx2(const float* s, int64_t begin, int64_t end, float threshold) {
-  const __m256 v = _mm256_set1_ps(threshold);
+SD_TARGET_AVX2 float MaxAvx2(const float* s, int64_t begin, int64_t end) {
+  __m256 m = _mm256_set1_ps(-kInf);
   int64_t p = begin;
-  for (; p + 8 <= end; p += 8) {
-    const int alive = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(s + p), v, _CMP_GE_OQ));
-    if (alive != 0xFF) return p + __builtin_ctz(static_cast<unsigned>(~alive & 0xFF));
-  }
-  return FirstDeadPortable(s, p, end, threshold);
+  for (; p + 8 <= end; p += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(s + p));
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, m);
+  float mx = MaxPortable(s, p, end);
+  for (float v : lanes) mx = std::max(mx, v);
+  return mx;
 }
 
 SD_TARGET_AVX2 int64_t FirstEqualAvx2(const float* s, int64_t begin, int64_t end, float value) {
@@ -387,61 +403,132 @@ SD_TARGET_AVX2 int64_t FirstEqualAvx2(const float* s, int64_t begin, int64_t end
 
 // ---- the loop -------------------------------------------------------------------------------------
 
+#ifdef SD_STATS
+int64_t g_stats[8];
+uint64_t g_c[2];
+#endif
 struct Pick {
   int64_t index;
   float score;
 };
 
-using DecayFn = int64_t (*)(const Selected&, Rows&, int64_t, int64_t, const Params&, float*);
-using FirstEqualFn = int64_t (*)(const float*, int64_t, int64_t, float);  // also FirstDead*
+using ScanFn = int64_t (*)(const Selected&, Work&, int64_t, int64_t, const Params&, int64_t);
+using DecayNearFn = int64_t (*)(Work&, int64_t, int64_t, const Params&, int64_t);
+using MaxFn = float (*)(const float*, int64_t, int64_t);
+using FirstEqualFn = int64_t (*)(const float*, int64_t, int64_t, float);
 
 struct Isafns {
-  DecayFn decay;
-  FirstEqualFn first_equal, first_dead;
+  ScanFn scan;
+  DecayNearFn decay_near;
+  MaxFn max;
+  FirstEqualFn first_equal;
 };
 
-// One (batch, class). `ext` holds the batch's boxes as [N][5] (lo0, hi0, lo1, hi1, area); `rows` is
-// the task's scratch (capacity N).
-void SoftNmsOne(const float* ext, const float* scores, int64_t num_boxes, const Params& prm, const Isafns& fn,
-                Rows& rows, std::vector<Pick>& out) {
+// One (batch, class). `ext` holds the batch's boxes as [N][5] (lo0, hi0, lo1, hi1, area), `order` their
+// indices sorted by lo0; `w` is the task's scratch (capacity N).
+void SoftNmsOne(const float* ext, const int32_t* order, const float* scores, int64_t num_boxes, const Params& prm,
+                const Isafns& fn, Work& w, std::vector<Pick>& out) {
   int64_t n = 0;
-  float best = -std::numeric_limits<float>::infinity();
-  for (int64_t j = 0; j < num_boxes; ++j) {
-    const float s = scores[j];
-    if (!(s >= prm.score_threshold)) continue;  // NaN is never >=: dropped
-    const float* e = ext + j * 5;
-    rows.lo0[n] = e[0], rows.hi0[n] = e[1], rows.lo1[n] = e[2], rows.hi1[n] = e[3], rows.area[n] = e[4];
-    rows.score[n] = s;
-    rows.index[n] = j;
-    best = std::max(best, s);
-    ++n;
+  for (int64_t j = 0; j < num_boxes; ++j)  // NaN is never >=: dropped
+    w.rank[j] = scores[j] >= prm.score_threshold ? static_cast<int32_t>(n++) : -1;
+  w.slots = 0;
+  w.tombs = 0;
+  for (int64_t q = 0; q < num_boxes; ++q) {
+    const int32_t j = order[q], p = w.rank[j];
+    if (p < 0) continue;
+    const float* e = ext + static_cast<int64_t>(j) * 5;
+    const int64_t k = w.slots++;
+    w.lo0[k] = e[0], w.hi0[k] = e[1], w.lo1[k] = e[2], w.hi1[k] = e[3], w.area[k] = e[4];
+    w.pos[k] = p;
+    w.box[k] = j;
+    w.score[p] = scores[j];
+    w.slot[p] = static_cast<int32_t>(k);
   }
+  w.Reach();
+  const float thr = prm.score_threshold;
   const int64_t limit = prm.max_output > 0 ? std::min(prm.max_output, n) : n;
   for (int64_t i = 0; i < n && i < limit; ++i) {
-    // best = max over rows [i, n); its first row is the selection (ties: earlier working row).
-    const int64_t m = fn.first_equal(rows.score.data(), i, n, best);
-    if (m != i) rows.Swap(i, m);
-    out.push_back({rows.index[i], rows.score[i]});
-    const Selected t{rows.lo0[i], rows.hi0[i], rows.lo1[i], rows.hi1[i], rows.area[i]};
-    best = -std::numeric_limits<float>::infinity();
-    const int64_t dead = fn.decay(t, rows, i + 1, n, prm, &best);
-    if (dead == 0) continue;
-    // The original's removal: the last working row moves into a dead slot, which is looked at again
-    // (so dead rows at the tail are dropped first, then the last live row fills the slot).
-    const float* s = rows.score.data();
-    for (int64_t p = fn.first_dead(s, i + 1, n, prm.score_threshold); p < n;) {
-      while (n - 1 > p && !(s[n - 1] >= prm.score_threshold)) --n;
-      rows.Move(n - 1, p);  // n - 1 == p: the dead row is the last one and just goes
-      --n;
-      p = fn.first_dead(s, p + 1, n, prm.score_threshold);
+    // the selection: the first position in [i, n) holding the largest score
+#ifdef SD_STATS
+    uint64_t c0 = __rdtsc();
+#endif
+    const int64_t m = fn.first_equal(w.score.data(), i, n, fn.max(w.score.data(), i, n));
+#ifdef SD_STATS
+    uint64_t c1 = __rdtsc(); g_stats[5] += c1 - c0;
+#endif
+    if (m != i) w.SwapPositions(i, m);
+    const int32_t k = w.slot[i];
+    out.push_back({w.box[k], w.score[i]});
+    const Selected t{w.lo0[k], w.hi0[k], w.lo1[k], w.hi1[k], w.area[k]};
+    w.Tombstone(k);
+    int64_t begin = 0, end = w.slots;
+    if (prm.skip_disjoint) Window(t, w, prm.offset, &begin, &end);
+#ifdef SD_STATS
+    g_c[0] += __rdtsc() - c1;
+#endif
+    const int64_t near_n = fn.scan(t, w, begin, end, prm, 0);
+#ifdef SD_STATS
+    g_stats[0] += 1; g_stats[1] += end - begin; g_stats[2] += near_n; g_stats[3] += w.slots; g_stats[4] += n - i;
+#endif
+#ifdef SD_STATS
+    uint64_t c2 = __rdtsc(); g_stats[6] += c2 - c1;
+#endif
+    const int64_t dead_n = fn.decay_near(w, 0, near_n, prm, 0);
+#ifdef SD_STATS
+    uint64_t c3 = __rdtsc(); g_stats[7] += c3 - c2;
+#endif
+    if (dead_n > 0) {
+      // The original's removal, replayed: scanning up from i + 1, each dead position takes the last
+      // working row, after the dead rows at the tail are dropped (a moved row is alive, so the next
+      // dead position is the next one in ascending order that is still < n).
+      int32_t* dead = w.dead.data();
+      for (int64_t j = 0; j < dead_n; ++j) w.Tombstone(w.slot[dead[j]]);
+      std::sort(dead, dead + dead_n);
+      for (int64_t j = 0; j < dead_n && dead[j] < n; ++j) {
+        const int64_t p = dead[j];
+        while (n - 1 > p && !(w.score[n - 1] >= thr)) --n;
+        if (n - 1 > p) w.MovePosition(n - 1, p);  // else the dead row is the last one and just goes
+        --n;
+      }
+    }
+    // Tombstones cost scan time; dropping them costs one pass over the slots: amortised O(1) each.
+#ifdef SD_STATS
+    uint64_t c4 = __rdtsc();
+#endif
+    if (w.tombs > 16 && 2 * w.tombs > w.slots) w.Compact();
+#ifdef SD_STATS
+    g_c[1] += __rdtsc() - c4;
+#endif
+  }
+}
+
+// Box indices of one batch in ascending lo0 (ext as in SoftNmsOne): the slots' order. Keys are the
+// floats' order-preserving bit patterns (lo0 is never NaN: see Extents) above the index.
+void SortByLo0(const float* ext, int64_t num_boxes, int32_t* order) {
+  std::vector<uint64_t> keys(static_cast<size_t>(num_boxes)), tmp(static_cast<size_t>(num_boxes));
+  for (int64_t j = 0; j < num_boxes; ++j) {
+    uint32_t u;
+    std::memcpy(&u, ext + j * 5, sizeof u);
+    u ^= (u >> 31) != 0 ? 0xFFFFFFFFu : 0x80000000u;
+    keys[j] = (static_cast<uint64_t>(u) << 32) | static_cast<uint32_t>(j);
+  }
+  if (num_boxes < 1024) {
+    std::sort(keys.begin(), keys.end());
+  } else {  // LSD radix sort on the 32 key bits, 11 bits a pass
+    for (int shift = 32; shift < 64; shift += 11) {
+      size_t count[2049] = {};
+      for (uint64_t v : keys) ++count[((v >> shift) & 2047) + 1];
+      for (int d = 0; d < 2048; ++d) count[d + 1] += count[d];
+      for (uint64_t v : keys) tmp[count[(v >> shift) & 2047]++] = v;
+      keys.swap(tmp);
     }
   }
+  for (int64_t j = 0; j < num_boxes; ++j) order[j] = static_cast<int32_t>(keys[j]);
 }
 
 // Boxes of one batch -> [N][5] (lo0, hi0, lo1, hi1, area); a box with a NaN corner overlaps nothing.
 template <class T>
 void Extents(const T* boxes, int64_t num_boxes, bool center, float off, float* ext) {
-  constexpr float kInf = std::numeric_limits<float>::infinity();
   for (int64_t j = 0; j < num_boxes; ++j) {
     const float a0 = ToFloat(boxes[j * 4 + 0]), a1 = ToFloat(boxes[j * 4 + 1]);
     const float a2 = ToFloat(boxes[j * 4 + 2]), a3 = ToFloat(boxes[j * 4 + 3]);
@@ -533,14 +620,18 @@ struct SoftNmsKernel {
     if (num_boxes > std::numeric_limits<int32_t>::max())
       Fail(kOp, "Boxes holds ", num_boxes, " boxes per batch (kernel limit: 2147483647)");
     std::vector<float> ext(static_cast<size_t>(num_batches * num_boxes * 5));
-    for (int64_t b = 0; b < num_batches; ++b)
+    std::vector<int32_t> order(static_cast<size_t>(num_batches * num_boxes));
+    for (int64_t b = 0; b < num_batches; ++b) {
       Extents(boxes.data + b * num_boxes * 4, num_boxes, center_point_box == 1, prm.offset, &ext[b * num_boxes * 5]);
+      SortByLo0(&ext[b * num_boxes * 5], num_boxes, &order[b * num_boxes]);
+    }
 
-    Isafns fn{DecayPortable, FirstEqualPortable, FirstDeadPortable};
+    Isafns fn{ScanPortable, DecayNearPortable, MaxPortable, FirstEqualPortable};
 #if defined(__x86_64__) || defined(_M_X64)
-    if (isa == Isa::kAvx512) fn = {DecayAvx512, FirstEqualAvx512, FirstDeadAvx512};
-    else if (isa == Isa::kAvx2) fn = {DecayAvx2, FirstEqualAvx2, FirstDeadAvx2};
+    if (isa == Isa::kAvx512) fn = {ScanAvx512, DecayNearAvx512, MaxAvx512, FirstEqualAvx512};
+    else if (isa == Isa::kAvx2) fn = {ScanAvx2, DecayNearPortable, MaxAvx2, FirstEqualAvx2};
 #endif
+    if (!prm.skip_disjoint) fn.scan = ScanPortable;  // every live row, disjoint ones included
     const int64_t pairs = num_batches * num_classes;
     std::vector<std::vector<Pick>> picks(static_cast<size_t>(pairs));
     // Cost of one pair ~ N^2/2 IoUs in the worst case; NumTasks keeps tasks >= its grain.
@@ -548,14 +639,14 @@ struct SoftNmsKernel {
     ParallelFor(ctx, tasks, [&](size_t task) {
       int64_t p0, p1;
       TaskRange(task, tasks, pairs, &p0, &p1);
-      Rows rows;
-      rows.Resize(static_cast<size_t>(num_boxes));
+      Work work;
+      work.Resize(static_cast<size_t>(num_boxes));
       std::vector<float> s32(static_cast<size_t>(num_boxes));
       for (int64_t pair = p0; pair < p1; ++pair) {
         const int64_t b = pair / num_classes;
         const T* s = scores.data + pair * num_boxes;
         for (int64_t j = 0; j < num_boxes; ++j) s32[j] = ToFloat(s[j]);
-        SoftNmsOne(&ext[b * num_boxes * 5], s32.data(), num_boxes, prm, fn, rows, picks[pair]);
+        SoftNmsOne(&ext[b * num_boxes * 5], &order[b * num_boxes], s32.data(), num_boxes, prm, fn, work, picks[pair]);
       }
     });
 

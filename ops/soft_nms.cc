@@ -255,9 +255,13 @@ int64_t ApplyWeights(Work& w, int64_t near_n, float threshold) {
 }
 
 float MaxPortable(const float* s, int64_t begin, int64_t end) {
-  float m = -kInf;
-  for (int64_t p = begin; p < end; ++p) m = std::max(m, s[p]);
-  return m;
+  float m0 = -kInf, m1 = -kInf, m2 = -kInf, m3 = -kInf;  // four chains: max has a latency
+  int64_t p = begin;
+  for (; p + 4 <= end; p += 4) {
+    m0 = std::max(m0, s[p]), m1 = std::max(m1, s[p + 1]), m2 = std::max(m2, s[p + 2]), m3 = std::max(m3, s[p + 3]);
+  }
+  for (; p < end; ++p) m0 = std::max(m0, s[p]);
+  return std::max(std::max(m0, m1), std::max(m2, m3));
 }
 
 int64_t FirstEqualPortable(const float* s, int64_t begin, int64_t end, float value) {

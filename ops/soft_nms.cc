@@ -274,7 +274,7 @@ int64_t FirstEqualPortable(const float* s, int64_t begin, int64_t end, float val
 
 #if defined(__x86_64__) || defined(_M_X64)
 
-// One block of slots [k, k + 16) (mask m: all ones; kept so that the masked loads stay expressible).
+// One block of slots [k, k + 16): the exact overlap test, the overlapping rows appended to the near list.
 struct Avx512Scan {
   __m512 tlo0, thi0, tlo1, thi1, tarea, off;
   const float *lo0, *hi0, *lo1, *hi1, *area;
@@ -282,22 +282,22 @@ struct Avx512Scan {
   float *near_inter, *near_union;
   int32_t* near_pos;
 
-  SD_TARGET_AVX512 inline int64_t Step(int64_t k, __mmask16 m, int64_t near_n) const {
+  SD_TARGET_AVX512 inline int64_t Step(int64_t k, int64_t near_n) const {
     const __m512 zero = _mm512_setzero_ps();
     const __m512 iw = _mm512_add_ps(
-        _mm512_sub_ps(_mm512_min_ps(thi0, _mm512_maskz_loadu_ps(m, hi0 + k)), _mm512_max_ps(tlo0, _mm512_maskz_loadu_ps(m, lo0 + k))),
+        _mm512_sub_ps(_mm512_min_ps(thi0, _mm512_loadu_ps(hi0 + k)), _mm512_max_ps(tlo0, _mm512_loadu_ps(lo0 + k))),
         off);
     const __m512 ih = _mm512_add_ps(
-        _mm512_sub_ps(_mm512_min_ps(thi1, _mm512_maskz_loadu_ps(m, hi1 + k)), _mm512_max_ps(tlo1, _mm512_maskz_loadu_ps(m, lo1 + k))),
+        _mm512_sub_ps(_mm512_min_ps(thi1, _mm512_loadu_ps(hi1 + k)), _mm512_max_ps(tlo1, _mm512_loadu_ps(lo1 + k))),
         off);
-    const __mmask16 overlap = _mm512_mask_cmp_ps_mask(_mm512_cmp_ps_mask(iw, zero, _CMP_GT_OQ) & m, ih, zero, _CMP_GT_OQ);
+    const __mmask16 overlap = _mm512_mask_cmp_ps_mask(_mm512_cmp_ps_mask(iw, zero, _CMP_GT_OQ), ih, zero, _CMP_GT_OQ);
     // Branch-free: which vectors overlap the selected box is random, and the mispredictions would
     // cost more than the compresses of a vector that has none.
     const __m512 inter = _mm512_mul_ps(iw, ih);
-    const __m512 uni = _mm512_sub_ps(_mm512_add_ps(tarea, _mm512_maskz_loadu_ps(m, area + k)), inter);
+    const __m512 uni = _mm512_sub_ps(_mm512_add_ps(tarea, _mm512_loadu_ps(area + k)), inter);
     _mm512_storeu_ps(near_inter + near_n, _mm512_maskz_compress_ps(overlap, inter));
     _mm512_storeu_ps(near_union + near_n, _mm512_maskz_compress_ps(overlap, uni));
-    _mm512_storeu_si512(near_pos + near_n, _mm512_maskz_compress_epi32(overlap, _mm512_maskz_loadu_epi32(m, pos + k)));
+    _mm512_storeu_si512(near_pos + near_n, _mm512_maskz_compress_epi32(overlap, _mm512_loadu_si512(pos + k)));
     return near_n + __builtin_popcount(static_cast<unsigned>(overlap));
   }
 };
@@ -319,7 +319,7 @@ SD_TARGET_AVX512 int64_t ScanAvx512(const Selected& t, Work& w, const Params& pr
                                                   _mm512_max_ps(tlo1, _mm512_maskz_loadu_ps(m, &w.block_lo1[b]))),
                                     off);
     const __mmask16 hit = _mm512_mask_cmp_ps_mask(_mm512_cmp_ps_mask(iw, zero, _CMP_GT_OQ) & m, ih, zero, _CMP_GT_OQ);
-    for (unsigned bits = hit; bits != 0; bits &= bits - 1) near_n = s.Step((b + __builtin_ctz(bits)) * kBlock, 0xFFFF, near_n);
+    for (unsigned bits = hit; bits != 0; bits &= bits - 1) near_n = s.Step((b + __builtin_ctz(bits)) * kBlock, near_n);
   }
   return near_n;
 }

@@ -43,10 +43,12 @@ Order of the selected scores: every weight is in [0, 1] (IoU <= 1 holds in float
 non-negative scores each (batch, class) selects in non-increasing score order. With negative scores
 (a negative ScoreThreshold) a decay moves a score up towards 0 and a later selection can score higher.
 
-The kernel (ops/soft_nms.cc) runs one (batch, class) per task with a SIMD IoU/decay pass over the
-remaining boxes; the function body runs the same loop with ONNX Loop (standard ops, opset 18). The
-oracle below is float32 like the original, not float64: the selection is discrete, and every backend
-must make the same comparisons to select the same boxes.
+The kernel (ops/soft_nms.cc) runs one (batch, class) per task; each round it decays only the boxes
+that overlap the selected one (weight(IoU 0) is exactly 1), found through 16-box blocks with bounding
+boxes, while keeping the original loop's working order for the tie-breaks. The function body runs
+the same loop with ONNX Loop (standard ops, opset 18). The oracle below is float32 like the original,
+not float64: the selection is discrete, and every backend must make the same comparisons to select
+the same boxes.
 """
 
 from __future__ import annotations

@@ -198,6 +198,37 @@ def test_properties(method, data, max_out):
         assert all(v >= np.float32(0.001) for v in s)
 
 
+@functools.cache
+def _many_boxes() -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(7)
+    n = 600
+    boxes = clustered_boxes(rng, n, integer=True)
+    boxes[::97] = [0, 0, 1000, 1000]  # wide boxes overlap every block
+    scores = (rng.integers(1, 9, (1, 2, n)) / 8).astype(np.float32)  # many exact ties
+    return boxes, scores
+
+
+@functools.cache
+def _many_boxes_oracle(method: str, offset: int, c: int):
+    boxes, scores = _many_boxes()
+    return oracle(boxes, scores[0, c], method=method, sigma=0.5, iou=0.3, score_thr=0.2, offset=offset)
+
+
+@pytest.mark.parametrize("isa", conformance.available_isas())
+@pytest.mark.parametrize("method", ["linear", "gaussian", "hard"])
+def test_many_boxes_equal_the_original_loop(isa, method):
+    """Hundreds of boxes (the hypothesis cases stay under 48): many slices and blocks of the kernel's
+    spatial index, blocks that empty, compactions, ties between far-apart boxes, a few wide boxes."""
+    boxes, scores = _many_boxes()
+    for offset in (0, 1):
+        rows, sel = run_kernel(boxes[None], scores, 0, 0.3, 0.2, method=method, offset=offset, isa=isa)
+        for c in range(scores.shape[1]):
+            want = _many_boxes_oracle(method, offset, c)
+            got = per_class(rows, sel, 0, c)
+            assert got[0] == want[0], (method, offset, c)
+            np.testing.assert_array_equal(got[1], want[1])
+
+
 def test_selected_scores_can_rise_with_negative_scores():
     """The non-increasing order needs scores >= 0: a decay moves a negative score up towards 0."""
     boxes = np.array([[[0, 0, 10, 10], [0, 0, 10, 11]]], np.float32)  # IoU 10/11 > 0.3

@@ -63,11 +63,13 @@ def _walk(nodes: Sequence[Any]) -> Iterator[Any]:
 def _why_not(node: Any, convert_map: Mapping[str, Any], functions: Mapping[tuple[str, str], Any]) -> str | None:
     """None when the importer takes ``node``; otherwise the reason it does not."""
     from softdeploy.ops import REGISTRY
-    from softdeploy.tvm.ops import TIR_OPS
+    from softdeploy.tvm.ops import NOT_IMPORTABLE, TIR_OPS
 
     if node.domain == DOMAIN:
         if node.op_type not in REGISTRY:
             return f"not an op of softdeploy's domain {DOMAIN} (known: {sorted(REGISTRY)})"
+        if node.op_type in NOT_IMPORTABLE and node.op_type not in TIR_OPS:
+            return NOT_IMPORTABLE[node.op_type]
         if node.op_type in TIR_OPS:
             return None
         body = functions.get((DOMAIN, node.op_type))

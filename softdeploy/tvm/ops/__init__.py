@@ -79,6 +79,10 @@ NOT_IMPORTABLE: dict[str, str] = {
     # possible either: the number of selected boxes (the output's first dimension) depends on the data.
     "SoftNMS": "its function body uses Loop (not in TVM's Relax ONNX frontend, apache/tvm#17767) and its "
     "output size depends on the data, so it has no TIR compute",
+    # Found by the conformance test: through TVM the body's TopK puts -inf (masked) entries ahead of
+    # finite ones, i.e. wrong results on masked rows. Refused until a TIR selection replaces it.
+    "SoftmaxTopK": "TVM's lowering of its function body (TopK) ranks -inf entries above finite ones, "
+    "which gives wrong results on masked rows; run it on onnxruntime",
 }
 
 __all__ = [

@@ -279,7 +279,6 @@ def all_valid(rows: int, cols: int) -> np.ndarray:
 
 
 def samples(rng: np.random.Generator) -> Iterator[Sample]:
-    # Omitted masks (None) mean all valid; the portable body gets them as all-true masks (BodyFill).
     def case(b: int, lq: int, n: int, ld: int, dim: int, p_valid: float = 1.0) -> tuple[np.ndarray, ...]:
         q, d = unit_tokens(rng, b, lq, dim), unit_tokens(rng, n, ld, dim)
         qm = random_mask(rng, b, lq, p_valid) if p_valid < 1 else all_valid(b, lq)
@@ -288,10 +287,6 @@ def samples(rng: np.random.Generator) -> Iterator[Sample]:
 
     yield Sample("colbert_2x32_vs_9x40_d128", case(2, 32, 9, 40, 128))
     yield Sample("padded_3x20_vs_7x33_d64", case(3, 20, 7, 33, 64, p_valid=0.7))
-    q, d, qm, dm = case(3, 20, 7, 33, 64, p_valid=0.7)
-    yield Sample("masks_omitted", (q, d))
-    yield Sample("qmask_omitted", (q, d, None, dm))
-    yield Sample("dmask_omitted", (q, d, qm))
     yield Sample(
         "scaled_float",
         (
@@ -308,8 +303,6 @@ def samples(rng: np.random.Generator) -> Iterator[Sample]:
     yield Sample("no_query_tokens", case(2, 0, 3, 5, 8), kind="edge")
     yield Sample("no_document_tokens", case(2, 4, 3, 0, 8), kind="edge")
     yield Sample("dim0", case(2, 4, 3, 5, 0), kind="edge")
-    yield Sample("no_document_tokens_masks_omitted", case(2, 4, 3, 0, 8)[:2], kind="edge")
-    yield Sample("empty_batch_masks_omitted", case(0, 4, 3, 5, 8)[:2], kind="edge")
     q, d, qm, dm = case(2, 6, 5, 7, 8)
     dm[1] = False  # a fully padded document scores 0
     dm[2, 1:] = False  # a one-token document
@@ -322,7 +315,6 @@ def samples(rng: np.random.Generator) -> Iterator[Sample]:
     d8[0, 0, :] = -128
     d8[1, 0, :] = 127
     yield Sample("int8_2x33_vs_5x19_d128", (q8, d8, all_valid(2, 33), random_mask(rng, 5, 19), qs, ds))
-    yield Sample("int8_masks_omitted", (q8, d8, None, None, qs, ds))
     for lq, ld, dim in ((1, 1, 1), (17, 9, 63), (32, 16, 64), (5, 3, 130)):
         q8, qs = quantize_tokens(unit_tokens(rng, 2, lq, dim))
         d8, ds = quantize_tokens(unit_tokens(rng, 3, ld, dim))
@@ -340,6 +332,17 @@ def samples(rng: np.random.Generator) -> Iterator[Sample]:
     d[0, 1, :] = [-np.inf, 0, 0, 0]  # -inf * positive / negative / 0 -> +-inf or NaN
     q[0, 2, :] = [np.inf, 1, 1, 1]
     yield Sample("infinities", (q, d, qm, dm), kind="special")
+    # Omitted masks mean all valid (the portable body gets all-true masks, Port.body_fill). Last, so
+    # that the samples above keep their random draws.
+    q, d, qm, dm = case(3, 20, 7, 33, 64, p_valid=0.7)
+    yield Sample("masks_omitted", (q, d))
+    yield Sample("qmask_omitted", (q, d, None, dm))
+    yield Sample("dmask_omitted", (q, d, qm))
+    q8, qs = quantize_tokens(unit_tokens(rng, 2, 9, 32))
+    d8, ds = quantize_tokens(unit_tokens(rng, 3, 5, 32))
+    yield Sample("int8_masks_omitted", (q8, d8, None, None, qs, ds))
+    yield Sample("no_document_tokens_masks_omitted", case(2, 4, 3, 0, 8)[:2], kind="edge")
+    yield Sample("empty_batch_masks_omitted", case(0, 4, 3, 5, 8)[:2], kind="edge")
 
 
 def errors() -> Iterator[ErrorCase]:

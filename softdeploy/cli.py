@@ -55,6 +55,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     import onnxruntime
 
     import softdeploy
+    from softdeploy.compare.environment import cpuinfo
     from softdeploy.conformance import available_isas
     from softdeploy.runtime import library_status
 
@@ -67,7 +68,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         ("onnx", onnx.__version__),
         ("library", str(status.path) if status.ok else f"NOT FOUND: {status.error}"),
         ("built against", "onnxruntime C API version 21 headers (libonnxruntime-dev 1.21)"),
-        ("cpu", _cpu_model()),
+        ("cpu", cpuinfo()[0]),
         ("kernel variants", ", ".join(available_isas())),
     ]
     if status.ok:
@@ -87,19 +88,6 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     for k, v in rows:
         console.print(f"[bold]{k:>16}[/bold]  {v}")  # type: ignore[attr-defined]
     return 0 if status.ok else 1
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor() or "unknown"
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

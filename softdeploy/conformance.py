@@ -26,15 +26,9 @@ ISAS = ("portable", "avx2", "avx512")
 
 def available_isas() -> list[str]:
     """Kernel variants this CPU can run (mirrors ops/common/cpu.cc)."""
-    flags: set[str] = set()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    break
-    except OSError:
-        pass
+    from softdeploy.compare.environment import cpuinfo
+
+    _, flags = cpuinfo()
     out = ["portable"]
     if {"avx2", "fma"} <= flags:
         out.append("avx2")

@@ -28,7 +28,8 @@ ISA_FLAGS = (
 PACKAGES = ("softdeploy", "numpy", "torch", "onnx", "onnxruntime", "onnxscript", "transformers", "tokenizers")
 
 
-def _cpuinfo() -> tuple[str, set[str]]:
+def cpuinfo() -> tuple[str, set[str]]:
+    """(CPU model name, ISA flags) from /proc/cpuinfo; the one place softdeploy reads it."""
     model, flags = platform.processor() or "unknown", set()
     try:
         with open("/proc/cpuinfo") as f:
@@ -45,7 +46,7 @@ def _cpuinfo() -> tuple[str, set[str]]:
 def environment(threads: int) -> dict[str, Any]:
     from softdeploy.runtime import library_status
 
-    model, flags = _cpuinfo()
+    model, flags = cpuinfo()
     versions = {}
     for p in PACKAGES:
         try:

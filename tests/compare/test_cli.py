@@ -6,9 +6,9 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from quant.tiny import mlp_with_custom_op
 
 from softdeploy.cli import main
-from tests.quant.tiny import mlp_with_custom_op
 
 
 @pytest.fixture

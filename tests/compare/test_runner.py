@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
+from compare.tiny_case import TinyCase
 from softdeploy.compare import REFERENCE, VARIANTS, run_compare
 from softdeploy.compare.progress import SilentProgress
 from softdeploy.compare.report import print_table, to_markdown, write_reports
 from softdeploy.errors import SoftdeployError
-from tests.compare.tiny_case import TinyCase
 
 
 @pytest.fixture(scope="module")

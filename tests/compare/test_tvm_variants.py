@@ -8,10 +8,10 @@ import pytest
 
 pytest.importorskip("tvm", reason="the TVM backend is optional: pip install 'softdeploy[tvm]'")
 
+from compare.tiny_case import TinyCase
 from softdeploy.compare import REFERENCE, VARIANTS, run_compare
 from softdeploy.compare.progress import SilentProgress
 from softdeploy.compare.runner import TVM_VARIANTS, known_variants
-from tests.compare.tiny_case import TinyCase
 
 
 def test_tvm_variants_are_opt_in_and_known() -> None:

@@ -8,9 +8,9 @@ from typing import Any
 
 import numpy as np
 import onnx
+from quant.tiny import feeds, mlp_with_custom_op
 
 from softdeploy.compare.case import Evaluation, Floor, Progress, Runner, Timed
-from tests.quant.tiny import feeds, mlp_with_custom_op
 
 
 class TinyCase:

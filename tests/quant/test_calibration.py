@@ -9,10 +9,10 @@ import numpy as np
 import onnx
 import pytest
 
+from quant.tiny import feeds, mlp_with_custom_op
 from softdeploy.quant import QuantConfig, quantize, softdeploy_calibration_sessions
 from softdeploy.quant.calibration import ArrayDataReader, as_calibration_reader
 from softdeploy.runtime import Session
-from tests.quant.tiny import feeds, mlp_with_custom_op
 
 
 @pytest.fixture

@@ -6,10 +6,10 @@ import numpy as np
 import onnx
 import pytest
 
+from quant.tiny import feeds, mlp_with_custom_op
 from softdeploy.quant import QuantConfig, QuantizationError, candidate_nodes, output_cosine, quantize
 from softdeploy.quant.quantize import load_named
 from softdeploy.runtime import Session
-from tests.quant.tiny import feeds, mlp_with_custom_op
 
 
 def _save(model: object, path: Path) -> Path:

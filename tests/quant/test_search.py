@@ -5,9 +5,9 @@ from pathlib import Path
 import onnx
 import pytest
 
+from quant.tiny import feeds, mlp_with_custom_op
 from softdeploy.quant import QuantConfig, budget_search, output_cosine
 from softdeploy.runtime import Session
-from tests.quant.tiny import feeds, mlp_with_custom_op
 
 
 def _evaluator(src: Path):  # type: ignore[no-untyped-def]

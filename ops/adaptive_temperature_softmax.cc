@@ -410,8 +410,6 @@ void Row(const float* x, float* y, int64_t n, bool stream) {
   P::Write(x, y, n, st.m, static_cast<float>(beta), static_cast<float>(std::exp(-log_norm)), stream);
 }
 
-constexpr int64_t kStreamBytes = 16 << 20;  // as in two_pass_softmax.cc
-
 struct AdaptiveTemperatureSoftmaxKernel {
   static constexpr const char* kName = kOp;
   static constexpr Port kInputs[] = {{Elem::kT}};

@@ -302,9 +302,6 @@ SD_TARGET_AVX2 void RowAvx2(const RowArgs& a, const SigmaParams& p, bool stream)
 
 // ---- binding ------------------------------------------------------------------------------------
 
-// Outputs at least this large are streamed past the cache (as in two_pass_softmax.cc).
-constexpr int64_t kStreamBytes = 16 << 20;
-
 using RowFn = void (*)(const RowArgs&, const SigmaParams&, bool);
 
 struct MultiMaxKernel {

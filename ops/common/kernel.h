@@ -233,6 +233,12 @@ inline void TaskRange(size_t t, size_t tasks, int64_t rows, int64_t* begin, int6
   *end = rows * static_cast<int64_t>(t + 1) / static_cast<int64_t>(tasks);
 }
 
+// Float32 outputs at least this large are written with streaming (non-temporal) stores by the
+// kernels whose last pass recomputes each output from x (MultiMax, AdaptiveTemperatureSoftmax):
+// they would not stay in cache for the consumer anyway (the L3 of the machines we measure is 32 MB,
+// shared by input and output), and streaming saves the read-for-ownership of every output line.
+constexpr int64_t kStreamBytes = 16 << 20;
+
 // Runs fn(task) for task in [0, tasks) on onnxruntime's intra-op thread pool. fn must not throw.
 template <class F>
 void ParallelFor(Ort::KernelContext& ctx, size_t tasks, const F& fn) {

@@ -61,3 +61,20 @@ def test_agrees_with_onnxruntime_softmax_on_large_rows():
     (y,) = conformance.run(OP, Sample("big", (x,)), "kernel", threads=2)
     (want,) = OP.reference(x)
     np.testing.assert_allclose(y, want, rtol=1e-6, atol=1e-37)
+
+
+def test_long_unaligned_rows_with_special_rows_on_every_isa():
+    """17 rows of 250007 (odd, so rows start at every 4-byte offset of a cache line; 244 summation
+    blocks and a ragged last one) on every ISA, next to rows that fall back to the reference loop
+    (NaN, all masked), hold masks, or sit at |x| ~ 5e3: the contract's 1e-6 holds for long rows too."""
+    rng = np.random.default_rng(11)
+    x = (rng.standard_normal((17, 250007)) * 3).astype(np.float32)
+    x[3, 12345] = np.nan
+    x[5, :] = -np.inf
+    x[7, ::3] = -np.inf
+    x[9, :] += 5e3
+    want = OP.reference(x)[0]
+    for isa in conformance.available_isas():
+        (y,) = conformance.run(OP, Sample("long_rows", (x,)), "kernel", isa=isa)
+        np.testing.assert_allclose(y, want, rtol=1e-6, atol=1e-37, err_msg=isa)
+        assert (y[7, ::3] == 0).all()

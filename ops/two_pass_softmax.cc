@@ -5,10 +5,10 @@
 // Python half, the contract and the float64 oracle: softdeploy/ops/two_pass_softmax.py; OPS.md.
 //
 // Two reads of x, no max pass, no overflow, for any |x| up to ~2.9e6 (larger rows take RowSafe):
-//  * AVX-512 (this machine's path): pass 1 reads x, writes exp(x_j) / 2^nb into y and accumulates
-//    the row sum as a (mantissa, exponent) pair; nb is the rounded exponent of the block's maximum
-//    per SIMD lane. Pass 2 rescales y in place (one multiply per element). See the AVX-512 section.
-//  * AVX2 and portable: the paper's algorithm verbatim -- pass 1 accumulates sum_j exp(x_j) as a
+//  * AVX-512 and AVX2: pass 1 reads x, writes exp(x_j) / 2^nb into y and accumulates the row sum
+//    as a (mantissa, exponent) pair; nb is the rounded exponent of the block's maximum per SIMD lane.
+//    Pass 2 rescales y in place (one multiply per element). See the AVX-512 section.
+//  * portable: the paper's algorithm verbatim -- pass 1 accumulates sum_j exp(x_j) as a
 //    (mantissa v, exponent e) pair with e' = max(e, n_j), v' = v 2^(e - e') + m_j 2^(n_j - e'),
 //    pass 2 recomputes y_j = (m_j / v) 2^(n_j - e).
 // Every term is formed as exp(x) = m 2^n with n = round(x log2 e) and t = x - n ln2 (Cody-Waite),
@@ -235,67 +235,128 @@ SD_TARGET_AVX2 inline void Accumulate(__m256& v, __m256& e, __m256 m, __m256 n) 
   e = max_e;
 }
 
-SD_TARGET_AVX2 void RowAvx2(const float* x, float* y, int64_t n) {
-  // A NaN anywhere is detected up front: AVX2's max_ps and the exponent emulation drop NaNs.
-  __m256 tv = _mm256_setzero_ps(), te = _mm256_set1_ps(simd::kNoExponent);
-  __m256 nan_seen = _mm256_setzero_ps();
-  int64_t j = 0;
-  while (j < n) {
-    const int64_t block_end = std::min(n, j + kBlock);
-    __m256 v0 = _mm256_setzero_ps(), v1 = v0;
-    __m256 e0 = _mm256_set1_ps(simd::kNoExponent), e1 = e0;
-    for (; j + 16 <= block_end; j += 16) {
+// AVX2 has the AVX-512 variant's structure on 8 lanes: per-lane block exponents nb, pass 1 writes
+// exp(x_j) / 2^nb into y, pass 2 multiplies by 2^(nb - E) / V. Without vscalefps, 2^k is formed in
+// the exponent field (Exp2NonPositive), which flushes k < -126 to 0: terms more than 2^126 below
+// their block's maximum, and outputs below 2^-125 (~2e-38), come out as 0 (as in XNNPACK's AVX2
+// kernels) -- within the contract's absolute tolerance.
+
+SD_TARGET_AVX2 inline __m256 TailMask8(int64_t left) {
+  const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(std::min<int64_t>(left, 8))), iota));
+}
+
+// exp(x) / 2^nb for x >= floor (x below is clamped there: it comes out as exactly 0). NaN propagates.
+SD_TARGET_AVX2 inline __m256 ExpRelative(__m256 x, __m256 floor, __m256 nb) {
+  x = _mm256_max_ps(floor, x);  // max_ps returns its 2nd operand when one is NaN
+  const __m256 magic = _mm256_set1_ps(0x1.8p23f);
+  const __m256 nn = _mm256_sub_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(simd::kLog2e), magic), magic);
+  __m256 t = _mm256_fmadd_ps(nn, _mm256_set1_ps(simd::kMinusLn2Hi), x);
+  t = _mm256_fmadd_ps(nn, _mm256_set1_ps(simd::kMinusLn2Lo), t);
+  __m256 p = _mm256_set1_ps(simd::kC5);
+  p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(simd::kC4));
+  p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(simd::kC3));
+  p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(simd::kC2));
+  p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(simd::kC1));
+  p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(1.0f));
+  return _mm256_mul_ps(p, simd::Exp2NonPositive(_mm256_sub_ps(nn, nb)));
+}
+
+SD_TARGET_AVX2 inline float ReduceMax(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  return _mm_cvtss_f32(m);
+}
+
+SD_TARGET_AVX2 inline float ReduceAdd(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// Returns false (the caller then takes RowSafe) in the cases RowAvx512 does.
+SD_TARGET_AVX2 bool RowAvx2(const float* x, float* y, int64_t n) {
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+  thread_local std::vector<float> block_exponents;  // nb per (block, lane)
+  block_exponents.resize(static_cast<size_t>(blocks) * 8);
+  const __m256 neg_inf = _mm256_set1_ps(-INFINITY);
+  const __m256 magic = _mm256_set1_ps(0x1.8p23f);
+  __m256 sum_v = _mm256_setzero_ps(), sum_e = _mm256_set1_ps(simd::kNoExponent);
+  __m256 bad = _mm256_setzero_ps();
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    const int64_t j0 = blk * kBlock, j1 = std::min(n, j0 + kBlock);
+    // Block maxima per lane; a NaN is recorded here, since max_ps may drop it.
+    __m256 bm0 = neg_inf, bm1 = neg_inf;
+    int64_t j = j0;
+    for (; j + 16 <= j1; j += 16) {
       const __m256 xa = _mm256_loadu_ps(x + j), xb = _mm256_loadu_ps(x + j + 8);
-      nan_seen = _mm256_or_ps(nan_seen, _mm256_cmp_ps(xa, xb, _CMP_UNORD_Q));
-      __m256 m, e;
-      simd::ExtExp(xa, &m, &e);
-      Accumulate(v0, e0, m, e);
-      simd::ExtExp(xb, &m, &e);
-      Accumulate(v1, e1, m, e);
+      bad = _mm256_or_ps(bad, _mm256_cmp_ps(xa, xb, _CMP_UNORD_Q));
+      bm0 = _mm256_max_ps(bm0, xa);
+      bm1 = _mm256_max_ps(bm1, xb);
     }
-    for (; j + 8 <= block_end; j += 8) {
-      const __m256 xa = _mm256_loadu_ps(x + j);
-      nan_seen = _mm256_or_ps(nan_seen, _mm256_cmp_ps(xa, xa, _CMP_UNORD_Q));
-      __m256 m, e;
-      simd::ExtExp(xa, &m, &e);
-      Accumulate(v0, e0, m, e);
+    for (; j < j1; j += 8) {
+      const __m256 k = TailMask8(j1 - j);
+      const __m256 xa = _mm256_blendv_ps(neg_inf, _mm256_maskload_ps(x + j, _mm256_castps_si256(k)), k);
+      bad = _mm256_or_ps(bad, _mm256_cmp_ps(xa, xa, _CMP_UNORD_Q));
+      bm0 = _mm256_max_ps(bm0, xa);
     }
-    Accumulate(v0, e0, v1, e1);
-    Accumulate(tv, te, v0, e0);
-    if (j < block_end) break;  // fewer than 8 left: scalar tail below
+    const __m256 bm = _mm256_max_ps(bm0, bm1);
+    // A lane that saw only -inf in this block gets nb = 0 and floor -110: its terms are all 0.
+    const __m256 live = _mm256_cmp_ps(bm, neg_inf, _CMP_NEQ_OQ);
+    const __m256 abs_bm = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), bm);
+    bad = _mm256_or_ps(bad, _mm256_and_ps(live, _mm256_cmp_ps(abs_bm, _mm256_set1_ps(2.9e6f), _CMP_NLT_UQ)));
+    const __m256 live_bm = _mm256_and_ps(live, bm);
+    const __m256 nb = _mm256_sub_ps(_mm256_fmadd_ps(live_bm, _mm256_set1_ps(simd::kLog2e), magic), magic);
+    const __m256 floor = _mm256_sub_ps(live_bm, _mm256_set1_ps(110.0f));
+    _mm256_storeu_ps(block_exponents.data() + blk * 8, nb);
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (j = j0; j + 32 <= j1; j += 32) {
+      const __m256 e0 = ExpRelative(_mm256_loadu_ps(x + j), floor, nb);
+      const __m256 e1 = ExpRelative(_mm256_loadu_ps(x + j + 8), floor, nb);
+      const __m256 e2 = ExpRelative(_mm256_loadu_ps(x + j + 16), floor, nb);
+      const __m256 e3 = ExpRelative(_mm256_loadu_ps(x + j + 24), floor, nb);
+      _mm256_storeu_ps(y + j, e0);
+      _mm256_storeu_ps(y + j + 8, e1);
+      _mm256_storeu_ps(y + j + 16, e2);
+      _mm256_storeu_ps(y + j + 24, e3);
+      a0 = _mm256_add_ps(a0, e0);
+      a1 = _mm256_add_ps(a1, e1);
+      a2 = _mm256_add_ps(a2, e2);
+      a3 = _mm256_add_ps(a3, e3);
+    }
+    for (; j < j1; j += 8) {
+      const __m256 k = TailMask8(j1 - j);
+      const __m256i ki = _mm256_castps_si256(k);
+      const __m256 xa = _mm256_blendv_ps(neg_inf, _mm256_maskload_ps(x + j, ki), k);
+      const __m256 e0 = _mm256_and_ps(k, ExpRelative(xa, floor, nb));
+      _mm256_maskstore_ps(y + j, ki, e0);
+      a0 = _mm256_add_ps(a0, e0);
+    }
+    const __m256 block_sum = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
+    bad = _mm256_or_ps(bad, _mm256_cmp_ps(block_sum, block_sum, _CMP_UNORD_Q));
+    bad = _mm256_or_ps(bad, _mm256_cmp_ps(block_sum, _mm256_set1_ps(INFINITY), _CMP_EQ_OQ));
+    Accumulate(sum_v, sum_e, block_sum, nb);
   }
-  alignas(32) float vv[8], ee[8];
-  _mm256_store_ps(vv, tv);
-  _mm256_store_ps(ee, te);
-  float e = simd::kNoExponent;
-  for (int i = 0; i < 8; ++i) e = std::max(e, ee[i]);
-  float v = 0.0f;
-  for (int i = 0; i < 8; ++i) v += simd::Scale2(vv[i], ee[i] - e);
-  for (int64_t t = j; t < n; ++t) {  // scalar tail
-    float m, ne;
-    simd::ExtExp(x[t], &m, &ne);
-    if (std::isnan(m) || std::isnan(ne)) return RowSafe(x, y, n);
-    const float max_e = std::max(e, ne);
-    v = simd::Scale2(v, e - max_e) + simd::Scale2(m, ne - max_e);
-    e = max_e;
-  }
-  if (_mm256_movemask_ps(nan_seen) != 0 || !(v > 0.0f) || !std::isfinite(v) || !std::isfinite(e)) {
-    return RowSafe(x, y, n);
-  }
+  if (_mm256_movemask_ps(bad) != 0) return false;
+  const float e = ReduceMax(sum_e);
+  const float v = ReduceAdd(_mm256_mul_ps(sum_v, simd::Exp2NonPositive(_mm256_sub_ps(sum_e, _mm256_set1_ps(e)))));
+  if (!(v > 0.0f) || !std::isfinite(v)) return false;  // no finite entry
   const __m256 inv = _mm256_set1_ps(1.0f / v);
   const __m256 minus_e = _mm256_set1_ps(-e);
-  j = 0;
-  for (; j + 8 <= n; j += 8) {
-    __m256 m, ne;
-    simd::ExtExp(_mm256_loadu_ps(x + j), &m, &ne);
-    const __m256 r = _mm256_mul_ps(_mm256_mul_ps(m, inv), simd::Exp2NonPositive(_mm256_add_ps(ne, minus_e)));
-    _mm256_storeu_ps(y + j, r);
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    const int64_t j0 = blk * kBlock, j1 = std::min(n, j0 + kBlock);
+    const __m256 shift = _mm256_add_ps(_mm256_loadu_ps(block_exponents.data() + blk * 8), minus_e);
+    const __m256 factor = _mm256_mul_ps(inv, simd::Exp2NonPositive(shift));
+    int64_t j = j0;
+    for (; j + 8 <= j1; j += 8) _mm256_storeu_ps(y + j, _mm256_mul_ps(_mm256_loadu_ps(y + j), factor));
+    if (j < j1) {
+      const __m256i ki = _mm256_castps_si256(TailMask8(j1 - j));
+      _mm256_maskstore_ps(y + j, ki, _mm256_mul_ps(_mm256_maskload_ps(y + j, ki), factor));
+    }
   }
-  for (; j < n; ++j) {
-    float m, ne;
-    simd::ExtExp(x[j], &m, &ne);
-    y[j] = simd::Scale2(m / v, ne - e);
-  }
+  return true;
 }
 
 struct TwoPassSoftmaxKernel {
@@ -322,7 +383,9 @@ struct TwoPassSoftmaxKernel {
         });
         break;
       case Isa::kAvx2:
-        MapRows<T>(ctx, x.data, y, l, RowAvx2);
+        MapRows<T>(ctx, x.data, y, l, [](const float* a, float* b, int64_t n) {
+          if (!RowAvx2(a, b, n)) RowSafe(a, b, n);
+        });
         break;
       default:
         MapRows<T>(ctx, x.data, y, l, RowPortable);

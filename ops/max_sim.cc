@@ -17,13 +17,6 @@ constexpr const char* kOp = "MaxSim";
 // int8: |sum_k q_k d_k| <= dim * 128 * 255 (the VNNI path's biased sum) must fit in int32.
 constexpr int64_t kMaxInt8Dim = 65536;
 
-template <class V>
-void CheckSide(const Input<V>& x, const char* port, int64_t rows, int64_t cols, const char* dims) {
-  if (x.present && x.shape != std::vector<int64_t>{rows, cols}) {
-    Fail(kOp, port, " has shape ", ShapeStr(x.shape), ", expected ", dims, " = [", rows, ", ", cols, "]");
-  }
-}
-
 struct MaxSimKernel {
   static constexpr const char* kName = kOp;
   static constexpr Port kInputs[] = {{Elem::kT},
@@ -42,18 +35,11 @@ struct MaxSimKernel {
     const Input<T> q = GetInput<T>(ctx, 0), d = GetInput<T>(ctx, 1);
     const Input<bool> q_mask = GetInput<bool>(ctx, 2), d_mask = GetInput<bool>(ctx, 3);
     const Input<float> q_scale = GetInput<float>(ctx, 4), d_scale = GetInput<float>(ctx, 5);
-    if (q.rank() != 3) Fail(kOp, "Q must have rank 3 [B, Lq, dim], got shape ", ShapeStr(q.shape));
-    if (d.rank() != 3) Fail(kOp, "D must have rank 3 [N, Ld, dim], got shape ", ShapeStr(d.shape));
-    maxsim::Problem p;
-    p.B = q.shape[0], p.Lq = q.shape[1], p.dim = q.shape[2];
-    p.N = d.shape[0], p.Ld = d.shape[1];
-    if (d.shape[2] != p.dim) {
-      Fail(kOp, "Q has dim ", p.dim, " but D has dim ", d.shape[2], " (rule: Q and D share the last dimension)");
-    }
-    CheckSide(q_mask, "QMask", p.B, p.Lq, "[B, Lq]");
-    CheckSide(d_mask, "DMask", p.N, p.Ld, "[N, Ld]");
-    CheckSide(q_scale, "QScale", p.B, p.Lq, "[B, Lq]");
-    CheckSide(d_scale, "DScale", p.N, p.Ld, "[N, Ld]");
+    maxsim::Problem p = maxsim::ProblemOf(kOp, q, d);
+    maxsim::CheckSide(kOp, q_mask, "QMask", p.B, p.Lq, "[B, Lq]");
+    maxsim::CheckSide(kOp, d_mask, "DMask", p.N, p.Ld, "[N, Ld]");
+    maxsim::CheckSide(kOp, q_scale, "QScale", p.B, p.Lq, "[B, Lq]");
+    maxsim::CheckSide(kOp, d_scale, "DScale", p.N, p.Ld, "[N, Ld]");
     if constexpr (std::is_same_v<T, int8_t>) {
       if (!q_scale.present || !d_scale.present) {
         Fail(kOp, "int8 inputs need QScale and DScale (rule: <q, d> = QScale[b, i] * DScale[n, j] * sum_k q_k * d_k)");

@@ -71,6 +71,29 @@ struct Problem {
   bool signed_max = false;
 };
 
+// The contract checks MaxSim and SignedMaxSim share: Q [B, Lq, dim] and D [N, Ld, dim] -> the
+// problem's sizes. Messages name the op, the value and the rule.
+template <class T>
+Problem ProblemOf(const char* op, const Input<T>& q, const Input<T>& d) {
+  if (q.rank() != 3) Fail(op, "Q must have rank 3 [B, Lq, dim], got shape ", ShapeStr(q.shape));
+  if (d.rank() != 3) Fail(op, "D must have rank 3 [N, Ld, dim], got shape ", ShapeStr(d.shape));
+  Problem p;
+  p.B = q.shape[0], p.Lq = q.shape[1], p.dim = q.shape[2];
+  p.N = d.shape[0], p.Ld = d.shape[1];
+  if (d.shape[2] != p.dim) {
+    Fail(op, "Q has dim ", p.dim, " but D has dim ", d.shape[2], " (rule: Q and D share the last dimension)");
+  }
+  return p;
+}
+
+// A per-token side input (mask, scale, sign) present with the wrong shape -> contract error.
+template <class V>
+void CheckSide(const char* op, const Input<V>& x, const char* port, int64_t rows, int64_t cols, const char* dims) {
+  if (x.present && x.shape != std::vector<int64_t>{rows, cols}) {
+    Fail(op, port, " has shape ", ShapeStr(x.shape), ", expected ", dims, " = [", rows, ", ", cols, "]");
+  }
+}
+
 // Result of one (query tile, document): per lane the running max (value), the index of the max,
 // and whether a valid pair was NaN.
 struct TileResult {

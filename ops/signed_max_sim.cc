@@ -14,13 +14,6 @@ namespace {
 
 constexpr const char* kOp = "SignedMaxSim";
 
-template <class V>
-void CheckSide(const Input<V>& x, const char* port, int64_t rows, int64_t cols, const char* dims) {
-  if (x.present && x.shape != std::vector<int64_t>{rows, cols}) {
-    Fail(kOp, port, " has shape ", ShapeStr(x.shape), ", expected ", dims, " = [", rows, ", ", cols, "]");
-  }
-}
-
 // Signs as float32, checked against [-1, 1] (NaN passes: it propagates like any NaN input).
 template <class T>
 std::vector<float> Signs(const Input<T>& s, const char* port) {
@@ -50,18 +43,11 @@ struct SignedMaxSimKernel {
     const Input<T> q = GetInput<T>(ctx, 0), q_sign = GetInput<T>(ctx, 1);
     const Input<T> d = GetInput<T>(ctx, 2), d_sign = GetInput<T>(ctx, 3);
     const Input<bool> q_mask = GetInput<bool>(ctx, 4), d_mask = GetInput<bool>(ctx, 5);
-    if (q.rank() != 3) Fail(kOp, "Q must have rank 3 [B, Lq, dim], got shape ", ShapeStr(q.shape));
-    if (d.rank() != 3) Fail(kOp, "D must have rank 3 [N, Ld, dim], got shape ", ShapeStr(d.shape));
-    maxsim::Problem p;
-    p.B = q.shape[0], p.Lq = q.shape[1], p.dim = q.shape[2];
-    p.N = d.shape[0], p.Ld = d.shape[1];
-    if (d.shape[2] != p.dim) {
-      Fail(kOp, "Q has dim ", p.dim, " but D has dim ", d.shape[2], " (rule: Q and D share the last dimension)");
-    }
-    CheckSide(q_sign, "QSign", p.B, p.Lq, "[B, Lq]");
-    CheckSide(d_sign, "DSign", p.N, p.Ld, "[N, Ld]");
-    CheckSide(q_mask, "QMask", p.B, p.Lq, "[B, Lq]");
-    CheckSide(d_mask, "DMask", p.N, p.Ld, "[N, Ld]");
+    maxsim::Problem p = maxsim::ProblemOf(kOp, q, d);
+    maxsim::CheckSide(kOp, q_sign, "QSign", p.B, p.Lq, "[B, Lq]");
+    maxsim::CheckSide(kOp, d_sign, "DSign", p.N, p.Ld, "[N, Ld]");
+    maxsim::CheckSide(kOp, q_mask, "QMask", p.B, p.Lq, "[B, Lq]");
+    maxsim::CheckSide(kOp, d_mask, "DMask", p.N, p.Ld, "[N, Ld]");
     const std::vector<float> qs = Signs(q_sign, "QSign"), ds = Signs(d_sign, "DSign");
     p.q_mask = q_mask.present ? q_mask.data : nullptr;
     p.d_mask = d_mask.present ? d_mask.data : nullptr;

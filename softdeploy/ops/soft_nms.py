@@ -450,6 +450,27 @@ def _torch_scalar(v: Any, default: Any, kind: type) -> Any:
     return kind(default) if v is None else kind(v.reshape(-1)[0].item())
 
 
+def _validate_tensors(
+    boxes: Any,
+    scores: Any,
+    scalars: tuple[Any, Any, Any],
+    method: str,
+    sigma: float,
+    center_point_box: int,
+    coordinate_offset: int,
+) -> None:
+    """``validate`` on torch (or fake) tensors; an omitted optional scalar input is None."""
+    validate(
+        tuple(boxes.shape),
+        tuple(scores.shape),
+        _scalar_shapes(*(None if v is None else tuple(v.shape) for v in scalars)),
+        method,
+        sigma,
+        center_point_box,
+        coordinate_offset,
+    )
+
+
 def torch_impl(
     boxes: Any,
     scores: Any,
@@ -464,15 +485,10 @@ def torch_impl(
     """The same float32 loop in torch ops (the removal step in the original's order)."""
     import torch
 
-    validate(
-        tuple(boxes.shape),
-        tuple(scores.shape),
-        _scalar_shapes(
-            *(
-                None if v is None else tuple(v.shape)
-                for v in (max_output_boxes_per_class, iou_threshold, score_threshold)
-            )
-        ),
+    _validate_tensors(
+        boxes,
+        scores,
+        (max_output_boxes_per_class, iou_threshold, score_threshold),
         method,
         sigma,
         center_point_box,
@@ -559,15 +575,10 @@ def torch_fake(
     """Shapes for tracing: the number of selected boxes is data dependent (a new symbolic size)."""
     import torch
 
-    validate(
-        tuple(boxes.shape),
-        tuple(scores.shape),
-        _scalar_shapes(
-            *(
-                None if v is None else tuple(v.shape)
-                for v in (max_output_boxes_per_class, iou_threshold, score_threshold)
-            )
-        ),
+    _validate_tensors(
+        boxes,
+        scores,
+        (max_output_boxes_per_class, iou_threshold, score_threshold),
         method,
         sigma,
         center_point_box,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -78,3 +79,17 @@ def test_long_unaligned_rows_with_special_rows_on_every_isa():
         (y,) = conformance.run(OP, Sample("long_rows", (x,)), "kernel", isa=isa)
         np.testing.assert_allclose(y, want, rtol=1e-6, atol=1e-37, err_msg=isa)
         assert (y[7, ::3] == 0).all()
+
+
+@pytest.mark.parametrize("top", [16.0, 15.9, -16.0, 16.1, 40.0])
+def test_one_step_reduction_holds_the_contract_at_its_bound(top):
+    """Blocks whose lane maxima are all within +-16 reduce x by one fma with a rounded ln2 (an error
+    that grows with |x|): at the edge (max +-16, entries down to ~1e-37 of the output) the result
+    must still be within 1e-6 of the reference; above it (16.1, 40) the two-step reduction runs."""
+    rng = np.random.default_rng(5)
+    x = rng.uniform(top - 85.0, top, (8, 4096)).astype(np.float32)
+    x[:, ::97] = top  # every lane of every block reaches the maximum
+    (want,) = OP.reference(x)
+    for isa in conformance.available_isas():
+        (y,) = conformance.run(OP, Sample("one_step", (x,)), "kernel", isa=isa)
+        np.testing.assert_allclose(y, want, rtol=1e-6, atol=1e-37, err_msg=isa)

@@ -53,9 +53,16 @@ def apply_schedules(func: Any) -> Any | None:
     return None
 
 
+# Blocks of our computes that are kept on purpose: a layout change (an inlined transpose would make the
+# kernel read strided again) and per-call scalars (inlined, they defeat vectorisation).
+KEEP_BLOCKS = frozenset({"d_packed", "multimax_params"})
+
+
 def inline_neighbours(sch: Any) -> None:
     root = sch.get_sblock("root")
     for block in sch.get_child_blocks(root):
+        if sch.get(block).name_hint in KEEP_BLOCKS:
+            continue
         for inline in (sch.compute_inline, sch.reverse_compute_inline):
             try:
                 inline(block)

@@ -22,7 +22,7 @@ from tvm import te, tirx
 
 from softdeploy.ops import max_sim as max_sim_op
 from softdeploy.ops import signed_max_sim as signed_op
-from softdeploy.tvm.ops._te import LANES, f32, shape_proxy
+from softdeploy.tvm.ops._te import LANES, f32, is_nan, shape_proxy
 
 BLOCKS = ("d_packed", "sim", "best", "score")
 _NEG_INF = float("-inf")
@@ -67,7 +67,7 @@ def _doc_has_token(d_mask: te.Tensor | None, n: Any, ld: Any) -> Any:
 
 
 def _nan_max_combine(a: Any, c: Any) -> Any:
-    return tirx.Select(tirx.isnan(c) | (c > a), c, a)  # a NaN, once in, stays (numpy's max)
+    return tirx.Select(is_nan(c) | (c > a), c, a)  # a NaN, once in, stays (numpy's max)
 
 
 _nan_max = te.comm_reducer(_nan_max_combine, lambda t: tirx.const(_NEG_INF, t), name="nan_max")
@@ -103,7 +103,7 @@ def _argmax_combine(a: tuple[Any, Any], c: tuple[Any, Any]) -> tuple[Any, Any]:
     """(value, j) pairs: the larger value, ties to the lower j; NaN wins (it poisons the token)."""
     va, ja = a
     vc, jc = c
-    take_c = tirx.isnan(vc) | (~tirx.isnan(va) & ((vc > va) | ((vc == va) & (jc < ja))))
+    take_c = is_nan(vc) | (~is_nan(va) & ((vc > va) | ((vc == va) & (jc < ja))))
     return tirx.Select(take_c, vc, va), tirx.Select(take_c, jc, ja)
 
 
@@ -140,7 +140,7 @@ def signed_max_sim(q: Any, q_sign: Any, d: Any, d_sign: Any, q_mask: Any, d_mask
         js = tirx.max(tirx.min(best_j[bb, nn, ii], int(ld) - 1), 0)
         v = best_v[bb, nn, ii]
         c = q_sign[bb, ii].astype("float32") * d_sign[nn, js].astype("float32") * v
-        return tirx.Select(tirx.isnan(v), v, c)
+        return tirx.Select(is_nan(v), v, c)
 
     return te.compute(
         (b, n),

@@ -16,7 +16,7 @@ from typing import Any
 from tvm import te, tirx
 
 from softdeploy.ops import multi_max as op
-from softdeploy.tvm.ops._te import as_f32, f32, shape_proxy
+from softdeploy.tvm.ops._te import as_f32, f32, is_finite, shape_proxy
 from softdeploy.tvm.ops.two_pass_softmax import softmax_of
 
 _INF = float("inf")
@@ -34,7 +34,7 @@ def _limits(rf: Any, tf: Any, c: Any) -> Any:
     neg = tirx.Select(t[2] > f32(0.0), f32(_INF), tirx.Select(t[2] < f32(0.0), f32(-_INF), neg_lin))
     pos_lin = tirx.Select(t[1] > f32(-1.0), f32(_INF), tirx.Select(t[1] < f32(-1.0), f32(-_INF), r[1]))
     pos = tirx.Select(t[3] > f32(0.0), f32(_INF), tirx.Select(t[3] < f32(0.0), f32(-_INF), pos_lin))
-    finite = tirx.all(*(tirx.isfinite(v) for v in (*r, *t)))
+    finite = tirx.all(*(is_finite(v) for v in (*r, *t)))
     poison = tirx.Select(finite, f32(0.0), f32(float("nan")))
     return tirx.Select(c == 0, neg, tirx.Select(c == 1, pos, poison))
 
@@ -44,9 +44,7 @@ def compute(x: te.Tensor, ranges: te.Tensor, ts: te.Tensor, mask: te.Tensor | No
     xf, rf, tf = as_f32(x), as_f32(ranges), as_f32(ts)
     mf = None if mask is None else as_f32(mask)
     # sigma's limits at -inf / +inf and the NaN poison of non-finite parameters, computed once per call
-    # in their own block (kept by inline_neighbours) instead of per element. KNOWN GAP: the row loops
-    # still come out partly scalar (scalar llvm.floor.f32 in the exp), 16 ms at 4x32000 vs 0.3 ms for
-    # the C++ kernel; not yet understood
+    # in their own block (kept by inline_neighbours) instead of per element
     params = te.compute((3,), lambda c: _limits(rf, tf, c), name="multimax_params")
     r = [rf(c) for c in range(4)]
     t = [tf(c) for c in range(4)]

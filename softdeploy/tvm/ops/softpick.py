@@ -19,6 +19,8 @@ from softdeploy.tvm.ops._te import (
     as_f32,
     exp_f32,
     f32,
+    is_finite,
+    is_nan,
     lane_reduce,
     max_from_neg_inf,
     one_minus_exp_neg,
@@ -36,7 +38,7 @@ def compute(x: te.Tensor, axis: int, eps: float) -> te.Tensor:
     xf = as_f32(x)
 
     def finite(v: Any) -> Any:
-        return tirx.isfinite(v)
+        return is_finite(v)
 
     def z(*i: Any) -> Any:
         v = xf(*i)
@@ -60,7 +62,7 @@ def compute(x: te.Tensor, axis: int, eps: float) -> te.Tensor:
         v = xf(*i)
         has_finite = m(*r) > f32(_NEG_INF)
         y = tirx.Select(z(*i) > f32(0.0), magnitude(i) / (d(*r) + f32(eps)), f32(0.0))
-        y = tirx.Select(tirx.isnan(v) | (v == f32(float("inf"))), v, y)
+        y = tirx.Select(is_nan(v) | (v == f32(float("inf"))), v, y)
         return tirx.Select(has_finite, y, f32(0.0)).astype(x.dtype)
 
     return te.compute(shape, out, name="softpick")

@@ -55,7 +55,7 @@ def apply_schedules(func: Any) -> Any | None:
 
 # Blocks of our computes that are kept on purpose: a layout change (an inlined transpose would make the
 # kernel read strided again) and per-call scalars (inlined, they defeat vectorisation).
-KEEP_BLOCKS = frozenset({"d_packed", "multimax_params"})
+KEEP_BLOCKS = frozenset({"q_packed", "multimax_params"})
 
 
 def inline_neighbours(sch: Any) -> None:

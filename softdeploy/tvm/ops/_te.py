@@ -182,14 +182,33 @@ def lane_reduce(
     return row_reduce(shape, axis, lambda i: body(i).astype(dtype), reducer, name)
 
 
-def schedule_rows(sch: Any, out_block: str, reductions: Sequence[str]) -> bool:
+def row_stage(shape: Sequence[Any], axis: int, body: Callable[[tuple[Any, ...]], Any], name: str) -> Callable[..., Any]:
+    """A per-element value that several passes over the row read (an exp): in the vector form a stage
+    of its own, which :func:`schedule_rows` computes once per row into a row-sized buffer (vectorised;
+    it stays in L1/L2), so the later passes load it instead of recomputing it -- the exp, not memory,
+    bounds these rows. Otherwise each reader recomputes it (no full-size intermediate)."""
+    if not lane_split_ok(shape, axis):
+        return lambda *i: body(i)
+    stage = te.compute(shape, lambda *i: body(i), name=name)
+    return lambda *i: stage(*i)
+
+
+REDUCTION, ROW, SCALAR = "reduction", "row", "scalar"  # kinds of per-row stages for schedule_rows
+
+
+def schedule_rows(sch: Any, out_block: str, stages: Sequence[tuple[str, str]]) -> bool:
     """The hand schedule of a row-wise op: rows of ``out_block`` in parallel, its row loop vectorised
-    by LANES, each of ``reductions`` (consumers first) computed per row with its lane loop vectorised.
-    Applies to the vector form only: returns False, leaving ``sch`` as it was, otherwise."""
+    by LANES, and each of ``stages`` -- (block name, kind), consumers first -- computed per row: a
+    REDUCTION of :func:`lane_reduce` with its lane loop vectorised, a ROW stage of :func:`row_stage`
+    with its row loop vectorised, a SCALAR per-row block as is. Applies to the vector form only:
+    returns False, leaving ``sch`` as it was, otherwise."""
     try:
         out = sch.get_sblock(out_block)
-        blocks = [(sch.get_sblock(r), sch.get_sblock(f"{r}_part")) for r in reductions]
-    except Exception:  # not the lane-split form (or not this op)
+        blocks = [
+            (sch.get_sblock(name), sch.get_sblock(f"{name}_part") if kind == REDUCTION else None, kind)
+            for name, kind in stages
+        ]
+    except Exception:  # not the vector form (no lane-split parts, no row stages), or not this op
         return False
     loops = sch.get_loops(out)
     if len(loops) < 2:
@@ -198,8 +217,13 @@ def schedule_rows(sch: Any, out_block: str, reductions: Sequence[str]) -> bool:
     sch.parallel(rows)
     _, lanes = sch.split(sch.get_loops(out)[-1], [None, LANES])
     sch.vectorize(lanes)
-    for row_block, part in blocks:
-        sch.compute_at(row_block, rows)
+    for block, part, kind in blocks:
+        sch.compute_at(block, rows)
+        if kind == ROW:
+            _, lane = sch.split(sch.get_loops(block)[-1], [None, LANES])
+            sch.vectorize(lane)
+        if part is None:
+            continue
         sch.compute_at(part, rows)
         lane, k = sch.get_loops(part)[-2:]
         sch.reorder(k, lane)

@@ -27,28 +27,24 @@ def f32(value: float) -> Any:
     return tirx.const(value, "float32")
 
 
-# Float classification from the bits. tirx.isnan / isfinite / isinf are intrinsic calls that TVM 0.27's
-# VectorizeLoop cannot widen: one of them anywhere in a vectorised loop body makes the pass scalarise
-# the WHOLE loop (16 scalar iterations: the cause of the 4-100x gaps of the first TIR schedules).
-# Integer compares on the reinterpreted bits vectorise. (x != x would be simplified away.)
-_ABS_MASK = 0x7FFFFFFF
-_INF_BITS = 0x7F800000
+# Float classification by ordered compares. tirx.isnan / isfinite / isinf are intrinsic calls that TVM
+# 0.27's VectorizeLoop cannot widen: one of them anywhere in a vectorised loop body makes the pass
+# scalarise the WHOLE loop (16 scalar iterations: the cause of the 4-100x gaps of the first TIR
+# schedules). Compares vectorise. Only positive forms are safe: TVM's simplifier rewrites
+# not(a <= b) to a > b and x != x to false, both wrong for NaN, so callers select on "not NaN" with
+# the branches swapped instead of negating. (Integer tests on the bits vectorise too, but Relax's
+# int64 index normalisation widens them, and an exp nested in them, to int64: an invalid bitcast.)
+_INF = float("inf")
 
 
-def _magnitude_bits(x: Any) -> Any:
-    if str(x.ty) != "float32":
-        raise TypeError(f"float32 expression expected, got {x.ty}")
-    return tirx.reinterpret("int32", x) & _ABS_MASK
-
-
-def is_nan(x: Any) -> Any:
-    """x is NaN (float32), vectorisable."""
-    return _magnitude_bits(x) > _INF_BITS
+def not_nan(x: Any) -> Any:
+    """x is not NaN (a float32 expression), vectorisable: every compare with NaN is false."""
+    return tirx.abs(x) <= f32(_INF)
 
 
 def is_finite(x: Any) -> Any:
-    """x is neither +-inf nor NaN (float32), vectorisable."""
-    return _magnitude_bits(x) < _INF_BITS
+    """x is neither +-inf nor NaN (a float32 expression), vectorisable."""
+    return tirx.abs(x) < f32(_INF)
 
 
 def exp_f32(x: Any) -> Any:
@@ -65,7 +61,7 @@ def exp_f32(x: Any) -> Any:
     y = p * two_n
     y = tirx.Select(x < f32(_EXP_MIN), f32(0.0), y)
     y = tirx.Select(x > f32(_EXP_MAX), f32(float("inf")), y)
-    return tirx.Select(is_nan(x), x, y)  # NaN stays NaN
+    return tirx.Select(not_nan(x), y, x)  # NaN stays NaN
 
 
 def reduced_shape(shape: Sequence[Any], axis: int) -> list[Any]:
@@ -125,7 +121,7 @@ def log_f32(x: Any) -> Any:
         p = p * m + f32(c)
     y = p * m * z + ef * f32(_LN2_LO) - f32(0.5) * z
     y = m + y + ef * f32(_LN2_HI)
-    return tirx.Select(is_nan(x), x, y)
+    return tirx.Select(not_nan(x), y, x)
 
 
 def one_minus_exp_neg(a: Any) -> Any:

@@ -31,7 +31,7 @@ from tvm import te, tirx
 
 from softdeploy.ops import max_sim as max_sim_op
 from softdeploy.ops import signed_max_sim as signed_op
-from softdeploy.tvm.ops._te import LANES, f32, is_nan, shape_proxy
+from softdeploy.tvm.ops._te import LANES, f32, not_nan, shape_proxy
 
 BLOCKS = ("q_packed", "sim", "best", "score")
 J_TILE = 4  # document tokens per register tile: J_TILE x (Lq / LANES) accumulators (8 zmm at Lq = 32)
@@ -77,7 +77,8 @@ def _doc_has_token(d_mask: te.Tensor | None, n: Any, ld: Any) -> Any:
 
 
 def _nan_max_combine(a: Any, c: Any) -> Any:
-    return tirx.Select(is_nan(c) | (c > a), c, a)  # a NaN, once in, stays (numpy's max)
+    # c if c > a or c is NaN; a NaN a, once in, stays (numpy's max). No negation: see _te.not_nan
+    return tirx.Select(c > a, c, tirx.Select(not_nan(c), a, c))
 
 
 _nan_max = te.comm_reducer(_nan_max_combine, lambda t: tirx.const(_NEG_INF, t), name="nan_max")
@@ -144,7 +145,7 @@ def signed_max_sim(q: Any, q_sign: Any, d: Any, d_sign: Any, q_mask: Any, d_mask
         js = tirx.max(tirx.min(best_j[bb, nn, ii], int(ld) - 1), 0)
         v = best_v(bb, nn, ii)
         c = q_sign[bb, ii].astype("float32") * d_sign[nn, js].astype("float32") * v
-        return tirx.Select(is_nan(v), v, c)
+        return tirx.Select(not_nan(v), c, v)
 
     return te.compute(
         (b, n),

@@ -24,7 +24,6 @@ from softdeploy.tvm.ops._te import (
     exp_f32,
     f32,
     is_finite,
-    is_nan,
     lane_reduce,
     max_from_neg_inf,
     one_minus_exp_neg,
@@ -68,7 +67,7 @@ def compute(x: te.Tensor, axis: int, eps: float) -> te.Tensor:
         v = xf(*i)
         has_finite = m(*r) > f32(_NEG_INF)
         y = tirx.Select(z(*i) > f32(0.0), magnitude(*i) * (f32(1.0) / (d(*r) + f32(eps))), f32(0.0))
-        y = tirx.Select(is_nan(v) | (v == f32(float("inf"))), v, y)
+        y = tirx.Select(v < f32(float("inf")), y, v)  # NaN and +inf are passed through
         return tirx.Select(has_finite, y, f32(0.0)).astype(x.dtype)
 
     return te.compute(shape, out, name="softpick")

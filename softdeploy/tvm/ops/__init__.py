@@ -53,9 +53,17 @@ def apply_schedules(func: Any) -> Any | None:
     return None
 
 
+# Blocks of our computes that are kept on purpose: a layout change (an inlined transpose would make the
+# kernel read strided again), per-call and per-row scalars (inlined, they would be recomputed per
+# element) and row stages (values stored once per row so that later passes need not recompute an exp).
+KEEP_BLOCKS = frozenset({"q_packed", "multimax_params", "beta", "row_exp", "scaled_exp", "magnitude"})
+
+
 def inline_neighbours(sch: Any) -> None:
     root = sch.get_sblock("root")
     for block in sch.get_child_blocks(root):
+        if sch.get(block).name_hint in KEEP_BLOCKS:
+            continue
         for inline in (sch.compute_inline, sch.reverse_compute_inline):
             try:
                 inline(block)

@@ -27,6 +27,26 @@ def f32(value: float) -> Any:
     return tirx.const(value, "float32")
 
 
+# Float classification by ordered compares. tirx.isnan / isfinite / isinf are intrinsic calls that TVM
+# 0.27's VectorizeLoop cannot widen: one of them anywhere in a vectorised loop body makes the pass
+# scalarise the WHOLE loop (16 scalar iterations: the cause of the 4-100x gaps of the first TIR
+# schedules). Compares vectorise. Only positive forms are safe: TVM's simplifier rewrites
+# not(a <= b) to a > b and x != x to false, both wrong for NaN, so callers select on "not NaN" with
+# the branches swapped instead of negating. (Integer tests on the bits vectorise too, but Relax's
+# int64 index normalisation widens them, and an exp nested in them, to int64: an invalid bitcast.)
+_INF = float("inf")
+
+
+def not_nan(x: Any) -> Any:
+    """x is not NaN (a float32 expression), vectorisable: every compare with NaN is false."""
+    return tirx.abs(x) <= f32(_INF)
+
+
+def is_finite(x: Any) -> Any:
+    """x is neither +-inf nor NaN (a float32 expression), vectorisable."""
+    return tirx.abs(x) < f32(_INF)
+
+
 def exp_f32(x: Any) -> Any:
     """exp of a float32 TIR expression: relative error <= 2e-7 on [-87.3, 88]; NaN -> NaN,
     -inf -> 0, below -87.3 -> 0, above 88 -> +inf."""
@@ -41,7 +61,7 @@ def exp_f32(x: Any) -> Any:
     y = p * two_n
     y = tirx.Select(x < f32(_EXP_MIN), f32(0.0), y)
     y = tirx.Select(x > f32(_EXP_MAX), f32(float("inf")), y)
-    return tirx.Select(tirx.isnan(x), x, y)  # NaN stays NaN (x != x would be simplified away)
+    return tirx.Select(not_nan(x), y, x)  # NaN stays NaN
 
 
 def reduced_shape(shape: Sequence[Any], axis: int) -> list[Any]:
@@ -101,7 +121,7 @@ def log_f32(x: Any) -> Any:
         p = p * m + f32(c)
     y = p * m * z + ef * f32(_LN2_LO) - f32(0.5) * z
     y = m + y + ef * f32(_LN2_HI)
-    return tirx.Select(tirx.isnan(x), x, y)
+    return tirx.Select(not_nan(x), y, x)
 
 
 def one_minus_exp_neg(a: Any) -> Any:
@@ -158,14 +178,33 @@ def lane_reduce(
     return row_reduce(shape, axis, lambda i: body(i).astype(dtype), reducer, name)
 
 
-def schedule_rows(sch: Any, out_block: str, reductions: Sequence[str]) -> bool:
+def row_stage(shape: Sequence[Any], axis: int, body: Callable[[tuple[Any, ...]], Any], name: str) -> Callable[..., Any]:
+    """A per-element value that several passes over the row read (an exp): in the vector form a stage
+    of its own, which :func:`schedule_rows` computes once per row into a row-sized buffer (vectorised;
+    it stays in L1/L2), so the later passes load it instead of recomputing it -- the exp, not memory,
+    bounds these rows. Otherwise each reader recomputes it (no full-size intermediate)."""
+    if not lane_split_ok(shape, axis):
+        return lambda *i: body(i)
+    stage = te.compute(shape, lambda *i: body(i), name=name)
+    return lambda *i: stage(*i)
+
+
+REDUCTION, ROW, SCALAR = "reduction", "row", "scalar"  # kinds of per-row stages for schedule_rows
+
+
+def schedule_rows(sch: Any, out_block: str, stages: Sequence[tuple[str, str]]) -> bool:
     """The hand schedule of a row-wise op: rows of ``out_block`` in parallel, its row loop vectorised
-    by LANES, each of ``reductions`` (consumers first) computed per row with its lane loop vectorised.
-    Applies to the vector form only: returns False, leaving ``sch`` as it was, otherwise."""
+    by LANES, and each of ``stages`` -- (block name, kind), consumers first -- computed per row: a
+    REDUCTION of :func:`lane_reduce` with its lane loop vectorised, a ROW stage of :func:`row_stage`
+    with its row loop vectorised, a SCALAR per-row block as is. Applies to the vector form only:
+    returns False, leaving ``sch`` as it was, otherwise."""
     try:
         out = sch.get_sblock(out_block)
-        blocks = [(sch.get_sblock(r), sch.get_sblock(f"{r}_part")) for r in reductions]
-    except Exception:  # not the lane-split form (or not this op)
+        blocks = [
+            (sch.get_sblock(name), sch.get_sblock(f"{name}_part") if kind == REDUCTION else None, kind)
+            for name, kind in stages
+        ]
+    except Exception:  # not the vector form (no lane-split parts, no row stages), or not this op
         return False
     loops = sch.get_loops(out)
     if len(loops) < 2:
@@ -174,8 +213,13 @@ def schedule_rows(sch: Any, out_block: str, reductions: Sequence[str]) -> bool:
     sch.parallel(rows)
     _, lanes = sch.split(sch.get_loops(out)[-1], [None, LANES])
     sch.vectorize(lanes)
-    for row_block, part in blocks:
-        sch.compute_at(row_block, rows)
+    for block, part, kind in blocks:
+        sch.compute_at(block, rows)
+        if kind == ROW:
+            _, lane = sch.split(sch.get_loops(block)[-1], [None, LANES])
+            sch.vectorize(lane)
+        if part is None:
+            continue
         sch.compute_at(part, rows)
         lane, k = sch.get_loops(part)[-2:]
         sch.reorder(k, lane)

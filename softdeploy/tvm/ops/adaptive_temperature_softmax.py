@@ -3,10 +3,12 @@
     p = softmax(x);  H = -sum p log(p + 1e-9);  beta = max(poly(H), 1) if H > 0.5 else 1
     Y = softmax(beta * x) = exp(beta (x - m)) / sum exp(beta (x - m))     along ``axis``
 
-Four loops over the row inside one kernel: max, sum of exp(x - m), the entropy sum (the sums
-accumulated in float64: float32 over long rows moves H by ~1e-6, which beta's slope and |x - m| turn into 1e-4
-output error), and the output with its own sum; beta (x - m) <= 0 needs no second max. exp and log
-are the vectorisable polynomials of ``_te``.
+Five loops over the row inside one kernel: max; exp(x - m) into a row buffer and its sum; the
+entropy sum; exp(beta (x - m)) into a second row buffer and its sum; the output (buffer times
+1 / sum). The sums are accumulated in float64 (float32 over long rows moves H by ~1e-6, which beta's
+slope and |x - m| turn into 1e-4 output error); beta (x - m) <= 0 needs no second max. Two exps and
+one log per element (the vectorisable polynomials of ``_te``); beta is computed once per row. The
+row buffers exist in the vector form only (``_te.row_stage``); otherwise each loop recomputes.
 """
 
 from __future__ import annotations
@@ -16,9 +18,31 @@ from typing import Any
 from tvm import te, tirx
 
 from softdeploy.ops import adaptive_temperature_softmax as op
-from softdeploy.tvm.ops._te import as_f32, exp_f32, f32, lane_reduce, log_f32, schedule_rows, shape_proxy, without_axis
+from softdeploy.tvm.ops._te import (
+    REDUCTION,
+    ROW,
+    SCALAR,
+    as_f32,
+    exp_f32,
+    f32,
+    lane_reduce,
+    log_f32,
+    row_stage,
+    schedule_rows,
+    shape_proxy,
+    without_axis,
+)
 
-REDUCTIONS = ["scaled_sum", "entropy", "row_sum", "row_max"]  # consumers first
+# per-row stages, consumers first (schedule_rows)
+STAGES = [
+    ("scaled_sum", REDUCTION),
+    ("scaled_exp", ROW),
+    ("beta", SCALAR),
+    ("entropy", REDUCTION),
+    ("row_sum", REDUCTION),
+    ("row_exp", ROW),
+    ("row_max", REDUCTION),
+]
 
 
 def compute(x: te.Tensor, axis: int) -> te.Tensor:
@@ -31,10 +55,11 @@ def compute(x: te.Tensor, axis: int) -> te.Tensor:
     m = lane_reduce(shape, axis, lambda i: xf(*i), te.max, "row_max")
     # the sums in float64 too: a lane adds n / 16 terms (16000 for a 256000 vocabulary), whose float32
     # rounding (~1e-5) would reach the output directly and, amplified by beta's slope, through H
-    s = lane_reduce(shape, axis, lambda i: exp_f32(xf(*i) - m(*row(i))), te.sum, "row_sum", dtype="float64")
+    e = row_stage(shape, axis, lambda i: exp_f32(xf(*i) - m(*row(i))), "row_exp")
+    s = lane_reduce(shape, axis, lambda i: e(*i), te.sum, "row_sum", dtype="float64")
 
     def plogp(i: tuple[Any, ...]) -> Any:
-        p = exp_f32(xf(*i) - m(*row(i))) * (f32(1.0) / s(*row(i)).astype("float32"))
+        p = e(*i) * (f32(1.0) / s(*row(i)).astype("float32"))
         return p * log_f32(p + f32(op.EPS))
 
     h_sum = lane_reduce(shape, axis, plogp, te.sum, "entropy", dtype="float64")
@@ -51,21 +76,19 @@ def compute(x: te.Tensor, axis: int) -> te.Tensor:
 
     b = te.compute(m.shape, beta, name="beta")
 
-    def scaled(i: tuple[Any, ...]) -> Any:
-        return exp_f32(b(*row(i)) * (xf(*i) - m(*row(i))))
-
-    s2 = lane_reduce(shape, axis, scaled, te.sum, "scaled_sum", dtype="float64")
+    scaled = row_stage(shape, axis, lambda i: exp_f32(b(*row(i)) * (xf(*i) - m(*row(i)))), "scaled_exp")
+    s2 = lane_reduce(shape, axis, lambda i: scaled(*i), te.sum, "scaled_sum", dtype="float64")
 
     def out(*i: Any) -> Any:
         r = row(i)
-        y = scaled(i) * (f32(1.0) / s2(*r).astype("float32"))
+        y = scaled(*i) * (f32(1.0) / s2(*r).astype("float32"))
         return tirx.Select(m(*r) == f32(float("inf")), f32(float("nan")), y).astype(x.dtype)
 
     return te.compute(shape, out, name="adaptive_softmax")
 
 
 def schedule(sch: Any) -> bool:
-    return schedule_rows(sch, "adaptive_softmax", REDUCTIONS)
+    return schedule_rows(sch, "adaptive_softmax", STAGES)
 
 
 def convert(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:

@@ -5,13 +5,22 @@ softdeploy/ops/signed_max_sim.py).
     SignedMaxSim:  Scores[b, n] = sum_{valid i} QSign[b, i] * DSign[n, j*] * <Q[b, i], D[n, j*]>,
                    j* = the first valid j reaching that max
 
-A GEMM-like reduction followed by a row max (or argmax) and a sum. Blocks: ``d_packed`` (one
-document transposed to [dim, Ld], so the similarity loop reads Ld-contiguous vectors), ``sim``
-(<Q[b, i], D[n, j]>: float32 accumulation, int32 for int8 times the two scales), ``best`` (masked max
-over j; for SignedMaxSim an argmax with ties to the lower j), ``score`` (masked sum over i; a
-document without valid tokens gives 0). The hand schedule (:func:`schedule`) runs documents in
-parallel, packs each document once, and computes the similarity row of one query token as
-``Ld``-wide vectors (16 lanes) accumulated over dim, so the [Lq, Ld] matrix is never stored.
+A GEMM-like reduction followed by a max over document tokens and a sum over query tokens. Blocks:
+``q_packed`` (Q transposed once per call to [b, dim, Lq]), ``sim`` (<Q[b, i], D[n, j]> stored as
+[b, n, Ld, Lq], query tokens innermost: float32 accumulation, int32 for int8 times the two scales),
+``best`` (masked max over j; NaN propagates), for SignedMaxSim ``best_j`` (the first valid j whose
+similarity equals that max), ``score`` (masked sum over i; a document without valid tokens gives 0).
+
+Query tokens are the vector lanes: the similarity loop multiplies a LANES-wide slice of a packed Q
+row by one broadcast document value, so D is read as it lies (no per-document transpose), and the
+max over document tokens is a lane-wise (vertical) vector max. The hand schedule (:func:`schedule`)
+runs documents in parallel and, per document, accumulates a register tile of J_TILE document tokens
+x Lq query tokens over dim, then reduces the document's [Ld, Lq] similarities (4 KiB at 32 x 32,
+in L1) with vector max / compare.
+
+SignedMaxSim's argmax is two plain reductions (the max, then the first j equal to it) rather than a
+(value, index) tuple reduction: TVM 0.27's VectorizeLoop miscompiles tuple reductions (the second
+value's update reads the first after its store; see ``_te.lane_reduce``).
 """
 
 from __future__ import annotations
@@ -22,9 +31,10 @@ from tvm import te, tirx
 
 from softdeploy.ops import max_sim as max_sim_op
 from softdeploy.ops import signed_max_sim as signed_op
-from softdeploy.tvm.ops._te import LANES, f32, shape_proxy
+from softdeploy.tvm.ops._te import LANES, f32, not_nan, shape_proxy
 
-BLOCKS = ("d_packed", "sim", "best", "score")
+BLOCKS = ("q_packed", "sim", "best", "score")
+J_TILE = 4  # document tokens per register tile: J_TILE x (Lq / LANES) accumulators (8 zmm at Lq = 32)
 _NEG_INF = float("-inf")
 
 
@@ -33,17 +43,17 @@ def _similarity(q: te.Tensor, d: te.Tensor, q_scale: te.Tensor | None, d_scale: 
     n, ld, _ = d.shape
     integer = q.dtype == "int8"
     acc = "int32" if integer else "float32"
-    packed = te.compute((n, dim, ld), lambda nn, kk, j: d[nn, j, kk].astype(acc), name="d_packed")
+    packed = te.compute((b, dim, lq), lambda bb, kk, i: q[bb, i, kk].astype(acc), name="q_packed")
     if int(dim) == 0:  # an empty reduction would leave its output unwritten (its init runs inside the loop)
-        sim = te.compute((b, n, lq, ld), lambda *_: tirx.const(0, acc), name="sim")
+        sim = te.compute((b, n, ld, lq), lambda *_: tirx.const(0, acc), name="sim")
     else:
         k = te.reduce_axis((0, dim), name="k")
         sim = te.compute(
-            (b, n, lq, ld), lambda bb, nn, i, j: te.sum(q[bb, i, k].astype(acc) * packed[nn, k, j], axis=k), name="sim"
+            (b, n, ld, lq), lambda bb, nn, j, i: te.sum(packed[bb, k, i] * d[nn, j, k].astype(acc), axis=k), name="sim"
         )
 
     def scaled(bb: Any, nn: Any, i: Any, j: Any) -> Any:
-        v = sim[bb, nn, i, j].astype("float32")
+        v = sim[bb, nn, j, i].astype("float32")
         if q_scale is not None:
             v = v * q_scale[bb, i]
         if d_scale is not None:
@@ -67,7 +77,8 @@ def _doc_has_token(d_mask: te.Tensor | None, n: Any, ld: Any) -> Any:
 
 
 def _nan_max_combine(a: Any, c: Any) -> Any:
-    return tirx.Select(tirx.isnan(c) | (c > a), c, a)  # a NaN, once in, stays (numpy's max)
+    # c if c > a or c is NaN; a NaN a, once in, stays (numpy's max). No negation: see _te.not_nan
+    return tirx.Select(c > a, c, tirx.Select(not_nan(c), a, c))
 
 
 _nan_max = te.comm_reducer(_nan_max_combine, lambda t: tirx.const(_NEG_INF, t), name="nan_max")
@@ -99,21 +110,6 @@ def max_sim(q: Any, d: Any, q_mask: Any, d_mask: Any, q_scale: Any, d_scale: Any
     )
 
 
-def _argmax_combine(a: tuple[Any, Any], c: tuple[Any, Any]) -> tuple[Any, Any]:
-    """(value, j) pairs: the larger value, ties to the lower j; NaN wins (it poisons the token)."""
-    va, ja = a
-    vc, jc = c
-    take_c = tirx.isnan(vc) | (~tirx.isnan(va) & ((vc > va) | ((vc == va) & (jc < ja))))
-    return tirx.Select(take_c, vc, va), tirx.Select(take_c, jc, ja)
-
-
-def _argmax_identity(t0: str, t1: str) -> tuple[Any, Any]:
-    return tirx.const(_NEG_INF, t0), tirx.const(-1, t1)
-
-
-_argmax = te.comm_reducer(_argmax_combine, _argmax_identity, name="first_argmax")
-
-
 def signed_max_sim(q: Any, q_sign: Any, d: Any, d_sign: Any, q_mask: Any, d_mask: Any) -> te.Tensor:
     b, lq, _ = q.shape
     n, ld, _ = d.shape
@@ -121,26 +117,35 @@ def signed_max_sim(q: Any, q_sign: Any, d: Any, d_sign: Any, q_mask: Any, d_mask
         return _zeros(b, n)
     sim = _similarity(q, d, None, None)
     j = te.reduce_axis((0, ld), name="j")
-    # masked j never win: they compete as (-inf, ld) and an all -inf row picks its first VALID token
-    best_v, best_j = te.compute(
+    best_v = te.compute(
         (b, n, lq),
-        lambda bb, nn, i: _argmax(
-            (
-                tirx.Select(_valid(d_mask, nn, j), sim(bb, nn, i, j), f32(_NEG_INF)),
-                tirx.Select(_valid(d_mask, nn, j), j.var.astype("int32"), tirx.const(int(ld), "int32")),
-            ),
-            axis=j,
-        ),
+        lambda bb, nn, i: _nan_max(tirx.Select(_valid(d_mask, nn, j), sim(bb, nn, i, j), f32(_NEG_INF)), axis=j),
         name="best",
+    )
+    # j*: the first valid j whose similarity equals the max (an all -inf row: its first valid token;
+    # no valid token: ld, clamped below and zeroed by doc()). A NaN max makes the contribution NaN
+    # whatever j* is.
+    j2 = te.reduce_axis((0, ld), name="j2")
+    best_j = te.compute(
+        (b, n, lq),
+        lambda bb, nn, i: te.min(
+            tirx.Select(
+                _valid(d_mask, nn, j2) & (sim(bb, nn, i, j2) == best_v[bb, nn, i]),
+                j2.var.astype("int32"),
+                tirx.const(int(ld), "int32"),
+            ),
+            axis=j2,
+        ),
+        name="best_j",
     )
     doc = _doc_has_token(d_mask, n, ld)
     i = te.reduce_axis((0, lq), name="i")
 
     def contribution(bb: Any, nn: Any, ii: Any) -> Any:
         js = tirx.max(tirx.min(best_j[bb, nn, ii], int(ld) - 1), 0)
-        v = best_v[bb, nn, ii]
+        v = best_v(bb, nn, ii)
         c = q_sign[bb, ii].astype("float32") * d_sign[nn, js].astype("float32") * v
-        return tirx.Select(tirx.isnan(v), v, c)
+        return tirx.Select(not_nan(v), c, v)
 
     return te.compute(
         (b, n),
@@ -149,37 +154,63 @@ def signed_max_sim(q: Any, q_sign: Any, d: Any, d_sign: Any, q_mask: Any, d_mask
     )
 
 
+def _vectorize_over_tokens(sch: Any, block: Any, lq: Any) -> None:
+    """A per-document reduction over j with spatial query tokens i: j outermost, inits hoisted, i
+    vectorised by LANES (when Lq is a multiple of LANES)."""
+    i_loop, j_loop = sch.get_loops(block)[-2:]
+    sch.reorder(j_loop, i_loop)
+    if isinstance(lq, tirx.IntImm) and int(lq) % LANES == 0:
+        _, lanes = sch.split(i_loop, [None, LANES])
+        sch.vectorize(lanes)
+    sch.decompose_reduction(block, j_loop)
+
+
 def schedule(sch: Any) -> bool:
-    """Documents (and batches) in parallel; per document: pack D[n] to [dim, Ld]; per query token:
-    the similarity row as LANES-wide vectors over j accumulated along dim, its max, the sum."""
+    """Documents (and batches) in parallel; per document: the [Ld, Lq] similarities in register tiles
+    of J_TILE document tokens x Lq query tokens (query tokens as vector lanes) accumulated over dim,
+    then the max (and first argmax) over j as lane-wise vector ops, then the sum over i."""
     try:
         blocks = {name: sch.get_sblock(name) for name in BLOCKS}
     except Exception:  # not a MaxSim kernel
         return False
+    try:
+        best_j = sch.get_sblock("best_j")
+    except Exception:  # MaxSim (SignedMaxSim has it)
+        best_j = None
     score = blocks["score"]
     loops = sch.get_loops(score)
     if len(loops) != 3:
         return False
     bb, nn, _ = loops
-    sch.reorder(nn, bb)  # packing D[n] once serves every batch row
+    sch.reorder(nn, bb)
     par = sch.fuse(nn, bb)
     sch.parallel(par)
     # inits hoisted out of the reduction loops (no per-iteration "first?" branch)
     sch.decompose_reduction(score, sch.get_loops(score)[-1])
-    sch.compute_at(blocks["best"], par)
-    i_loop, j_loop = sch.get_loops(blocks["best"])[-2:]
-    sch.decompose_reduction(blocks["best"], j_loop)
-    sch.compute_at(blocks["sim"], i_loop)
-    sch.compute_at(blocks["d_packed"], par)
+    lq = sch.get(sch.get_loops(blocks["best"])[-2]).extent
+    for block in (best_j, blocks["best"]):  # consumers first
+        if block is not None:
+            sch.compute_at(block, par)
+            _vectorize_over_tokens(sch, block, lq)
     sim = blocks["sim"]
+    sch.compute_at(sim, par)
     if len(sch.get_loops(sim)) < 4:  # dim = 0: a constant block, nothing to vectorise
         return True
-    j_loop, k_loop = sch.get_loops(sim)[-2:]
+    j_loop, i_loop, k_loop = sch.get_loops(sim)[-3:]
     ld = sch.get(j_loop).extent
-    if isinstance(ld, tirx.IntImm) and int(ld) % LANES == 0:
-        jo, ji = sch.split(j_loop, [None, LANES])
-        sch.reorder(jo, k_loop, ji)
-        sch.vectorize(ji)
+    if not (isinstance(lq, tirx.IntImm) and int(lq) % LANES == 0):
+        sch.reorder(j_loop, k_loop, i_loop)
+        sch.decompose_reduction(sim, k_loop)
+        return True
+    io, ii = sch.split(i_loop, [None, LANES])
+    if isinstance(ld, tirx.IntImm) and int(ld) % J_TILE == 0:
+        jo, ji = sch.split(j_loop, [None, J_TILE])
+        sch.reorder(jo, k_loop, ji, io, ii)
+        sch.unroll(ji)
+    else:
+        sch.reorder(j_loop, k_loop, io, ii)
+    sch.unroll(io)
+    sch.vectorize(ii)
     sch.decompose_reduction(sim, k_loop)
     return True
 

@@ -2,11 +2,13 @@
 
     m = max_j x_j;  s = sum_j exp(x_j - m);  y_i = exp(x_i - m) / s     along ``axis``
 
-Three loops over the row inside one kernel (max, sum of exps, output), the same two exps per
-element as the C++ kernel; the max loop is a cheap vector max over a row that stays in cache. (The
-online (max, sum) recurrence would merge the first two, but TVM 0.27 miscompiles it vectorised: see
-``_te.lane_reduce``.) When ``axis`` is the last one and its length is a multiple of LANES, the
-reductions are lane-split (``_te.lane_reduce``) so that :func:`schedule` vectorises them.
+Three loops over the row inside one kernel: max, exp(x - m) stored in a row buffer while it is
+summed, output = that buffer times 1 / sum. One exp per element, as the C++ kernel (the exp, not
+memory, bounds rows that stay in cache); the max loop is a cheap vector max. (The online (max, sum)
+recurrence would merge the first two loops, but TVM 0.27 miscompiles it vectorised: see
+``_te.lane_reduce``.) When ``axis`` is the last one and its length is a multiple of LANES (the
+vector form), the reductions are lane-split (``_te.lane_reduce``) and the exps a row stage
+(``_te.row_stage``), so that :func:`schedule` vectorises them; otherwise each loop recomputes the exp.
 
 Special values follow ai.onnx.Softmax: a row holding +inf is NaN (checked explicitly: exp(inf - inf)
 alone would leave the other entries at 0), NaN and all -inf rows come out NaN from the arithmetic,
@@ -22,21 +24,33 @@ from tvm import te, tirx
 from softdeploy.errors import OpContractError
 from softdeploy.ops import two_pass_softmax as op
 from softdeploy.ops._common import normalize_axis
-from softdeploy.tvm.ops._te import as_f32, exp_f32, f32, lane_reduce, schedule_rows, without_axis
+from softdeploy.tvm.ops._te import (
+    REDUCTION,
+    ROW,
+    as_f32,
+    exp_f32,
+    f32,
+    lane_reduce,
+    row_stage,
+    schedule_rows,
+    without_axis,
+)
 
-REDUCTIONS = ["row_sum", "row_max"]  # consumers first, as schedule_rows wants them
+# per-row stages of softmax_of, consumers first (as schedule_rows wants them)
+STAGES = [("row_sum", REDUCTION), ("row_exp", ROW), ("row_max", REDUCTION)]
 
 
 def softmax_of(shape: list[Any], axis: int, z: Any, out_dtype: str) -> te.Tensor:
     """softmax along ``axis`` of the float32 values ``z(*index)`` (ai.onnx.Softmax special values);
-    shared by the ops that are a softmax of transformed logits (block names: REDUCTIONS, "softmax")."""
+    shared by the ops that are a softmax of transformed logits (block names: STAGES, "softmax")."""
     m = lane_reduce(shape, axis, lambda i: z(*i), te.max, "row_max")
-    s = lane_reduce(shape, axis, lambda i: exp_f32(z(*i) - m(*without_axis(i, axis))), te.sum, "row_sum")
+    e = row_stage(shape, axis, lambda i: exp_f32(z(*i) - m(*without_axis(i, axis))), "row_exp")
+    s = lane_reduce(shape, axis, lambda i: e(*i), te.sum, "row_sum")
 
     def out(*i: Any) -> Any:
         r = without_axis(i, axis)
         # times the reciprocal: 1 / s is loop-invariant, so LLVM hoists it out of the row (a / s is not)
-        y = exp_f32(z(*i) - m(*r)) * (f32(1.0) / s(*r))
+        y = e(*i) * (f32(1.0) / s(*r))
         return tirx.Select(m(*r) == f32(float("inf")), f32(float("nan")), y).astype(out_dtype)
 
     return te.compute(shape, out, name="softmax")
@@ -49,7 +63,7 @@ def compute(x: te.Tensor, axis: int) -> te.Tensor:
 def schedule(sch: Any) -> bool:
     """Rows in parallel, the reductions lane-vectorised per row, the output loop vectorised (vector
     form only)."""
-    return schedule_rows(sch, "softmax", REDUCTIONS)
+    return schedule_rows(sch, "softmax", STAGES)
 
 
 def convert(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:

@@ -190,6 +190,26 @@ def test_small_model_matches_onnxruntime(tuned):
     assert sess.run(feeds, outputs=["relu"])[0].shape == (8, 40)
 
 
+def test_inputs_at_any_alignment_and_read_only_give_the_same_results():
+    """Aligned inputs go in zero-copy; misaligned or read-only ones through a reused staging buffer.
+    Results must not depend on which, and a later call must not change an earlier call's outputs."""
+    sess = TVMSession(_tiny_classifier(), shapes={"x": [8, 16]})
+    x = _feeds()["x"]
+    want = sess.run({"x": x})
+    raw = np.empty(8 * 16 + 16, np.float32)
+    for offset in range(16):  # every 4-byte offset within a 64-byte line
+        shifted = raw[offset : offset + 8 * 16].reshape(8, 16)
+        shifted[...] = x
+        for got, w in zip(sess.run({"x": shifted}), want, strict=True):
+            np.testing.assert_array_equal(got, w)
+    frozen = x.copy()
+    frozen.flags.writeable = False
+    first = sess.run({"x": frozen})
+    sess.run({"x": -x})  # the same staging buffer, other values
+    for got, w in zip(first, want, strict=True):
+        np.testing.assert_array_equal(got, w)
+
+
 def test_session_refuses_other_shapes_and_missing_inputs():
     from softdeploy.errors import RuntimeFailure
 

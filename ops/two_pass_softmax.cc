@@ -195,7 +195,10 @@ SD_TARGET_AVX512 inline void ScaleBlock(float* y, int64_t j0, int64_t j1, __m512
 // y is written in place by both passes, deliberately: pass 1's stores, which miss the cache for
 // large tensors, overlap its exp work, and pass 2 then finds y in L2/L3. Writing pass 1 to a cached
 // scratch row and y in pass 2 (streaming or not) was 1.4-2x slower at 64 x 128000 / 256000 on
-// Zen 4 (64 rows through RowAvx512, one thread): pass 2 has too little work to hide the misses.
+// Zen 4 (64 rows through RowAvx512, one thread): pass 2 has too little work to hide the misses. So was
+// (1.0-1.6x slower) a pipeline over rows, pass 1 of row r into a cached scratch row while pass 2 of
+// row r - 1 streams its scratch to y: two DRAM transfers per element instead of three, but this
+// machine's streaming stores do not overlap with the loads.
 SD_TARGET_AVX512 bool RowAvx512(const float* x, float* y, int64_t n) {
   const int64_t blocks = (n + kBlock - 1) / kBlock;
   thread_local std::vector<float> block_exponents;  // nb per (block, lane); ORT pool threads reuse it

@@ -64,6 +64,32 @@ def exp_f32(x: Any) -> Any:
     return tirx.Select(not_nan(x), y, x)  # NaN stays NaN
 
 
+# exp on [-ln2/2, ln2/2]: XNNPACK's degree-5 minimax coefficients (relative error 1.2e-7), the ones
+# of the C++ kernels (ops/common/simd_math.h); ln2 split for Cody-Waite as there.
+_EXP_P5 = tuple(
+    float.fromhex(c) for c in ("0x1.0F9F9Cp-7", "0x1.573A1Ap-5", "0x1.555A80p-3", "0x1.FFFDC6p-2", "0x1.FFFFF6p-1")
+)
+_LN2_HI_P5 = float.fromhex("0x1.62E43p-1")
+_LN2_LO_P5 = -float.fromhex("0x1.05C61p-29")
+
+
+def exp_nonpositive_f32(x: Any) -> Any:
+    """exp of a float32 TIR expression that is <= 0 or NaN (x - max(x), softmax's argument): relative
+    error <= 2e-7; NaN -> NaN, -inf and anything below -87.3 -> 0. Positive x is NOT supported (2^n is
+    built for n <= 0 only). Six ops fewer than :func:`exp_f32` (no upper clamp, a degree-5 polynomial
+    in Horner form), which is what bounds the softmax-like kernels' exp pass."""
+    xc = tirx.max(x, f32(_EXP_MIN))
+    n = tirx.floor(xc * f32(_LOG2E) + f32(0.5))
+    t = xc - n * f32(_LN2_HI_P5) - n * f32(_LN2_LO_P5)
+    p = f32(_EXP_P5[0])
+    for c in _EXP_P5[1:]:
+        p = p * t + f32(c)
+    p = p * t + f32(1.0)
+    y = p * tirx.reinterpret("float32", (n.astype("int32") + 127) << 23)
+    y = tirx.Select(x < f32(_EXP_MIN), f32(0.0), y)
+    return tirx.Select(not_nan(x), y, x)  # NaN stays NaN
+
+
 def reduced_shape(shape: Sequence[Any], axis: int) -> list[Any]:
     return [s for d, s in enumerate(shape) if d != axis]
 

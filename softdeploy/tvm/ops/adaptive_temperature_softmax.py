@@ -23,7 +23,7 @@ from softdeploy.tvm.ops._te import (
     ROW,
     SCALAR,
     as_f32,
-    exp_f32,
+    exp_nonpositive_f32,
     f32,
     lane_reduce,
     log_f32,
@@ -55,7 +55,7 @@ def compute(x: te.Tensor, axis: int) -> te.Tensor:
     m = lane_reduce(shape, axis, lambda i: xf(*i), te.max, "row_max")
     # the sums in float64 too: a lane adds n / 16 terms (16000 for a 256000 vocabulary), whose float32
     # rounding (~1e-5) would reach the output directly and, amplified by beta's slope, through H
-    e = row_stage(shape, axis, lambda i: exp_f32(xf(*i) - m(*row(i))), "row_exp")
+    e = row_stage(shape, axis, lambda i: exp_nonpositive_f32(xf(*i) - m(*row(i))), "row_exp")
     s = lane_reduce(shape, axis, lambda i: e(*i), te.sum, "row_sum", dtype="float64")
 
     def plogp(i: tuple[Any, ...]) -> Any:
@@ -76,7 +76,7 @@ def compute(x: te.Tensor, axis: int) -> te.Tensor:
 
     b = te.compute(m.shape, beta, name="beta")
 
-    scaled = row_stage(shape, axis, lambda i: exp_f32(b(*row(i)) * (xf(*i) - m(*row(i)))), "scaled_exp")
+    scaled = row_stage(shape, axis, lambda i: exp_nonpositive_f32(b(*row(i)) * (xf(*i) - m(*row(i)))), "scaled_exp")
     s2 = lane_reduce(shape, axis, lambda i: scaled(*i), te.sum, "scaled_sum", dtype="float64")
 
     def out(*i: Any) -> Any:

@@ -28,7 +28,7 @@ from softdeploy.tvm.ops._te import (
     REDUCTION,
     ROW,
     as_f32,
-    exp_f32,
+    exp_nonpositive_f32,
     f32,
     lane_reduce,
     row_stage,
@@ -40,11 +40,11 @@ from softdeploy.tvm.ops._te import (
 STAGES = [("row_sum", REDUCTION), ("row_exp", ROW), ("row_max", REDUCTION)]
 
 
-def softmax_of(shape: list[Any], axis: int, z: Any, out_dtype: str) -> te.Tensor:
+def softmax_of(shape: list[Any], axis: int, z: Any, out_dtype: str, exp: Any = exp_nonpositive_f32) -> te.Tensor:
     """softmax along ``axis`` of the float32 values ``z(*index)`` (ai.onnx.Softmax special values);
     shared by the ops that are a softmax of transformed logits (block names: STAGES, "softmax")."""
     m = lane_reduce(shape, axis, lambda i: z(*i), te.max, "row_max")
-    e = row_stage(shape, axis, lambda i: exp_f32(z(*i) - m(*without_axis(i, axis))), "row_exp")
+    e = row_stage(shape, axis, lambda i: exp(z(*i) - m(*without_axis(i, axis))), "row_exp")
     s = lane_reduce(shape, axis, lambda i: e(*i), te.sum, "row_sum")
 
     def out(*i: Any) -> Any:

@@ -174,7 +174,8 @@ SD_TARGET_AVX512 inline void Accumulate(__m512& v, __m512& e, __m512 bv, __m512 
   e = max_e;
 }
 
-// Pass 2 over one block: y[j] *= 2^shift / v, as e[j] * factor (kOneFactor) or in two steps.
+// Pass 2 over one block: y[j] *= 2^shift / v, as one multiply by factor = 2^shift / v (kOneFactor) or in
+// two steps (y * inv, then scalef by shift).
 template <bool kOneFactor>
 SD_TARGET_AVX512 inline __m512 Scaled(__m512 t, __m512 inv, __m512 shift, __m512 factor) {
   return kOneFactor ? _mm512_mul_ps(t, factor) : _mm512_scalef_ps(_mm512_mul_ps(t, inv), shift);

@@ -120,9 +120,6 @@ struct Portable {
 
 // ---- AVX-512 ------------------------------------------------------------------------------------
 
-SD_TARGET_AVX512 inline __mmask16 TailMask(int64_t left) {
-  return static_cast<__mmask16>(left >= 16 ? 0xFFFF : (1u << left) - 1);
-}
 // (maskz forms: the plain ones trip gcc 12's -Wuninitialized inside its own headers)
 SD_TARGET_AVX512 inline __m512d Lo(__m512 v) { return _mm512_maskz_cvtps_pd(0xFF, _mm512_maskz_extractf32x8_ps(0xFF, v, 0)); }
 SD_TARGET_AVX512 inline __m512d Hi(__m512 v) {
@@ -147,7 +144,7 @@ struct Avx512 {
     const __m512 floor = _mm512_set1_ps(kFloor);
     int fold = 0;
     for (int64_t j = 0; j < n; j += 16) {
-      const __mmask16 k = TailMask(n - j);
+      const __mmask16 k = simd::TailMask16(n - j);
       const __m512 xv = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), k, x + j);
       nan |= _mm512_fpclass_ps_mask(xv, 0x81);
       const __mmask16 grow = _mm512_cmp_ps_mask(xv, m, _CMP_GT_OQ);
@@ -196,7 +193,7 @@ struct Avx512 {
     for (auto& a : acc) a[0] = a[1] = _mm512_setzero_pd();
     int fold = 0;
     for (int64_t j = 0; j < n; j += 16) {
-      const __m512 xv = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), TailMask(n - j), x + j);
+      const __m512 xv = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), simd::TailMask16(n - j), x + j);
       const __m512 z = _mm512_max_ps(_mm512_sub_ps(xv, mv), zfloor);
       const __m512 w = simd::Exp(_mm512_mul_ps(bh, z));
       const __m512 wz = _mm512_mul_ps(w, z), wzz = _mm512_mul_ps(wz, z);
@@ -235,13 +232,13 @@ struct Avx512 {
     int64_t j = 0;
     if (stream) {
       const int64_t peel = std::min<int64_t>(n, ((64 - (reinterpret_cast<uintptr_t>(y) & 63)) & 63) / 4);
-      if (peel > 0) _mm512_mask_storeu_ps(y, TailMask(peel), out(0, TailMask(peel)));
+      if (peel > 0) _mm512_mask_storeu_ps(y, simd::TailMask16(peel), out(0, simd::TailMask16(peel)));
       for (j = peel; j + 16 <= n; j += 16) _mm512_stream_ps(y + j, out(j, 0xFFFF));
       _mm_sfence();
     } else {
       for (; j + 16 <= n; j += 16) _mm512_storeu_ps(y + j, out(j, 0xFFFF));
     }
-    if (j < n) _mm512_mask_storeu_ps(y + j, TailMask(n - j), out(j, TailMask(n - j)));
+    if (j < n) _mm512_mask_storeu_ps(y + j, simd::TailMask16(n - j), out(j, simd::TailMask16(n - j)));
   }
 
   // Merges per-lane (max, d, S) into the row's.

@@ -135,10 +135,6 @@ SD_TARGET_AVX512 inline __m512 LoadZ(const RowArgs& a, const SigmaAvx512& s, int
   return _mm512_mask_blend_ps(k, _mm512_set1_ps(-INFINITY), _mm512_add_ps(s(x), m));
 }
 
-SD_TARGET_AVX512 inline __mmask16 TailMask(int64_t left) {
-  return static_cast<__mmask16>(left >= 16 ? 0xFFFF : (1u << left) - 1);
-}
-
 SD_TARGET_AVX512 void RowAvx512(const RowArgs& a, const SigmaParams& p, bool stream) {
   const SigmaAvx512 s(p);
   const int64_t n = a.n;
@@ -159,7 +155,7 @@ SD_TARGET_AVX512 void RowAvx512(const RowArgs& a, const SigmaParams& p, bool str
       Accumulate(v1, e1, m, e);
     }
     for (; j < block_end; j += 16) {
-      const __m512 z = LoadZ(a, s, j, TailMask(block_end - j));
+      const __m512 z = LoadZ(a, s, j, simd::TailMask16(block_end - j));
       bad |= _mm512_fpclass_ps_mask(z, kBad);
       __m512 m, e;
       simd::ExtExp(z, &m, &e);
@@ -189,13 +185,13 @@ SD_TARGET_AVX512 void RowAvx512(const RowArgs& a, const SigmaParams& p, bool str
   if (stream) {
     // Peel to a 64-byte aligned output address: streaming stores need it.
     const int64_t peel = std::min<int64_t>(n, ((64 - (reinterpret_cast<uintptr_t>(a.y) & 63)) & 63) / 4);
-    if (peel > 0) _mm512_mask_storeu_ps(a.y, TailMask(peel), out(0, TailMask(peel)));
+    if (peel > 0) _mm512_mask_storeu_ps(a.y, simd::TailMask16(peel), out(0, simd::TailMask16(peel)));
     for (j = peel; j + 16 <= n; j += 16) _mm512_stream_ps(a.y + j, out(j, 0xFFFF));
     _mm_sfence();
   } else {
     for (; j + 16 <= n; j += 16) _mm512_storeu_ps(a.y + j, out(j, 0xFFFF));
   }
-  if (j < n) _mm512_mask_storeu_ps(a.y + j, TailMask(n - j), out(j, TailMask(n - j)));
+  if (j < n) _mm512_mask_storeu_ps(a.y + j, simd::TailMask16(n - j), out(j, simd::TailMask16(n - j)));
 }
 
 // ---- AVX2 ---------------------------------------------------------------------------------------

@@ -49,6 +49,7 @@
 #include <utility>
 
 #include "common/kernel.h"
+#include "common/simd_math.h"
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
@@ -311,7 +312,7 @@ SD_TARGET_AVX512 int64_t ScanAvx512(const Selected& t, Work& w, const Params& pr
   int64_t near_n = 0;
   // 16 blocks' boxes a step; each block that passes is one vector of slots.
   for (int64_t b = 0; b < w.blocks; b += 16) {
-    const __mmask16 m = static_cast<__mmask16>(w.blocks - b >= 16 ? 0xFFFF : (1u << (w.blocks - b)) - 1);
+    const __mmask16 m = simd::TailMask16(w.blocks - b);
     const __m512 iw = _mm512_add_ps(_mm512_sub_ps(_mm512_min_ps(thi0, _mm512_maskz_loadu_ps(m, &w.block_hi0[b])),
                                                   _mm512_max_ps(tlo0, _mm512_maskz_loadu_ps(m, &w.block_lo0[b]))),
                                     off);
@@ -390,7 +391,7 @@ SD_TARGET_AVX512 float MaxAvx512(const float* s, int64_t begin, int64_t end) {
     m3 = Max16(m3, _mm512_loadu_ps(s + p + 48));
   }
   for (; p < end; p += 16) {
-    const __mmask16 k = static_cast<__mmask16>(end - p >= 16 ? 0xFFFF : (1u << (end - p)) - 1);
+    const __mmask16 k = simd::TailMask16(end - p);
     m0 = _mm512_mask_max_ps(m0, k, m0, _mm512_maskz_loadu_ps(k, s + p));
   }
   // (not _mm512_reduce_max_ps: the same warning)
@@ -415,7 +416,7 @@ SD_TARGET_AVX512 int64_t FirstEqualAvx512(const float* s, int64_t begin, int64_t
     if (eq != 0) return p + __builtin_ctzll(eq);
   }
   for (; p < end; p += 16) {
-    const __mmask16 k = static_cast<__mmask16>(end - p >= 16 ? 0xFFFF : (1u << (end - p)) - 1);
+    const __mmask16 k = simd::TailMask16(end - p);
     const __mmask16 eq = _mm512_mask_cmp_ps_mask(k, _mm512_maskz_loadu_ps(k, s + p), v, _CMP_EQ_OQ);
     if (eq != 0) return p + __builtin_ctz(eq);
   }

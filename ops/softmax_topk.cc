@@ -334,7 +334,7 @@ SD_TARGET_AVX512 __attribute__((noinline)) float KeepTopK(CandidateBuffer& b) {
   __m512i kmin = _mm512_set1_epi32(INT32_MAX), kmax = _mm512_set1_epi32(INT32_MIN);
   for (int64_t v = 0; v < vecs; ++v) {
     const int64_t left = m - 16 * v;
-    const __mmask16 valid = static_cast<__mmask16>(left >= 16 ? 0xFFFF : (1u << left) - 1);
+    const __mmask16 valid = simd::TailMask16(left);
     const __m512i key = OrderKey(_mm512_maskz_loadu_ps(valid, vals + 16 * v));
     kmin = _mm512_mask_min_epi32(kmin, valid, kmin, key);
     kmax = _mm512_mask_max_epi32(kmax, valid, kmax, key);
@@ -515,7 +515,7 @@ SD_TARGET_AVX512 RowResult RowAvx512(const float* x, int64_t n, float s, double 
     flush();
   }
   for (; i < n; i += 16) {
-    const __mmask16 valid = static_cast<__mmask16>(n - i >= 16 ? 0xFFFF : (1u << (n - i)) - 1);
+    const __mmask16 valid = simd::TailMask16(n - i);
     const __m512 v = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), valid, x + i);
     const __mmask16 c = _mm512_mask_cmp_ps_mask(valid, v, thr, _CMP_NLE_UQ);
     if (c != 0) {

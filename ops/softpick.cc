@@ -228,7 +228,7 @@ SD_TARGET_AVX512 void RowAvx512(const float* x, float* y, int64_t n, float eps) 
       Stage512(x + j + 48, y + j + 48, 0xFFFF, minus_r, c, a3, bmax);
     }
     for (; j < block_end; j += 16) {
-      const __mmask16 valid = static_cast<__mmask16>(block_end - j >= 16 ? 0xFFFF : (1u << (block_end - j)) - 1);
+      const __mmask16 valid = simd::TailMask16(block_end - j);
       Stage512(x + j, y + j, valid, minus_r, c, a0, bmax);
     }
     const float block_max = _mm512_reduce_max_ps(bmax);
@@ -286,16 +286,11 @@ SD_TARGET_AVX2 inline __m256 Term256(__m256 x, __m256 minus_r, __m256 c) {
   return _mm256_fmadd_ps(s, q, _mm256_sub_ps(s, c));
 }
 
-// Lane mask of the first `count` lanes (count in [0, 8]) for maskload/maskstore.
-SD_TARGET_AVX2 inline __m256i TailMask256(int64_t count) {
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(count)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
-
 SD_TARGET_AVX2 inline void Stage256(const float* x, float* y, int64_t count, __m256 minus_r, __m256 c, __m256& acc,
                                     __m256& vmax) {
   const __m256 inf = _mm256_set1_ps(INFINITY);
   const bool full = count >= 8;
-  const __m256i lanes = TailMask256(count);
+  const __m256i lanes = simd::TailMask8(count);
   const __m256 v = full ? _mm256_loadu_ps(x) : _mm256_maskload_ps(x, lanes);
   const __m256 abs_v = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v);
   // Lanes past the tail load as 0 (finite): `valid` removes them.
@@ -309,13 +304,6 @@ SD_TARGET_AVX2 inline void Stage256(const float* x, float* y, int64_t count, __m
   const __m256 out = _mm256_blendv_ps(_mm256_and_ps(term, pos), v, keep);
   if (full) _mm256_storeu_ps(y, out);
   else _mm256_maskstore_ps(y, lanes, out);
-}
-
-SD_TARGET_AVX2 float ReduceMax256(__m256 v) {
-  __m128 h = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-  h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
-  return _mm_cvtss_f32(h);
 }
 
 SD_TARGET_AVX2 void RowAvx2(const float* x, float* y, int64_t n, float eps) {
@@ -337,7 +325,7 @@ SD_TARGET_AVX2 void RowAvx2(const float* x, float* y, int64_t n, float eps) {
       Stage256(x + j + 24, y + j + 24, 8, minus_r, c, a3, bmax);
     }
     for (; j < block_end; j += 8) Stage256(x + j, y + j, block_end - j, minus_r, c, a0, bmax);
-    const float block_max = ReduceMax256(bmax);
+    const float block_max = simd::ReduceMax8(bmax);
     if (block_max > limit) {
       if (block_max > kFastMaxLogit) return RowExact(x, y, n, eps);
       const float r_new = std::nearbyint(block_max * simd::kLog2e);

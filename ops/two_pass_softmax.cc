@@ -106,10 +106,6 @@ constexpr int64_t kBlock = 1024;  // elements per block of the two-level summati
 // Compared with the paper's pass 2 (recompute exp from x), rescaling y costs one multiply per
 // element instead of a second exp: on Zen 4 the exp, not memory, bounds rows that fit in L2.
 
-SD_TARGET_AVX512 inline __mmask16 TailMask(int64_t left) {
-  return static_cast<__mmask16>(left >= 16 ? 0xFFFF : (1u << left) - 1);
-}
-
 // m * 2^(n - nb) = exp(x) / 2^nb for x >= floor (x below floor is clamped there: it comes out
 // below 2^-158, i.e. exactly 0). NaN propagates (max_ps returns its 2nd operand on NaN).
 // kExact: t = x - n ln2 in two steps (Cody-Waite, ln2 = hi + lo), exact to float rounding for any n.
@@ -160,7 +156,7 @@ SD_TARGET_AVX512 inline __m512 ExpBlock(const float* x, float* y, int64_t j0, in
     a3 = _mm512_add_ps(a3, e3);
   }
   for (; j < j1; j += 16) {
-    const __mmask16 k = TailMask(j1 - j);
+    const __mmask16 k = simd::TailMask16(j1 - j);
     const __m512 e0 = ExpRelative<kExact>(_mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), k, x + j), floor, nb);
     _mm512_mask_storeu_ps(y + j, k, e0);
     a0 = _mm512_add_ps(a0, _mm512_maskz_mov_ps(k, e0));
@@ -186,7 +182,7 @@ SD_TARGET_AVX512 inline void ScaleBlock(float* y, int64_t j0, int64_t j1, __m512
   int64_t j = j0;
   for (; j + 16 <= j1; j += 16) _mm512_storeu_ps(y + j, Scaled<kOneFactor>(_mm512_loadu_ps(y + j), inv, shift, factor));
   if (j < j1) {
-    const __mmask16 k = TailMask(j1 - j);
+    const __mmask16 k = simd::TailMask16(j1 - j);
     _mm512_mask_storeu_ps(y + j, k, Scaled<kOneFactor>(_mm512_maskz_loadu_ps(k, y + j), inv, shift, factor));
   }
 }
@@ -216,7 +212,7 @@ SD_TARGET_AVX512 bool RowAvx512(const float* x, float* y, int64_t n) {
       bm0 = _mm512_max_ps(bm0, _mm512_loadu_ps(x + j));
       bm1 = _mm512_max_ps(bm1, _mm512_loadu_ps(x + j + 16));
     }
-    for (; j < j1; j += 16) bm0 = _mm512_max_ps(bm0, _mm512_mask_loadu_ps(neg_inf, TailMask(j1 - j), x + j));
+    for (; j < j1; j += 16) bm0 = _mm512_max_ps(bm0, _mm512_mask_loadu_ps(neg_inf, simd::TailMask16(j1 - j), x + j));
     const __m512 bm = _mm512_max_ps(bm0, bm1);
     // A lane that saw only -inf in this block gets nb = 0 and floor -110: its terms are all 0.
     const __mmask16 live = _mm512_cmp_ps_mask(bm, neg_inf, _CMP_NEQ_OQ);
@@ -267,10 +263,6 @@ SD_TARGET_AVX2 inline void Accumulate(__m256& v, __m256& e, __m256 m, __m256 n) 
 // their block's maximum, and outputs below 2^-125 (~2e-38), come out as 0 (as in XNNPACK's AVX2
 // kernels) -- within the contract's absolute tolerance.
 
-SD_TARGET_AVX2 inline __m256 TailMask8(int64_t left) {
-  const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(std::min<int64_t>(left, 8))), iota));
-}
 
 // exp(x) / 2^nb for x >= floor (x below is clamped there: it comes out as exactly 0). NaN propagates.
 SD_TARGET_AVX2 inline __m256 ExpRelative(__m256 x, __m256 floor, __m256 nb) {
@@ -286,20 +278,6 @@ SD_TARGET_AVX2 inline __m256 ExpRelative(__m256 x, __m256 floor, __m256 nb) {
   p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(simd::kC1));
   p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(1.0f));
   return _mm256_mul_ps(p, simd::Exp2NonPositive(_mm256_sub_ps(nn, nb)));
-}
-
-SD_TARGET_AVX2 inline float ReduceMax(__m256 v) {
-  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-  m = _mm_max_ss(m, _mm_movehdup_ps(m));
-  return _mm_cvtss_f32(m);
-}
-
-SD_TARGET_AVX2 inline float ReduceAdd(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
 }
 
 // Returns false (the caller then takes RowSafe) in the cases RowAvx512 does.
@@ -323,7 +301,7 @@ SD_TARGET_AVX2 bool RowAvx2(const float* x, float* y, int64_t n) {
       bm1 = _mm256_max_ps(bm1, xb);
     }
     for (; j < j1; j += 8) {
-      const __m256 k = TailMask8(j1 - j);
+      const __m256 k = _mm256_castsi256_ps(simd::TailMask8(j1 - j));
       const __m256 xa = _mm256_blendv_ps(neg_inf, _mm256_maskload_ps(x + j, _mm256_castps_si256(k)), k);
       bad = _mm256_or_ps(bad, _mm256_cmp_ps(xa, xa, _CMP_UNORD_Q));
       bm0 = _mm256_max_ps(bm0, xa);
@@ -353,7 +331,7 @@ SD_TARGET_AVX2 bool RowAvx2(const float* x, float* y, int64_t n) {
       a3 = _mm256_add_ps(a3, e3);
     }
     for (; j < j1; j += 8) {
-      const __m256 k = TailMask8(j1 - j);
+      const __m256 k = _mm256_castsi256_ps(simd::TailMask8(j1 - j));
       const __m256i ki = _mm256_castps_si256(k);
       const __m256 xa = _mm256_blendv_ps(neg_inf, _mm256_maskload_ps(x + j, ki), k);
       const __m256 e0 = _mm256_and_ps(k, ExpRelative(xa, floor, nb));
@@ -366,8 +344,8 @@ SD_TARGET_AVX2 bool RowAvx2(const float* x, float* y, int64_t n) {
     Accumulate(sum_v, sum_e, block_sum, nb);
   }
   if (_mm256_movemask_ps(bad) != 0) return false;
-  const float e = ReduceMax(sum_e);
-  const float v = ReduceAdd(_mm256_mul_ps(sum_v, simd::Exp2NonPositive(_mm256_sub_ps(sum_e, _mm256_set1_ps(e)))));
+  const float e = simd::ReduceMax8(sum_e);
+  const float v = simd::ReduceAdd8(_mm256_mul_ps(sum_v, simd::Exp2NonPositive(_mm256_sub_ps(sum_e, _mm256_set1_ps(e)))));
   if (!(v > 0.0f) || !std::isfinite(v)) return false;  // no finite entry
   const __m256 inv = _mm256_set1_ps(1.0f / v);
   const __m256 minus_e = _mm256_set1_ps(-e);
@@ -378,7 +356,7 @@ SD_TARGET_AVX2 bool RowAvx2(const float* x, float* y, int64_t n) {
     int64_t j = j0;
     for (; j + 8 <= j1; j += 8) _mm256_storeu_ps(y + j, _mm256_mul_ps(_mm256_loadu_ps(y + j), factor));
     if (j < j1) {
-      const __m256i ki = _mm256_castps_si256(TailMask8(j1 - j));
+      const __m256i ki = simd::TailMask8(j1 - j);
       _mm256_maskstore_ps(y + j, ki, _mm256_mul_ps(_mm256_maskload_ps(y + j, ki), factor));
     }
   }

@@ -1,4 +1,5 @@
-// Vectorised exp building blocks shared by the softmax-family kernels.
+// Vectorised exp building blocks shared by the softmax-family kernels, and the lane masks and
+// horizontal reductions every kernel's tails need (one definition here, not one per kernel).
 //
 // Both follow XNNPACK's f32 exp kernels (see shared notes/algorithms.md section 2):
 //   n = round_to_nearest_even(x * log2(e))            (kept in float: no exponent-range overflow)
@@ -13,6 +14,7 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
@@ -67,6 +69,11 @@ inline float Scale2(float v, float e) {
 
 // ---- AVX-512 ----------------------------------------------------------------------------------
 
+// The first min(left, 16) lanes (left >= 0): the mask of a row's last, partial vector.
+SD_TARGET_AVX512 inline __mmask16 TailMask16(int64_t left) {
+  return static_cast<__mmask16>(left >= 16 ? 0xFFFF : (1u << left) - 1);
+}
+
 SD_TARGET_AVX512 inline void ExtExp(__m512 x, __m512* m, __m512* n) {
   const __m512 nn = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)),
                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -95,6 +102,27 @@ SD_TARGET_AVX512 inline __m512 Exp(__m512 x) {
 }
 
 // ---- AVX2 -------------------------------------------------------------------------------------
+
+// The first min(left, 8) lanes (left >= 0) as an all-ones/zero lane mask, for maskload/maskstore
+// (as __m256i) and blendv/and (cast to __m256).
+SD_TARGET_AVX2 inline __m256i TailMask8(int64_t left) {
+  const int count = static_cast<int>(std::min<int64_t>(left, 8));
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(count), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+SD_TARGET_AVX2 inline float ReduceMax8(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  return _mm_cvtss_f32(m);
+}
+
+SD_TARGET_AVX2 inline float ReduceAdd8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
 
 // 2^e for integer-valued e <= 0 (AVX2 has no scalef): e below -126 flushes to 0, as in XNNPACK's
 // AVX2 kernels. Values 2^e with e > 0 never occur in the callers (exponents are relative to a max).

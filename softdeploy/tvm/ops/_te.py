@@ -51,16 +51,27 @@ def exp_f32(x: Any) -> Any:
     """exp of a float32 TIR expression: relative error <= 2e-7 on [-87.3, 88]; NaN -> NaN,
     -inf -> 0, below -87.3 -> 0, above 88 -> +inf."""
     xc = tirx.max(tirx.min(x, f32(_EXP_MAX)), f32(_EXP_MIN))
-    n = tirx.floor(xc * f32(_LOG2E) + f32(0.5))
+    n = _round_log2(xc)
     r = xc - n * f32(_LN2_HI) - n * f32(_LN2_LO)
     p = f32(_EXPF_POLY[0])
     for c in _EXPF_POLY[1:]:
         p = p * r + f32(c)
     p = p * r * r + r + f32(1.0)
-    two_n = tirx.reinterpret("float32", (n.astype("int32") + 127) << 23)
-    y = p * two_n
+    return _scale_with_specials(x, p, n, overflow=True)
+
+
+def _round_log2(xc: Any) -> Any:
+    """n = round(xc * log2(e)), as a float (xc is already clamped to the float range)."""
+    return tirx.floor(xc * f32(_LOG2E) + f32(0.5))
+
+
+def _scale_with_specials(x: Any, p: Any, n: Any, *, overflow: bool) -> Any:
+    """p * 2^n (2^n from the exponent bits), then exp's special values: 0 below _EXP_MIN (-inf
+    included), NaN passed through, and with ``overflow`` +inf above _EXP_MAX."""
+    y = p * tirx.reinterpret("float32", (n.astype("int32") + 127) << 23)
     y = tirx.Select(x < f32(_EXP_MIN), f32(0.0), y)
-    y = tirx.Select(x > f32(_EXP_MAX), f32(float("inf")), y)
+    if overflow:
+        y = tirx.Select(x > f32(_EXP_MAX), f32(float("inf")), y)
     return tirx.Select(not_nan(x), y, x)  # NaN stays NaN
 
 
@@ -79,15 +90,13 @@ def exp_nonpositive_f32(x: Any) -> Any:
     built for n <= 0 only). Six ops fewer than :func:`exp_f32` (no upper clamp, a degree-5 polynomial
     in Horner form), which is what bounds the softmax-like kernels' exp pass."""
     xc = tirx.max(x, f32(_EXP_MIN))
-    n = tirx.floor(xc * f32(_LOG2E) + f32(0.5))
+    n = _round_log2(xc)
     t = xc - n * f32(_LN2_HI_P5) - n * f32(_LN2_LO_P5)
     p = f32(_EXP_P5[0])
     for c in _EXP_P5[1:]:
         p = p * t + f32(c)
     p = p * t + f32(1.0)
-    y = p * tirx.reinterpret("float32", (n.astype("int32") + 127) << 23)
-    y = tirx.Select(x < f32(_EXP_MIN), f32(0.0), y)
-    return tirx.Select(not_nan(x), y, x)  # NaN stays NaN
+    return _scale_with_specials(x, p, n, overflow=False)
 
 
 def reduced_shape(shape: Sequence[Any], axis: int) -> list[Any]:

@@ -182,6 +182,8 @@ class TVMSession:
 
         if self.remote is not None:
             return tvm.runtime.tensor(value, self.device)
+        if value.size == 0:  # nothing to copy; numpy places empty arrays at unaligned addresses
+            return tvm.runtime.empty(value.shape, str(value.dtype), self.device)
         if value.ctypes.data % _TVM_ALIGNMENT != 0 or not value.flags.writeable:
             # read-only arrays do not export through DLPack either
             buffers = self._staging.__dict__.setdefault("buffers", {})

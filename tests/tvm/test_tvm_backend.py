@@ -210,6 +210,30 @@ def test_inputs_at_any_alignment_and_read_only_give_the_same_results():
         np.testing.assert_array_equal(got, w)
 
 
+def _empty_samples() -> list:
+    from softdeploy.ops import REGISTRY
+    from softdeploy.tvm.ops import TIR_OPS
+
+    return [
+        pytest.param(REGISTRY[name], s, id=f"{name}-{s.name}")
+        for name in sorted(TIR_OPS)
+        for s in REGISTRY[name].samples(np.random.default_rng(0))
+        if any(v is not None and np.size(v) == 0 for v in s.inputs)
+    ]
+
+
+@pytest.mark.parametrize(("op", "sample"), _empty_samples())
+def test_empty_inputs_run(op, sample):
+    """Size-0 inputs (numpy puts them at any address) go in without a copy and give the reference's
+    (empty) results."""
+    from softdeploy import conformance
+
+    shapes = {p.name: list(np.shape(v)) for p, v in zip(op.inputs, sample.inputs, strict=False) if v is not None}
+    got = TVMSession(op.make_model(sample), shapes=shapes).run(op.feeds(sample))
+    want = op.reference(*sample.inputs, **sample.attrs)
+    conformance.compare(op, sample, got, want if isinstance(want, tuple) else (want,), 1e-4, 1e-30)
+
+
 def test_session_refuses_other_shapes_and_missing_inputs():
     from softdeploy.errors import RuntimeFailure
 

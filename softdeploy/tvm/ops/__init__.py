@@ -56,7 +56,9 @@ def apply_schedules(func: Any) -> Any | None:
 # Blocks of our computes that are kept on purpose: a layout change (an inlined transpose would make the
 # kernel read strided again), per-call and per-row scalars (inlined, they would be recomputed per
 # element) and row stages (values stored once per row so that later passes need not recompute an exp).
-KEEP_BLOCKS = frozenset({"q_packed", "multimax_params", "beta", "row_exp", "scaled_exp", "magnitude"})
+KEEP_BLOCKS = frozenset(
+    {"q_packed", "multimax_params", "beta", "row_exp", "scaled_exp", "term", "row_shift", "row_unit", "row_scale"}
+)
 
 
 def inline_neighbours(sch: Any) -> None:

@@ -51,7 +51,7 @@ def exp_f32(x: Any) -> Any:
     """exp of a float32 TIR expression: relative error <= 2e-7 on [-87.3, 88]; NaN -> NaN,
     -inf -> 0, below -87.3 -> 0, above 88 -> +inf."""
     xc = tirx.max(tirx.min(x, f32(_EXP_MAX)), f32(_EXP_MIN))
-    n = _round_log2(xc)
+    n = round_log2(xc)
     r = xc - n * f32(_LN2_HI) - n * f32(_LN2_LO)
     p = f32(_EXPF_POLY[0])
     for c in _EXPF_POLY[1:]:
@@ -60,9 +60,15 @@ def exp_f32(x: Any) -> Any:
     return _scale_with_specials(x, p, n, overflow=True)
 
 
-def _round_log2(xc: Any) -> Any:
+def round_log2(xc: Any) -> Any:
     """n = round(xc * log2(e)), as a float (xc is already clamped to the float range)."""
     return tirx.floor(xc * f32(_LOG2E) + f32(0.5))
+
+
+def pow2_f32(n: Any) -> Any:
+    """2^n for a float32 expression holding an integer n <= 127, from the exponent bits; 0 for
+    n < -126 (no subnormals, as the C++ kernels' exps)."""
+    return tirx.reinterpret("float32", tirx.max(n.astype("int32") + 127, 0) << 23)
 
 
 def _scale_with_specials(x: Any, p: Any, n: Any, *, overflow: bool) -> Any:
@@ -90,7 +96,7 @@ def exp_nonpositive_f32(x: Any) -> Any:
     built for n <= 0 only). Six ops fewer than :func:`exp_f32` (no upper clamp, a degree-5 polynomial
     in Horner form), which is what bounds the softmax-like kernels' exp pass."""
     xc = tirx.max(x, f32(_EXP_MIN))
-    n = _round_log2(xc)
+    n = round_log2(xc)
     t = xc - n * f32(_LN2_HI_P5) - n * f32(_LN2_LO_P5)
     p = f32(_EXP_P5[0])
     for c in _EXP_P5[1:]:
@@ -157,22 +163,6 @@ def log_f32(x: Any) -> Any:
     y = p * m * z + ef * f32(_LN2_LO) - f32(0.5) * z
     y = m + y + ef * f32(_LN2_HI)
     return tirx.Select(not_nan(x), y, x)
-
-
-def one_minus_exp_neg(a: Any) -> Any:
-    """1 - exp(-a) for a >= 0 without cancellation near 0 (-expm1(-a)): Taylor series below 0.5,
-    where 1 - exp(-a) would lose log10(1/a) digits; relative error <= 4e-7."""
-    series = f32(-1.0 / 40320.0)
-    for n in range(7, 0, -1):
-        series = series * a + f32((-1.0) ** (n + 1) / _factorial(n))
-    return tirx.Select(a < f32(0.5), series * a, f32(1.0) - exp_f32(-a))
-
-
-def _factorial(n: int) -> int:
-    out = 1
-    for i in range(2, n + 1):
-        out *= i
-    return out
 
 
 LANES = 16  # float32 lanes of an AVX-512 register

@@ -25,14 +25,14 @@ import numpy as np
 
 from softdeploy.errors import RuntimeFailure
 
-_TVM_ALIGNMENT = 64  # bytes: tvm.runtime.from_dlpack refuses less (TVM buffers are 64-byte aligned)
+_TVM_ALIGNMENT = 64  # bytes: what TVM's kernels assume of their parameters unless built element-aligned
 
 
-def _copy_out(tensor: Any) -> np.ndarray:
-    """A fresh numpy copy of a local TVM tensor (DLPack view, then numpy's copy); dtypes DLPack cannot
-    hand to numpy take TVM's own conversion."""
+def _view_out(tensor: Any) -> np.ndarray:
+    """A numpy view of a local TVM tensor (it keeps the tensor alive); a copy for dtypes DLPack cannot
+    hand to numpy."""
     try:
-        return np.from_dlpack(tensor).copy()
+        return np.from_dlpack(tensor)
     except (BufferError, TypeError, RuntimeError, ValueError):
         return tensor.numpy()
 
@@ -50,6 +50,7 @@ class _Signature:
     inputs: list[tuple[str, list[int], str]]  # name, static shape, numpy dtype
     outputs: list[str]
     target: dict[str, Any]
+    any_alignment: bool = False  # BuildReport.any_alignment: inputs may be passed at any address
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=1)
@@ -57,7 +58,8 @@ class _Signature:
     @classmethod
     def from_json(cls, text: str) -> _Signature:
         d = json.loads(text)
-        return cls([tuple(i) for i in d["inputs"]], list(d["outputs"]), dict(d["target"]))  # type: ignore[misc]
+        inputs = [tuple(i) for i in d["inputs"]]
+        return cls(inputs, list(d["outputs"]), dict(d["target"]), bool(d.get("any_alignment", False)))  # type: ignore[arg-type]
 
 
 def set_threads(n: int) -> None:
@@ -95,6 +97,7 @@ class TVMSession:
             [(n, prepared.shapes[n], prepared.dtypes[n]) for n in prepared.shapes],
             [o.name for o in prepared.model.graph.output],
             spec,
+            self.report.any_alignment,
         )
         self._open(self.executable, threads, rpc)
 
@@ -124,6 +127,9 @@ class TVMSession:
 
         self.remote = None
         self._staging = threading.local()  # per thread: input name -> aligned buffer (see _tensor)
+        self._probe_lock = threading.Lock()
+        self._probe: list[Any] | None = None  # the first call's outputs, held until the second call
+        self._fresh: list[bool] | None = None  # per output: allocated anew on each call (_fresh_outputs)
         if rpc is None:
             if threads is not None:
                 set_threads(threads)
@@ -157,11 +163,15 @@ class TVMSession:
         return {name: list(shape) for name, shape, _ in self._signature.inputs}
 
     def _arguments(self, feeds: Mapping[str, np.ndarray]) -> list[Any]:
+        return self._arguments_and_sizes(feeds)[0]
+
+    def _arguments_and_sizes(self, feeds: Mapping[str, np.ndarray]) -> tuple[list[Any], list[int]]:
+        """The VM's arguments for ``feeds`` and their sizes in bytes."""
 
         missing = [n for n in self.input_names if n not in feeds]
         if missing:
             raise RuntimeFailure(f"missing inputs {missing}; the model's inputs are {self.input_names}")
-        args = []
+        args, sizes = [], []
         for name, shape, dtype in self._signature.inputs:
             value = np.asarray(feeds[name])
             if list(value.shape) != list(shape) or value.dtype != np.dtype(dtype):
@@ -170,40 +180,80 @@ class TVMSession:
                     "(TVM builds static shapes; compile again for other shapes)"
                 )
             args.append(self._tensor(name, np.ascontiguousarray(value)))
-        return args
+            sizes.append(value.nbytes)
+        return args, sizes
 
     def _tensor(self, name: str, value: np.ndarray) -> Any:
-        """``value`` as a TVM tensor. On the local CPU: zero-copy (DLPack) when its data is 64-byte
-        aligned, as TVM's kernels assume; otherwise copied into this thread's aligned staging buffer for
-        the input, reused across calls (a fresh TVM tensor per call cost ~60 us per 512 KiB here, most
-        of it first-touch page faults; the reused buffer's copy stays in cache). Outputs are copied out
-        before run returns, so no result aliases a staging buffer. Remote devices: a copy."""
+        """``value`` as a TVM tensor. On the local CPU zero-copy (DLPack) when the kernels can read it
+        there: at any address when the build declared every kernel parameter element-aligned
+        (``BuildReport.any_alignment``), else only 64-byte aligned, as TVM's kernels then assume.
+        Otherwise (and for read-only arrays, which numpy does not export through DLPack) it is copied
+        into this thread's aligned staging buffer for the input, reused across calls (a fresh TVM
+        tensor per call cost ~60 us per 512 KiB here, most of it first-touch page faults). Outputs are
+        copied out before run returns, so no result aliases a staging buffer. Remote devices: a copy."""
         import tvm
+        import tvm_ffi
 
         if self.remote is not None:
             return tvm.runtime.tensor(value, self.device)
         if value.size == 0:  # nothing to copy; numpy places empty arrays at unaligned addresses
             return tvm.runtime.empty(value.shape, str(value.dtype), self.device)
-        if value.ctypes.data % _TVM_ALIGNMENT != 0 or not value.flags.writeable:
-            # read-only arrays do not export through DLPack either
-            buffers = self._staging.__dict__.setdefault("buffers", {})
-            staged = buffers.get(name)
-            if staged is None or staged.shape != value.shape or staged.dtype != value.dtype:
-                staged = buffers[name] = _aligned_empty(value.shape, value.dtype)
-            np.copyto(staged, value)
-            value = staged
-        return tvm.runtime.from_dlpack(value)
+        if value.flags.writeable and (self._signature.any_alignment or value.ctypes.data % _TVM_ALIGNMENT == 0):
+            return tvm_ffi.from_dlpack(value, require_alignment=0)
+        buffers = self._staging.__dict__.setdefault("buffers", {})
+        staged = buffers.get(name)
+        if staged is None or staged.shape != value.shape or staged.dtype != value.dtype:
+            staged = buffers[name] = _aligned_empty(value.shape, value.dtype)
+        np.copyto(staged, value)
+        return tvm_ffi.from_dlpack(staged, require_alignment=_TVM_ALIGNMENT)
 
     def run(self, feeds: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None) -> list[np.ndarray]:
-        result = self._vm["main"](*self._arguments(feeds))
+        args, sizes = self._arguments_and_sizes(feeds)
+        result = self._vm["main"](*args)
         values = [result] if hasattr(result, "numpy") else list(result)
-        # outputs are copied: a zero-copy view could alias a model constant or an input of the caller.
-        # Locally through a DLPack view and numpy's copy: 12 us per 512 KiB against 20 us for .numpy().
-        arrays = [v.numpy() if self.remote is not None else _copy_out(v) for v in values]
+        if self.remote is not None:
+            arrays = [v.numpy() for v in values]
+        else:  # (start, end) of each input where the VM read it: the caller's array or a staging buffer
+            arrays = self._local_outputs(
+                values, [(a.data_ptr(), a.data_ptr() + n) for a, n in zip(args, sizes, strict=True)]
+            )
         if outputs:
             index = {n: i for i, n in enumerate(self.output_names)}
             return [arrays[index[n]] for n in outputs]
         return arrays
+
+    def _local_outputs(self, values: list[Any], taken: list[tuple[int, int]]) -> list[np.ndarray]:
+        """The outputs as numpy arrays: in place (a DLPack view that keeps the TVM tensor alive) where
+        the VM allocated the output for this call, a copy otherwise. In place saves a copy and the
+        page faults of a fresh array (12 us per 512 KiB here); the VM's allocator hands a tensor's
+        memory out again only once the array is gone. A copy where in place would share memory with
+        something else: a model constant or other state of the VM (an output that is not fresh:
+        :meth:`_fresh_outputs`), an input (an identity or a view of one: the caller's array, or a
+        staging buffer that the next call overwrites) or an earlier output of the same call."""
+        fresh = self._fresh_outputs(values)
+        arrays = []
+        for value, is_fresh in zip(values, fresh, strict=True):
+            view, start = _view_out(value), value.data_ptr()  # (data_ptr: 0.03 us, ndarray.ctypes: 1 us)
+            shared = not is_fresh or any(lo <= start < hi for lo, hi in taken)
+            arrays.append(view.copy() if shared else view)
+            taken.append((start, start + view.nbytes))
+        return arrays
+
+    def _fresh_outputs(self, values: list[Any]) -> list[bool]:
+        """Per output, whether the VM allocates it anew on each call. Learnt from the first two calls
+        (both copy): the first call's outputs are held through the second, so a fresh allocation
+        cannot come back at the same address, while a constant (or a view of one) does."""
+        if self._fresh is not None:
+            return self._fresh
+        with self._probe_lock:
+            if self._fresh is not None:
+                return self._fresh
+            if self._probe is None:
+                self._probe = values
+            else:
+                held = {t.data_ptr() for t in self._probe}
+                self._fresh, self._probe = [t.data_ptr() not in held for t in values], None
+            return [False] * len(values)
 
     def benchmark(self, feeds: Mapping[str, np.ndarray], *, number: int = 10, repeat: int = 5) -> list[float]:
         """Seconds per call, one median-ready value per repeat, timed where the model runs (locally or on

@@ -210,6 +210,60 @@ def test_inputs_at_any_alignment_and_read_only_give_the_same_results():
         np.testing.assert_array_equal(got, w)
 
 
+def test_builds_read_inputs_in_place_at_any_alignment():
+    """The tuned build declares every kernel parameter element-aligned, so inputs are not copied to
+    64-byte-aligned memory first; the untuned build (TVM's own pipeline) does not, and stages them."""
+    tuned = TVMSession(_tiny_classifier(), shapes={"x": [8, 16]})
+    assert tuned.report.any_alignment
+    untuned = TVMSession(_tiny_classifier(), shapes={"x": [8, 16]}, tuned=False)
+    raw = np.empty(8 * 16 + 1, np.float32)
+    x = raw[1:].reshape(8, 16)  # 4 bytes past numpy's alignment
+    x[...] = _feeds()["x"]
+    for got, want in zip(tuned.run({"x": x}), untuned.run({"x": x}), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert not untuned._signature.any_alignment and "x" in untuned._staging.buffers
+    assert not hasattr(tuned._staging, "buffers")
+
+
+def test_outputs_never_share_memory_with_inputs_constants_or_each_other():
+    """Fresh outputs are handed out in place (DLPack views); an output that is an input, a constant or
+    another output is copied, so that writing into a result changes nothing else."""
+    const = helper.make_tensor("c", TensorProto.FLOAT, [2, 3], np.arange(6, dtype=np.float32))
+    nodes = [
+        helper.make_node("Identity", ["x"], ["same"]),
+        helper.make_node("Identity", ["c"], ["constant"]),
+        helper.make_node("Relu", ["x"], ["fresh"]),
+        helper.make_node("Reshape", ["fresh", "shape"], ["view"]),
+    ]
+    shape = helper.make_tensor("shape", TensorProto.INT64, [1], [6])
+    f32 = TensorProto.FLOAT
+    model = _model(
+        nodes,
+        [helper.make_tensor_value_info("x", f32, [2, 3])],
+        [
+            helper.make_tensor_value_info("same", f32, [2, 3]),
+            helper.make_tensor_value_info("constant", f32, [2, 3]),
+            helper.make_tensor_value_info("fresh", f32, [2, 3]),
+            helper.make_tensor_value_info("view", f32, [6]),
+        ],
+        [const, shape],
+    )
+    sess = TVMSession(model, shapes={"x": [2, 3]})
+    x = np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3)
+    kept = x.copy()
+    results = [sess.run({"x": x}) for _ in range(4)]  # the first two calls learn which outputs are fresh
+    for same, constant, fresh, view in results:
+        for out in (same, constant, fresh, view):
+            out[...] = 99.0
+        np.testing.assert_array_equal(x, kept)
+    same, constant, fresh, view = sess.run({"x": x})
+    np.testing.assert_array_equal(same, kept)
+    np.testing.assert_array_equal(constant, np.arange(6, dtype=np.float32).reshape(2, 3))
+    np.testing.assert_array_equal(fresh, np.maximum(kept, 0))
+    np.testing.assert_array_equal(view, np.maximum(kept, 0).ravel())
+    assert sess._fresh is not None and sess._fresh[2]  # the Relu output is handed out in place
+
+
 def _empty_samples() -> list:
     from softdeploy.ops import REGISTRY
     from softdeploy.tvm.ops import TIR_OPS

@@ -215,18 +215,22 @@ def row_stage(shape: Sequence[Any], axis: int, body: Callable[[tuple[Any, ...]],
 
 
 REDUCTION, ROW, SCALAR = "reduction", "row", "scalar"  # kinds of per-row stages for schedule_rows
+# a REDUCTION of a ROW stage, computed in that stage's loop as it is produced: the values are summed
+# from registers instead of being loaded back in another pass over the row buffer
+ROW_REDUCTION = "row_reduction"
 
 
 def schedule_rows(sch: Any, out_block: str, stages: Sequence[tuple[str, str]]) -> bool:
     """The hand schedule of a row-wise op: rows of ``out_block`` in parallel, its row loop vectorised
     by LANES, and each of ``stages`` -- (block name, kind), consumers first -- computed per row: a
     REDUCTION of :func:`lane_reduce` with its lane loop vectorised, a ROW stage of :func:`row_stage`
-    with its row loop vectorised, a SCALAR per-row block as is. Applies to the vector form only:
+    with its row loop vectorised, a ROW_REDUCTION (a :func:`lane_reduce` of the ROW stage listed right
+    after it) inside that stage's loop, a SCALAR per-row block as is. Applies to the vector form only:
     returns False, leaving ``sch`` as it was, otherwise."""
     try:
         out = sch.get_sblock(out_block)
         blocks = [
-            (sch.get_sblock(name), sch.get_sblock(f"{name}_part") if kind == REDUCTION else None, kind)
+            (sch.get_sblock(name), sch.get_sblock(f"{name}_part") if kind in (REDUCTION, ROW_REDUCTION) else None, kind)
             for name, kind in stages
         ]
     except Exception:  # not the vector form (no lane-split parts, no row stages), or not this op
@@ -238,21 +242,34 @@ def schedule_rows(sch: Any, out_block: str, stages: Sequence[tuple[str, str]]) -
     sch.parallel(rows)
     _, lanes = sch.split(sch.get_loops(out)[-1], [None, LANES])
     sch.vectorize(lanes)
+    pending = None  # the part of a ROW_REDUCTION, waiting for its ROW stage's loop
     for block, part, kind in blocks:
         sch.compute_at(block, rows)
         if kind == ROW:
-            _, lane = sch.split(sch.get_loops(block)[-1], [None, LANES])
-            sch.vectorize(lane)
+            outer, lane = sch.split(sch.get_loops(block)[-1], [None, LANES])
+            if pending is not None:
+                # the part's k loop becomes the stage's outer loop: one vector of the stage, then its
+                # lanes added to the partial sums (the init hoisted out of the row loop)
+                sch.reverse_compute_at(pending, outer)
+                sch.vectorize(sch.get_loops(pending)[-1])
+                sch.vectorize(lane)
+                sch.decompose_reduction(pending, outer)
+                pending = None
+            else:
+                sch.vectorize(lane)
         if part is None:
             continue
         sch.compute_at(part, rows)
         lane, k = sch.get_loops(part)[-2:]
         sch.reorder(k, lane)
+        if kind == ROW_REDUCTION:
+            pending = part
+            continue
         # vectorise, then hoist the init out of the k loop (in the other order vectorize refuses the
         # loop; with the init left inside, the vector body carries a k == 0 branch)
         sch.vectorize(lane)
         sch.decompose_reduction(part, k)
-    return True
+    return pending is None
 
 
 def shape_proxy(expr: Any) -> Any:

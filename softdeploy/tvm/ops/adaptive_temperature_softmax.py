@@ -21,6 +21,7 @@ from softdeploy.ops import adaptive_temperature_softmax as op
 from softdeploy.tvm.ops._te import (
     REDUCTION,
     ROW,
+    ROW_REDUCTION,
     SCALAR,
     as_f32,
     exp_nonpositive_f32,
@@ -35,11 +36,11 @@ from softdeploy.tvm.ops._te import (
 
 # per-row stages, consumers first (schedule_rows)
 STAGES = [
-    ("scaled_sum", REDUCTION),
+    ("scaled_sum", ROW_REDUCTION),
     ("scaled_exp", ROW),
     ("beta", SCALAR),
     ("entropy", REDUCTION),
-    ("row_sum", REDUCTION),
+    ("row_sum", ROW_REDUCTION),
     ("row_exp", ROW),
     ("row_max", REDUCTION),
 ]

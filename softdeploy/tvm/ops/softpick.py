@@ -32,6 +32,7 @@ from softdeploy.ops import softpick as op
 from softdeploy.tvm.ops._te import (
     REDUCTION,
     ROW,
+    ROW_REDUCTION,
     SCALAR,
     as_f32,
     exp_f32,
@@ -49,7 +50,7 @@ from softdeploy.tvm.ops._te import (
 
 STAGES = [  # consumers first (schedule_rows)
     ("row_scale", SCALAR),
-    ("row_sum", REDUCTION),
+    ("row_sum", ROW_REDUCTION),
     ("term", ROW),
     ("row_unit", SCALAR),
     ("row_shift", SCALAR),

@@ -27,6 +27,7 @@ from softdeploy.ops._common import normalize_axis
 from softdeploy.tvm.ops._te import (
     REDUCTION,
     ROW,
+    ROW_REDUCTION,
     as_f32,
     exp_nonpositive_f32,
     f32,
@@ -37,7 +38,7 @@ from softdeploy.tvm.ops._te import (
 )
 
 # per-row stages of softmax_of, consumers first (as schedule_rows wants them)
-STAGES = [("row_sum", REDUCTION), ("row_exp", ROW), ("row_max", REDUCTION)]
+STAGES = [("row_sum", ROW_REDUCTION), ("row_exp", ROW), ("row_max", REDUCTION)]
 
 
 def softmax_of(shape: list[Any], axis: int, z: Any, out_dtype: str, exp: Any = exp_nonpositive_f32) -> te.Tensor:

@@ -174,6 +174,10 @@ def lane_split_ok(shape: Sequence[Any], axis: int) -> bool:
     return axis == len(shape) - 1 and isinstance(n, tirx.IntImm) and int(n) > 0 and int(n) % LANES == 0
 
 
+# vectors per float32 block of a float64 lane_reduce (at most): the C++ kernels' kFold is 16
+MAX_BLOCK_VECTORS = 32
+
+
 def lane_reduce(
     shape: Sequence[Any],
     axis: int,
@@ -187,20 +191,39 @@ def lane_reduce(
     ``{name}`` over ``l`` -- so that :func:`schedule_rows` vectorises it without rfactor (and
     MetaSchedule's search starts from a reduction that vectorises).
 
+    A float64 reduction of float32 values in the vector form is blocked as the C++ kernels' sums
+    are: ``{name}_block[r, b, l]`` adds up to MAX_BLOCK_VECTORS vectors in float32, and only the block
+    sums are widened and added in float64 (``{name}_part``). Widening every element cost 166 against
+    126 us (AdaptiveTemperatureSoftmax 4 x 32000, three such sums); a block's float32 rounding
+    (<= 32 terms per lane) stays far below the float64 total's needs.
+
     One reduction per statistic: the online (max, sum) recurrence as a tuple reduction would save a
     pass, but TVM 0.27's VectorizeLoop miscompiles tuple reductions (the second value's update reads
     the first value AFTER its store: softmax sums came out 13-36% off), so it is not used."""
-    if lane_split_ok(shape, axis):
-        rows, n = list(shape[:-1]), shape[-1]
-        k = te.reduce_axis((0, n // LANES), name=f"{name}_k")
+    if not lane_split_ok(shape, axis):
+        return row_reduce(shape, axis, lambda i: body(i).astype(dtype), reducer, name)
+    rows, vectors = list(shape[:-1]), int(shape[-1]) // LANES
+    block = max(d for d in range(1, min(vectors, MAX_BLOCK_VECTORS) + 1) if vectors % d == 0)
+    if dtype == "float64" and block > 1:
+        kk = te.reduce_axis((0, block), name=f"{name}_kk")
+        blocks = te.compute(
+            (*rows, vectors // block, LANES),
+            lambda *i: reducer(body((*i[:-2], (i[-2] * block + kk) * LANES + i[-1])).astype("float32"), axis=kk),
+            name=f"{name}_block",
+        )
+        b = te.reduce_axis((0, vectors // block), name=f"{name}_b")
+        part = te.compute(
+            (*rows, LANES), lambda *i: reducer(blocks(*i[:-1], b, i[-1]).astype(dtype), axis=b), name=f"{name}_part"
+        )
+    else:
+        k = te.reduce_axis((0, vectors), name=f"{name}_k")
         part = te.compute(
             (*rows, LANES),
             lambda *i: reducer(body((*i[:-1], k * LANES + i[-1])).astype(dtype), axis=k),
             name=f"{name}_part",
         )
-        lane = te.reduce_axis((0, LANES), name=f"{name}_lane")
-        return te.compute(tuple(rows), lambda *r: reducer(part(*r, lane), axis=lane), name=name)
-    return row_reduce(shape, axis, lambda i: body(i).astype(dtype), reducer, name)
+    lane = te.reduce_axis((0, LANES), name=f"{name}_lane")
+    return te.compute(tuple(rows), lambda *r: reducer(part(*r, lane), axis=lane), name=name)
 
 
 def row_stage(shape: Sequence[Any], axis: int, body: Callable[[tuple[Any, ...]], Any], name: str) -> Callable[..., Any]:
@@ -227,10 +250,23 @@ def schedule_rows(sch: Any, out_block: str, stages: Sequence[tuple[str, str]]) -
     with its row loop vectorised, a ROW_REDUCTION (a :func:`lane_reduce` of the ROW stage listed right
     after it) inside that stage's loop, a SCALAR per-row block as is. Applies to the vector form only:
     returns False, leaving ``sch`` as it was, otherwise."""
+
+    def optional(name: str) -> Any:
+        try:
+            return sch.get_sblock(name)
+        except Exception:  # absent: lane_reduce built no float32 blocks for this reduction
+            return None
+
     try:
         out = sch.get_sblock(out_block)
+        reductions = (REDUCTION, ROW_REDUCTION)
         blocks = [
-            (sch.get_sblock(name), sch.get_sblock(f"{name}_part") if kind in (REDUCTION, ROW_REDUCTION) else None, kind)
+            (
+                sch.get_sblock(name),
+                sch.get_sblock(f"{name}_part") if kind in reductions else None,
+                optional(f"{name}_block") if kind in reductions else None,
+                kind,
+            )
             for name, kind in stages
         ]
     except Exception:  # not the vector form (no lane-split parts, no row stages), or not this op
@@ -242,34 +278,60 @@ def schedule_rows(sch: Any, out_block: str, stages: Sequence[tuple[str, str]]) -
     sch.parallel(rows)
     _, lanes = sch.split(sch.get_loops(out)[-1], [None, LANES])
     sch.vectorize(lanes)
-    pending = None  # the part of a ROW_REDUCTION, waiting for its ROW stage's loop
-    for block, part, kind in blocks:
+    pending = None  # (part, float32 blocks or None) of a ROW_REDUCTION, waiting for its ROW stage's loop
+    for block, part, blocked, kind in blocks:
         sch.compute_at(block, rows)
         if kind == ROW:
             outer, lane = sch.split(sch.get_loops(block)[-1], [None, LANES])
-            if pending is not None:
-                # the part's k loop becomes the stage's outer loop: one vector of the stage, then its
-                # lanes added to the partial sums (the init hoisted out of the row loop)
-                sch.reverse_compute_at(pending, outer)
-                sch.vectorize(sch.get_loops(pending)[-1])
+            if pending is None:
                 sch.vectorize(lane)
-                sch.decompose_reduction(pending, outer)
-                pending = None
             else:
-                sch.vectorize(lane)
+                _add_in_stage_loop(sch, outer, lane, *pending)
+                pending = None
         if part is None:
             continue
         sch.compute_at(part, rows)
         lane, k = sch.get_loops(part)[-2:]
         sch.reorder(k, lane)
+        if blocked is not None:
+            sch.compute_at(blocked, rows)
+            lane_b, kk = sch.get_loops(blocked)[-2:]
+            sch.reorder(kk, lane_b)
         if kind == ROW_REDUCTION:
-            pending = part
+            pending = (part, blocked)
             continue
         # vectorise, then hoist the init out of the k loop (in the other order vectorize refuses the
         # loop; with the init left inside, the vector body carries a k == 0 branch)
         sch.vectorize(lane)
+        if blocked is not None:  # each float32 block summed right before it is added in float64
+            sch.compute_at(blocked, k)
+            lane_b, kk = sch.get_loops(blocked)[-2:]
+            sch.reorder(kk, lane_b)
+            sch.vectorize(lane_b)
+            sch.decompose_reduction(blocked, kk)
         sch.decompose_reduction(part, k)
     return pending is None
+
+
+def _add_in_stage_loop(sch: Any, outer: Any, lane: Any, part: Any, blocked: Any) -> None:
+    """A ROW_REDUCTION's part moved into the loop of the ROW stage it reduces: per vector of the stage
+    (``outer`` x ``lane``), its lanes are added to the partial sums (the inits hoisted). Blocked (a
+    float64 lane_reduce): the float32 block sums per vector, their float64 total per block."""
+    if blocked is None:
+        sch.reverse_compute_at(part, outer)
+        sch.vectorize(sch.get_loops(part)[-1])
+        sch.vectorize(lane)
+        sch.decompose_reduction(part, outer)
+        return
+    block_vectors = int(sch.get(sch.get_loops(blocked)[-2]).extent)
+    by_block, in_block = sch.split(outer, [None, block_vectors])
+    sch.reverse_compute_at(blocked, in_block)
+    sch.vectorize(sch.get_loops(blocked)[-1])
+    sch.vectorize(lane)
+    sch.decompose_reduction(blocked, in_block)
+    sch.reverse_compute_at(part, by_block)
+    sch.vectorize(sch.get_loops(part)[-1])
+    sch.decompose_reduction(part, by_block)
 
 
 def shape_proxy(expr: Any) -> Any:

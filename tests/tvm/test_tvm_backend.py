@@ -345,6 +345,23 @@ def test_tuning_fills_a_persistent_database_that_builds_use(tmp_path):
     conformance.compare(op, sample, tuple(sess.run(op.feeds(sample))), want, 1e-4, 1e-30)
 
 
+def test_tuning_measures_the_hand_schedule_first(tmp_path):
+    """For one of our kernels (here in its vector form) the hand schedule is measured and recorded
+    before the search, so the database's best is never slower than it."""
+    from softdeploy.ops import REGISTRY
+    from softdeploy.ops._schema import Sample
+    from softdeploy.tvm.tuning import database_size, tune
+
+    op = REGISTRY["TwoPassSoftmax"]
+    x = np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)
+    mod = import_model(prepare(op.make_model(Sample("rows_4x64", (x,), {})), {"X": [4, 64]}))
+    report = tune(mod, tmp_path / "db", trials=1)
+    (task,) = report.tasks
+    assert task.hand_us is not None and task.best_us is not None and task.best_us <= task.hand_us
+    assert database_size(tmp_path / "db") >= 2  # the hand schedule and the search's trial
+    assert "hand schedule" in report.summary()
+
+
 def test_zero_successful_trials_is_an_error(tmp_path):
     from softdeploy.tvm.rpc import _free_port
     from softdeploy.tvm.tuning import RPCSpec, tune

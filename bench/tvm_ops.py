@@ -2,7 +2,7 @@
 (the function body in stock onnxruntime), all in the same interleaved run.
 
     python bench/tvm_ops.py [--threads 1,2] [--quick] [--records DIR]
-    python bench/tvm_ops.py --tune-trials 32 --records softdeploy/tvm/records   # (re)tune the shipped records
+    python bench/tvm_ops.py --tune-trials 32 --records softdeploy/tvm/records --keep-best 1   # the shipped records
 
 "TVM tuned" = the op's TIR compute with the records shipped in softdeploy/tvm/records (plus
 --records) applied, dlight defaults where no record matches. "TVM untuned" = the same TIR compute
@@ -115,14 +115,18 @@ def _shapes(op, sample) -> dict[str, list[int]]:
     return {p.name: list(np.shape(v)) for p, v in zip(op.inputs, sample.inputs, strict=False) if v is not None}
 
 
-def tune(ops: list[str], trials: int, records: str) -> None:
+def tune(ops: list[str], trials: int, records: str, keep: int) -> None:
     from softdeploy.tvm.frontend import import_model, prepare
+    from softdeploy.tvm.tuning import keep_best
     from softdeploy.tvm.tuning import tune as ms_tune
 
     for op, label, sample in cases(ops):
         mod = import_model(prepare(op.make_model(sample), _shapes(op, sample)))
         report = ms_tune(mod, records, trials=trials)
         print(f"{op.name} {label}: {report.summary()}")
+    if keep:
+        before, after = keep_best(records, keep)
+        print(f"{records}: kept the {keep} fastest record(s) per kernel, {before} -> {after} records")
 
 
 def main() -> None:
@@ -132,9 +136,10 @@ def main() -> None:
     p.add_argument("--ops", type=harness.str_list, default=sorted(set(SHAPES) & set(TIR_OPS)))
     p.add_argument("--records", default=None, help="extra tuning database folder")
     p.add_argument("--tune-trials", type=int, default=0, help="tune first, into --records")
+    p.add_argument("--keep-best", type=int, default=0, help="after tuning, keep only the N fastest records per kernel")
     args = p.parse_args()
     if args.tune_trials:
-        tune(args.ops, args.tune_trials, args.records or "tvm-records")
+        tune(args.ops, args.tune_trials, args.records or "tvm-records", args.keep_best)
         return
 
     from softdeploy.runtime import Session

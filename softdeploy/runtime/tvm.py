@@ -189,8 +189,9 @@ class TVMSession:
         (``BuildReport.any_alignment``), else only 64-byte aligned, as TVM's kernels then assume.
         Otherwise (and for read-only arrays, which numpy does not export through DLPack) it is copied
         into this thread's aligned staging buffer for the input, reused across calls (a fresh TVM
-        tensor per call cost ~60 us per 512 KiB here, most of it first-touch page faults). Outputs are
-        copied out before run returns, so no result aliases a staging buffer. Remote devices: a copy."""
+        tensor per call cost ~60 us per 512 KiB here, most of it first-touch page faults). No output
+        that shares memory with an input (staged or not) is handed out in place (:meth:`_local_outputs`).
+        Remote devices: a copy."""
         import tvm
         import tvm_ffi
 

@@ -350,7 +350,7 @@ def test_tuning_measures_the_hand_schedule_first(tmp_path):
     before the search, so the database's best is never slower than it."""
     from softdeploy.ops import REGISTRY
     from softdeploy.ops._schema import Sample
-    from softdeploy.tvm.tuning import database_size, tune
+    from softdeploy.tvm.tuning import database_size, keep_best, tune
 
     op = REGISTRY["TwoPassSoftmax"]
     x = np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)
@@ -360,6 +360,13 @@ def test_tuning_measures_the_hand_schedule_first(tmp_path):
     assert task.hand_us is not None and task.best_us is not None and task.best_us <= task.hand_us
     assert database_size(tmp_path / "db") >= 2  # the hand schedule and the search's trial
     assert "hand schedule" in report.summary()
+    # pruned to the fastest record, the database still schedules the kernel (as the shipped records do)
+    before, after = keep_best(tmp_path / "db", 1)
+    assert before >= 2 and after == 1 == database_size(tmp_path / "db")
+    sess = TVMSession(op.make_model(Sample("rows_4x64", (x,), {})), shapes={"X": [4, 64]}, databases=[tmp_path / "db"])
+    assert sess.report.from_database == sess.report.tasks == 1
+    want = np.exp(x - x.max(1, keepdims=True))
+    np.testing.assert_allclose(sess.run({"X": x})[0], want / want.sum(1, keepdims=True), rtol=1e-5)
 
 
 def test_zero_successful_trials_is_an_error(tmp_path):

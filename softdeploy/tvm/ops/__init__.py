@@ -11,7 +11,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from softdeploy.tvm.ops import adaptive_temperature_softmax, max_sim, multi_max, softpick, two_pass_softmax
+from softdeploy.tvm.ops import (
+    adaptive_temperature_softmax,
+    max_sim,
+    multi_max,
+    softmax_topk,
+    softpick,
+    two_pass_softmax,
+)
 
 Converter = Callable[[Any, list[Any], dict[str, Any]], Any]
 Scheduler = Callable[[Any], bool]  # (tvm.s_tir.Schedule) -> applied? (False: not this op's kernel)
@@ -21,6 +28,7 @@ TIR_OPS: dict[str, Converter] = {
     "MaxSim": max_sim.convert_max_sim,
     "MultiMax": multi_max.convert,
     "SignedMaxSim": max_sim.convert_signed_max_sim,
+    "SoftmaxTopK": softmax_topk.convert,
     "Softpick": softpick.convert,
     "TwoPassSoftmax": two_pass_softmax.convert,
 }
@@ -76,10 +84,7 @@ def inline_neighbours(sch: Any) -> None:
 
 # Ops that TVM imports from their function bodies (several standard ops, each its own kernel) -> why
 # they have no TIR compute yet. Held by tests/tvm (each op's import path).
-FUNCTION_BODY_ONLY: dict[str, str] = {
-    "SoftmaxTopK": "a size-k selection with ties to the lower index is not written as a TE compute yet "
-    "(a per-row k-pass selection would be exact for small k); its body (Softmax + TopK) imports and is exact",
-}
+FUNCTION_BODY_ONLY: dict[str, str] = {}
 
 # Ops that have no TIR compute and whose function body TVM's importer cannot take -> why. The
 # importer pre-check (softdeploy.tvm.frontend) finds these by itself; this list documents them and
@@ -89,10 +94,6 @@ NOT_IMPORTABLE: dict[str, str] = {
     # possible either: the number of selected boxes (the output's first dimension) depends on the data.
     "SoftNMS": "its function body uses Loop (not in TVM's Relax ONNX frontend, apache/tvm#17767) and its "
     "output size depends on the data, so it has no TIR compute",
-    # Found by the conformance test: through TVM the body's TopK puts -inf (masked) entries ahead of
-    # finite ones, i.e. wrong results on masked rows. Refused until a TIR selection replaces it.
-    "SoftmaxTopK": "TVM's lowering of its function body (TopK) ranks -inf entries above finite ones, "
-    "which gives wrong results on masked rows; run it on onnxruntime",
 }
 
 __all__ = [

@@ -56,7 +56,10 @@ SHAPES: dict[str, list[tuple[str, list[InputSpec], dict]]] = {
         ("1536x128 (attention rows)", [LOGITS_ROWS], {}),
     ],
     "Softpick": [("1536x128 (attention rows)", [LOGITS_ROWS], {})],
-    "SoftmaxTopK": [("4x32000 (vocab), k=5", [LOGITS_VOCAB], {"k": 5}), ("4x32000 (vocab), k=50", [LOGITS_VOCAB], {"k": 50})],
+    "SoftmaxTopK": [
+        ("4x32000 (vocab), k=5", [LOGITS_VOCAB], {"k": 5}),
+        ("4x32000 (vocab), k=50", [LOGITS_VOCAB], {"k": 50}),
+    ],
     "MultiMax": [
         ("4x32000 (vocab)", [LOGITS_VOCAB, *MULTIMAX], {}),
         ("1536x128 (attention rows)", [LOGITS_ROWS, *MULTIMAX], {}),

@@ -41,6 +41,7 @@ SCHEDULES: dict[str, Scheduler] = {
     "AdaptiveTemperatureSoftmax": adaptive_temperature_softmax.schedule,
     "MaxSim": max_sim.schedule,  # and SignedMaxSim (same blocks)
     "Softpick": softpick.schedule,
+    "SoftmaxTopK": softmax_topk.schedule,  # its statistics kernel
     "TwoPassSoftmax": two_pass_softmax.schedule,
 }
 

@@ -243,13 +243,14 @@ REDUCTION, ROW, SCALAR = "reduction", "row", "scalar"  # kinds of per-row stages
 ROW_REDUCTION = "row_reduction"
 
 
-def schedule_rows(sch: Any, out_block: str, stages: Sequence[tuple[str, str]]) -> bool:
+def schedule_rows(sch: Any, out_block: str, stages: Sequence[tuple[str, str]], *, vector_out: bool = True) -> bool:
     """The hand schedule of a row-wise op: rows of ``out_block`` in parallel, its row loop vectorised
     by LANES, and each of ``stages`` -- (block name, kind), consumers first -- computed per row: a
     REDUCTION of :func:`lane_reduce` with its lane loop vectorised, a ROW stage of :func:`row_stage`
     with its row loop vectorised, a ROW_REDUCTION (a :func:`lane_reduce` of the ROW stage listed right
-    after it) inside that stage's loop, a SCALAR per-row block as is. Applies to the vector form only:
-    returns False, leaving ``sch`` as it was, otherwise."""
+    after it) inside that stage's loop, a SCALAR per-row block as is. ``vector_out=False``: the out
+    block's last loop is not a row (a few statistics per row) and stays scalar. Applies to the vector
+    form only: returns False, leaving ``sch`` as it was, otherwise."""
 
     def optional(name: str) -> Any:
         try:
@@ -276,8 +277,9 @@ def schedule_rows(sch: Any, out_block: str, stages: Sequence[tuple[str, str]]) -
         return False
     rows = sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0]
     sch.parallel(rows)
-    _, lanes = sch.split(sch.get_loops(out)[-1], [None, LANES])
-    sch.vectorize(lanes)
+    if vector_out:
+        _, lanes = sch.split(sch.get_loops(out)[-1], [None, LANES])
+        sch.vectorize(lanes)
     pending = None  # (part, float32 blocks or None) of a ROW_REDUCTION, waiting for its ROW stage's loop
     for block, part, blocked, kind in blocks:
         sch.compute_at(block, rows)

@@ -21,9 +21,11 @@ from tvm.script import tirx as T
 
 from softdeploy.ops import softmax_topk as op
 from softdeploy.tvm.ops._te import (
+    LANES,
     REDUCTION,
+    SCALAR,
     as_f32,
-    exp_f32,
+    exp_nonpositive_f32,
     f32,
     is_finite,
     lane_reduce,
@@ -53,124 +55,196 @@ def rank_key(x: te.Tensor) -> te.Tensor:
     return te.compute(x.shape, key, name="rank_key")
 
 
-# per-row statistics of row_stats, in this order along its last axis
-_MAX, _SUM = range(2)
-STAGES = [("d", REDUCTION), ("m", REDUCTION)]  # consumers first (schedule_rows)
+STAGES = [("d", REDUCTION), ("row_shift", SCALAR)]  # the sums kernel's per-row stages (schedule_rows)
 
 
-def row_stats(x: te.Tensor, axis: int, temperature: float) -> te.Tensor:
-    """float64 ``[rows..., 2]``: per row of z = x / T the max m over non-NaN entries and
-    d = sum exp(z - m') with m' = m where finite, else 0 (the reference's shift). The special rows
-    need no pass of their own: a +inf makes m = +inf, only -inf makes m = -inf, and a NaN makes d
-    NaN (the exp passes NaN through). Lane-split reductions (``_te.lane_reduce``), vectorised by
+def _top(x: Any, indices: te.Tensor, axis: int, r: tuple[Any, ...]) -> Any:
+    """x at the row's first index, as float32: the row's top under the ranking rule -- NaN if the row
+    has one, else +inf if it has one, else its max (-inf if that is all it holds)."""
+    zero = tirx.const(0, indices.dtype)
+    return x(*r[:axis], indices(*r[:axis], zero, *r[axis:]).astype("int32"), *r[axis:])
+
+
+def row_sums(x: te.Tensor, indices: te.Tensor, axis: int, temperature: float) -> te.Tensor:
+    """float64 ``[rows...]``: d = sum_j exp(z_j - m), z = x / T, m = the row's top / T (the max: no
+    pass of its own, the selection found it). Only meaningful for the ordinary rows (top finite);
+    the special rows' outputs do not read it, so the exp's argument is clamped to <= 0 and the
+    shorter ``exp_nonpositive_f32`` applies. Lane-split (``_te.lane_reduce``), vectorised by
     :func:`schedule`."""
     shape = list(x.shape)
     xf = as_f32(x)
     t = f32(float(temperature))  # divided, not multiplied by 1 / T: the reference's z = x / T
 
-    def z(i: tuple[Any, ...]) -> Any:
-        return xf(*i) / t
+    def row_shift(*r: Any) -> Any:
+        top = _top(xf, indices, axis, r)
+        return tirx.Select(is_finite(top), top / t, f32(0.0))
 
-    m = lane_reduce(shape, axis, lambda i: tirx.Select(not_nan(z(i)), z(i), f32(float("-inf"))), max_from_neg_inf, "m")
+    shift = te.compute(reduced_shape(shape, axis), row_shift, name="row_shift")  # once per row
 
-    def finite_m(r: tuple[Any, ...]) -> Any:
-        return tirx.Select(is_finite(m(*r)), m(*r), f32(0.0))
+    def shifted(i: tuple[Any, ...]) -> Any:
+        return tirx.min(xf(*i) / t - shift(*without_axis(i, axis)), f32(0.0))
 
-    d = lane_reduce(
-        shape, axis, lambda i: exp_f32(z(i) - finite_m(without_axis(i, axis))), te.sum, "d", dtype="float64"
-    )
-
-    def stat(*i: Any) -> Any:
-        r, c = i[:-1], i[-1]
-        return tirx.Select(c == _MAX, m(*r).astype("float64"), d(*r))
-
-    return te.compute((*reduced_shape(shape, axis), 2), stat, name="row_stats")
+    d = lane_reduce(shape, axis, lambda i: exp_nonpositive_f32(shifted(i)), te.sum, "d", dtype="float64")
+    return te.compute(reduced_shape(shape, axis), lambda *r: d(*r), name="row_sums")
 
 
 def schedule(sch: Any) -> bool:
-    """Rows in parallel, the two reductions lane-vectorised per row (vector form only)."""
-    return schedule_rows(sch, "row_stats", STAGES, vector_out=False)
+    """The sums kernel: rows in parallel, the reduction lane-vectorised per row (vector form only);
+    the block maxima: lanes vectorised."""
+    return schedule_rows(sch, "row_sums", STAGES, vector_out=False) or _schedule_block_max(sch)
 
 
-def values_and_lse(
-    x: te.Tensor, indices: te.Tensor, stats: te.Tensor, axis: int, temperature: float
-) -> list[te.Tensor]:
+def values_and_lse(x: te.Tensor, indices: te.Tensor, sums: te.Tensor, axis: int, temperature: float) -> list[te.Tensor]:
     """Values (the probabilities at ``indices``) and LogSumExp (axis kept as size 1), with the
-    reference's special rows: a NaN anywhere makes the values and the log-sum-exp NaN; else a +inf
-    makes the values NaN and the log-sum-exp +inf; only -inf: NaN values, log-sum-exp -inf."""
+    reference's special rows, told by the row's top: NaN -> values and log-sum-exp NaN; +inf ->
+    values NaN, log-sum-exp +inf; -inf (only -inf in the row) -> values NaN, log-sum-exp -inf."""
     shape = list(x.shape)
     xf = as_f32(x)
     t = f32(float(temperature))
 
-    def m(*r: Any) -> Any:
-        return stats(*r, _MAX).astype("float32")
-
-    def d(*r: Any) -> Any:
-        return stats(*r, _SUM)
-
-    def finite_m(*r: Any) -> Any:
-        return tirx.Select(is_finite(m(*r)), m(*r), f32(0.0))
-
     def value(*i: Any) -> Any:
         r = without_axis(i, axis)
+        top = _top(xf, indices, axis, r)
         src = (*i[:axis], indices(*i).astype("int32"), *i[axis + 1 :])
-        p = exp_f32(xf(*src) / t - finite_m(*r)) / d(*r).astype("float32")
-        special = tirx.Or(tirx.Select(not_nan(d(*r)), False, True), tirx.abs(m(*r)) == f32(float("inf")))
-        return tirx.Select(special, f32(float("nan")), p).astype(x.dtype)
+        p = exp_nonpositive_f32(tirx.min(xf(*src) / t - top / t, f32(0.0))) / sums(*r).astype("float32")
+        return tirx.Select(is_finite(top), p, f32(float("nan"))).astype(x.dtype)
 
     k = indices.shape[axis]
     values = te.compute([*shape[:axis], k, *shape[axis + 1 :]], value, name="values")
 
     def lse(*i: Any) -> Any:
         r = without_axis(i, axis)
-        y = finite_m(*r) + tirx.log(d(*r)).astype("float32")
-        y = tirx.Select(tirx.abs(m(*r)) == f32(float("inf")), m(*r), y)
-        return tirx.Select(not_nan(d(*r)), y, f32(float("nan"))).astype(x.dtype)
+        top = _top(xf, indices, axis, r)
+        y = top / t + tirx.log(sums(*r)).astype("float32")
+        return tirx.Select(is_finite(top), y, top).astype(x.dtype)  # NaN, +inf, -inf: themselves
 
     return [values, te.compute([*shape[:axis], 1, *shape[axis + 1 :]], lse, name="log_sum_exp")]
 
 
+BLOCK = 256  # elements per block of the selection's pre-filter: LANES lanes x 16 vectors
+
+
+def block_max(x: te.Tensor) -> te.Tensor:
+    """int32 ``[rows..., n // BLOCK, LANES]``: per block of BLOCK elements along the last axis, the
+    ranking key of each lane's largest value (j = b * BLOCK + q * LANES + l, max over q), NaN counted
+    as +inf: a vertical float max that vectorises (3 vector ops per 16 elements, against ~10 for a
+    max over int32 keys), so that the selection can skip a lane with one compare. A lane holding a
+    NaN or +inf gets the key of +inf (a lower bound of its top key) and is never skipped."""
+    *lead, n = (int(d) for d in x.shape)
+    xf = as_f32(x)
+    q = te.reduce_axis((0, BLOCK // LANES), name="q")
+
+    def value(*i: Any) -> Any:
+        v = xf(*i[:-2], i[-2] * BLOCK + q * LANES + i[-1])
+        return max_from_neg_inf(tirx.Select(not_nan(v), v, f32(float("inf"))), axis=q)
+
+    lane_max = te.compute((*lead, n // BLOCK, LANES), value, name="block_max_value")
+    return te.compute(lane_max.shape, lambda *i: _ordered_bits(lane_max(*i)), name="block_max")
+
+
+def _schedule_block_max(sch: Any) -> bool:
+    try:
+        block, values = sch.get_sblock("block_max"), sch.get_sblock("block_max_value")
+    except Exception:  # not this kernel
+        return False
+    *outer, lane = sch.get_loops(block)
+    rows = sch.fuse(*outer[:-1]) if len(outer) > 2 else outer[0]
+    sch.parallel(rows)
+    sch.vectorize(lane)
+    sch.compute_at(values, sch.get_loops(block)[-2])
+    lane_v, q = sch.get_loops(values)[-2:]
+    sch.reorder(q, lane_v)
+    sch.vectorize(lane_v)
+    sch.decompose_reduction(values, q)
+    return True
+
+
+def _ordered_bits(v: Any) -> Any:
+    """The int32 ranking key of a float32 expression that is not NaN (-0 as +0)."""
+    bits = tirx.reinterpret("int32", tirx.Select(v == f32(0.0), f32(0.0), v))
+    return tirx.Select(bits < 0, bits ^ tirx.const(_INT32_MAX, "int32"), bits)
+
+
 def select_top_k(shape: list[int], k: int, dtype: str) -> Any:
-    """PrimFunc ``(x[..., n], indices[..., k])``: per row of the last axis, the positions of the k largest x under
-    the ranking rule, by one scan that keeps a sorted list of the k best keys (an arriving key
-    enters only if it beats the k-th: after the first rows of a vocabulary that is rare, so the scan
-    is one compare per element, ~1 ns scalar). Equal keys keep index order: a key is inserted after
-    every kept key >= it."""
+    """PrimFunc ``(x[..., n], block_max[..., n // BLOCK, LANES], indices[..., k])``: per row of the
+    last axis, the positions of the k largest x under the ranking rule, by one scan that keeps a
+    sorted list of the k best (key, index). A candidate enters only if it ranks above the k-th; a
+    lane of a block (16 elements) is read only when its maximum (:func:`block_max`) can -- past the
+    first blocks of a vocabulary row that is rare, so the scan costs about one scalar compare per 16
+    elements. Lanes visit indices out of order, so ties are ranked by index explicitly."""
     int32_max = 2147483647
+    key_of_inf = 0x7F800000  # the ranking key of +inf: block_max's key of a lane holding +inf or NaN
     n, rows = shape[-1], 1
     for d in shape[:-1]:
         rows *= d
-    x_shape, out_shape = tuple(shape), (*shape[:-1], k)
+    blocks = n // BLOCK
+    x_shape, max_shape, out_shape = tuple(shape), (*shape[:-1], blocks, LANES), (*shape[:-1], k)
+
+    @T.macro
+    def offer(x: Any, kept: Any, indices: Any, count: Any, pos: Any, floor: Any, r: Any, j: Any) -> None:
+        # the candidate x[r, j] enters the sorted list if it reaches the floor and ranks above the k-th:
+        # a larger key, or an equal key at a lower index (candidates do not arrive in index order)
+        v = T.Cast("float32", x[r, j])
+        bits = T.reinterpret("int32", T.Select(v == T.float32(0), T.float32(0), v))  # -0 -> +0
+        ordered = T.Select(bits < 0, T.bitwise_xor(bits, int32_max), bits)
+        key = T.Select(T.isnan(v), int32_max, ordered)
+        if key >= floor[0] and (
+            count[0] < k or key > kept[k - 1] or (key == kept[k - 1] and T.int64(j) < indices[r, k - 1])
+        ):
+            pos[0] = T.min(count[0], k - 1)
+            while pos[0] > 0 and (
+                kept[pos[0] - 1] < key or (kept[pos[0] - 1] == key and indices[r, pos[0] - 1] > T.int64(j))
+            ):
+                kept[pos[0]] = kept[pos[0] - 1]
+                indices[r, pos[0]] = indices[r, pos[0] - 1]
+                pos[0] = pos[0] - 1
+            kept[pos[0]] = key
+            indices[r, pos[0]] = T.int64(j)
+            count[0] = T.min(count[0] + 1, k)
 
     @T.prim_func(private=True, s_tir=True)
-    def softmax_topk_select(x_nd: T.Buffer(x_shape, dtype), out_nd: T.Buffer(out_shape, "int64")):
+    def softmax_topk_select(
+        x_nd: T.Buffer(x_shape, dtype), max_nd: T.Buffer(max_shape, "int32"), out_nd: T.Buffer(out_shape, "int64")
+    ):
         # written scheduled (one opaque block per row): no schedule rule or tuning applies to it
         T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
         x = T.decl_buffer((rows, n), dtype, data=x_nd.data)  # the rows, flattened in place
+        lane_key = T.decl_buffer((rows, blocks * LANES), "int32", data=max_nd.data)
         indices = T.decl_buffer((rows, k), "int64", data=out_nd.data)
         with T.sblock("root"):
             for r in T.parallel(rows):
                 with T.sblock("select"):
-                    T.reads(x[r, 0:n])
+                    T.reads(x[r, 0:n], lane_key[r, 0 : blocks * LANES])
                     T.writes(indices[r, 0:k])
                     kept = T.alloc_buffer((k,), "int32", scope="local")
                     count = T.alloc_buffer((1,), "int32", scope="local")
                     pos = T.alloc_buffer((1,), "int32", scope="local")
+                    floor = T.alloc_buffer((1,), "int32", scope="local")
+                    # The floor: the k-th largest lane maximum. At least k elements (those maxima) reach
+                    # it, so no element below it is among the k largest, nor is any lane whose maximum
+                    # is below it. Found by the same sorted-list insertion over the lane maxima.
                     count[0] = 0
-                    for j in range(n):
-                        v = T.Cast("float32", x[r, j])
-                        bits = T.reinterpret("int32", T.Select(v == T.float32(0), T.float32(0), v))  # -0 -> +0
-                        ordered = T.Select(bits < 0, T.bitwise_xor(bits, int32_max), bits)
-                        key = T.Select(T.isnan(v), int32_max, ordered)
-                        if count[0] < k or key > kept[k - 1]:
-                            pos[0] = T.min(count[0], k - 1)
-                            while pos[0] > 0 and kept[pos[0] - 1] < key:
-                                kept[pos[0]] = kept[pos[0] - 1]
-                                indices[r, pos[0]] = indices[r, pos[0] - 1]
-                                pos[0] = pos[0] - 1
-                            kept[pos[0]] = key
-                            indices[r, pos[0]] = T.int64(j)
-                            count[0] = T.min(count[0] + 1, k)
+                    floor[0] = T.int32(-2147483648)
+                    if blocks * LANES >= k:
+                        for i in range(blocks * LANES):
+                            v = lane_key[r, i]
+                            if count[0] < k or v > kept[k - 1]:
+                                pos[0] = T.min(count[0], k - 1)
+                                while pos[0] > 0 and kept[pos[0] - 1] < v:
+                                    kept[pos[0]] = kept[pos[0] - 1]
+                                    pos[0] = pos[0] - 1
+                                kept[pos[0]] = v
+                                count[0] = T.min(count[0] + 1, k)
+                        floor[0] = kept[k - 1]
+                    count[0] = 0
+                    for b in range(blocks):  # lane by lane: only lanes whose maximum can enter
+                        for lane in range(LANES):
+                            top = lane_key[r, b * LANES + lane]
+                            if top >= key_of_inf or (top >= floor[0] and (count[0] < k or top >= kept[k - 1])):
+                                for q in range(BLOCK // LANES):
+                                    offer(x, kept, indices, count, pos, floor, r, b * BLOCK + q * LANES + lane)
+                    for j in range(blocks * BLOCK, n):  # the tail
+                        offer(x, kept, indices, count, pos, floor, r, j)
 
     return softmax_topk_select
 
@@ -181,13 +255,14 @@ def convert(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
     axis = op.validate(shape_proxy(x), k, int(attrs["axis"]), temperature)
     shape = [int(d) for d in x.ty.shape]
     if axis == len(shape) - 1:  # rows along the contiguous axis: the one-scan selection
+        maxima = bb.emit_te(block_max, x, primfunc_name_hint="softmax_topk_block_max")
         func = bb.add_func(select_top_k(shape, k, str(x.ty.dtype)), "softmax_topk_select")
         out_type = relax.TensorType([*shape[:-1], k], "int64")
-        indices = bb.emit(relax.call_tir(func, relax.Tuple([x]), out_type))
+        indices = bb.emit(relax.call_tir(func, relax.Tuple([x, maxima]), out_type))
     else:  # TVM's TopK on the int32 key (its float TopK misranks -inf)
         key = bb.emit_te(rank_key, x, primfunc_name_hint="softmax_topk_key")
         top = bb.emit(relax.op.topk(key, k, axis=axis, ret_type="both", largest=True, dtype="int64"))
         indices = bb.emit(relax.TupleGetItem(top, 1))
-    stats = bb.emit_te(row_stats, x, axis, temperature, primfunc_name_hint="softmax_topk_stats")
-    out = bb.emit_te(values_and_lse, x, indices, stats, axis, temperature, primfunc_name_hint="softmax_topk_values")
+    sums = bb.emit_te(row_sums, x, indices, axis, temperature, primfunc_name_hint="softmax_topk_sums")
+    out = bb.emit_te(values_and_lse, x, indices, sums, axis, temperature, primfunc_name_hint="softmax_topk_values")
     return relax.Tuple([bb.emit(relax.TupleGetItem(out, 0)), indices, bb.emit(relax.TupleGetItem(out, 1))])

@@ -66,7 +66,18 @@ def apply_schedules(func: Any) -> Any | None:
 # kernel read strided again), per-call and per-row scalars (inlined, they would be recomputed per
 # element) and row stages (values stored once per row so that later passes need not recompute an exp).
 KEEP_BLOCKS = frozenset(
-    {"q_packed", "multimax_params", "beta", "row_exp", "scaled_exp", "term", "row_shift", "row_unit", "row_scale"}
+    {
+        "q_packed",
+        "multimax_params",
+        "beta",
+        "row_exp",
+        "scaled_exp",
+        "term",
+        "row_shift",
+        "row_unit",
+        "row_scale",
+        "row_sums",
+    }
 )
 
 

@@ -249,7 +249,7 @@ def schedule_rows(sch: Any, out_block: str, stages: Sequence[tuple[str, str]], *
     REDUCTION of :func:`lane_reduce` with its lane loop vectorised, a ROW stage of :func:`row_stage`
     with its row loop vectorised, a ROW_REDUCTION (a :func:`lane_reduce` of the ROW stage listed right
     after it) inside that stage's loop, a SCALAR per-row block as is. ``vector_out=False``: the out
-    block's last loop is not a row (a few statistics per row) and stays scalar. Applies to the vector
+    block has no row axis (one value per row). Applies to the vector
     form only: returns False, leaving ``sch`` as it was, otherwise."""
 
     def optional(name: str) -> Any:
@@ -273,9 +273,10 @@ def schedule_rows(sch: Any, out_block: str, stages: Sequence[tuple[str, str]], *
     except Exception:  # not the vector form (no lane-split parts, no row stages), or not this op
         return False
     loops = sch.get_loops(out)
-    if len(loops) < 2:
+    row_loops = loops[:-1] if vector_out else loops
+    if not row_loops:
         return False
-    rows = sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0]
+    rows = sch.fuse(*row_loops) if len(row_loops) > 1 else row_loops[0]
     sch.parallel(rows)
     if vector_out:
         _, lanes = sch.split(sch.get_loops(out)[-1], [None, LANES])

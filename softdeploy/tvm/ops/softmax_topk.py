@@ -173,7 +173,6 @@ def select_top_k(shape: list[int], k: int, dtype: str) -> Any:
     first blocks of a vocabulary row that is rare, so the scan costs about one scalar compare per 16
     elements. Lanes visit indices out of order, so ties are ranked by index explicitly."""
     int32_max = 2147483647
-    key_of_inf = 0x7F800000  # the ranking key of +inf: block_max's key of a lane holding +inf or NaN
     n, rows = shape[-1], 1
     for d in shape[:-1]:
         rows *= d
@@ -237,10 +236,11 @@ def select_top_k(shape: list[int], k: int, dtype: str) -> Any:
                                 count[0] = T.min(count[0] + 1, k)
                         floor[0] = kept[k - 1]
                     count[0] = 0
-                    for b in range(blocks):  # lane by lane: only lanes whose maximum can enter
+                    for b in range(blocks):  # lane by lane: only lanes whose maximum reaches the floor
                         for lane in range(LANES):
-                            top = lane_key[r, b * LANES + lane]
-                            if top >= key_of_inf or (top >= floor[0] and (count[0] < k or top >= kept[k - 1])):
+                            # (a lane holding a NaN or +inf has key(+inf): it reaches any floor but one of
+                            # k such lanes, and then equals it)
+                            if lane_key[r, b * LANES + lane] >= floor[0]:
                                 for q in range(BLOCK // LANES):
                                     offer(x, kept, indices, count, pos, floor, r, b * BLOCK + q * LANES + lane)
                     for j in range(blocks * BLOCK, n):  # the tail

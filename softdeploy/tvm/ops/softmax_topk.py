@@ -4,12 +4,22 @@
     Indices = the k positions of the largest x (NaN, +inf, finite descending, -inf; ties: lower index)
     Values_i = exp(z_Indices_i - m) / d;   LogSumExp = m + log d        along ``axis``
 
-Three kernels, not one: the ranking key (TIR), TVM's TopK (an extern sort) and the values with the
-log-sum-exp (TIR). The key is the float's order as an int32 -- NaN above +inf above every finite
-value above -inf, -0 equal to +0 -- because TVM's float TopK ranks -inf above finite values (which is
-why the function body cannot be used), while its int32 TopK orders exactly and keeps lower indices
-first among equal keys. A size-k selection fused into the normaliser pass (the C++ kernel's one read
-per row) is not written as TIR: a data-dependent insertion per element does not vectorise there.
+Several kernels, not one. The ranking key is the float's order as an int32 -- NaN above +inf above
+every finite value above -inf, -0 equal to +0 -- because TVM's float TopK ranks -inf above finite
+values (which is why the function body cannot be used).
+
+Along the last axis (the usual case: vocabulary rows) four kernels:
+  1. :func:`block_max` -- per 256-element block, each of the 16 lanes' maximum (a vectorised max);
+  2. :func:`select_top_k` -- a written-scheduled scan keeping the k best (key, index) in a sorted
+     list, reading only the lanes whose maximum reaches a floor (the k-th largest lane maximum);
+  3. :func:`row_sums` -- d, with m taken from the selection's top (no max pass);
+  4. :func:`values_and_lse` -- the k probabilities and the log-sum-exp.
+Along another axis: the int32 key (:func:`rank_key`) through TVM's TopK (exact: its int32 TopK keeps
+lower indices first among equal keys; a full sort), then 3 and 4.
+
+The C++ kernel's single read per row (the selection fused into the normaliser pass) is not written
+as TIR: its data-dependent insertion per element does not vectorise there, so the selection reads
+lane maxima and the sums are a pass of their own (bench/results/tvm_ops.md).
 """
 
 from __future__ import annotations

@@ -135,6 +135,7 @@ class TVMSession:
                 set_threads(threads)
             self.device = tvm.cpu()
             self._vm = relax.VirtualMachine(executable, self.device)
+            self._main = self._vm["main"]  # looked up once: ~1 us per lookup
             return
         from softdeploy.tvm.rpc import connect
 
@@ -145,6 +146,7 @@ class TVMSession:
             self.remote.upload(lib)
         self.device = self.remote.cpu()
         self._vm = relax.VirtualMachine(self.remote.load_module("model.so"), self.device)
+        self._main = self._vm["main"]
 
     @property
     def input_names(self) -> list[str]:
@@ -210,7 +212,7 @@ class TVMSession:
 
     def run(self, feeds: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None) -> list[np.ndarray]:
         args, sizes = self._arguments_and_sizes(feeds)
-        result = self._vm["main"](*args)
+        result = self._main(*args)
         values = [result] if hasattr(result, "numpy") else list(result)
         if self.remote is not None:
             arrays = [v.numpy() for v in values]

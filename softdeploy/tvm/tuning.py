@@ -133,14 +133,19 @@ def _hand_schedule(sch: Any) -> None:
             return
 
 
-def _design_space(task: Any) -> Any:
-    """MetaSchedule's generic space; for a kernel of one of our ops, united with the op's hand
-    schedule (which :func:`_measure_hand_schedule` also measures first)."""
-    import tvm.s_tir.meta_schedule as ms
-
+def _is_ours(task: Any) -> bool:
+    """The task is a kernel of one of our ops (a hand schedule applies to it)."""
     from softdeploy.tvm.ops import apply_schedules
 
-    if apply_schedules(task.dispatched[0]["main"]) is None:
+    return apply_schedules(task.dispatched[0]["main"]) is not None
+
+
+def _design_space(ours: bool) -> Any:
+    """MetaSchedule's generic space; for a kernel of one of our ops (``ours``), united with the op's
+    hand schedule (which :func:`_measure_hand_schedule` also measures first)."""
+    import tvm.s_tir.meta_schedule as ms
+
+    if not ours:
         return "post-order-apply"
     # Without AddRFactor: our reductions are lane-split already (they vectorise as they are), and
     # rfactor doubles the design spaces per reduction block -- AdaptiveTemperatureSoftmax's ten made
@@ -153,8 +158,8 @@ def _design_space(task: Any) -> Any:
 
 def _measure_hand_schedule(task: Any, target: Any, builder: Any, runner: Any, database: Any) -> float | None:
     """Builds and measures the hand schedule of one of our kernels with the tuner's own builder and
-    runner, and commits it to ``database`` as a tuning record; its seconds, or None when the kernel is
-    not ours or the candidate failed.
+    runner, and commits it to ``database`` as a tuning record; its seconds, or None when the candidate
+    failed.
 
     Why: the hand schedule is one point among the ~80 design spaces of MetaSchedule's generic rules
     for these kernels, so a search of a few dozen trials rarely draws it (measured: 16 trials on
@@ -163,11 +168,7 @@ def _measure_hand_schedule(task: Any, target: Any, builder: Any, runner: Any, da
     import tvm.s_tir.meta_schedule as ms
     from tvm.s_tir import Schedule
 
-    from softdeploy.tvm.ops import apply_schedules
-
     mod = task.dispatched[0]
-    if apply_schedules(mod["main"]) is None:
-        return None
     sch = Schedule(mod)
     _hand_schedule(sch)
     (built,) = builder.build([ms.builder.BuilderInput(sch.mod, target)])
@@ -231,12 +232,15 @@ def tune(
     builder, runner = _builder_runner(rpc, workers)
     per_task = trials_per_task or max(8, trials)
     start = time.perf_counter()
-    hand = {task.task_name: _measure_hand_schedule(task, tgt, builder, runner, db) for task in extracted}
+    ours = [_is_ours(task) for task in extracted]
+    hand = [
+        _measure_hand_schedule(t, tgt, builder, runner, db) if o else None for t, o in zip(extracted, ours, strict=True)
+    ]
     with tempfile.TemporaryDirectory(prefix="softdeploy-tune-") as logs:
         contexts, weights = [], []
-        for task in extracted:  # one search strategy object per task: they hold per-task state
+        for task, is_ours in zip(extracted, ours, strict=True):  # a search strategy per task: they hold state
             ctx, weight = ms.relax_integration.extracted_tasks_to_tune_contexts(
-                [task], work_dir=logs, space=_design_space(task), strategy=_search_strategy(), seed=seed
+                [task], work_dir=logs, space=_design_space(is_ours), strategy=_search_strategy(), seed=seed
             )
             contexts += ctx
             weights += weight
@@ -254,7 +258,7 @@ def tune(
         )
     seconds = time.perf_counter() - start
     results = []
-    for task in extracted:
+    for task, hand_secs in zip(extracted, hand, strict=True):
         mod_task = task.dispatched[0]
         workload = db.commit_workload(mod_task) if db.has_workload(mod_task) else None
         good = _successful(db, workload) if workload is not None else []
@@ -265,7 +269,7 @@ def tune(
                 float(task.weight),
                 len(good),
                 None if best is None else best * 1e6,
-                None if hand[task.task_name] is None else hand[task.task_name] * 1e6,
+                None if hand_secs is None else hand_secs * 1e6,
             )
         )
     report = TuneReport(str(database), results, seconds)

@@ -13,8 +13,9 @@ from typing import Any
 from tvm import te, tirx
 
 _LOG2E = 1.44269504088896341
-_LN2_HI = 0.693359375
-_LN2_LO = -2.12194440e-4
+# ln2 split for Cody-Waite range reduction (Cephes): n * LN2_HI is exact for |n| < 2^15
+LN2_HI = 0.693359375
+LN2_LO = -2.12194440e-4
 _EXPF_POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1)
 # exp(x) < 2^-126 (the smallest normal float) below this: flushed to 0, as the C++ kernels do
 _EXP_MIN = -87.33654475
@@ -25,6 +26,19 @@ _EXP_MAX = 88.0
 
 def f32(value: float) -> Any:
     return tirx.const(value, "float32")
+
+
+def horner(t: Any, coeffs: Sequence[float]) -> Any:
+    """coeffs[0] t^(d) + ... + coeffs[-1] (highest degree first) in Horner form, in float32."""
+    p = f32(coeffs[0])
+    for c in coeffs[1:]:
+        p = p * t + f32(c)
+    return p
+
+
+def reduce_ln2(x: Any, n: Any, ln2_hi: float, ln2_lo: float) -> Any:
+    """x - n ln2 with ln2 split in two (Cody-Waite): the remainder of exp's range reduction."""
+    return x - n * f32(ln2_hi) - n * f32(ln2_lo)
 
 
 # Float classification by ordered compares. tirx.isnan / isfinite / isinf are intrinsic calls that TVM
@@ -52,10 +66,8 @@ def exp_f32(x: Any) -> Any:
     -inf -> 0, below -87.3 -> 0, above 88 -> +inf."""
     xc = tirx.max(tirx.min(x, f32(_EXP_MAX)), f32(_EXP_MIN))
     n = round_log2(xc)
-    r = xc - n * f32(_LN2_HI) - n * f32(_LN2_LO)
-    p = f32(_EXPF_POLY[0])
-    for c in _EXPF_POLY[1:]:
-        p = p * r + f32(c)
+    r = reduce_ln2(xc, n, LN2_HI, LN2_LO)
+    p = horner(r, _EXPF_POLY)
     p = p * r * r + r + f32(1.0)
     return _scale_with_specials(x, p, n, overflow=True)
 
@@ -97,11 +109,8 @@ def exp_nonpositive_f32(x: Any) -> Any:
     in Horner form), which is what bounds the softmax-like kernels' exp pass."""
     xc = tirx.max(x, f32(_EXP_MIN))
     n = round_log2(xc)
-    t = xc - n * f32(_LN2_HI_P5) - n * f32(_LN2_LO_P5)
-    p = f32(_EXP_P5[0])
-    for c in _EXP_P5[1:]:
-        p = p * t + f32(c)
-    p = p * t + f32(1.0)
+    t = reduce_ln2(xc, n, _LN2_HI_P5, _LN2_LO_P5)
+    p = horner(t, _EXP_P5) * t + f32(1.0)
     return _scale_with_specials(x, p, n, overflow=False)
 
 
@@ -157,11 +166,9 @@ def log_f32(x: Any) -> Any:
     ef = tirx.Select(small, e - 1, e).astype("float32")
     m = tirx.Select(small, m + m, m) - f32(1.0)
     z = m * m
-    p = f32(_LOGF_POLY[0])
-    for c in _LOGF_POLY[1:]:
-        p = p * m + f32(c)
-    y = p * m * z + ef * f32(_LN2_LO) - f32(0.5) * z
-    y = m + y + ef * f32(_LN2_HI)
+    p = horner(m, _LOGF_POLY)
+    y = p * m * z + ef * f32(LN2_LO) - f32(0.5) * z
+    y = m + y + ef * f32(LN2_HI)
     return tirx.Select(not_nan(x), y, x)
 
 
@@ -296,24 +303,28 @@ def schedule_rows(sch: Any, out_block: str, stages: Sequence[tuple[str, str]], *
         sch.compute_at(part, rows)
         lane, k = sch.get_loops(part)[-2:]
         sch.reorder(k, lane)
-        if blocked is not None:
-            sch.compute_at(blocked, rows)
-            lane_b, kk = sch.get_loops(blocked)[-2:]
-            sch.reorder(kk, lane_b)
-        if kind == ROW_REDUCTION:
+        if kind == ROW_REDUCTION:  # blocks (if any) are placed in the stage's loop (_add_in_stage_loop)
+            if blocked is not None:
+                _lanes_innermost(sch, blocked, rows)
             pending = (part, blocked)
             continue
         # vectorise, then hoist the init out of the k loop (in the other order vectorize refuses the
         # loop; with the init left inside, the vector body carries a k == 0 branch)
         sch.vectorize(lane)
         if blocked is not None:  # each float32 block summed right before it is added in float64
-            sch.compute_at(blocked, k)
-            lane_b, kk = sch.get_loops(blocked)[-2:]
-            sch.reorder(kk, lane_b)
-            sch.vectorize(lane_b)
-            sch.decompose_reduction(blocked, kk)
+            sch.vectorize(_lanes_innermost(sch, blocked, k))
+            sch.decompose_reduction(blocked, sch.get_loops(blocked)[-2])
         sch.decompose_reduction(part, k)
     return pending is None
+
+
+def _lanes_innermost(sch: Any, block: Any, loop: Any) -> Any:
+    """``block`` (a lane-split reduction) computed under ``loop`` with its lane loop innermost (the
+    reduction loop outside it); returns the lane loop."""
+    sch.compute_at(block, loop)
+    lane, k = sch.get_loops(block)[-2:]
+    sch.reorder(k, lane)
+    return lane
 
 
 def _add_in_stage_loop(sch: Any, outer: Any, lane: Any, part: Any, blocked: Any) -> None:

@@ -56,11 +56,7 @@ def rank_key(x: te.Tensor) -> te.Tensor:
 
     def key(*i: Any) -> Any:
         v = xf(*i)
-        bits = tirx.reinterpret("int32", tirx.Select(v == f32(0.0), f32(0.0), v))  # -0 -> +0
-        ordered = tirx.Select(
-            bits < 0, bits ^ tirx.const(_INT32_MAX, "int32"), bits
-        )  # negatives: larger magnitude, smaller key
-        return tirx.Select(not_nan(v), ordered, tirx.const(_INT32_MAX, "int32"))
+        return tirx.Select(not_nan(v), _ordered_bits(v), tirx.const(_INT32_MAX, "int32"))
 
     return te.compute(x.shape, key, name="rank_key")
 
@@ -170,7 +166,8 @@ def _schedule_block_max(sch: Any) -> bool:
 
 
 def _ordered_bits(v: Any) -> Any:
-    """The int32 ranking key of a float32 expression that is not NaN (-0 as +0)."""
+    """The int32 ranking key of a float32 expression that is not NaN: its bits, negatives with the
+    magnitude bits flipped (a larger magnitude, a smaller key); -0 as +0."""
     bits = tirx.reinterpret("int32", tirx.Select(v == f32(0.0), f32(0.0), v))
     return tirx.Select(bits < 0, bits ^ tirx.const(_INT32_MAX, "int32"), bits)
 
@@ -182,7 +179,6 @@ def select_top_k(shape: list[int], k: int, dtype: str) -> Any:
     lane of a block (16 elements) is read only when its maximum (:func:`block_max`) can -- past the
     first blocks of a vocabulary row that is rare, so the scan costs about one scalar compare per 16
     elements. Lanes visit indices out of order, so ties are ranked by index explicitly."""
-    int32_max = 2147483647
     n, rows = shape[-1], 1
     for d in shape[:-1]:
         rows *= d
@@ -194,9 +190,7 @@ def select_top_k(shape: list[int], k: int, dtype: str) -> Any:
         # the candidate x[r, j] enters the sorted list if it reaches the floor and ranks above the k-th:
         # a larger key, or an equal key at a lower index (candidates do not arrive in index order)
         v = T.Cast("float32", x[r, j])
-        bits = T.reinterpret("int32", T.Select(v == T.float32(0), T.float32(0), v))  # -0 -> +0
-        ordered = T.Select(bits < 0, T.bitwise_xor(bits, int32_max), bits)
-        key = T.Select(T.isnan(v), int32_max, ordered)
+        key = T.Select(T.isnan(v), _INT32_MAX, _ordered_bits(v))
         if key >= floor[0] and (
             count[0] < k or key > kept[k - 1] or (key == kept[k - 1] and T.int64(j) < indices[r, k - 1])
         ):

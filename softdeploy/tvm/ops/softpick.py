@@ -30,6 +30,8 @@ from tvm import te, tirx
 
 from softdeploy.ops import softpick as op
 from softdeploy.tvm.ops._te import (
+    LN2_HI,
+    LN2_LO,
     REDUCTION,
     ROW,
     ROW_REDUCTION,
@@ -37,10 +39,12 @@ from softdeploy.tvm.ops._te import (
     as_f32,
     exp_f32,
     f32,
+    horner,
     is_finite,
     lane_reduce,
     max_from_neg_inf,
     pow2_f32,
+    reduce_ln2,
     round_log2,
     row_stage,
     schedule_rows,
@@ -64,20 +68,14 @@ _MIN_ARG = -104.0  # e^(x - S) is 0 in float32 below this (2^n < 2^-150)
 _EXPM1_Q = tuple(
     float.fromhex(c) for c in ("0x1.6bddfep-10", "0x1.1283d6p-7", "0x1.55575p-5", "0x1.55543p-3", "0x1.fffffep-2")
 )
-# ln2 split as Cephes (_te): n * _LN2_HI is exact for |n| < 2^15, i.e. |x - S| < 22000
-_LN2_HI = 0.693359375
-_LN2_LO = -2.12194440e-4
 
 
 def _term(w: Any, unit: Any) -> Any:
     """e^w - unit for finite w <= 72 (unit 1: expm1(w), exact near 0; unit 0: e^w)."""
     wc = tirx.max(w, f32(_MIN_ARG))
     n = round_log2(wc)
-    t = wc - n * f32(_LN2_HI) - n * f32(_LN2_LO)
-    p = f32(_EXPM1_Q[0])
-    for c in _EXPM1_Q[1:]:
-        p = p * t + f32(c)
-    q = (t * t) * p + t  # e^t - 1
+    t = reduce_ln2(wc, n, LN2_HI, LN2_LO)  # exact split for |n| < 2^15, i.e. |w| < 22000
+    q = (t * t) * horner(t, _EXPM1_Q) + t  # e^t - 1
     s = pow2_f32(n)  # 2^n, 0 below 2^-126
     return s * q + (s - unit)  # 2^n e^t - unit
 
@@ -92,7 +90,10 @@ def compute(x: te.Tensor, axis: int, eps: float) -> te.Tensor:
     m = lane_reduce(
         shape, axis, lambda i: tirx.Select(is_finite(xf(*i)), xf(*i), f32(_NEG_INF)), max_from_neg_inf, "row_max"
     )
-    shifted = lambda *r: m(*r) > f32(_SHIFT_ABOVE)  # noqa: E731
+
+    def shifted(*r: Any) -> Any:
+        return m(*r) > f32(_SHIFT_ABOVE)
+
     shift = te.compute(m.shape, lambda *r: tirx.Select(shifted(*r), m(*r), f32(0.0)), name="row_shift")
     unit = te.compute(m.shape, lambda *r: tirx.Select(shifted(*r), f32(0.0), f32(1.0)), name="row_unit")
 

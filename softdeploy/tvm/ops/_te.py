@@ -7,9 +7,11 @@ exponent bits), made only of ops that vectorise.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 from tvm import te, tirx
 
 _LOG2E = 1.44269504088896341
@@ -112,6 +114,31 @@ def exp_nonpositive_f32(x: Any) -> Any:
     t = reduce_ln2(xc, n, _LN2_HI_P5, _LN2_LO_P5)
     p = horner(t, _EXP_P5) * t + f32(1.0)
     return _scale_with_specials(x, p, n, overflow=False)
+
+
+# 2^r on [-1/2, 1/2]: _EXP_P5 in the variable r*ln2 with ln2^i folded into its coefficients (the C++
+# SoftmaxTopK's kP1..kP5; relative error 1.2e-7), highest degree first, constant term last
+_POW2_P5 = (*(float(np.float32(c * math.log(2.0) ** (5 - i))) for i, c in enumerate(_EXP_P5)), 1.0)
+_POW2_MAGIC = 12582912.0  # 1.5 * 2^23: the float grid is 1 on [2^23, 2^24)
+_POW2_FLOOR = -125.0  # 2^u is built for u >= this only: p * 2^n stays a normal float
+
+
+def pow2_sum_term_f32(u: Any) -> Any:
+    """2^u of a float32 expression u <= 0 (or -inf), as a TERM OF A SUM that holds at least one term
+    near 1: below 2^-125 it returns about 2^-125 instead of the exact value (each such term is off by
+    < 2^-125 relative to the sum), and NaN or u > 0 give unspecified finite garbage. Relative error
+    1.2e-7 otherwise. No clamp above and no special-value selects: 11 ops, against 17 for
+    :func:`exp_nonpositive_f32`; it is what bounds a softmax's normaliser pass.
+
+    n = round(u), r = u - n exactly, 2^n added to p's exponent field as the integer n << 23. (The
+    magic-number round, (u + 1.5 * 2^23) - 1.5 * 2^23, is folded to u by TVM's simplifier.)"""
+    uc = tirx.max(u, f32(_POW2_FLOOR))
+    # n = round(uc) by the magic-number add: its integer lands in the low mantissa bits of `rounded`.
+    # The round trip through int32 bits keeps TVM's simplifier from folding (uc + M) - M to uc.
+    rounded_bits = tirx.reinterpret("int32", uc + f32(_POW2_MAGIC))
+    n = tirx.reinterpret("float32", rounded_bits) - f32(_POW2_MAGIC)
+    p = horner(uc - n, _POW2_P5)
+    return tirx.reinterpret("float32", tirx.reinterpret("int32", p) + (rounded_bits << tirx.const(23, "int32")))
 
 
 def reduced_shape(shape: Sequence[Any], axis: int) -> list[Any]:

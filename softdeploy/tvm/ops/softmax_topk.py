@@ -9,17 +9,22 @@ every finite value above -inf, -0 equal to +0 -- because TVM's float TopK ranks 
 values (which is why the function body cannot be used).
 
 Along the last axis (the usual case: vocabulary rows) four kernels:
-  1. :func:`block_max` -- per 256-element block, each of the 16 lanes' maximum (a vectorised max);
-  2. :func:`select_top_k` -- a written-scheduled scan keeping the k best (key, index) in a sorted
-     list, reading only the lanes whose maximum reaches a floor (the k-th largest lane maximum);
-  3. :func:`row_sums` -- d, with m taken from the selection's top (no max pass);
+  1. :func:`block_max` -- per 256-element block, each of the 16 lanes' maximum as a ranking key (a
+     vertical int32 max and min of the bits), and per 8 blocks each lane's largest of those;
+  2. :func:`select_top_k` -- a written-scheduled scan keeping the k best (key, index) in a heap,
+     reading only the lanes whose maximum reaches a floor (the k-th largest lane maximum, found from
+     the group maxima first);
+  3. :func:`row_sums` -- d, with m taken from the selection's top (no max pass), each term from
+     ``_te.pow2_sum_term_f32`` (11 vector ops);
   4. :func:`values_and_lse` -- the k probabilities and the log-sum-exp.
 Along another axis: the int32 key (:func:`rank_key`) through TVM's TopK (exact: its int32 TopK keeps
 lower indices first among equal keys; a full sort), then 3 and 4.
 
 The C++ kernel's single read per row (the selection fused into the normaliser pass) is not written
 as TIR: its data-dependent insertion per element does not vectorise there, so the selection reads
-lane maxima and the sums are a pass of their own (bench/results/tvm_ops.md).
+lane maxima and the sums are a pass of their own (bench/results/tvm_ops.md). Fusing 1 and 3 (sums
+per block against the block's lane maxima, rescaled afterwards) was measured and not kept: the exp
+bounds both passes alike, and the rescaling pass cost more than the second read saved.
 """
 
 from __future__ import annotations
@@ -39,8 +44,8 @@ from softdeploy.tvm.ops._te import (
     f32,
     is_finite,
     lane_reduce,
-    max_from_neg_inf,
     not_nan,
+    pow2_sum_term_f32,
     reduced_shape,
     schedule_rows,
     shape_proxy,
@@ -48,6 +53,7 @@ from softdeploy.tvm.ops._te import (
 )
 
 _INT32_MAX = 2147483647
+_LOG2E = 1.4426950408889634
 
 
 def rank_key(x: te.Tensor) -> te.Tensor:
@@ -72,32 +78,34 @@ def _top(x: Any, indices: te.Tensor, axis: int, r: tuple[Any, ...]) -> Any:
 
 
 def row_sums(x: te.Tensor, indices: te.Tensor, axis: int, temperature: float) -> te.Tensor:
-    """float64 ``[rows...]``: d = sum_j exp(z_j - m), z = x / T, m = the row's top / T (the max: no
-    pass of its own, the selection found it). Only meaningful for the ordinary rows (top finite);
-    the special rows' outputs do not read it, so the exp's argument is clamped to <= 0 and the
-    shorter ``exp_nonpositive_f32`` applies. Lane-split (``_te.lane_reduce``), vectorised by
-    :func:`schedule`."""
+    """float64 ``[rows...]``: d = sum_j exp(z_j - m) = sum_j 2^((x_j - top) * s), z = x / T,
+    s = log2(e) / T, m = top / T with top the row's first index (the max: no pass of its own, the
+    selection found it). Only meaningful for the ordinary rows (top finite); the special rows' outputs
+    do not read it, so the terms are ``pow2_sum_term_f32``'s (no special values; the term of the top
+    itself is 1, so its flush of terms below 2^-125 is harmless). s rounded to float32 scales every
+    exponent by the same 1 + 6e-8: the sum moves by about that times its mean |u| * ln2 (~1e-7),
+    against the 2e-6 tolerance. Lane-split (``_te.lane_reduce``), vectorised by :func:`schedule`."""
     shape = list(x.shape)
     xf = as_f32(x)
-    t = f32(float(temperature))  # divided, not multiplied by 1 / T: the reference's z = x / T
+    s = f32(_LOG2E / float(temperature))
 
     def row_shift(*r: Any) -> Any:
         top = _top(xf, indices, axis, r)
-        return tirx.Select(is_finite(top), top / t, f32(0.0))
+        return tirx.Select(is_finite(top), top, f32(0.0))
 
     shift = te.compute(reduced_shape(shape, axis), row_shift, name="row_shift")  # once per row
 
-    def shifted(i: tuple[Any, ...]) -> Any:
-        return tirx.min(xf(*i) / t - shift(*without_axis(i, axis)), f32(0.0))
+    def term(i: tuple[Any, ...]) -> Any:
+        return pow2_sum_term_f32((xf(*i) - shift(*without_axis(i, axis))) * s)
 
-    d = lane_reduce(shape, axis, lambda i: exp_nonpositive_f32(shifted(i)), te.sum, "d", dtype="float64")
+    d = lane_reduce(shape, axis, term, te.sum, "d", dtype="float64")
     return te.compute(reduced_shape(shape, axis), lambda *r: d(*r), name="row_sums")
 
 
 def schedule(sch: Any) -> bool:
-    """The sums kernel: rows in parallel, the reduction lane-vectorised per row (vector form only);
-    the block maxima: lanes vectorised."""
-    return schedule_rows(sch, "row_sums", STAGES, vector_out=False) or _schedule_block_max(sch)
+    """The sums kernel: rows in parallel, the reduction lane-vectorised per row (vector form only).
+    (The block maxima and the selection are written scheduled.)"""
+    return schedule_rows(sch, "row_sums", STAGES, vector_out=False)
 
 
 def values_and_lse(x: te.Tensor, indices: te.Tensor, sums: te.Tensor, axis: int, temperature: float) -> list[te.Tensor]:
@@ -128,41 +136,85 @@ def values_and_lse(x: te.Tensor, indices: te.Tensor, sums: te.Tensor, axis: int,
 
 
 BLOCK = 256  # elements per block of the selection's pre-filter: LANES lanes x 16 vectors
+GROUP = 8  # blocks per group: the floor's first level (the last group may repeat the last block)
 
 
-def block_max(x: te.Tensor) -> te.Tensor:
-    """int32 ``[rows..., n // BLOCK, LANES]``: per block of BLOCK elements along the last axis, the
-    ranking key of each lane's largest value (j = b * BLOCK + q * LANES + l, max over q), NaN counted
-    as +inf: a vertical float max that vectorises (3 vector ops per 16 elements, against ~10 for a
-    max over int32 keys), so that the selection can skip a lane with one compare. A lane holding a
-    NaN or +inf gets the key of +inf (a lower bound of its top key) and is never skipped."""
-    *lead, n = (int(d) for d in x.shape)
-    xf = as_f32(x)
-    q = te.reduce_axis((0, BLOCK // LANES), name="q")
-
-    def value(*i: Any) -> Any:
-        v = xf(*i[:-2], i[-2] * BLOCK + q * LANES + i[-1])
-        return max_from_neg_inf(tirx.Select(not_nan(v), v, f32(float("inf"))), axis=q)
-
-    lane_max = te.compute((*lead, n // BLOCK, LANES), value, name="block_max_value")
-    return te.compute(lane_max.shape, lambda *i: _ordered_bits(lane_max(*i)), name="block_max")
+_INF_BITS = 0x7F800000  # bits of +inf: the key of +inf, and of NaN in the block maxima
+_NEG_INF_BITS = -8388608  # bits of -inf as an int32: sign-bit-set bits above it are NaNs
 
 
-def _schedule_block_max(sch: Any) -> bool:
-    try:
-        block, values = sch.get_sblock("block_max"), sch.get_sblock("block_max_value")
-    except Exception:  # not this kernel
-        return False
-    *outer, lane = sch.get_loops(block)
-    rows = sch.fuse(*outer[:-1]) if len(outer) > 2 else outer[0]
-    sch.parallel(rows)
-    sch.vectorize(lane)
-    sch.compute_at(values, sch.get_loops(block)[-2])
-    lane_v, q = sch.get_loops(values)[-2:]
-    sch.reorder(q, lane_v)
-    sch.vectorize(lane_v)
-    sch.decompose_reduction(values, q)
-    return True
+def _lane_key(hi: Any, lo: Any) -> Any:
+    """The ranking key of a lane's largest value from the largest (hi) and smallest (lo) of its bits
+    as int32: with a non-negative-signed value, hi's float is the max (a NaN above it: counted as
+    +inf); with only sign-bit-set values (negatives, -0, negative NaNs) lo's float is the max -- the
+    smallest magnitude -- unless hi is a negative NaN (then +inf)."""
+    # (-0's bits are INT32_MIN, whose compares TVM 0.27 miscompiles: always false; tested via key -1)
+    negative = T.Select(hi > _NEG_INF_BITS, _INF_BITS, T.Select(lo ^ _INT32_MAX == -1, 0, lo ^ _INT32_MAX))
+    return T.Select(hi >= 0, T.min(hi, _INF_BITS), negative)
+
+
+def block_max(shape: list[int], dtype: str) -> Any:
+    """PrimFunc ``(x[..., n], block_max, group_max)``, the selection's pre-filter: ranking keys along
+    the last axis of
+
+    * ``block_max[rows..., n // BLOCK, LANES]``: per block of BLOCK elements, each lane's largest
+      value (j = b * BLOCK + q * LANES + l, over q), NaN counted as +inf -- from a vertical max and
+      min of the elements' bits as int32 (2 vector ops per 16 elements; a float max needs 4, its NaN
+      test included, and a max over ranking keys ~10), see :func:`_lane_key`;
+    * ``group_max[rows..., ceil(blocks / GROUP), LANES]``: per group of GROUP blocks, each lane's
+      largest block maximum.
+
+    A lane holding a NaN or +inf gets the key of +inf (a lower bound of its top key), so the selection
+    never skips it. Elements past the last whole block (the tail) are in neither."""
+    n, rows = shape[-1], 1
+    for d in shape[:-1]:
+        rows *= d
+    blocks = n // BLOCK
+    groups = -(-blocks // GROUP)
+    x_shape, max_shape, group_shape = tuple(shape), (*shape[:-1], blocks, LANES), (*shape[:-1], groups, LANES)
+
+    def bits(v: Any) -> Any:
+        return T.reinterpret("int32", T.Cast("float32", v))
+
+    @T.prim_func(private=True, s_tir=True)
+    def softmax_topk_block_max(
+        x_nd: T.Buffer(x_shape, dtype), max_nd: T.Buffer(max_shape, "int32"), group_nd: T.Buffer(group_shape, "int32")
+    ):
+        # written scheduled: the two accumulators in one loop (as TE reductions, two loops; as one
+        # tuple reduction, miscompiled by the vectoriser -- _te.lane_reduce)
+        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
+        x = T.decl_buffer((rows, n), dtype, data=x_nd.data)  # the rows, flattened in place
+        lane_key = T.decl_buffer((rows, blocks * LANES), "int32", data=max_nd.data)
+        group_key = T.decl_buffer((rows, groups * LANES), "int32", data=group_nd.data)
+        with T.sblock("root"):
+            for r in T.parallel(rows):
+                with T.sblock("maxima"):
+                    T.reads(x[r, 0 : blocks * BLOCK])
+                    T.writes(lane_key[r, 0 : blocks * LANES], group_key[r, 0 : groups * LANES])
+                    # default scope: stack allocas that LLVM keeps in registers (select_top_k)
+                    hi = T.alloc_buffer((LANES,), "int32")
+                    lo = T.alloc_buffer((LANES,), "int32")
+                    group = T.alloc_buffer((LANES,), "int32")
+                    for b in range(blocks):
+                        for lane in T.vectorized(LANES):
+                            hi[lane] = bits(x[r, b * BLOCK + lane])
+                            lo[lane] = bits(x[r, b * BLOCK + lane])
+                        for q in range(1, BLOCK // LANES):
+                            for lane in T.vectorized(LANES):
+                                hi[lane] = T.max(hi[lane], bits(x[r, b * BLOCK + q * LANES + lane]))
+                                lo[lane] = T.min(lo[lane], bits(x[r, b * BLOCK + q * LANES + lane]))
+                        for lane in T.vectorized(LANES):
+                            lane_key[r, b * LANES + lane] = _lane_key(hi[lane], lo[lane])
+                            group[lane] = T.Select(
+                                b % GROUP == 0,
+                                lane_key[r, b * LANES + lane],
+                                T.max(group[lane], lane_key[r, b * LANES + lane]),
+                            )
+                        if b % GROUP == GROUP - 1 or b == blocks - 1:
+                            for lane in T.vectorized(LANES):
+                                group_key[r, (b // GROUP) * LANES + lane] = group[lane]
+
+    return softmax_topk_block_max
 
 
 def _ordered_bits(v: Any) -> Any:
@@ -173,82 +225,165 @@ def _ordered_bits(v: Any) -> Any:
 
 
 def select_top_k(shape: list[int], k: int, dtype: str) -> Any:
-    """PrimFunc ``(x[..., n], block_max[..., n // BLOCK, LANES], indices[..., k])``: per row of the
-    last axis, the positions of the k largest x under the ranking rule, by one scan that keeps a
-    sorted list of the k best (key, index). A candidate enters only if it ranks above the k-th; a
-    lane of a block (16 elements) is read only when its maximum (:func:`block_max`) can -- past the
-    first blocks of a vocabulary row that is rare, so the scan costs about one scalar compare per 16
-    elements. Lanes visit indices out of order, so ties are ranked by index explicitly."""
+    """PrimFunc ``(x[..., n], block_max, group_max, indices[..., k])`` (the keys of :func:`block_max`):
+    per row of the last axis, the positions of the k largest x under the ranking rule.
+
+    The k best (key, index) seen are kept in a min-heap whose root is the worst of them (a smaller
+    key, or an equal key at a higher index: candidates do not arrive in index order). The first k
+    offered fill it (heapified once, in O(k)); after that a candidate enters by replacing the root
+    when it ranks above it, in O(log k) -- a sorted list's insertion shifts k/2 entries, which at
+    k = 50 cost more than the rest of the scan (select 29 -> 17 us at 4 x 32000). A candidate is
+    offered only from a lane (16 elements of a block) whose maximum reaches a floor that at least k
+    elements reach, so no element below it is among the k largest; each floor is the root of the same
+    heap run over maxima:
+
+    1. floor 1: the k-th largest group-lane maximum (groups x LANES of them; each covers its own
+       elements, so k distinct elements reach it; with fewer than k there is no floor: the sentinel);
+    2. floor 2: the k-th largest lane maximum, from the lanes of the group-lanes that reach floor 1
+       (k of them do, so the k-th largest over all lanes is among them);
+    3. the elements of the lanes that reach floor 2 (tested as floats first: the key is built only
+       for those that reach it) and the tail past the last block, then the heap sorted in place, best
+       first.
+
+    Past the first groups of a vocabulary row few maxima reach the heap's root, so the scan costs
+    about one scalar compare per 128 elements plus the candidates' lanes."""
     n, rows = shape[-1], 1
     for d in shape[:-1]:
         rows *= d
     blocks = n // BLOCK
-    x_shape, max_shape, out_shape = tuple(shape), (*shape[:-1], blocks, LANES), (*shape[:-1], k)
+    groups = -(-blocks // GROUP)
+    x_shape, out_shape = tuple(shape), (*shape[:-1], k)
+    max_shape, group_shape = (*shape[:-1], blocks, LANES), (*shape[:-1], groups, LANES)
+    # below every key (the key of -inf is -2139095041); not INT32_MIN, whose compares TVM 0.27
+    # miscompiles (always false)
+    sentinel = -2147483647
+
+    # Every temporary lives in a small buffer of the default ("global") scope: LowerTVMBuiltin turns
+    # those into stack allocas, which LLVM keeps in registers. A "local" buffer, or a scalar bound in
+    # TVMScript (`v: T.int32 = ...`), becomes a TVMBackendAllocWorkspace call per row instead, and
+    # every access a memory round trip (the scan ran ~4x slower).
+
+    def block_of(i: Any, g: Any) -> Any:  # the g-th block of group-lane i
+        return (i // LANES) * GROUP + g
+
+    def lane_of(i: Any, g: Any) -> Any:  # lane i % LANES of that block, in lane_key's row
+        return block_of(i, g) * LANES + i % LANES
+
+    def key_of(v: Any) -> Any:  # the ranking key of a float32 element, NaN above all
+        return T.Select(T.isnan(v), _INT32_MAX, _ordered_bits(v))
 
     @T.macro
-    def offer(x: Any, kept: Any, indices: Any, count: Any, pos: Any, floor: Any, r: Any, j: Any) -> None:
-        # the candidate x[r, j] enters the sorted list if it reaches the floor and ranks above the k-th:
-        # a larger key, or an equal key at a lower index (candidates do not arrive in index order)
-        v = T.Cast("float32", x[r, j])
-        key = T.Select(T.isnan(v), _INT32_MAX, _ordered_bits(v))
-        if key >= floor[0] and (
-            count[0] < k or key > kept[k - 1] or (key == kept[k - 1] and T.int64(j) < indices[r, k - 1])
-        ):
-            pos[0] = T.min(count[0], k - 1)
-            while pos[0] > 0 and (
-                kept[pos[0] - 1] < key or (kept[pos[0] - 1] == key and indices[r, pos[0] - 1] > T.int64(j))
+    def swap(heap_key: Any, heap_index: Any, tmp: Any, a: Any, b: Any) -> None:
+        tmp[0] = heap_key[a]
+        tmp[1] = heap_index[a]
+        heap_key[a] = heap_key[b]
+        heap_index[a] = heap_index[b]
+        heap_key[b] = tmp[0]
+        heap_index[b] = tmp[1]
+
+    @T.macro
+    def sift_down(heap_key: Any, heap_index: Any, tmp: Any, at: Any, size: Any) -> None:
+        # restores the heap below at[0]: the worse child moves up while it ranks below the entry
+        at[1] = 2 * at[0] + 1
+        while at[1] < size:
+            if at[1] + 1 < size and (
+                heap_key[at[1] + 1] < heap_key[at[1]]
+                or (heap_key[at[1] + 1] == heap_key[at[1]] and heap_index[at[1] + 1] > heap_index[at[1]])
             ):
-                kept[pos[0]] = kept[pos[0] - 1]
-                indices[r, pos[0]] = indices[r, pos[0] - 1]
-                pos[0] = pos[0] - 1
-            kept[pos[0]] = key
-            indices[r, pos[0]] = T.int64(j)
-            count[0] = T.min(count[0] + 1, k)
+                at[1] = at[1] + 1
+            if heap_key[at[1]] < heap_key[at[0]] or (
+                heap_key[at[1]] == heap_key[at[0]] and heap_index[at[1]] > heap_index[at[0]]
+            ):
+                swap(heap_key, heap_index, tmp, at[0], at[1])
+                at[0] = at[1]
+                at[1] = 2 * at[0] + 1
+            else:
+                at[1] = size
+
+    @T.macro
+    def offer(heap_key: Any, heap_index: Any, tmp: Any, at: Any, key: Any, index: Any) -> None:
+        # (key, index) joins the heap: appended while it holds fewer than k (heapified at the k-th,
+        # in O(k): cheaper than k sift-downs from the root), else it replaces the root if it ranks above
+        if at[2] < k:
+            heap_key[at[2]] = key
+            heap_index[at[2]] = index
+            at[2] = at[2] + 1
+            if at[2] == k:
+                for i in range(k // 2):
+                    at[0] = k // 2 - 1 - i
+                    sift_down(heap_key, heap_index, tmp, at, k)
+        elif key > heap_key[0] or (key == heap_key[0] and index < heap_index[0]):
+            heap_key[0] = key
+            heap_index[0] = index
+            at[0] = 0
+            sift_down(heap_key, heap_index, tmp, at, k)
 
     @T.prim_func(private=True, s_tir=True)
     def softmax_topk_select(
-        x_nd: T.Buffer(x_shape, dtype), max_nd: T.Buffer(max_shape, "int32"), out_nd: T.Buffer(out_shape, "int64")
+        x_nd: T.Buffer(x_shape, dtype),
+        max_nd: T.Buffer(max_shape, "int32"),
+        group_nd: T.Buffer(group_shape, "int32"),
+        out_nd: T.Buffer(out_shape, "int64"),
     ):
         # written scheduled (one opaque block per row): no schedule rule or tuning applies to it
         T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
         x = T.decl_buffer((rows, n), dtype, data=x_nd.data)  # the rows, flattened in place
         lane_key = T.decl_buffer((rows, blocks * LANES), "int32", data=max_nd.data)
+        group_key = T.decl_buffer((rows, groups * LANES), "int32", data=group_nd.data)
         indices = T.decl_buffer((rows, k), "int64", data=out_nd.data)
         with T.sblock("root"):
             for r in T.parallel(rows):
                 with T.sblock("select"):
-                    T.reads(x[r, 0:n], lane_key[r, 0 : blocks * LANES])
+                    T.reads(x[r, 0:n], lane_key[r, 0 : blocks * LANES], group_key[r, 0 : groups * LANES])
                     T.writes(indices[r, 0:k])
-                    kept = T.alloc_buffer((k,), "int32", scope="local")
-                    count = T.alloc_buffer((1,), "int32", scope="local")
-                    pos = T.alloc_buffer((1,), "int32", scope="local")
-                    floor = T.alloc_buffer((1,), "int32", scope="local")
-                    # The floor: the k-th largest lane maximum. At least k elements (those maxima) reach
-                    # it, so no element below it is among the k largest, nor is any lane whose maximum
-                    # is below it. Found by the same sorted-list insertion over the lane maxima.
-                    count[0] = 0
-                    floor[0] = T.int32(-2147483648)
-                    if blocks * LANES >= k:
-                        for i in range(blocks * LANES):
-                            v = lane_key[r, i]
-                            if count[0] < k or v > kept[k - 1]:
-                                pos[0] = T.min(count[0], k - 1)
-                                while pos[0] > 0 and kept[pos[0] - 1] < v:
-                                    kept[pos[0]] = kept[pos[0] - 1]
-                                    pos[0] = pos[0] - 1
-                                kept[pos[0]] = v
-                                count[0] = T.min(count[0] + 1, k)
-                        floor[0] = kept[k - 1]
-                    count[0] = 0
-                    for b in range(blocks):  # lane by lane: only lanes whose maximum reaches the floor
-                        for lane in range(LANES):
-                            # (a lane holding a NaN or +inf has key(+inf): it reaches any floor but one of
-                            # k such lanes, and then equals it)
-                            if lane_key[r, b * LANES + lane] >= floor[0]:
-                                for q in range(BLOCK // LANES):
-                                    offer(x, kept, indices, count, pos, floor, r, b * BLOCK + q * LANES + lane)
+                    heap_key = T.alloc_buffer((k,), "int32")
+                    heap_index = T.alloc_buffer((k,), "int32")
+                    tmp = T.alloc_buffer((2,), "int32")  # a swap's saved entry
+                    at = T.alloc_buffer((3,), "int32")  # sift-down position and child; entries held
+                    floor = T.alloc_buffer((2,), "int32")
+                    value = T.alloc_buffer((2,), "float32")  # floor 2 as a float; the element
+                    at[2] = 0  # empty
+                    for i in range(groups * LANES):
+                        offer(heap_key, heap_index, tmp, at, group_key[r, i], i)
+                    floor[0] = T.Select(at[2] == k, heap_key[0], sentinel)  # 1.
+                    at[2] = 0  # empty
+                    for i in range(groups * LANES):
+                        if group_key[r, i] >= floor[0]:
+                            for g in range(GROUP):
+                                if block_of(i, g) < blocks:
+                                    offer(heap_key, heap_index, tmp, at, lane_key[r, lane_of(i, g)], block_of(i, g))
+                    floor[1] = T.Select(at[2] == k, heap_key[0], sentinel)  # 2.
+                    # floor 2 as a float, to test an element before its key is built (NaN passes, and
+                    # no floor -- the sentinel, whose bits decode to NaN -- lets everything through)
+                    value[0] = T.reinterpret("float32", T.Select(floor[1] < 0, floor[1] ^ _INT32_MAX, floor[1]))
+                    at[2] = 0  # empty
+                    for i in range(groups * LANES):  # 3. (a lane holding a NaN or +inf reaches any floor)
+                        if group_key[r, i] >= floor[1]:
+                            for g in range(GROUP):
+                                if block_of(i, g) < blocks:
+                                    if lane_key[r, lane_of(i, g)] >= floor[1]:
+                                        for q in range(BLOCK // LANES):
+                                            value[1] = T.Cast(
+                                                "float32", x[r, block_of(i, g) * BLOCK + q * LANES + i % LANES]
+                                            )
+                                            if value[1] >= value[0] or T.isnan(value[1]) or floor[1] == sentinel:
+                                                offer(
+                                                    heap_key,
+                                                    heap_index,
+                                                    tmp,
+                                                    at,
+                                                    key_of(value[1]),
+                                                    block_of(i, g) * BLOCK + q * LANES + i % LANES,
+                                                )
                     for j in range(blocks * BLOCK, n):  # the tail
-                        offer(x, kept, indices, count, pos, floor, r, j)
+                        value[1] = T.Cast("float32", x[r, j])
+                        offer(heap_key, heap_index, tmp, at, key_of(value[1]), j)
+                    for i in range(k - 1):  # heap sort: the worst left goes to the end, best first remains
+                        swap(heap_key, heap_index, tmp, 0, k - 1 - i)
+                        at[0] = 0
+                        sift_down(heap_key, heap_index, tmp, at, k - 1 - i)
+                    for i in range(k):
+                        indices[r, i] = T.Cast("int64", heap_index[i])
 
     return softmax_topk_select
 
@@ -259,10 +394,17 @@ def convert(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
     axis = op.validate(shape_proxy(x), k, int(attrs["axis"]), temperature)
     shape = [int(d) for d in x.ty.shape]
     if axis == len(shape) - 1:  # rows along the contiguous axis: the one-scan selection
-        maxima = bb.emit_te(block_max, x, primfunc_name_hint="softmax_topk_block_max")
-        func = bb.add_func(select_top_k(shape, k, str(x.ty.dtype)), "softmax_topk_select")
+        blocks, dtype = shape[-1] // BLOCK, str(x.ty.dtype)
+        maxima_type = [
+            relax.TensorType([*shape[:-1], blocks, LANES], "int32"),
+            relax.TensorType([*shape[:-1], -(-blocks // GROUP), LANES], "int32"),
+        ]
+        func = bb.add_func(block_max(shape, dtype), "softmax_topk_block_max")
+        maxima = bb.emit(relax.call_tir(func, relax.Tuple([x]), maxima_type))
+        lanes, groups = (bb.emit(relax.TupleGetItem(maxima, i)) for i in range(2))
+        func = bb.add_func(select_top_k(shape, k, dtype), "softmax_topk_select")
         out_type = relax.TensorType([*shape[:-1], k], "int64")
-        indices = bb.emit(relax.call_tir(func, relax.Tuple([x, maxima]), out_type))
+        indices = bb.emit(relax.call_tir(func, relax.Tuple([x, lanes, groups]), out_type))
     else:  # TVM's TopK on the int32 key (its float TopK misranks -inf)
         key = bb.emit_te(rank_key, x, primfunc_name_hint="softmax_topk_key")
         top = bb.emit(relax.op.topk(key, k, axis=axis, ret_type="both", largest=True, dtype="int64"))

@@ -405,11 +405,22 @@ SD_TARGET_AVX512 RowResult RowAvx512(const float* x, int64_t n, float s, double 
   static const Exp2Table table;
   if (n >= (int64_t{1} << 31)) return RowResult::kGeneric;  // int32 indices in the buffer
   b.count = 0;
-  // C from the first 64 entries (or the whole row when those hold no finite value).
+  // C from the first 64 entries (or the first finite entries after them).
   float m0 = -INFINITY;
   for (int64_t j = 0; j < n && j < 64; ++j) m0 = std::max(m0, x[j]);  // a NaN is skipped: a candidate
-  if (m0 == -INFINITY)
-    for (int64_t j = 64; j < n; ++j) m0 = std::max(m0, x[j]);
+  if (m0 == -INFINITY) {  // (a masked row) the first vector holding a finite entry: C only has to be
+    // finite, it is raised as larger entries come. (A scalar max over the row cost ~20 us per 32000.)
+    int64_t j = 64;
+    for (; j < n; j += 16) {
+      const __mmask16 valid = n - j >= 16 ? __mmask16(0xFFFF) : simd::TailMask16(n - j);
+      const __m512 v = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), valid, x + j);
+      const __mmask16 finite = _mm512_cmp_ps_mask(v, _mm512_set1_ps(-INFINITY), _CMP_GT_OQ);  // NaN: no
+      if (finite != 0) {
+        m0 = _mm512_mask_reduce_max_ps(finite, v);
+        break;
+      }
+    }
+  }
   if (!std::isfinite(m0)) return RowResult::kGeneric;  // all -inf (or +inf): RowGeneric's cases
 
   const __m512 tlo = _mm512_load_ps(reinterpret_cast<const float*>(table.bits));
@@ -528,7 +539,17 @@ SD_TARGET_AVX512 RowResult RowAvx512(const float* x, int64_t n, float s, double 
     acc[0] = _mm512_mask_mov_ps(acc[0], valid, term(v, acc[0]));
   }
   flush();
-  if (b.count < b.k) return RowResult::kGeneric;  // fewer than k entries above -inf
+  // Fewer than k entries above -inf (a masked row: constrained decoding): every other entry is -inf,
+  // and the rest of the top are the first of them by index (ties keep the lower index). They add
+  // nothing to d. (Sending the row to RowGeneric cost 3.5 ns per entry more: 4 x 32000, 3 entries
+  // left unmasked, 455 -> ~40 us.)
+  for (int64_t j = 0; b.count < b.k && j < n; ++j) {
+    if (x[j] == -INFINITY) {
+      b.values[static_cast<size_t>(b.count)] = x[j];
+      b.indices[static_cast<size_t>(b.count)] = static_cast<int32_t>(j);
+      ++b.count;
+    }
+  }
   if (b.count > b.k) KeepTopK(b);
   b.top.clear();
   for (int64_t j = 0; j < b.k; ++j) b.top.push_back(Entry{b.values[j], b.indices[j]});

@@ -116,6 +116,23 @@ def test_ties_across_simd_lanes_and_blocks_keep_lower_index(isa):
     assert np.all(values == values[:, :1])
 
 
+@pytest.mark.parametrize("isa", ISAS)
+def test_masked_rows_match_the_reference(isa):
+    """Masked vocabularies (constrained decoding): the first 64 entries masked, fewer than k entries
+    left above -inf (the top then ends in the first -inf entries by index), one entry left."""
+    rng = np.random.default_rng(11)
+    x = (rng.standard_normal((4, 5000)) * 3).astype(np.float32)
+    x[0, :64] = -np.inf
+    x[1, :] = -np.inf
+    x[1, [4000, 70, 2500]] = [1.0, 2.0, 1.0]
+    x[2, :-1] = -np.inf
+    x[3, 100:] = -np.inf
+    got = kernel(x, isa, k=5)
+    sample = Sample("masked", (x,), {"k": 5})
+    conformance.compare(OP, sample, got, OP.reference(x, k=5), 2e-6, 1e-37)
+    np.testing.assert_array_equal(got[1][1], [70, 2500, 4000, 0, 1])
+
+
 def test_without_log_sum_exp_output():
     x = (np.random.default_rng(3).standard_normal((5, 1000)) * 3).astype(np.float32)
     two = kernel(x, outputs=2, k=7)

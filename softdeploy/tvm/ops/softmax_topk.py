@@ -140,6 +140,7 @@ GROUP = 8  # blocks per group: the floor's first level (the last group may repea
 
 
 _INF_BITS = 0x7F800000  # bits of +inf: the key of +inf, and of NaN in the block maxima
+_NEG_INF_KEY = -2139095041  # the ranking key of -inf (its bits 0xFF800000, magnitude bits flipped)
 _NEG_INF_BITS = -8388608  # bits of -inf as an int32: sign-bit-set bits above it are NaNs
 
 
@@ -339,7 +340,7 @@ def select_top_k(shape: list[int], k: int, dtype: str) -> Any:
                     heap_key = T.alloc_buffer((k,), "int32")
                     heap_index = T.alloc_buffer((k,), "int32")
                     tmp = T.alloc_buffer((2,), "int32")  # a swap's saved entry
-                    at = T.alloc_buffer((3,), "int32")  # sift-down position and child; entries held
+                    at = T.alloc_buffer((4,), "int32")  # sift-down position and child; entries held; scan position
                     floor = T.alloc_buffer((2,), "int32")
                     value = T.alloc_buffer((2,), "float32")  # floor 2 as a float; the element
                     at[2] = 0  # empty
@@ -352,9 +353,9 @@ def select_top_k(shape: list[int], k: int, dtype: str) -> Any:
                             for g in range(GROUP):
                                 if block_of(i, g) < blocks:
                                     offer(heap_key, heap_index, tmp, at, lane_key[r, lane_of(i, g)], block_of(i, g))
-                    floor[1] = T.Select(at[2] == k, heap_key[0], sentinel)  # 2.
-                    # floor 2 as a float, to test an element before its key is built (NaN passes, and
-                    # no floor -- the sentinel, whose bits decode to NaN -- lets everything through)
+                    # 2., raised to just above -inf: what is at -inf comes in index order after 3.
+                    floor[1] = T.max(T.Select(at[2] == k, heap_key[0], sentinel), _NEG_INF_KEY + 1)
+                    # floor 2 as a float, to test an element before its key is built (NaN passes)
                     value[0] = T.reinterpret("float32", T.Select(floor[1] < 0, floor[1] ^ _INT32_MAX, floor[1]))
                     at[2] = 0  # empty
                     for i in range(groups * LANES):  # 3. (a lane holding a NaN or +inf reaches any floor)
@@ -366,7 +367,7 @@ def select_top_k(shape: list[int], k: int, dtype: str) -> Any:
                                             value[1] = T.Cast(
                                                 "float32", x[r, block_of(i, g) * BLOCK + q * LANES + i % LANES]
                                             )
-                                            if value[1] >= value[0] or T.isnan(value[1]) or floor[1] == sentinel:
+                                            if value[1] >= value[0] or T.isnan(value[1]):
                                                 offer(
                                                     heap_key,
                                                     heap_index,
@@ -377,7 +378,16 @@ def select_top_k(shape: list[int], k: int, dtype: str) -> Any:
                                                 )
                     for j in range(blocks * BLOCK, n):  # the tail
                         value[1] = T.Cast("float32", x[r, j])
-                        offer(heap_key, heap_index, tmp, at, key_of(value[1]), j)
+                        if value[1] >= value[0] or T.isnan(value[1]):
+                            offer(heap_key, heap_index, tmp, at, key_of(value[1]), j)
+                    # Fewer than k above -inf (a masked row): the first -inf entries by index complete
+                    # the k, scanned only while one can still enter (an O(n) offer of every -inf tie
+                    # out of index order cost ~80 us per 32000 entries).
+                    at[3] = 0
+                    while at[2] < k or (heap_key[0] == _NEG_INF_KEY and at[3] < heap_index[0]):
+                        if T.Cast("float32", x[r, at[3]]) == T.float32("-inf"):
+                            offer(heap_key, heap_index, tmp, at, _NEG_INF_KEY, at[3])
+                        at[3] = at[3] + 1
                     for i in range(k - 1):  # heap sort: the worst left goes to the end, best first remains
                         swap(heap_key, heap_index, tmp, 0, k - 1 - i)
                         at[0] = 0

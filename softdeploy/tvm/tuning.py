@@ -44,6 +44,42 @@ def _register_build_func() -> None:
     tvm.register_global_func(_BUILD_FUNC, build, override=True)
 
 
+_ALLOC_FUNC = "softdeploy.meta_schedule.alloc_argument"
+_RPC_ALLOC_FUNC = "softdeploy.meta_schedule.rpc_alloc_argument"
+
+
+def _register_alloc_funcs() -> None:
+    """Runner worker initializer: registers :data:`_ALLOC_FUNC` and :data:`_RPC_ALLOC_FUNC`, TVM's
+    default argument allocation with integer tensors zero-filled instead of random. Integer arguments
+    are indices or masks (SoftmaxTopK's values and sums gather x at the selection's indices, an
+    embedding gathers at token ids); random ones read out of bounds and crash the measurement, so
+    such kernels could not be tuned at all ("no candidate measured successfully"). Zero is in range
+    for every index and a valid mask; the floats stay random."""
+    import numpy as np
+    import tvm
+    from tvm.s_tir.meta_schedule.runner.utils import alloc_argument_common
+
+    def filler(random_fill: Any) -> Any:
+        def fill(arg: Any) -> None:
+            if str(arg.dtype).startswith(("int", "uint", "bool")):
+                arg.copyfrom(np.zeros(tuple(arg.shape), dtype=str(arg.dtype)))
+            else:
+                random_fill(arg)
+
+        return fill
+
+    def alloc(device: Any, args_info: Any, alloc_repeat: int) -> Any:
+        random_fill = tvm.get_global_func("tvm.contrib.random.random_fill_for_measure")
+        return alloc_argument_common(filler(random_fill), device, args_info, alloc_repeat)
+
+    def rpc_alloc(session: Any, device: Any, args_info: Any, alloc_repeat: int) -> Any:
+        random_fill = session.get_function("tvm.contrib.random.random_fill_for_measure")
+        return alloc_argument_common(filler(random_fill), device, args_info, alloc_repeat)
+
+    tvm.register_global_func(_ALLOC_FUNC, alloc, override=True)
+    tvm.register_global_func(_RPC_ALLOC_FUNC, rpc_alloc, override=True)
+
+
 @dataclasses.dataclass(frozen=True)
 class RPCSpec:
     """A TVM RPC tracker (``python -m tvm.exec.rpc_tracker``) and the device key its servers use."""
@@ -100,7 +136,7 @@ def _builder_runner(rpc: RPCSpec | None, workers: int) -> tuple[Any, Any]:
         max_workers=workers, timeout_sec=120, f_build=_BUILD_FUNC, initializer=_register_build_func
     )
     if rpc is None:
-        runner = ms.runner.LocalRunner(timeout_sec=120)
+        runner = ms.runner.LocalRunner(timeout_sec=120, f_alloc_argument=_ALLOC_FUNC, initializer=_register_alloc_funcs)
     else:
         config = ms.runner.RPCConfig(
             tracker_host=rpc.host,
@@ -108,7 +144,9 @@ def _builder_runner(rpc: RPCSpec | None, workers: int) -> tuple[Any, Any]:
             tracker_key=rpc.key,
             session_timeout_sec=rpc.session_timeout_s,
         )
-        runner = ms.runner.RPCRunner(config, max_workers=1)
+        runner = ms.runner.RPCRunner(
+            config, max_workers=1, f_alloc_argument=_RPC_ALLOC_FUNC, initializer=_register_alloc_funcs
+        )
     return builder, runner
 
 
@@ -131,6 +169,10 @@ def _hand_schedule(sch: Any) -> None:
     for rule in SCHEDULES.values():
         if rule(sch):
             return
+
+
+def _written_scheduled(func: Any) -> bool:
+    return bool(func.attrs is not None and func.attrs.get("tirx.is_scheduled", False))
 
 
 def _is_ours(task: Any) -> bool:
@@ -223,7 +265,11 @@ def tune(
     spec = dict(target or host_target())
     tgt = make_target(spec)
     lowered = lower(mod)
-    extracted = ms.relax_integration.extract_tasks(lowered, tgt)
+    # Written-scheduled kernels (SoftmaxTopK's block maxima and selection: attr tirx.is_scheduled) have
+    # nothing to tune: their loops are the schedule, and the schedule primitives refuse them.
+    extracted = [
+        t for t in ms.relax_integration.extract_tasks(lowered, tgt) if not _written_scheduled(t.dispatched[0]["main"])
+    ]
     if only:
         extracted = [t for t in extracted if any(s in t.task_name for s in only)]
     if not extracted:

@@ -373,6 +373,22 @@ def test_tuning_measures_the_hand_schedule_first(tmp_path):
     np.testing.assert_allclose(sess.run({"X": x})[0], want / want.sum(1, keepdims=True), rtol=1e-5)
 
 
+def test_tuning_measures_kernels_that_gather_at_indices(tmp_path):
+    """SoftmaxTopK's values kernel reads x at the selection's indices: the runner's arguments must
+    keep them in range (integers zero-filled: random ones crashed every measurement), and its
+    written-scheduled kernels are not tasks at all."""
+    from softdeploy.ops import REGISTRY
+    from softdeploy.ops._schema import Sample
+    from softdeploy.tvm.tuning import tune
+
+    op = REGISTRY["SoftmaxTopK"]
+    x = np.random.default_rng(0).standard_normal((4, 1024)).astype(np.float32)
+    mod = import_model(prepare(op.make_model(Sample("rows", (x,), {"k": 5})), {"X": [4, 1024]}))
+    report = tune(mod, tmp_path / "db", trials=2, only=["softmax_topk_values"])
+    (task,) = report.tasks
+    assert task.name == "softmax_topk_values" and task.trials >= 1 and task.best_us is not None
+
+
 def test_zero_successful_trials_is_an_error(tmp_path):
     from softdeploy.tvm.rpc import _free_port
     from softdeploy.tvm.tuning import RPCSpec, tune

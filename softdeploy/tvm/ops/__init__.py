@@ -51,6 +51,8 @@ def apply_schedules(func: Any) -> Any | None:
     neighbours the fusion pass put into the same kernel), or None."""
     from tvm.s_tir import Schedule
 
+    if func.attrs is not None and func.attrs.get("tirx.is_scheduled", False):  # written scheduled already
+        return None
     for rule in SCHEDULES.values():
         sch = Schedule(func)
         inline_neighbours(sch)

@@ -23,8 +23,9 @@ class BuildReport:
     target: dict[str, Any]
     tuned: bool
     databases: list[str]
-    tasks: int = 0  # PrimFuncs in the lowered module
+    tasks: int = 0  # PrimFuncs in the lowered module that take a schedule (written-scheduled ones aside)
     from_database: int = 0  # of those, scheduled from a tuning record
+    written: int = 0  # PrimFuncs written scheduled (SoftmaxTopK's block maxima and selection): no record applies
     names_untuned: list[str] = dataclasses.field(default_factory=list)
     # every kernel reads its parameters at any element-aligned address (_element_aligned_params), so a
     # session can pass numpy inputs in place instead of copying them to 64-byte-aligned memory
@@ -36,6 +37,7 @@ class BuildReport:
         return (
             f"tuned build for {self.target}: {self.from_database}/{self.tasks} kernels from tuning records "
             f"({', '.join(self.databases) or 'no database'}); dlight defaults for the rest"
+            + (f"; {self.written} written scheduled" if self.written else "")
         )
 
 
@@ -178,13 +180,18 @@ def build(
     mod = lower(mod)
     dbs = [open_database(p) for p in folders]
     report = BuildReport(spec, True, [str(p) for p in folders])
+    written = {gv.name_hint for gv, f in mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc) and _is_scheduled(f)}
     with tgt, tvm.transform.PassContext(opt_level=3):
         if dbs:
             union = dbs[0] if len(dbs) == 1 else ms.database.UnionDatabase(*dbs)
             with union:
                 mod = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(mod)
-        prims = {gv.name_hint: f for gv, f in mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc)}
-        report.tasks = len(prims)
+        prims = {
+            gv.name_hint: f
+            for gv, f in mod.functions.items()
+            if isinstance(f, tvm.tirx.PrimFunc) and gv.name_hint not in written
+        }
+        report.tasks, report.written = len(prims), len(written)
         report.from_database = sum(_is_scheduled(f) for f in prims.values())
         report.names_untuned = sorted(n for n, f in prims.items() if not _is_scheduled(f))
         mod = _default_schedules(mod, tgt)

@@ -109,3 +109,15 @@ def test_written_scheduled_kernels_are_left_to_themselves():
     for func in (softmax_topk.block_max([4, 1000], "float32"), softmax_topk.select_top_k([4, 1000], 5, "float32")):
         assert _written_scheduled(func)
         assert apply_schedules(func) is None
+
+
+def test_shipped_records_schedule_the_tunable_kernels_at_the_benchmark_shape():
+    """At bench/tvm_ops.py's shape the sums and values kernels come from softdeploy/tvm/records (a
+    change to their TIR needs a retune), and the build report counts the two written-scheduled
+    kernels apart."""
+    op = REGISTRY["SoftmaxTopK"]
+    x = np.random.default_rng(0).standard_normal((4, 32000)).astype(np.float32)
+    sample = Sample("vocab", inputs=[x], attrs={"k": 5})
+    report = TVMSession(op.make_model(sample), shapes={"X": [4, 32000]}).report
+    assert (report.written, report.tasks, report.from_database) == (2, 2, 2), report.summary()
+    assert "2 written scheduled" in report.summary()

@@ -273,6 +273,9 @@ def select_top_k(shape: list[int], k: int, dtype: str) -> Any:
     def key_of(v: Any) -> Any:  # the ranking key of a float32 element, NaN above all
         return T.Select(T.isnan(v), _INT32_MAX, _ordered_bits(v))
 
+    def ranks_below(key_a: Any, index_a: Any, key_b: Any, index_b: Any) -> Any:  # a after b in the top
+        return T.Or(key_a < key_b, T.And(key_a == key_b, index_a > index_b))
+
     @T.macro
     def swap(heap_key: Any, heap_index: Any, tmp: Any, a: Any, b: Any) -> None:
         tmp[0] = heap_key[a]
@@ -287,14 +290,11 @@ def select_top_k(shape: list[int], k: int, dtype: str) -> Any:
         # restores the heap below at[0]: the worse child moves up while it ranks below the entry
         at[1] = 2 * at[0] + 1
         while at[1] < size:
-            if at[1] + 1 < size and (
-                heap_key[at[1] + 1] < heap_key[at[1]]
-                or (heap_key[at[1] + 1] == heap_key[at[1]] and heap_index[at[1] + 1] > heap_index[at[1]])
+            if at[1] + 1 < size and ranks_below(
+                heap_key[at[1] + 1], heap_index[at[1] + 1], heap_key[at[1]], heap_index[at[1]]
             ):
                 at[1] = at[1] + 1
-            if heap_key[at[1]] < heap_key[at[0]] or (
-                heap_key[at[1]] == heap_key[at[0]] and heap_index[at[1]] > heap_index[at[0]]
-            ):
+            if ranks_below(heap_key[at[1]], heap_index[at[1]], heap_key[at[0]], heap_index[at[0]]):
                 swap(heap_key, heap_index, tmp, at[0], at[1])
                 at[0] = at[1]
                 at[1] = 2 * at[0] + 1
@@ -313,7 +313,7 @@ def select_top_k(shape: list[int], k: int, dtype: str) -> Any:
                 for i in range(k // 2):
                     at[0] = k // 2 - 1 - i
                     sift_down(heap_key, heap_index, tmp, at, k)
-        elif key > heap_key[0] or (key == heap_key[0] and index < heap_index[0]):
+        elif ranks_below(heap_key[0], heap_index[0], key, index):
             heap_key[0] = key
             heap_index[0] = index
             at[0] = 0

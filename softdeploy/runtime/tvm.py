@@ -63,10 +63,11 @@ class _Signature:
 
 
 def set_threads(n: int) -> None:
-    """TVM's runtime thread pool (process-wide) to ``n`` threads."""
-    import tvm
+    """TVM's runtime thread pool (process-wide) to ``n`` threads (at most the pool's size:
+    TVM_NUM_THREADS, which ``import_tvm`` sets to the physical cores unless the user did)."""
+    from softdeploy.tvm.target import import_tvm
 
-    tvm.get_global_func("runtime.config_threadpool")(0, int(n))
+    import_tvm().get_global_func("runtime.config_threadpool")(0, int(n))
 
 
 class TVMSession:
@@ -104,8 +105,9 @@ class TVMSession:
     @classmethod
     def load(cls, path: str | os.PathLike, *, threads: int | None = None, rpc: Any = None) -> TVMSession:
         """A session from :meth:`save`'s library and its ``.json`` signature beside it."""
-        import tvm
+        from softdeploy.tvm.target import import_tvm
 
+        tvm = import_tvm()
         self = cls.__new__(cls)
         path = Path(path)
         self._signature = _Signature.from_json(path.with_suffix(".json").read_text())

@@ -458,3 +458,22 @@ def test_import_softdeploy_does_not_import_tvm():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
+
+
+@pytest.mark.parametrize(
+    ("env", "want"),
+    [({}, "physical cores"), ({"TVM_NUM_THREADS": "3"}, "3"), ({"OMP_NUM_THREADS": "1"}, None)],
+)
+def test_tvm_thread_pool_is_sized_unless_the_user_sized_it(env, want):
+    """Left to TVM's default the pool ran every kernel ~1.8x slower here; import_tvm sizes it to the
+    physical cores, but never over the user's TVM_NUM_THREADS or OMP_NUM_THREADS (which TVM also reads)."""
+    import os
+
+    from softdeploy.tvm.target import physical_cores
+
+    base = {k: v for k, v in os.environ.items() if k not in ("TVM_NUM_THREADS", "OMP_NUM_THREADS")}
+    code = "import os; from softdeploy.tvm.target import import_tvm; import_tvm(); print(os.environ.get('TVM_NUM_THREADS'))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env={**base, **env})
+    assert out.returncode == 0, out.stderr
+    expected = str(physical_cores()) if want == "physical cores" else str(want)
+    assert out.stdout.strip() == expected

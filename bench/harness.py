@@ -24,11 +24,13 @@ from contextlib import contextmanager
 # the workers of the runtime that ran last keep a core busy while the next one runs: on a 2-core machine that made
 # 2-thread timings of interleaved peers up to 4x worse than alone (ORT MatMul 512^3: 1.4 ms alone, 5.6 ms interleaved
 # with torch.mm). So spinning is off unless PERF_SPIN=1: OMP_WAIT_POLICY=PASSIVE, OpenBLAS threads sleep at once, and
-# ORT sessions get session.intra_op.allow_spinning=0. This module must be imported BEFORE numpy / torch.
+# ORT sessions get session.intra_op.allow_spinning=0, TVM's pool TVM_THREAD_POOL_SPIN_COUNT=0. This module must be
+# imported BEFORE numpy / torch.
 SPIN = os.environ.get("PERF_SPIN", "0") == "1"
 if not SPIN:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
+    os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", "0")  # TVM's workers spin 300000 rounds by default
 
 # ---------------------------------------------------------------------------------------------------------------------
 # argument helpers

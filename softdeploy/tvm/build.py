@@ -107,6 +107,31 @@ def _default_schedules(mod: Any, target: Any) -> Any:
     return mod
 
 
+# A parallel loop wakes the pool's workers on every call; when they do not spin (the benchmarks'
+# policy, as for onnxruntime's pool in softdeploy's sessions) that costs ~10 us here, more than a small
+# kernel takes: SoftmaxTopK 4 x 32000 at 2 threads took 86 us with its four kernels parallel, 40 us
+# serial. As the C++ kernels (ops/common/kernel.h, NumTasks: >= 65536 entries per task), a kernel keeps
+# its parallel loops only when its largest buffer holds two such tasks.
+PARALLEL_MIN_ELEMENTS = 2 * 65536
+
+
+def _largest_buffer(func: Any) -> int:
+    """Elements of the largest parameter buffer of a PrimFunc (a dynamic shape counts as large)."""
+    tvm = import_tvm()
+    largest = 0
+    for param in func.params:
+        shape = getattr(param.ty, "shape", None)
+        if shape is None:  # a scalar parameter
+            continue
+        if not all(isinstance(d, tvm.tirx.IntImm) for d in shape):
+            return PARALLEL_MIN_ELEMENTS
+        n = 1
+        for d in shape:
+            n *= int(d)
+        largest = max(largest, n)
+    return largest
+
+
 def _element_aligned_params(mod: Any) -> tuple[Any, bool]:
     """Every PrimFunc of ``mod`` with its parameter buffers declared aligned to their element size
     instead of TVM's 64 bytes, and whether that held for all of them.
@@ -117,14 +142,16 @@ def _element_aligned_params(mod: Any) -> tuple[Any, bool]:
     LLVM emits unaligned loads, which cost the same on aligned data on x86-64 (measured:
     TwoPassSoftmax 4 x 32000, 42.8 us aligned, 43.5 us at +4 bytes). TVM 0.27 has no option or
     public constructor for this, so the signature is rewritten in TVMScript and parsed back; a kernel
-    whose round trip fails (or does not show the new alignment) keeps 64 and the result says False."""
+    whose round trip fails (or does not show the new alignment) keeps 64 and the result says False.
+    The same round trip makes a small kernel's parallel loops serial (:data:`PARALLEL_MIN_ELEMENTS`)."""
     tvm = import_tvm()
     ok = True
     for gv, func in list(mod.functions.items()):
         if not isinstance(func, tvm.tirx.PrimFunc):
             continue
+        serial = _largest_buffer(func) < PARALLEL_MIN_ELEMENTS
         try:
-            rewritten = _parse_with_element_alignment(func)
+            rewritten = _parse_with_element_alignment(func, serial=serial)
         except Exception:  # TVMScript that does not parse back: leave the kernel as it was
             rewritten = None
         if rewritten is None:
@@ -134,9 +161,13 @@ def _element_aligned_params(mod: Any) -> tuple[Any, bool]:
     return mod, ok
 
 
-def _parse_with_element_alignment(func: Any) -> Any | None:
+def _parse_with_element_alignment(func: Any, *, serial: bool = False) -> Any | None:
+    """The round trip of :func:`_element_aligned_params`; ``serial``: its parallel loops made serial
+    too (:data:`PARALLEL_MIN_ELEMENTS`)."""
     tvm = import_tvm()
     head, sep, body = func.script().partition("):\n")  # the signature ends at the first "):" line end
+    if serial:
+        body = body.replace("T.parallel(", "T.serial(")
     out, pos = [], 0
     while (start := head.find("T.Buffer(", pos)) >= 0:
         depth, end = 0, start + len("T.Buffer")

@@ -121,3 +121,15 @@ def test_shipped_records_schedule_the_tunable_kernels_at_the_benchmark_shape():
     report = TVMSession(op.make_model(sample), shapes={"X": [4, 32000]}).report
     assert (report.written, report.tasks, report.from_database) == (2, 2, 2), report.summary()
     assert "2 written scheduled" in report.summary()
+
+
+def test_small_kernels_keep_no_parallel_loop():
+    """A kernel whose largest buffer holds fewer than two of the C++ kernels' tasks (65536 entries each)
+    runs serial loops: waking the pool's workers cost more than it saved (build.PARALLEL_MIN_ELEMENTS)."""
+    from softdeploy.tvm.build import PARALLEL_MIN_ELEMENTS, _largest_buffer, _parse_with_element_alignment
+
+    small = softmax_topk.select_top_k([4, 32000], 5, "float32")
+    large = softmax_topk.select_top_k([64, 32000], 5, "float32")
+    assert _largest_buffer(small) < PARALLEL_MIN_ELEMENTS <= _largest_buffer(large)
+    assert "T.parallel" not in _parse_with_element_alignment(small, serial=True).script()
+    assert "T.parallel" in _parse_with_element_alignment(large).script()

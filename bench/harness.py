@@ -231,6 +231,8 @@ def header(title: str) -> None:
             "OMP_WAIT_POLICY",
             "OPENBLAS_THREAD_TIMEOUT",
             "PERF_SPIN",
+            "TVM_NUM_THREADS",
+            "TVM_THREAD_POOL_SPIN_COUNT",
         )
         if k in os.environ
     }

@@ -147,8 +147,8 @@ def check(peers) -> list[str]:
         p, i = np.asarray(out[0]), np.asarray(out[1])
         if not np.allclose(p, ref_p, rtol=1e-4, atol=1e-7):
             bad.append(f"{name}: probs differ (max abs {np.abs(p - ref_p).max():.2e})")
-        elif (i != ref_i)[ref_p > 0].mean() > 0.01:  # (zero probabilities: -inf ties, in any order)
-            bad.append(f"{name}: {(i != ref_i)[ref_p > 0].mean():.1%} indices differ")
+        elif (differ := (i != ref_i)[ref_p > 0].mean()) > 0.01:  # (probability 0: -inf ties, any order)
+            bad.append(f"{name}: {differ:.1%} indices differ")
     return bad
 
 

@@ -243,7 +243,7 @@ class TVMSession:
         something else: a model constant or other state of the VM (an output that is not fresh:
         :meth:`_fresh_outputs`), an input (an identity or a view of one: the caller's array, or a
         staging buffer that the next call overwrites) or an earlier output of the same call."""
-        fresh = self._fresh if self._fresh is not None else self._fresh_outputs(values)
+        fresh = self._fresh_outputs(values)
         arrays = []
         for value, is_fresh in zip(values, fresh, strict=True):
             view, start = _view_out(value), value.data_ptr()  # (data_ptr: 0.03 us, ndarray.ctypes: 1 us)

@@ -75,7 +75,7 @@ def lower(mod: Any) -> Any:
     return relax.get_pipeline("zero")(mod)
 
 
-def _is_scheduled(func: Any) -> bool:
+def is_scheduled(func: Any) -> bool:
     """Set by MetaScheduleApplyDatabase and dlight ("tirx.is_scheduled" in 0.27, "tir." before)."""
     attrs = func.attrs or {}
     return any(k in attrs and bool(attrs[k]) for k in ("tirx.is_scheduled", "tir.is_scheduled"))
@@ -93,7 +93,7 @@ def _default_schedules(mod: Any, target: Any) -> Any:
 
     rules = dl.ApplyDefaultSchedule(dl.cpu.GEMV(), dl.cpu.Reduction())
     for gv, func in list(mod.functions.items()):
-        if not isinstance(func, tvm.tirx.PrimFunc) or _is_scheduled(func):
+        if not isinstance(func, tvm.tirx.PrimFunc) or is_scheduled(func):
             continue
         ours = apply_schedules(func)
         if ours is not None:
@@ -211,7 +211,7 @@ def build(
     mod = lower(mod)
     dbs = [open_database(p) for p in folders]
     report = BuildReport(spec, True, [str(p) for p in folders])
-    written = {gv.name_hint for gv, f in mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc) and _is_scheduled(f)}
+    written = {gv.name_hint for gv, f in mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc) and is_scheduled(f)}
     with tgt, tvm.transform.PassContext(opt_level=3):
         if dbs:
             union = dbs[0] if len(dbs) == 1 else ms.database.UnionDatabase(*dbs)
@@ -223,8 +223,8 @@ def build(
             if isinstance(f, tvm.tirx.PrimFunc) and gv.name_hint not in written
         }
         report.tasks, report.written = len(prims), len(written)
-        report.from_database = sum(_is_scheduled(f) for f in prims.values())
-        report.names_untuned = sorted(n for n, f in prims.items() if not _is_scheduled(f))
+        report.from_database = sum(is_scheduled(f) for f in prims.values())
+        report.names_untuned = sorted(n for n, f in prims.items() if not is_scheduled(f))
         mod = _default_schedules(mod, tgt)
         mod, report.any_alignment = _element_aligned_params(mod)
     return tvm.compile(mod, target=tgt), report

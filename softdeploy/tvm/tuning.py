@@ -171,10 +171,6 @@ def _hand_schedule(sch: Any) -> None:
             return
 
 
-def _written_scheduled(func: Any) -> bool:
-    return bool(func.attrs is not None and func.attrs.get("tirx.is_scheduled", False))
-
-
 def _is_ours(task: Any) -> bool:
     """The task is a kernel of one of our ops (a hand schedule applies to it)."""
     from softdeploy.tvm.ops import apply_schedules
@@ -257,7 +253,7 @@ def tune(
     import_tvm()
     import tvm.s_tir.meta_schedule as ms
 
-    from softdeploy.tvm.build import lower, open_database
+    from softdeploy.tvm.build import is_scheduled, lower, open_database
     from softdeploy.tvm.target import host_target
 
     if trials <= 0:
@@ -268,7 +264,7 @@ def tune(
     # Written-scheduled kernels (SoftmaxTopK's block maxima and selection: attr tirx.is_scheduled) have
     # nothing to tune: their loops are the schedule, and the schedule primitives refuse them.
     extracted = [
-        t for t in ms.relax_integration.extract_tasks(lowered, tgt) if not _written_scheduled(t.dispatched[0]["main"])
+        t for t in ms.relax_integration.extract_tasks(lowered, tgt) if not is_scheduled(t.dispatched[0]["main"])
     ]
     if only:
         extracted = [t for t in extracted if any(s in t.task_name for s in only)]

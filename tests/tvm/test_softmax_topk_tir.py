@@ -102,12 +102,12 @@ def test_selection_on_ties_negative_nan_and_rows_without_a_floor(k, n):
 
 def test_written_scheduled_kernels_are_left_to_themselves():
     """The block maxima and the selection carry their own loops (attr tirx.is_scheduled): no hand
-    schedule rule applies to them, and tuning leaves them out (tuning._written_scheduled)."""
+    schedule rule applies to them, and tuning leaves them out (build.is_scheduled)."""
+    from softdeploy.tvm.build import is_scheduled
     from softdeploy.tvm.ops import apply_schedules
-    from softdeploy.tvm.tuning import _written_scheduled
 
     for func in (softmax_topk.block_max([4, 1000], "float32"), softmax_topk.select_top_k([4, 1000], 5, "float32")):
-        assert _written_scheduled(func)
+        assert is_scheduled(func)
         assert apply_schedules(func) is None
 
 

@@ -51,7 +51,9 @@ def apply_schedules(func: Any) -> Any | None:
     neighbours the fusion pass put into the same kernel), or None."""
     from tvm.s_tir import Schedule
 
-    if func.attrs is not None and func.attrs.get("tirx.is_scheduled", False):  # written scheduled already
+    from softdeploy.tvm.build import is_scheduled
+
+    if is_scheduled(func):  # written scheduled already (SoftmaxTopK's block maxima and selection)
         return None
     for rule in SCHEDULES.values():
         sch = Schedule(func)

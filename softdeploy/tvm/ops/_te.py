@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 from tvm import te, tirx
 
-_LOG2E = 1.44269504088896341
+LOG2E = 1.44269504088896341
 # ln2 split for Cody-Waite range reduction (Cephes): n * LN2_HI is exact for |n| < 2^15
 LN2_HI = 0.693359375
 LN2_LO = -2.12194440e-4
@@ -76,7 +76,7 @@ def exp_f32(x: Any) -> Any:
 
 def round_log2(xc: Any) -> Any:
     """n = round(xc * log2(e)), as a float (xc is already clamped to the float range)."""
-    return tirx.floor(xc * f32(_LOG2E) + f32(0.5))
+    return tirx.floor(xc * f32(LOG2E) + f32(0.5))
 
 
 def pow2_f32(n: Any) -> Any:

@@ -36,6 +36,7 @@ from tvm.script import tirx as T
 from softdeploy.ops import softmax_topk as op
 from softdeploy.tvm.ops._te import (
     LANES,
+    LOG2E,
     REDUCTION,
     SCALAR,
     as_f32,
@@ -52,18 +53,12 @@ from softdeploy.tvm.ops._te import (
 )
 
 _INT32_MAX = 2147483647
-_LOG2E = 1.4426950408889634
 
 
 def rank_key(x: te.Tensor) -> te.Tensor:
     """int32 keys whose order is the ranking rule's (see the module docstring)."""
     xf = as_f32(x)
-
-    def key(*i: Any) -> Any:
-        v = xf(*i)
-        return tirx.Select(not_nan(v), _ordered_bits(v), tirx.const(_INT32_MAX, "int32"))
-
-    return te.compute(x.shape, key, name="rank_key")
+    return te.compute(x.shape, lambda *i: _ranking_key(xf(*i)), name="rank_key")
 
 
 STAGES = [("d", REDUCTION), ("row_shift", SCALAR)]  # the sums kernel's per-row stages (schedule_rows)
@@ -86,7 +81,7 @@ def row_sums(x: te.Tensor, indices: te.Tensor, axis: int, temperature: float) ->
     against the 2e-6 tolerance. Lane-split (``_te.lane_reduce``), vectorised by :func:`schedule`."""
     shape = list(x.shape)
     xf = as_f32(x)
-    s = f32(_LOG2E / float(temperature))
+    s = f32(LOG2E / float(temperature))
 
     def row_shift(*r: Any) -> Any:
         top = _top(xf, indices, axis, r)
@@ -135,7 +130,23 @@ def values_and_lse(x: te.Tensor, indices: te.Tensor, sums: te.Tensor, axis: int,
 
 
 BLOCK = 256  # elements per block of the selection's pre-filter: LANES lanes x 16 vectors
-GROUP = 8  # blocks per group: the floor's first level (the last group may repeat the last block)
+GROUP = 8  # blocks per group: the floor's first level (the last group may hold fewer)
+
+
+def _row_layout(shape: list[int]) -> tuple[int, int, int, int]:
+    """(rows, n, blocks, groups) of the last-axis kernels: the rows flattened, BLOCK-element blocks,
+    GROUP-block groups (the tail past the last whole block belongs to neither)."""
+    rows = 1
+    for d in shape[:-1]:
+        rows *= d
+    blocks = shape[-1] // BLOCK
+    return rows, shape[-1], blocks, -(-blocks // GROUP)
+
+
+def _maxima_shapes(shape: list[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The shapes of :func:`block_max`'s two outputs: lane maxima per block, and per group."""
+    _, _, blocks, groups = _row_layout(shape)
+    return (*shape[:-1], blocks, LANES), (*shape[:-1], groups, LANES)
 
 
 _INF_BITS = 0x7F800000  # bits of +inf: the key of +inf, and of NaN in the block maxima
@@ -166,12 +177,8 @@ def block_max(shape: list[int], dtype: str) -> Any:
 
     A lane holding a NaN or +inf gets the key of +inf (a lower bound of its top key), so the selection
     never skips it. Elements past the last whole block (the tail) are in neither."""
-    n, rows = shape[-1], 1
-    for d in shape[:-1]:
-        rows *= d
-    blocks = n // BLOCK
-    groups = -(-blocks // GROUP)
-    x_shape, max_shape, group_shape = tuple(shape), (*shape[:-1], blocks, LANES), (*shape[:-1], groups, LANES)
+    rows, n, blocks, groups = _row_layout(shape)
+    x_shape, (max_shape, group_shape) = tuple(shape), _maxima_shapes(shape)
 
     def bits(v: Any) -> Any:
         return T.reinterpret("int32", T.Cast("float32", v))
@@ -217,6 +224,11 @@ def block_max(shape: list[int], dtype: str) -> Any:
     return softmax_topk_block_max
 
 
+def _ranking_key(v: Any) -> Any:
+    """The int32 ranking key of a float32 expression: :func:`_ordered_bits`, NaN above all."""
+    return tirx.Select(not_nan(v), _ordered_bits(v), tirx.const(_INT32_MAX, "int32"))
+
+
 def _ordered_bits(v: Any) -> Any:
     """The int32 ranking key of a float32 expression that is not NaN: its bits, negatives with the
     magnitude bits flipped (a larger magnitude, a smaller key); -0 as +0."""
@@ -248,13 +260,9 @@ def select_top_k(shape: list[int], k: int, dtype: str) -> Any:
     passing lane. (A second floor, the k-th largest lane maximum, was measured: it offered 4% fewer
     elements and cost 6 us more at k = 50: 17 -> 12 us without it.) Adversarial maxima make it read at
     most GROUP x k lanes."""
-    n, rows = shape[-1], 1
-    for d in shape[:-1]:
-        rows *= d
-    blocks = n // BLOCK
-    groups = -(-blocks // GROUP)
+    rows, n, blocks, groups = _row_layout(shape)
     x_shape, out_shape = tuple(shape), (*shape[:-1], k)
-    max_shape, group_shape = (*shape[:-1], blocks, LANES), (*shape[:-1], groups, LANES)
+    max_shape, group_shape = _maxima_shapes(shape)
     # below every key (the key of -inf is -2139095041); not INT32_MIN, whose compares TVM 0.27
     # miscompiles (always false)
     sentinel = -2147483647
@@ -270,8 +278,8 @@ def select_top_k(shape: list[int], k: int, dtype: str) -> Any:
     def lane_of(i: Any, g: Any) -> Any:  # lane i % LANES of that block, in lane_key's row
         return block_of(i, g) * LANES + i % LANES
 
-    def key_of(v: Any) -> Any:  # the ranking key of a float32 element, NaN above all
-        return T.Select(T.isnan(v), _INT32_MAX, _ordered_bits(v))
+    def element_of(i: Any, g: Any, q: Any) -> Any:  # the q-th element of that lane, in x's row
+        return block_of(i, g) * BLOCK + q * LANES + i % LANES
 
     def ranks_below(key_a: Any, index_a: Any, key_b: Any, index_b: Any) -> Any:  # a after b in the top
         return T.Or(key_a < key_b, T.And(key_a == key_b, index_a > index_b))
@@ -342,7 +350,7 @@ def select_top_k(shape: list[int], k: int, dtype: str) -> Any:
                     tmp = T.alloc_buffer((2,), "int32")  # a swap's saved entry
                     at = T.alloc_buffer((4,), "int32")  # sift-down position and child; entries held; scan position
                     floor = T.alloc_buffer((1,), "int32")
-                    value = T.alloc_buffer((2,), "float32")  # floor 2 as a float; the element
+                    value = T.alloc_buffer((2,), "float32")  # the floor as a float; the element
                     at[2] = 0  # empty
                     for i in range(groups * LANES):
                         offer(heap_key, heap_index, tmp, at, group_key[r, i], i)
@@ -357,22 +365,14 @@ def select_top_k(shape: list[int], k: int, dtype: str) -> Any:
                                 if block_of(i, g) < blocks:
                                     if lane_key[r, lane_of(i, g)] >= floor[0]:
                                         for q in range(BLOCK // LANES):
-                                            value[1] = T.Cast(
-                                                "float32", x[r, block_of(i, g) * BLOCK + q * LANES + i % LANES]
-                                            )
+                                            value[1] = T.Cast("float32", x[r, element_of(i, g, q)])
                                             if value[1] >= value[0] or T.isnan(value[1]):
-                                                offer(
-                                                    heap_key,
-                                                    heap_index,
-                                                    tmp,
-                                                    at,
-                                                    key_of(value[1]),
-                                                    block_of(i, g) * BLOCK + q * LANES + i % LANES,
-                                                )
+                                                key = _ranking_key(value[1])
+                                                offer(heap_key, heap_index, tmp, at, key, element_of(i, g, q))
                     for j in range(blocks * BLOCK, n):  # the tail
                         value[1] = T.Cast("float32", x[r, j])
                         if value[1] >= value[0] or T.isnan(value[1]):
-                            offer(heap_key, heap_index, tmp, at, key_of(value[1]), j)
+                            offer(heap_key, heap_index, tmp, at, _ranking_key(value[1]), j)
                     # Fewer than k above -inf (a masked row): the first -inf entries by index complete
                     # the k, scanned only while one can still enter (an O(n) offer of every -inf tie
                     # out of index order cost ~80 us per 32000 entries).
@@ -397,11 +397,8 @@ def convert(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
     axis = op.validate(shape_proxy(x), k, int(attrs["axis"]), temperature)
     shape = [int(d) for d in x.ty.shape]
     if axis == len(shape) - 1:  # rows along the contiguous axis: the one-scan selection
-        blocks, dtype = shape[-1] // BLOCK, str(x.ty.dtype)
-        maxima_type = [
-            relax.TensorType([*shape[:-1], blocks, LANES], "int32"),
-            relax.TensorType([*shape[:-1], -(-blocks // GROUP), LANES], "int32"),
-        ]
+        dtype = str(x.ty.dtype)
+        maxima_type = [relax.TensorType(list(s), "int32") for s in _maxima_shapes(shape)]
         func = bb.add_func(block_max(shape, dtype), "softmax_topk_block_max")
         maxima = bb.emit(relax.call_tir(func, relax.Tuple([x]), maxima_type))
         lanes, groups = (bb.emit(relax.TupleGetItem(maxima, i)) for i in range(2))

@@ -29,7 +29,6 @@ from harness import (
     header,
     int_list,
     md_table,
-    ort_session,
     quiet_bench,
     stream_yardsticks,
     sync_print,
@@ -114,7 +113,10 @@ def make_peers(x_np: np.ndarray, k: int, nt: int, models: dict):
     import torch
 
     xt = torch.from_numpy(x_np)
-    sess = {name: ort_session(mb, nt) for name, mb in models.items()}
+    from softdeploy.runtime import Session
+
+    # every onnxruntime contender through the same call path as ours (softdeploy.runtime.Session.run)
+    sess = {name: Session(mb, kernels="portable", threads=nt) for name, mb in models.items()}
     ours = ours_session(x_np, k, nt, None)
     ours_avx2 = ours_session(x_np, k, nt, "avx2")
     feeds = {"X": x_np}
@@ -126,14 +128,14 @@ def make_peers(x_np: np.ndarray, k: int, nt: int, models: dict):
     return {
         "softdeploy": lambda: ours.run(feeds),
         "softdeploy_avx2": lambda: ours_avx2.run(feeds),
-        "ort_sm_topk": lambda: sess["ort_sm_topk"].run(None, feeds),
-        "ort_topk_lse": lambda: sess["ort_topk_lse"].run(None, feeds),
-        "ort_topk_gather": lambda: sess["ort_topk_gather"].run(None, feeds),
+        "ort_sm_topk": lambda: sess["ort_sm_topk"].run(feeds),
+        "ort_topk_lse": lambda: sess["ort_topk_lse"].run(feeds),
+        "ort_topk_gather": lambda: sess["ort_topk_gather"].run(feeds),
         "torch_sm_topk": lambda: torch.topk(torch.softmax(xt, dim=-1), k, dim=-1),
         "torch_topk_lse": torch_topk_lse,
         "numpy": lambda: numpy_softmax_topk(x_np, k),
         "floor_amax": lambda: torch.amax(xt, dim=-1),
-        "floor_ort_rmax": lambda: sess["floor_ort_rmax"].run(None, feeds),
+        "floor_ort_rmax": lambda: sess["floor_ort_rmax"].run(feeds),
     }
 
 

@@ -1,9 +1,9 @@
 """Running models: the one place that opens onnxruntime sessions (:class:`Session`) and finds the
-native kernel library."""
+native kernel library; :class:`BoundRun` repeats a run on fixed buffers."""
 
 from __future__ import annotations
 
 from softdeploy.runtime.library import library_path, library_status
-from softdeploy.runtime.session import Session
+from softdeploy.runtime.session import BoundRun, Session
 
-__all__ = ["Session", "library_path", "library_status"]
+__all__ = ["BoundRun", "Session", "library_path", "library_status"]

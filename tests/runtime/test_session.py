@@ -86,3 +86,42 @@ def test_concurrent_runs_on_one_session():
     for t in threads:
         t.join()
     assert not errors
+
+
+def test_bound_run_repeats_the_model_on_fixed_buffers():
+    session = Session(_model())
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, 1000)).astype(np.float32)
+    bound = session.bind({"X": x})
+    assert bound.inputs["X"] is not x  # a copy: the caller's array is never written or kept
+    first = bound()
+    np.testing.assert_array_equal(first[0], session.run({"X": x})[0])
+    # new values written in place into the bound input; the outputs are the same arrays, overwritten
+    x2 = rng.standard_normal((3, 1000)).astype(np.float32)
+    bound.inputs["X"][...] = x2
+    second = bound()
+    assert second[0] is first[0]
+    np.testing.assert_array_equal(second[0], session.run({"X": x2})[0])
+
+
+def test_bound_run_errors_are_typed():
+    bad_axis = OP.make_model(Sample("x", (np.zeros((2, 3), np.float32),), {"axis": 2}))
+    with pytest.raises(OpContractError, match=r"^TwoPassSoftmax: axis 2 is out of range"):
+        Session(bad_axis).bind({"X": np.zeros((2, 3), np.float32)})
+
+
+def test_bound_run_refuses_an_output_that_changes_shape():
+    """SoftNMS keeps a data-dependent number of boxes: the bound output cannot take a new count."""
+    from softdeploy import RuntimeFailure
+
+    op = REGISTRY["SoftNMS"]
+    boxes = np.array([[[0, 0, 1, 1], [2, 2, 3, 3], [4, 4, 5, 5]]], np.float32)
+    scores = np.array([[[0.9, 0.8, 0.7]]], np.float32)
+    session = Session(op.make_model(Sample("x", (boxes, scores))))
+    bound = session.bind({"Boxes": boxes, "Scores": scores})
+    assert bound()[0].shape == (3, 3)
+    bound.inputs["Scores"][0, 0, 2] = 0.0  # below the score threshold: two boxes are kept
+    with pytest.raises(
+        RuntimeFailure, match=r"output 'SelectedIndices' has shape \[2,3\] on this call, the bound buffer \[3,3\]"
+    ):
+        bound()

@@ -66,7 +66,7 @@ def test_agrees_with_onnxruntime_softmax_on_large_rows():
 
 def test_long_unaligned_rows_with_special_rows_on_every_isa():
     """17 rows of 250007 (odd, so rows start at every 4-byte offset of a cache line; 244 summation
-    blocks and a ragged last one) on every ISA, next to rows that fall back to the reference loop
+    blocks and a ragged last one; 17 MB, so x is read with the non-temporal hint) on every ISA, next to rows that fall back to the reference loop
     (NaN, all masked), hold masks, or sit at |x| ~ 5e3: the contract's 1e-6 holds for long rows too."""
     rng = np.random.default_rng(11)
     x = (rng.standard_normal((17, 250007)) * 3).astype(np.float32)

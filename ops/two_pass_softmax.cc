@@ -93,13 +93,17 @@ void RowPortable(const float* x, float* y, int64_t n) {
 
 constexpr int64_t kBlock = 1024;  // elements per block of the two-level summation
 
-// Rows of at least this many elements, in tensors of at least kStreamBytes, read x with a non-temporal
-// hint: prefetchnta on each line as the block-max loop first touches it. x is read from DRAM once per
-// block and reread from L1 by the block's exps, never again, while y (written by pass 1, rescaled by
-// pass 2) must survive in L2 until pass 2: the hint keeps x from evicting it there (Zen 4: L2 1 MB; a
-// 128000-entry row is 0.5 MB of x and 0.5 MB of y). onnxruntime, 64 rows, one thread, bound buffers,
-// A/B against the kernel without the hint in alternating processes: 64 x 256000 5.59 vs 5.78 ms (3%);
-// bench/micro/two_pass_softmax_rows.cc, 64 x 128000: 2.52 vs 2.72 ms (8%). A smaller tensor may be
+// AVX-512 rows of at least this many elements, in tensors of at least kStreamBytes, read x with a
+// non-temporal hint: prefetchnta on each line as the block-max loop first touches it. x is read from
+// DRAM once per block and reread from L1 by the block's exps, never again, while y (written by pass 1,
+// rescaled by pass 2) must survive in L2 until pass 2: the hint keeps x from evicting it there (Zen 4:
+// L2 1 MB; a 128000-entry row is 0.5 MB of x and 0.5 MB of y). 64 rows, one thread, each variant in its
+// own process (bench/micro/two_pass_softmax_rows.cc --rows64 <variant>), three alternations in each
+// of two batches: 64 x 128000 3.42-3.81 -> 2.50-2.63 ms and 3.17-3.89 -> 3.04-3.27 ms, 64 x 256000
+// 8.41-8.65 -> 6.48-7.09 ms and 7.29-7.43 -> 6.82-7.12 ms (this shared machine's DRAM bandwidth moves
+// between batches); in onnxruntime with bound buffers 64 x 128000 3.09-3.22 -> 2.63-2.89 ms. The
+// AVX2 variant measured the same with and without it (2.96-3.19 vs 3.06-3.12 ms at 64 x 128000), so
+// it has none. A smaller tensor may be
 // cache-resident on entry, where the hint would send x back to DRAM for its next reader (1 x 128000
 // measured 0-10% slower with it), hence the tensor threshold; rows of 32000 stay in L2 either way.
 constexpr int64_t kNonTemporalMinElements = 65536;
@@ -300,7 +304,6 @@ SD_TARGET_AVX2 inline __m256 ExpRelative(__m256 x, __m256 floor, __m256 nb) {
 }
 
 // Returns false (the caller then takes RowSafe) in the cases RowAvx512 does.
-template <bool kNonTemporalX>
 SD_TARGET_AVX2 bool RowAvx2(const float* x, float* y, int64_t n) {
   const int64_t blocks = (n + kBlock - 1) / kBlock;
   thread_local std::vector<float> block_exponents;  // nb per (block, lane)
@@ -315,7 +318,6 @@ SD_TARGET_AVX2 bool RowAvx2(const float* x, float* y, int64_t n) {
     __m256 bm0 = neg_inf, bm1 = neg_inf;
     int64_t j = j0;
     for (; j + 16 <= j1; j += 16) {
-      if constexpr (kNonTemporalX) HintNonTemporal(x + j);
       const __m256 xa = _mm256_loadu_ps(x + j), xb = _mm256_loadu_ps(x + j + 8);
       bad = _mm256_or_ps(bad, _mm256_cmp_ps(xa, xb, _CMP_UNORD_Q));
       bm0 = _mm256_max_ps(bm0, xa);
@@ -409,8 +411,8 @@ struct TwoPassSoftmaxKernel {
         });
         break;
       case Isa::kAvx2:
-        MapRows<T>(ctx, x.data, y, l, [hint](const float* a, float* b, int64_t n) {
-          if (!(hint ? RowAvx2<true>(a, b, n) : RowAvx2<false>(a, b, n))) RowSafe(a, b, n);
+        MapRows<T>(ctx, x.data, y, l, [](const float* a, float* b, int64_t n) {
+          if (!RowAvx2(a, b, n)) RowSafe(a, b, n);
         });
         break;
       default:

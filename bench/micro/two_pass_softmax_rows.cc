@@ -1,14 +1,17 @@
 // Micro-benchmark of the TwoPassSoftmax row functions without onnxruntime in the loop.
 //   g++ -O3 -march=x86-64-v4 -std=c++17 -DORT_API_MANUAL_INIT -Iops -I$ORT_HEADERS bench/micro/two_pass_softmax_rows.cc \
-//       ops/common/cpu.cc -o /tmp/tps && /tmp/tps
-// 1. One row, minimum time over repetitions (robust on a shared machine; the row stays in cache).
-// 2. 64 rows of 32000 / 128000 / 256000 (8 / 31 / 62 MiB: x from L3 or DRAM) with and without the
-//    non-temporal hint on x (kNonTemporalMinElements), next to a plain AVX-512 copy of the same data;
-//    the variants interleaved, medians of 41 rounds.
+//       ops/common/cpu.cc -o /tmp/tps
+//   /tmp/tps                      one row, minimum over repetitions (the row stays in cache)
+//   /tmp/tps --rows64 VARIANT N   64 rows of N entries (N = 128000: 31 MiB, from DRAM), median of 31
+//                                 rounds; VARIANT: avx512, avx512_hint (the non-temporal hint on x,
+//                                 kNonTemporalMinElements), avx2, copy (a plain AVX-512 copy)
+// Run the --rows64 variants in alternating processes: within one process, what a variant leaves in
+// the caches (x kept or evicted, y dirty) changes the next variant's time by up to 30%.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -32,48 +35,45 @@ static void OneRow() {
       return best;
     };
     double a512 = time([&] { sd::RowAvx512<false>(x.data(), y.data(), n); });
-    double a2 = time([&] { sd::RowAvx2<false>(x.data(), y.data(), n); });
+    double a2 = time([&] { sd::RowAvx2(x.data(), y.data(), n); });
     std::printf("n=%7lld avx512 %.3f ns/elem  avx2 %.3f ns/elem\n", (long long)n, a512 / n * 1e9, a2 / n * 1e9);
   }
 }
 
-static void SixtyFourRows() {
-  for (int64_t n : {32000, 128000, 256000}) {
-    const int64_t rows = 64, total = rows * n;
-    float* x = static_cast<float*>(std::aligned_alloc(64, total * 4));
-    float* y = static_cast<float*>(std::aligned_alloc(64, total * 4));
-    std::mt19937 rng(0);
-    std::normal_distribution<float> dist(0.f, 2.f);
-    for (int64_t i = 0; i < total; ++i) x[i] = dist(rng), y[i] = 0.f;
-    const char* names[] = {"avx512", "avx512 + hint", "avx2", "avx2 + hint", "copy"};
-    std::vector<double> t[5];
-    for (int round = 0; round < 41; ++round) {
-      for (int v = 0; v < 5; ++v) {
-        auto t0 = clk::now();
-        for (int64_t r = 0; r < rows && v < 4; ++r) {
-          const float* a = x + r * n;
-          float* b = y + r * n;
-          if (v == 0) sd::RowAvx512<false>(a, b, n);
-          if (v == 1) sd::RowAvx512<true>(a, b, n);
-          if (v == 2) sd::RowAvx2<false>(a, b, n);
-          if (v == 3) sd::RowAvx2<true>(a, b, n);
-        }
-        if (v == 4)
-          for (int64_t i = 0; i < total; i += 16) _mm512_store_ps(y + i, _mm512_load_ps(x + i));
-        t[v].push_back(std::chrono::duration<double, std::micro>(clk::now() - t0).count());
-      }
+static int SixtyFourRows(const char* variant, int64_t n) {
+  const int64_t rows = 64, total = rows * n;
+  float* x = static_cast<float*>(std::aligned_alloc(64, total * 4));
+  float* y = static_cast<float*>(std::aligned_alloc(64, total * 4));
+  std::mt19937 rng(0);
+  std::normal_distribution<float> dist(0.f, 2.f);
+  for (int64_t i = 0; i < total; ++i) x[i] = dist(rng), y[i] = 0.f;
+  const int v = !std::strcmp(variant, "avx512")        ? 0
+                : !std::strcmp(variant, "avx512_hint") ? 1
+                : !std::strcmp(variant, "avx2")        ? 2
+                : !std::strcmp(variant, "copy")        ? 3
+                                                       : -1;
+  if (v < 0) return std::fprintf(stderr, "unknown variant %s\n", variant), 2;
+  std::vector<double> t;
+  for (int round = 0; round < 31; ++round) {
+    auto t0 = clk::now();
+    for (int64_t r = 0; r < rows && v < 3; ++r) {
+      if (v == 0) sd::RowAvx512<false>(x + r * n, y + r * n, n);
+      if (v == 1) sd::RowAvx512<true>(x + r * n, y + r * n, n);
+      if (v == 2) sd::RowAvx2(x + r * n, y + r * n, n);
     }
-    for (int v = 0; v < 5; ++v) {
-      std::sort(t[v].begin(), t[v].end());
-      std::printf("64x%-7lld %-14s median %8.0f us  (quartiles %.0f - %.0f)\n", (long long)n, names[v], t[v][20],
-                  t[v][10], t[v][30]);
-    }
-    std::free(x);
-    std::free(y);
+    if (v == 3)
+      for (int64_t i = 0; i < total; i += 16) _mm512_store_ps(y + i, _mm512_load_ps(x + i));
+    t.push_back(std::chrono::duration<double, std::micro>(clk::now() - t0).count());
   }
+  std::sort(t.begin(), t.end());
+  std::printf("64x%-7lld %-12s median %8.0f us  (quartiles %.0f - %.0f)\n", (long long)n, variant, t[15], t[7], t[23]);
+  std::free(x);
+  std::free(y);
+  return 0;
 }
 
-int main() {
+int main(int argc, char** argv) {
+  if (argc == 4 && !std::strcmp(argv[1], "--rows64")) return SixtyFourRows(argv[2], std::atoll(argv[3]));
   OneRow();
-  SixtyFourRows();
+  return 0;
 }

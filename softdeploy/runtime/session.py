@@ -120,8 +120,8 @@ class BoundRun:
     calls (same shapes). Each call writes the outputs into ``bound.outputs``, arrays allocated once
     from the shapes of a first run, and returns that list: the next call overwrites it, so copy what
     you keep. What it saves per call is ``run``'s conversion of feeds and results and the allocation
-    of the outputs: a one-node model on a 1 x 1000 input takes ~2.4 us per call instead of ~5.3 us
-    (bench/results/two_pass_softmax.md), and a large output is not allocated again on every call.
+    of the outputs: TwoPassSoftmax on a 1 x 1000 input takes ~2.9 us per call instead of ~4.9 us through
+    ``run`` (bench/results/two_pass_softmax.md), and a large output is not allocated again on every call.
 
     The model's output shapes must depend on the input shapes only (not on the values, as
     SoftNMS's do): a call whose output would change shape raises :class:`RuntimeFailure`.

@@ -23,3 +23,6 @@ const char* IsaName(Isa isa) noexcept;
 
 #define SD_TARGET_AVX2 __attribute__((target("avx2,fma")))
 #define SD_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")))
+// For lambdas in hot loops whose captures must stay in registers (a lambda left out of line makes
+// every variable it captures by reference live in memory across the loop).
+#define SD_INLINE __attribute__((always_inline))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import types
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -116,10 +117,12 @@ class Session:
 class BoundRun:
     """Repeated runs of one onnxruntime session on fixed buffers, through onnxruntime's IO binding.
 
-    ``bound.inputs`` holds copies of the feeds, bound in place: write new values into them between
-    calls (same shapes). Each call writes the outputs into ``bound.outputs``, arrays allocated once
-    from the shapes of a first run, and returns that list: the next call overwrites it, so copy what
-    you keep. What it saves per call is ``run``'s conversion of feeds and results and the allocation
+    ``bound.inputs`` maps each input name to a copy of its feed, bound in place: write new values into
+    those arrays between calls (``bound.inputs["X"][...] = x``; the mapping itself is read-only, since
+    a replaced array would no longer be the bound one). Each call writes the outputs into
+    ``bound.outputs``, arrays allocated once from the shapes of a first run, and returns them in a
+    list: the next call overwrites the arrays, so copy what you keep. One BoundRun serves one thread
+    at a time (its buffers are shared by its calls); bind once per thread for concurrent calls. What it saves per call is ``run``'s conversion of feeds and results and the allocation
     of the outputs: TwoPassSoftmax on a 1 x 1000 input takes ~2.9 us per call instead of ~4.9 us through
     ``run`` (bench/results/two_pass_softmax.md), and a large output is not allocated again on every call.
 
@@ -132,15 +135,16 @@ class BoundRun:
         import onnxruntime as ort
 
         names = list(outputs) if outputs else [o.name for o in ort_session.get_outputs()]
-        self.inputs: dict[str, np.ndarray] = {k: np.array(v, order="C", copy=True) for k, v in feeds.items()}
+        inputs = {k: np.array(v, order="C", copy=True) for k, v in feeds.items()}
         try:
-            first = ort_session.run(names, self.inputs)
+            first = ort_session.run(names, inputs)
         except Exception as e:
             raise _translate(e) from e
-        self.outputs: list[np.ndarray] = [np.empty_like(a) for a in first]
+        self.inputs: Mapping[str, np.ndarray] = types.MappingProxyType(inputs)
+        self.outputs: tuple[np.ndarray, ...] = tuple(np.empty_like(a) for a in first)
         self._binding = ort_session.io_binding()
         # OrtValues over the arrays' own memory (no copy); kept here for as long as the binding uses them.
-        self._values = []
+        self._values: list[Any] = []
         for name, array in self.inputs.items():
             value = ort.OrtValue.ortvalue_from_numpy(array)
             self._binding.bind_ortvalue_input(name, value)
@@ -174,7 +178,7 @@ class BoundRun:
                     "for outputs whose size depends on the values)"
                 ) from e
             raise _translate(e) from e
-        return self.outputs
+        return list(self.outputs)
 
 
 def _translate(e: Exception) -> Exception:

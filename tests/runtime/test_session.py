@@ -102,6 +102,9 @@ def test_bound_run_repeats_the_model_on_fixed_buffers():
     second = bound()
     assert second[0] is first[0]
     np.testing.assert_array_equal(second[0], session.run({"X": x2})[0])
+    # a replaced input array would silently stop being the bound one: the mapping refuses it
+    with pytest.raises(TypeError):
+        bound.inputs["X"] = x2  # type: ignore[index]
 
 
 def test_bound_run_errors_are_typed():

@@ -128,3 +128,16 @@ def test_bound_run_refuses_an_output_that_changes_shape():
         RuntimeFailure, match=r"output 'SelectedIndices' has shape \[2,3\] on this call, the bound buffer \[3,3\]"
     ):
         bound()
+
+
+def test_bound_run_of_a_subset_of_the_outputs():
+    op = REGISTRY["SoftmaxTopK"]
+    x = np.random.default_rng(1).standard_normal((4, 100)).astype(np.float32)
+    session = Session(op.make_model(Sample("x", (x,), {"k": 5}), outputs=3))
+    values, indices, lse = session.run({"X": x})
+    (bound_indices,) = session.bind({"X": x}, outputs=["Indices"])()
+    assert bound_indices.dtype == np.int64
+    np.testing.assert_array_equal(bound_indices, indices)
+    bound_lse, bound_values = session.bind({"X": x}, outputs=["LogSumExp", "Values"])()
+    np.testing.assert_array_equal(bound_lse, lse)
+    np.testing.assert_array_equal(bound_values, values)

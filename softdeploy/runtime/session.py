@@ -82,8 +82,8 @@ class Session:
         self._inputs = frozenset(self.input_names)
         self._outputs = self.output_names
         # The C++ session behind onnxruntime's Python wrapper: a call that feeds exactly the model's
-        # inputs goes to it directly, skipping the wrapper's per-call checks (~1.7 us of a 6 us call
-        # on a 1 x 1000 model). Any other feed takes the wrapper, for its error messages.
+        # inputs goes to it directly, skipping the wrapper's per-call checks (~1 us of a 5.7 us call on
+        # a 1 x 1000 model). Any other feed takes the wrapper, for its error messages.
         inner = getattr(self._sess, "_sess", None)
         self._run_direct = inner.run if hasattr(inner, "run") else None
 
@@ -122,9 +122,11 @@ class BoundRun:
     a replaced array would no longer be the bound one). Each call writes the outputs into
     ``bound.outputs``, arrays allocated once from the shapes of a first run, and returns them in a
     list: the next call overwrites the arrays, so copy what you keep. One BoundRun serves one thread
-    at a time (its buffers are shared by its calls); bind once per thread for concurrent calls. What it saves per call is ``run``'s conversion of feeds and results and the allocation
-    of the outputs: TwoPassSoftmax on a 1 x 1000 input takes ~2.9 us per call instead of ~4.9 us through
-    ``run`` (bench/results/two_pass_softmax.md), and a large output is not allocated again on every call.
+    at a time (its buffers are shared by its calls); bind once per thread for concurrent calls.
+
+    What it saves per call is ``run``'s conversion of feeds and results and the allocation of the
+    outputs: TwoPassSoftmax on a 1 x 1000 input takes ~2.9 us per call instead of ~4.9 us through
+    ``run`` (bench/results/two_pass_softmax.md), and a large output is not allocated again per call.
 
     The model's output shapes must depend on the input shapes only (not on the values, as
     SoftNMS's do): a call whose output would change shape raises :class:`RuntimeFailure`.

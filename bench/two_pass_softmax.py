@@ -12,8 +12,9 @@ plus the cost of one session.run).
 Every onnxruntime contender is a softdeploy.runtime.Session (the same call path as ours).
 `*_bound`: the same sessions run through Session.bind (onnxruntime's IO binding: inputs
 and outputs bound once, no per-call conversion or output allocation), which is how a latency-bound
-caller runs one shape many times; `run()` pays ~3 us of Python conversion per call on top. `acc/elem` = time x in-run DRAM copy bandwidth / (4 B x B x V):
-how many 4-byte DRAM accesses per element the time is worth (only meaningful out of cache: a
+caller runs one shape many times; `run()` pays ~2 us of conversion per call on top.
+`acc/elem` = time x in-run DRAM copy bandwidth / (4 B x B x V): how many 4-byte DRAM accesses per
+element the time is worth (only meaningful out of cache: a
 two-pass softmax with streaming stores needs 2, a three-pass one 2-4 depending on cache reuse).
 Issue floors: no slower than ort_softmax at any shape; >= 1.15x faster at 64 x 256000 (1 thread).
 """

@@ -5,7 +5,7 @@
 Builds bench/micro/custom_op_floor (a benchmark-only library with one custom op, CopyOp: read the
 input's shape, ask onnxruntime for the output, copy -- through the C API directly) with CMake into
 build/custom_op_floor, then times one-node models on a 1 x V float input, each in onnxruntime with one
-thread, through the plain call (`run`: onnxruntime's Python run()) and through bound buffers
+thread (harness.ort_session's options), through the plain call (`run`: onnxruntime's Python run()) and through bound buffers
 (`bound`: softdeploy.runtime.BoundRun, onnxruntime's IO binding):
   ort_identity     ai.onnx Identity (a copy; the built-in floor)
   ort_softmax      ai.onnx Softmax(axis=-1) (MLAS)
@@ -23,7 +23,16 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import base_parser, header, int_list, md_table, quiet_bench, sync_print, threads  # first: thread env
+from harness import (  # first: it sets the thread-pool environment
+    base_parser,
+    header,
+    int_list,
+    md_table,
+    ort_session,
+    quiet_bench,
+    sync_print,
+    threads,
+)
 
 # isort: split
 import numpy as np
@@ -54,21 +63,6 @@ def one_node_model(op: str, domain: str = "") -> bytes:
     return helper.make_model(graph, opset_imports=opsets, ir_version=10).SerializeToString()
 
 
-def session(model: bytes, library: Path | None) -> object:
-    """One thread, sequential, spinning off (as harness.ort_session), optionally with a custom-op library."""
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = 1
-    so.inter_op_num_threads = 1
-    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    so.log_severity_level = 3
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    if library is not None:
-        so.register_custom_ops_library(str(library))
-    return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
-
-
 def main() -> None:
     from softdeploy.ops import REGISTRY, Sample
     from softdeploy.runtime import BoundRun
@@ -93,7 +87,7 @@ def main() -> None:
             x = np.random.default_rng(0).standard_normal((1, v)).astype(np.float32)
             fns = {}
             for name, (model, library) in models.items():
-                s = session(model, library)
+                s = ort_session(model, 1, library=library)
                 fns[f"{name} run"] = lambda s=s, x=x: s.run(None, {"X": x})
                 fns[f"{name} bound"] = BoundRun(s, {"X": x})
             t, bg = quiet_bench(fns, rounds=args.rounds, batch_ms=args.batch_ms, max_tries=args.tries)

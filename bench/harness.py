@@ -98,7 +98,8 @@ def threads(n: int):
             torch.set_num_threads(old_torch)
 
 
-def ort_session(model_bytes_or_path, n_threads: int, opt_level: str = "all", providers=None):
+def ort_session(model_bytes_or_path, n_threads: int, opt_level: str = "all", providers=None, library=None):
+    """A raw onnxruntime session with the benchmarks' options; ``library``: a custom-op library to register."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -113,6 +114,8 @@ def ort_session(model_bytes_or_path, n_threads: int, opt_level: str = "all", pro
     so.log_severity_level = 3
     if not SPIN:
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if library is not None:
+        so.register_custom_ops_library(str(library))
     return ort.InferenceSession(model_bytes_or_path, so, providers=providers or ["CPUExecutionProvider"])
 
 

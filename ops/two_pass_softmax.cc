@@ -403,7 +403,9 @@ struct TwoPassSoftmaxKernel {
     if (x.rank() == 0) Fail(kOp, "input must have rank >= 1, got a scalar");
     const AxisLayout l = AxisLayout::Of(x.shape, NormalizeAxis(kOp, axis, x.rank()));
     if (x.size() == 0) return;
-    const bool hint = l.n >= kNonTemporalMinElements && x.size() * int64_t{sizeof(float)} >= kStreamBytes;
+    // Only rows read in place (float32, last axis): MapRows hands any other row over in a cached scratch.
+    const bool hint = std::is_same_v<T, float> && l.inner == 1 && l.n >= kNonTemporalMinElements &&
+                      x.size() * int64_t{sizeof(float)} >= kStreamBytes;
     switch (isa) {
       case Isa::kAvx512:
         MapRows<T>(ctx, x.data, y, l, [hint](const float* a, float* b, int64_t n) {

@@ -168,17 +168,6 @@ class BoundRun:
         try:
             self._run()
         except Exception as e:
-            changed = re.search(
-                r"output '([^']*)'.* has shape \{([^}]*)\} but the computed output shape for this run is \{([^}]*)\}",
-                str(e),
-            )
-            if changed:
-                name, bound, now = changed.groups()
-                raise RuntimeFailure(
-                    f"bound run: output {name!r} has shape [{now}] on this call, the bound buffer [{bound}] "
-                    "(rule: a bound run's output shapes depend on the input shapes only; use Session.run "
-                    "for outputs whose size depends on the values)"
-                ) from e
             raise _translate(e) from e
         return list(self.outputs)
 
@@ -188,8 +177,19 @@ def _translate(e: Exception) -> Exception:
 
     A kernel reports a contract violation as "<Op>: <what> (rule: ...)": at run time onnxruntime
     wraps it as INVALID_ARGUMENT, at session creation (attribute checks) as "Exception during
-    initialization"; both become OpContractError with the kernel's message."""
+    initialization"; both become OpContractError with the kernel's message. A run whose result does
+    not fit a pre-allocated output (:class:`BoundRun`) is reported as such, not as the kernel's error."""
     text = str(e)
+    changed = re.search(
+        r"output '([^']*)'.* has shape \{([^}]*)\} but the computed output shape for this run is \{([^}]*)\}", text
+    )
+    if changed:  # a pre-allocated (bound) output that this run's result does not fit; the kernel is fine
+        name, bound, now = changed.groups()
+        return RuntimeFailure(
+            f"bound run: output {name!r} has shape [{now}] on this call, the bound buffer [{bound}] "
+            "(rule: a bound run's output shapes depend on the input shapes only; use Session.run "
+            "for outputs whose size depends on the values)"
+        )
     message = text
     for marker in ("Status Message: ", "Exception during initialization: "):
         if marker in message:

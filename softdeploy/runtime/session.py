@@ -89,7 +89,8 @@ class Session:
         except Exception as e:  # onnxruntime raises its own exception types
             # A path onnxruntime could not read: say what is wrong with the file (missing, empty,
             # truncated, not a protobuf) rather than "Protobuf parsing failed".
-            found = diagnose_model_file(path) if path is not None else None
+            unreadable = type(e).__name__ in ("NoSuchFile", "InvalidProtobuf") or "No graph was found" in str(e)
+            found = diagnose_model_file(path) if path is not None and unreadable else None
             raise (found or _translate(e)) from e
         self._inputs = frozenset(self.input_names)
         self._outputs = self.output_names
@@ -116,7 +117,7 @@ class Session:
             return self._sess.run(names, arrays)
         except Exception as e:
             # Checked only after a failure, so that the fast path pays nothing for it.
-            raise (feed_error(self._sess, arrays, names) or _translate(e)) from e
+            raise (feed_error(self._sess, arrays, names, str(e)) or _translate(e)) from e
 
     def bind(self, feeds: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None) -> BoundRun:
         """Runs the model once on ``feeds`` and returns a :class:`BoundRun` that repeats it on fixed buffers."""
@@ -154,7 +155,7 @@ class BoundRun:
         try:
             first = ort_session.run(names, inputs)
         except Exception as e:
-            raise (feed_error(ort_session, inputs, names) or _translate(e)) from e
+            raise (feed_error(ort_session, inputs, names, str(e)) or _translate(e)) from e
         self.inputs: Mapping[str, np.ndarray] = types.MappingProxyType(inputs)
         self.outputs: tuple[np.ndarray, ...] = tuple(np.empty_like(a) for a in first)
         self._binding = ort_session.io_binding()
@@ -217,10 +218,13 @@ def _signature(args: Sequence[Any]) -> str:
     return ", ".join(f"{a.name}: {_element_type(a.type)} {_dims(a.shape)}" for a in args)
 
 
-def feed_error(ort_session: Any, feeds: Mapping[str, np.ndarray], outputs: Sequence[str]) -> InputError | None:
+def feed_error(
+    ort_session: Any, feeds: Mapping[str, np.ndarray], outputs: Sequence[str], error: str = ""
+) -> InputError | None:
     """The InputError for feeds that do not fit ``ort_session``'s inputs -- a missing or unknown name, a
     wrong element type, rank or fixed dimension -- naming the input, what was given and what the model
-    expects (its inputs listed with dtypes and shapes); None when the feeds fit (the failure is elsewhere)."""
+    expects (its inputs listed with dtypes and shapes); None when the feeds fit (the failure is elsewhere).
+    ``error``: onnxruntime's message, for the shape errors it reports that the model's metadata hides."""
     inputs = ort_session.get_inputs()
     model_outputs = [o.name for o in ort_session.get_outputs()]
     expected = f"the model's inputs: {_signature(inputs)}"
@@ -242,7 +246,8 @@ def feed_error(ort_session: Any, feeds: Mapping[str, np.ndarray], outputs: Seque
         if got != want:
             return InputError(f"input {arg.name!r} is {got} {list(array.shape)}, the model expects {want}; {expected}")
         shape = list(arg.shape or [])
-        if arg.shape is not None and array.ndim != len(shape):
+        # onnxruntime shows a scalar and an input of unknown rank alike, as []: no rank to check then.
+        if shape and array.ndim != len(shape):
             return InputError(
                 f"input {arg.name!r} has shape {list(array.shape)} (rank {array.ndim}), the model expects rank "
                 f"{len(shape)}: {_dims(shape)}; {expected}"
@@ -253,6 +258,11 @@ def feed_error(ort_session: Any, feeds: Mapping[str, np.ndarray], outputs: Seque
                     f"input {arg.name!r} has shape {list(array.shape)}, the model expects {_dims(shape)} "
                     f"(dimension {axis} is {have}, not {need}); {expected}"
                 )
+    reported = re.search(
+        r"(Invalid rank for input: \S+ Got: \d+ Expected: \d+|Got invalid dimensions for input: .*)", error
+    )
+    if reported:  # what the checks above cannot see (a declared scalar looks like an unknown rank)
+        return InputError(f"{reported.group(1).split(' Please fix')[0]}; {expected}")
     return None
 
 

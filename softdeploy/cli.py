@@ -336,7 +336,10 @@ def cmd_compile(args: argparse.Namespace) -> int:
     if (args.rpc is None) != (args.key is None):
         raise ArgumentError("--rpc HOST:PORT and --key K go together")
     out = args.output or str(args.model).removesuffix(".onnx") + "_tvm.so"
-    _refuse_overwrite([out, out.removesuffix(".so") + ".json"], args.overwrite, sources=[args.model])
+    from pathlib import Path
+
+    signature = Path(out).with_suffix(".json")  # what TVMSession.save writes beside the library
+    _refuse_overwrite([out, signature], args.overwrite, sources=[args.model])
     model = load_model(args.model)
     import_tvm()  # TVMNotInstalledError with the pip command, before anything imports tvm
     check_importable(model)  # every op TVM cannot take, all at once, before any work
@@ -359,7 +362,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     print(sess.report.summary())
     if sess.tir_ops or sess.inlined_ops:
         print(f"softdeploy ops as TIR kernels: {list(sess.tir_ops)}; from function bodies: {list(sess.inlined_ops)}")
-    print(f"wrote {out} and {out.removesuffix('.so')}.json (load with softdeploy.runtime.tvm.TVMSession.load)")
+    print(f"wrote {out} and {signature} (load with softdeploy.runtime.tvm.TVMSession.load)")
     if rpc is not None:
         import numpy as np
 

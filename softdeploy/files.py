@@ -50,7 +50,7 @@ def _varint(data: bytes, pos: int) -> tuple[int, int] | None:
     return None
 
 
-def _wire_problem(data: bytes) -> str:
+def wire_problem(data: bytes) -> str:
     """What is wrong with ``data`` as a serialised ModelProto, judged from its top-level fields only
     (cheap: the fields' contents are skipped): "truncated ..." when a known field runs past the end,
     "not an ONNX protobuf ..." when a tag is not one of ModelProto's; "" when the top level is sound."""
@@ -109,7 +109,7 @@ def diagnose_model_file(path: str | os.PathLike[str]) -> ModelLoadError | None:
     path = Path(path)
     try:
         _check_path(path, "model")
-        problem = _wire_problem(path.read_bytes())
+        problem = wire_problem(path.read_bytes())
     except ModelLoadError as e:
         return e
     except OSError as e:

@@ -54,7 +54,7 @@ class Session:
     ) -> None:
         import onnxruntime as ort
 
-        from softdeploy.files import check_model_proto, diagnose_model_file
+        from softdeploy.files import check_model_proto, diagnose_model_file, wire_problem
         from softdeploy.runtime.library import library_path, library_status
 
         if kernels not in KERNELS:
@@ -90,7 +90,11 @@ class Session:
             # A path onnxruntime could not read: say what is wrong with the file (missing, empty,
             # truncated, not a protobuf) rather than "Protobuf parsing failed".
             unreadable = type(e).__name__ in ("NoSuchFile", "InvalidProtobuf") or "No graph was found" in str(e)
-            found = diagnose_model_file(path) if path is not None and unreadable else None
+            found = None
+            if unreadable and path is not None:
+                found = diagnose_model_file(path)
+            elif unreadable and isinstance(model, bytes | bytearray):
+                found = ModelLoadError(f"model bytes: {wire_problem(bytes(model)) or 'not an ONNX protobuf'}")
             raise (found or _translate(e)) from e
         self._inputs = frozenset(self.input_names)
         self._outputs = self.output_names

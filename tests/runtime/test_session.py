@@ -292,3 +292,6 @@ def test_a_file_that_is_not_a_model_is_a_load_error_naming_path_and_problem(tmp_
         Session(path)
     with pytest.raises(ModelLoadError, match=f"^model {path}: {match}"):
         load_model(path)
+    if kind in ("random", "truncated"):  # the same bytes handed over in memory
+        with pytest.raises(ModelLoadError, match=f"^model bytes: {match}"):
+            Session(path.read_bytes())

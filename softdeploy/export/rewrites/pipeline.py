@@ -131,8 +131,10 @@ def optimize(
 ) -> OptimizeResult:
     """Rewrites ``model`` (ModelProto or path) with ``rules`` (default DEFAULT_RULES, plus
     ``nms-to-softnms`` when ``nms_to_softnms``). ``verify`` runs the original and the rewritten model
-    on ``feeds`` (default: random inputs, symbolic dimensions from ``dims`` or 3) and compares every
-    output; a disagreement raises ExportError with the report."""
+    on ``feeds`` (default: :func:`random_feeds`, symbolic dimensions from ``dims`` or 3) and compares
+    every output; a disagreement raises ExportError with the report, as does an original model that
+    fails on the random inputs (then ``feeds`` are needed). A ``dims`` name that is not a symbolic
+    dimension of the model's inputs raises ArgumentError listing those that are."""
     if not isinstance(model, onnx.ModelProto):
         from softdeploy.files import load_model
 

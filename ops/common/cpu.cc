@@ -1,7 +1,9 @@
 #include "common/cpu.h"
 
+#include <strings.h>
+
 #include <cstdlib>
-#include <cstring>
+#include <stdexcept>
 
 namespace sd {
 
@@ -17,15 +19,36 @@ Isa DetectIsa() noexcept {
   return Isa::kPortable;
 }
 
-Isa SelectIsa() noexcept {
-  Isa best = DetectIsa();
+IsaChoice ChooseIsa() {
+  IsaChoice c;
+  c.detected = c.selected = DetectIsa();
+  // Read at every call (not cached at load): the conformance tests change it between sessions.
   const char* want = std::getenv("SOFTDEPLOY_ISA");
-  if (want == nullptr || *want == '\0') return best;
-  Isa asked = best;
-  if (std::strcmp(want, "portable") == 0) asked = Isa::kPortable;
-  else if (std::strcmp(want, "avx2") == 0) asked = Isa::kAvx2;
-  else if (std::strcmp(want, "avx512") == 0) asked = Isa::kAvx512;
-  return static_cast<int>(asked) < static_cast<int>(best) ? asked : best;
+  if (want == nullptr || *want == '\0') return c;
+  c.requested = want;
+  Isa asked;
+  if (strcasecmp(want, "portable") == 0) asked = Isa::kPortable;
+  else if (strcasecmp(want, "avx2") == 0) asked = Isa::kAvx2;
+  else if (strcasecmp(want, "avx512") == 0) asked = Isa::kAvx512;
+  else {
+    c.valid = false;
+    c.note = "SOFTDEPLOY_ISA='" + c.requested + "' names no kernel variant; set it to portable, avx2 or avx512, or unset it";
+    return c;
+  }
+  if (static_cast<int>(asked) > static_cast<int>(c.detected)) {
+    c.note = std::string("SOFTDEPLOY_ISA=") + IsaName(asked) + " asks for more than this CPU supports; " +
+             IsaName(c.detected) + " runs (" +
+             (asked == Isa::kAvx512 ? "AVX-512 needs F, BW, VL and DQ" : "AVX2 needs AVX2 and FMA") + ")";
+    return c;
+  }
+  c.selected = asked;
+  return c;
+}
+
+Isa SelectIsa() {
+  IsaChoice c = ChooseIsa();
+  if (!c.valid) throw std::invalid_argument(c.note);
+  return c.selected;
 }
 
 const char* IsaName(Isa isa) noexcept {

@@ -4,8 +4,11 @@
 // with __attribute__((target(...))) in the same file. Which one runs is decided once per kernel
 // instance (at session creation) from the CPU's features; the environment variable SOFTDEPLOY_ISA
 // (portable | avx2 | avx512) may lower the choice, never raise it above what the CPU supports --
-// the conformance tests use it to check every variant on one machine.
+// the conformance tests use it to check every variant on one machine. What was asked and what runs
+// is reported by the exported SoftdeployLibraryInfo() (ops/register.cc), never guessed elsewhere.
 #pragma once
+
+#include <string>
 
 namespace sd {
 
@@ -14,8 +17,22 @@ enum class Isa { kPortable = 0, kAvx2 = 1, kAvx512 = 2 };
 // The best variant this CPU can run (AVX-512 needs F, BW, VL and DQ; AVX2 needs FMA as well).
 Isa DetectIsa() noexcept;
 
-// DetectIsa() lowered by SOFTDEPLOY_ISA when set. An unknown value is ignored.
-Isa SelectIsa() noexcept;
+// What SOFTDEPLOY_ISA asks for and what runs. `requested` is the variable's value ("" when unset or
+// empty); `valid` is false when it names no variant; `note` says why `selected` differs from the
+// request ("" when it does not).
+struct IsaChoice {
+  Isa detected = Isa::kPortable;
+  Isa selected = Isa::kPortable;
+  std::string requested;
+  bool valid = true;
+  std::string note;
+};
+IsaChoice ChooseIsa();
+
+// The variant a kernel instance runs: DetectIsa() lowered by SOFTDEPLOY_ISA. A value that names no
+// variant throws std::invalid_argument (kernel creation then fails naming the op): an ignored typo
+// would silently test or benchmark another variant than the one asked for.
+Isa SelectIsa();
 
 const char* IsaName(Isa isa) noexcept;
 

@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from softdeploy.errors import OpContractError, RuntimeFailure
+from softdeploy.errors import LibraryNotFoundError, OpContractError, RuntimeFailure
 
 Kernels = Literal["native", "portable", "auto"]
 
@@ -52,7 +52,7 @@ class Session:
     ) -> None:
         import onnxruntime as ort
 
-        from softdeploy.runtime.library import library_path, library_status
+        from softdeploy.runtime.library import library_info, library_status
 
         if kernels not in ("native", "portable", "auto"):
             raise ValueError(f"kernels must be 'native', 'portable' or 'auto', not {kernels!r}")
@@ -62,19 +62,35 @@ class Session:
             "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
             "none": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
         }[optimization]
+        if hasattr(model, "SerializeToString"):
+            proto, model = model, model.SerializeToString()
+        else:
+            if isinstance(model, os.PathLike):
+                model = os.fspath(model)
+            proto = _parse(model)
+        # Every backend gives the same answer for a bad com.softdeploy node: the kernels cannot see an
+        # undeclared attribute or the model's opset, and the function bodies fail in their own words.
+        used = _check_softdeploy_nodes(proto) if proto is not None else set()
         self.library: Path | None = None
         if kernels == "native":
-            self.library = library_path()
+            info = library_info()
+            missing = sorted(used - set(info.ops))
+            if missing:
+                raise LibraryNotFoundError(
+                    f"{info.path} registers no kernel for {missing} (it registers {list(info.ops)}): "
+                    "rebuild it from these sources, or run with kernels='portable'"
+                )
+            self.library = info.path
         elif kernels == "auto":
-            self.library = library_status().path
+            status = library_status()
+            if status.info is not None and used <= set(status.info.ops):
+                self.library = status.path
         if self.library is not None:
             so.register_custom_ops_library(str(self.library))
+        # "native" only where softdeploy's library (verified by its SoftdeployLibraryInfo) runs every
+        # com.softdeploy node of the model.
         self.kernels = "native" if self.library is not None else "portable"
         self.threads = threads
-        if hasattr(model, "SerializeToString"):
-            model = model.SerializeToString()
-        elif isinstance(model, os.PathLike):
-            model = os.fspath(model)
         try:
             self._sess = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
         except Exception as e:  # onnxruntime raises its own exception types
@@ -170,6 +186,34 @@ class BoundRun:
         except Exception as e:
             raise _translate(e) from e
         return list(self.outputs)
+
+
+def _parse(model: Any) -> Any:
+    """The ModelProto of a path or serialized model, for the checks; None when onnx cannot read it
+    (onnxruntime then refuses it in its own words). External data is not loaded."""
+    import onnx
+
+    try:
+        if isinstance(model, (bytes, bytearray, memoryview)):
+            return onnx.load_from_string(bytes(model))
+        return onnx.load(model, load_external_data=False)
+    except Exception:
+        return None
+
+
+def _check_softdeploy_nodes(proto: Any) -> set[str]:
+    """Raises OpContractError for a com.softdeploy node that is no op of REGISTRY, has an undeclared or
+    wrongly typed attribute, or for a model importing com.softdeploy at another opset version; returns
+    the op types used. Imports the registry only for models that use the domain."""
+    from softdeploy import DOMAIN
+
+    imports = [*proto.opset_import, *(i for f in proto.functions for i in f.opset_import)]
+    if not any(i.domain == DOMAIN for i in imports) and not any(n.domain == DOMAIN for n in proto.graph.node):
+        return set()
+    from softdeploy.ops import REGISTRY
+    from softdeploy.ops._schema import check_model
+
+    return check_model(proto, REGISTRY)
 
 
 def _translate(e: Exception) -> Exception:

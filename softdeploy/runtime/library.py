@@ -82,7 +82,7 @@ class LibraryInfo:
     def isa_honoured(self) -> bool:
         """False when SOFTDEPLOY_ISA is set and the variant that runs is not the one it names."""
         return self.isa_requested is None or (
-            self.isa_request_valid and self.isa_selected == self.isa_requested.strip().lower()
+            self.isa_request_valid and self.isa_selected == self.isa_requested.lower()
         )
 
     def isa_summary(self) -> str:

@@ -32,7 +32,8 @@ IsaChoice ChooseIsa() {
   else if (strcasecmp(want, "avx512") == 0) asked = Isa::kAvx512;
   else {
     c.valid = false;
-    c.note = "SOFTDEPLOY_ISA='" + c.requested + "' names no kernel variant; set it to portable, avx2 or avx512, or unset it";
+    c.note = "SOFTDEPLOY_ISA='" + c.requested +
+             "' names no kernel variant; set it to portable, avx2 or avx512, or unset it";
     return c;
   }
   if (static_cast<int>(asked) > static_cast<int>(c.detected)) {

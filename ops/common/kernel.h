@@ -111,7 +111,8 @@ class Attrs {
     int64_t v = 0;
     if (Ok(api_.KernelInfoGetAttribute_int64(info_, name, &v))) return v;
     RejectOtherType(name, "INT");
-    Fail(op_, "attribute '", name, "' is required (rule: '", name, "' is an INT attribute without a default)");
+    Fail(op_, NodeName(), "attribute '", name, "' is required (rule: '", name,
+         "' is an INT attribute without a default)");
   }
   float Float(const char* name, float fallback) const {
     float v = 0;
@@ -163,8 +164,17 @@ class Attrs {
     } else {
       return;
     }
-    Fail(op_, "attribute '", name, "' must be ", want, ", got ", got, " (rule: '", name, "' is declared ", want,
-         " in OPS.md; write it in that type, as REGISTRY['", op_, "'].make_node does)");
+    Fail(op_, NodeName(), "attribute '", name, "' must be ", want, ", got ", got, " (rule: '", name, "' is declared ",
+         want, " in OPS.md; write it in that type, as REGISTRY['", op_, "'].make_node does)");
+  }
+  // "node 'name': " (as softdeploy.runtime.Session's check words it), or "" for an unnamed node.
+  std::string NodeName() const {
+    size_t size = 0;
+    if (!Ok(api_.KernelInfo_GetNodeName(info_, nullptr, &size)) || size <= 1) return "";
+    std::string v(size, '\0');
+    if (!Ok(api_.KernelInfo_GetNodeName(info_, v.data(), &size))) return "";
+    if (!v.empty() && v.back() == '\0') v.pop_back();
+    return v.empty() ? "" : StrCat("node '", v, "': ");
   }
   const OrtApi& api_;
   const OrtKernelInfo* info_;

@@ -3,7 +3,16 @@
 ``Session(model, kernels="native")`` registers softdeploy's kernel library, so com.softdeploy nodes
 run the native kernels; ``kernels="portable"`` never registers it, so onnxruntime runs the standard-ONNX
 function bodies attached to the model (what a user without softdeploy gets); ``kernels="auto"``
-uses the library when it loads and the function bodies otherwise.
+uses the library when it loads and registers every softdeploy op of the model, and the function
+bodies otherwise. ``Session.kernels`` says which ran: "native" only with softdeploy's library (one
+that answers SoftdeployLibraryInfo), never while onnxruntime runs the bodies.
+
+Before onnxruntime sees the model, every com.softdeploy node is checked against the registry, for
+every ``kernels`` choice alike (:func:`softdeploy.ops._schema.check_model`): an op softdeploy does
+not have, an undeclared or wrongly typed attribute, or an opset version of the domain other than
+softdeploy.OPSET_VERSION raises OpContractError naming the node, the op, the attribute and the rule.
+The kernels cannot see undeclared attributes or the model's opset (onnxruntime's C API does not
+expose them), and the function bodies would fail in onnxruntime's words, or not at all.
 
 ``Session.bind(feeds)`` returns a :class:`BoundRun`: repeated runs on fixed input and output buffers
 (onnxruntime's IO binding), for loops that call one model many times with the same shapes.

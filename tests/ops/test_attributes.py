@@ -86,7 +86,8 @@ def test_kernel_refuses_a_wrongly_typed_attribute(op, attrs, name, want, got):
         # Bypasses Session on purpose: what onnxruntime plus the library alone (a deployed model) does.
         ort.InferenceSession(_model(op, attrs).SerializeToString(), so, providers=["CPUExecutionProvider"])  # noqa: TID251
     message = str(info.value)
-    assert f"{op}: attribute '{name}' must be {want}, got {got} (rule: " in message, message
+    # The same words as the Session check below.
+    assert f"{op}: node 'n0': attribute '{name}' must be {want}, got {got} (rule: " in message, message
 
 
 @pytest.mark.parametrize("kernels", ["native", "portable"])

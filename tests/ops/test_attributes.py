@@ -214,3 +214,15 @@ def test_make_node_converts_exactly():
         "coordinate_offset": 0,
     }
     assert isinstance(d.resolve_attrs({"sigma": 1})["sigma"], float)
+
+
+@pytest.mark.parametrize("form", ["path", "bytes"])
+def test_session_checks_models_given_as_a_path_or_bytes(form, tmp_path):
+    model = _model("SoftmaxTopK", {"k": 2, "temperature": 2})
+    if form == "path":
+        onnx.save(model, tmp_path / "m.onnx")
+        given = tmp_path / "m.onnx"
+    else:
+        given = model.SerializeToString()
+    with pytest.raises(OpContractError, match="attribute 'temperature' must be FLOAT, got INT 2"):
+        Session(given, kernels="native")

@@ -87,6 +87,7 @@ std::string LibraryInfoJson() {
       ", \"isa_request_valid\": ", isa.valid ? "true" : "false",
       ", \"isa_selected\": ", isa.valid ? JsonString(sd::IsaName(isa.selected)) : std::string("null"),
       ", \"isa_note\": ", isa.note.empty() ? std::string("null") : JsonString(isa.note),
+      ", \"isa_cpu_limit\": ", isa.cpu_limit.empty() ? std::string("null") : JsonString(isa.cpu_limit),
       ", \"compiler\": ", JsonString(__VERSION__), "}");
 }
 
@@ -97,8 +98,9 @@ std::string LibraryInfoJson() {
 // library, version, ort_api_version (the headers it was compiled against), domain, opset_version,
 // ops, isa_detected, isa_requested (SOFTDEPLOY_ISA or null), isa_request_valid, isa_selected (what a
 // kernel created now runs; null when the request is invalid and kernel creation fails), isa_note
-// (why selected differs from requested, or null), compiler. Computed at each call: the ISA fields
-// follow SOFTDEPLOY_ISA as kernels created at that moment would.
+// (why selected differs from requested, or null), isa_cpu_limit (SOFTDEPLOY_TEST_CPU, a test setting
+// capping isa_detected, or null), compiler. Computed at each call: the ISA fields follow
+// SOFTDEPLOY_ISA and SOFTDEPLOY_TEST_CPU as kernels created at that moment would.
 extern "C" __attribute__((visibility("default"))) size_t SoftdeployLibraryInfo(char* out, size_t capacity) {
   try {
     const std::string info = LibraryInfoJson();

@@ -94,6 +94,8 @@ def doctor_report() -> tuple[list[tuple[str, str]], list[str], list[str]]:
         failures.append(f"library version {info.version} is not this package's {softdeploy.__version__}: rebuild it")
     if info.isa_requested is not None and info.isa_request_valid and not info.isa_honoured:
         warnings.append(f"SOFTDEPLOY_ISA not honoured: {info.isa_note}")
+    if info.isa_cpu_limit is not None and info.isa_request_valid:
+        warnings.append(f"SOFTDEPLOY_TEST_CPU={info.isa_cpu_limit}: detection reports at most that (a test setting)")
     if not info.isa_request_valid:
         failures.append(f"no kernel can be created: {info.isa_note}")
         rows.append(("kernels run", "none tried (SOFTDEPLOY_ISA)"))

@@ -63,7 +63,9 @@ class LibraryInfo:
     ``isa_selected`` is the variant a kernel created now runs: ``isa_detected`` lowered by
     ``SOFTDEPLOY_ISA`` (``isa_requested``), never raised above it; ``isa_note`` says why it differs
     from the request. An ``isa_requested`` that names no variant has ``isa_request_valid`` false and
-    ``isa_selected`` None: kernel creation then fails."""
+    ``isa_selected`` None: kernel creation then fails. ``isa_cpu_limit`` is SOFTDEPLOY_TEST_CPU
+    (portable | avx2), with which tests on any machine see what a CPU with fewer features selects:
+    ``isa_detected`` is then at most that."""
 
     path: Path
     version: str
@@ -77,6 +79,7 @@ class LibraryInfo:
     isa_selected: str | None
     isa_note: str | None
     compiler: str
+    isa_cpu_limit: str | None = None  # SOFTDEPLOY_TEST_CPU: a test setting that caps isa_detected
 
     @property
     def isa_honoured(self) -> bool:
@@ -87,7 +90,7 @@ class LibraryInfo:
 
     def isa_summary(self) -> str:
         """One line: what runs, what was asked and why they differ."""
-        if self.isa_requested is None:
+        if self.isa_requested is None and self.isa_request_valid:
             return f"{self.isa_selected} (best this CPU supports; SOFTDEPLOY_ISA unset)"
         if not self.isa_request_valid:
             return f"none: {self.isa_note}"
@@ -141,6 +144,7 @@ def _query(path: Path) -> LibraryInfo:
             isa_selected=raw["isa_selected"],
             isa_note=raw["isa_note"],
             compiler=str(raw.get("compiler", "")),
+            isa_cpu_limit=raw.get("isa_cpu_limit"),
         )
     except (ValueError, KeyError, TypeError) as e:
         raise LibraryNotFoundError(f"{path} (SoftdeployLibraryInfo answered no valid description: {e})") from None

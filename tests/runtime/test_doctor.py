@@ -83,3 +83,15 @@ def test_ops_says_what_runs(monkeypatch, capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert "kernel variant: portable (SOFTDEPLOY_ISA=portable;" in text, text
     assert "axis:INT=-1" in text  # attributes with their ONNX types
+
+
+def test_doctor_warns_when_the_isa_request_is_not_honoured(monkeypatch, capsys):
+    """avx512 asked where the CPU (here: one limited to portable) cannot run it: a warning, exit 0."""
+    monkeypatch.setenv("SOFTDEPLOY_TEST_CPU", "portable")
+    monkeypatch.setenv("SOFTDEPLOY_ISA", "avx512")
+    assert cli.main(["doctor"]) == 0
+    text = capsys.readouterr().out
+    assert "kernel variant  portable, not avx512: SOFTDEPLOY_ISA=avx512 asks for more than this CPU supports" in text
+    assert "warning  SOFTDEPLOY_ISA not honoured: " in text
+    assert "warning  SOFTDEPLOY_TEST_CPU=portable" in text
+    assert "all good" in text

@@ -112,3 +112,58 @@ def test_isa_request_naming_no_variant_fails_kernel_creation(value, monkeypatch)
 def test_isa_request_ignores_case(monkeypatch):
     monkeypatch.setenv("SOFTDEPLOY_ISA", "Portable")
     assert library_info().isa_selected == "portable"
+
+
+def _real_detected(monkeypatch) -> str:
+    monkeypatch.delenv("SOFTDEPLOY_TEST_CPU", raising=False)
+    monkeypatch.delenv("SOFTDEPLOY_ISA", raising=False)
+    return library_info().isa_detected
+
+
+@pytest.mark.parametrize("cpu", ["portable", "avx2"])
+@pytest.mark.parametrize("isa", conformance.ISAS)
+def test_isa_request_on_a_cpu_with_fewer_features(cpu, isa, monkeypatch):
+    """SOFTDEPLOY_TEST_CPU makes any machine report like one with fewer features, so that the case of
+    e.g. avx512 asked on an AVX2-only CPU is exercised everywhere: the best variant there runs, and
+    the library says what was asked, what runs and why."""
+    real = conformance.ISAS.index(_real_detected(monkeypatch))
+    monkeypatch.setenv("SOFTDEPLOY_TEST_CPU", cpu)
+    monkeypatch.setenv("SOFTDEPLOY_ISA", isa)
+    info = library_info()
+    detected = min(real, conformance.ISAS.index(cpu))
+    assert info.isa_cpu_limit == cpu and info.isa_detected == conformance.ISAS[detected]
+    assert conformance.available_isas() == list(conformance.ISAS[: detected + 1])
+    asked = conformance.ISAS.index(isa)
+    assert info.isa_selected == conformance.ISAS[min(asked, detected)]
+    if asked > detected:
+        assert not info.isa_honoured
+        assert info.isa_note == (
+            f"SOFTDEPLOY_ISA={isa} asks for more than this CPU supports (as limited by SOFTDEPLOY_TEST_CPU={cpu}); "
+            f"{info.isa_detected} runs ("
+            + ("AVX-512 needs F, BW, VL and DQ" if isa == "avx512" else "AVX2 needs AVX2 and FMA")
+            + ")"
+        )
+        assert info.isa_summary().startswith(f"{info.isa_selected}, not {isa}: ")
+    else:
+        assert info.isa_honoured and info.isa_note is None
+
+
+def test_capped_kernels_run_the_variant_the_library_names(monkeypatch):
+    """Kernels created under SOFTDEPLOY_TEST_CPU=portable give the portable variant's bits."""
+    x = np.random.default_rng(1).standard_normal((4, 3000)).astype(np.float32)
+    sample = Sample("x", (x,))
+    model = OP.make_model(sample, with_function=False)
+    monkeypatch.setenv("SOFTDEPLOY_ISA", "portable")
+    want = Session(model, kernels="native").run({"X": x})[0]
+    monkeypatch.setenv("SOFTDEPLOY_ISA", "avx512")
+    monkeypatch.setenv("SOFTDEPLOY_TEST_CPU", "portable")
+    assert library_info().isa_selected == "portable"
+    np.testing.assert_array_equal(Session(model, kernels="native").run({"X": x})[0], want)
+
+
+def test_cpu_limit_naming_no_variant_fails_kernel_creation(monkeypatch):
+    monkeypatch.setenv("SOFTDEPLOY_TEST_CPU", "zen3")
+    info = library_info()
+    assert not info.isa_request_valid and "SOFTDEPLOY_TEST_CPU='zen3' names no kernel variant" in info.isa_note
+    with pytest.raises(RuntimeFailure, match="SOFTDEPLOY_TEST_CPU='zen3'"):
+        Session(_model(), kernels="native")

@@ -72,6 +72,14 @@ std::string JsonString(const std::string& v) {
   return out + "\"";
 }
 
+#if defined(__clang__)
+constexpr const char* kCompiler = "clang " __clang_version__;
+#elif defined(__GNUC__)
+constexpr const char* kCompiler = "gcc " __VERSION__;
+#else
+constexpr const char* kCompiler = "unknown";
+#endif
+
 std::string LibraryInfoJson() {
   const sd::IsaChoice isa = sd::ChooseIsa();
   std::string ops;
@@ -88,7 +96,7 @@ std::string LibraryInfoJson() {
       ", \"isa_selected\": ", isa.valid ? JsonString(sd::IsaName(isa.selected)) : std::string("null"),
       ", \"isa_note\": ", isa.note.empty() ? std::string("null") : JsonString(isa.note),
       ", \"isa_cpu_limit\": ", isa.cpu_limit.empty() ? std::string("null") : JsonString(isa.cpu_limit),
-      ", \"compiler\": ", JsonString(__VERSION__), "}");
+      ", \"compiler\": ", JsonString(kCompiler), "}");
 }
 
 }  // namespace

@@ -86,7 +86,7 @@ def doctor_report() -> tuple[list[tuple[str, str]], list[str], list[str]]:
         ("library version", info.version),
         (
             "built against",
-            f"onnxruntime C API version {info.ort_api_version} headers ({info.compiler and 'gcc ' + info.compiler})",
+            f"onnxruntime C API version {info.ort_api_version} headers; compiled by {info.compiler or 'unknown'}",
         ),
         ("kernel variant", info.isa_summary()),
     ]

@@ -42,8 +42,8 @@ _ENV = "SOFTDEPLOY_LIBRARY"
 def candidates() -> list[Path]:
     """Paths tried in order: ``[$SOFTDEPLOY_LIBRARY]`` alone when it is set, else the package's own."""
     env = os.environ.get(_ENV)
-    if env:
-        return [Path(env)]
+    if env:  # absolute, so that the file checked is the one onnxruntime's dlopen gets
+        return [Path(os.path.abspath(os.path.expanduser(env)))]
     found = [Path(__file__).resolve().parent.parent / "_lib" / LIBRARY_NAME]
     try:
         from importlib.metadata import PackageNotFoundError, distribution

@@ -167,3 +167,25 @@ def test_cpu_limit_naming_no_variant_fails_kernel_creation(monkeypatch):
     assert not info.isa_request_valid and "SOFTDEPLOY_TEST_CPU='zen3' names no kernel variant" in info.isa_note
     with pytest.raises(RuntimeFailure, match="SOFTDEPLOY_TEST_CPU='zen3'"):
         Session(_model(), kernels="native")
+
+
+def test_library_exports_exactly_its_two_symbols():
+    import shutil
+    import subprocess
+
+    nm = shutil.which("nm")
+    if nm is None:
+        pytest.skip("nm (binutils) is not installed")
+    out = subprocess.run([nm, "-D", "--defined-only", str(library_path())], capture_output=True, text=True, check=True)
+    symbols = {line.split()[-1] for line in out.stdout.splitlines() if line.split()[1:2] == ["T"]}
+    assert symbols == {"RegisterCustomOps", "SoftdeployLibraryInfo"}
+
+
+def test_library_version_is_the_packages():
+    import re
+    from pathlib import Path
+
+    pyproject = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
+    declared = re.search(r'^version = "([^"]+)"', pyproject, flags=re.M)
+    assert declared is not None
+    assert library_info().version == softdeploy.__version__ == declared.group(1)

@@ -266,9 +266,10 @@ def header(title: str) -> None:
     except OSError:
         pass
     print(f"- host: {cpu}, {os.cpu_count()} logical CPUs, python {platform.python_version()}; {', '.join(vers)}")
-    print(
-        f"- CPU flags: {' '.join(flags)}; softdeploy kernel variant: {os.environ.get('SOFTDEPLOY_ISA', 'best available')}"
-    )
+    from softdeploy.runtime import library_status
+
+    info = library_status().info  # the library says which variant its kernels run
+    print(f"- CPU flags: {' '.join(flags)}; softdeploy kernel variant: {info.isa_summary() if info else 'no library'}")
     print(f"- env: {env}; idle spinning of thread pools {'ON (PERF_SPIN=1)' if SPIN else 'OFF (see common.py)'}")
     print(
         "- timing: median per call over interleaved rounds; spread = IQR/median; bg load = CPU cores used by other "

@@ -1,7 +1,11 @@
-// RegisterCustomOps: the library's only exported symbol. onnxruntime calls it once per
+// The library's two exported symbols. RegisterCustomOps: onnxruntime calls it once per
 // SessionOptions that registers the library; it adds the com.softdeploy domain with every op of
-// ops.inc. No exception crosses this C boundary.
+// ops.inc. SoftdeployLibraryInfo: what the library is and which kernel variant it runs, for
+// softdeploy/runtime/library.py (doctor, `softdeploy ops`, reports) and anyone with ctypes.
+// No exception crosses either C boundary.
+#include <cstring>
 #include <mutex>
+#include <string>
 
 #include "common/kernel.h"
 
@@ -46,4 +50,76 @@ RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
     Ort::UnownedSessionOptions session_options(options);
     session_options.Add(*Domain());
   });
+}
+
+namespace {
+
+std::string JsonString(const std::string& v) {
+  std::string out = "\"";
+  for (unsigned char c : v) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (c < 0x20) {
+      static const char kHex[] = "0123456789abcdef";
+      out += "\\u00";
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out + "\"";
+}
+
+#if defined(__clang__)
+constexpr const char* kCompiler = "clang " __clang_version__;
+#elif defined(__GNUC__)
+constexpr const char* kCompiler = "gcc " __VERSION__;
+#else
+constexpr const char* kCompiler = "unknown";
+#endif
+
+std::string LibraryInfoJson() {
+  const sd::IsaChoice isa = sd::ChooseIsa();
+  std::string ops;
+#define SD_OP(OpType, stem) ops += std::string(ops.empty() ? "" : ", ") + "\"" #OpType "\"";
+#include "ops.inc"
+#undef SD_OP
+  return sd::StrCat(
+      "{\"library\": \"softdeploy_ops\", \"version\": ", JsonString(SD_VERSION),
+      ", \"ort_api_version\": ", ORT_API_VERSION, ", \"domain\": ", JsonString(sd::kDomain),
+      ", \"opset_version\": ", sd::kOpsetVersion, ", \"ops\": [", ops, "]",
+      ", \"isa_detected\": ", JsonString(sd::IsaName(isa.detected)),
+      ", \"isa_requested\": ", isa.requested.empty() ? std::string("null") : JsonString(isa.requested),
+      ", \"isa_request_valid\": ", isa.valid ? "true" : "false",
+      ", \"isa_selected\": ", isa.valid ? JsonString(sd::IsaName(isa.selected)) : std::string("null"),
+      ", \"isa_note\": ", isa.note.empty() ? std::string("null") : JsonString(isa.note),
+      ", \"isa_cpu_limit\": ", isa.cpu_limit.empty() ? std::string("null") : JsonString(isa.cpu_limit),
+      ", \"compiler\": ", JsonString(kCompiler), "}");
+}
+
+}  // namespace
+
+// Writes a JSON object describing the library into out[0, capacity) (always NUL-terminated when
+// capacity > 0, like snprintf) and returns its full length without the NUL; 0 on failure. Keys:
+// library, version, ort_api_version (the headers it was compiled against), domain, opset_version,
+// ops, isa_detected, isa_requested (SOFTDEPLOY_ISA or null), isa_request_valid, isa_selected (what a
+// kernel created now runs; null when the request is invalid and kernel creation fails), isa_note
+// (why selected differs from requested, or null), isa_cpu_limit (SOFTDEPLOY_TEST_CPU, a test setting
+// capping isa_detected, or null), compiler. Computed at each call: the ISA fields follow
+// SOFTDEPLOY_ISA and SOFTDEPLOY_TEST_CPU as kernels created at that moment would.
+extern "C" __attribute__((visibility("default"))) size_t SoftdeployLibraryInfo(char* out, size_t capacity) {
+  try {
+    const std::string info = LibraryInfoJson();
+    if (out != nullptr && capacity > 0) {
+      const size_t n = std::min(info.size(), capacity - 1);
+      std::memcpy(out, info.data(), n);
+      out[n] = '\0';
+    }
+    return info.size();
+  } catch (...) {
+    if (out != nullptr && capacity > 0) out[0] = '\0';
+    return 0;
+  }
 }

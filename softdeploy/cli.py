@@ -30,64 +30,104 @@ def _console() -> object:
 def cmd_ops(args: argparse.Namespace) -> int:
     from rich.table import Table
 
-    from softdeploy.conformance import available_isas
+    from softdeploy import OPSET_VERSION
     from softdeploy.ops import REGISTRY
     from softdeploy.runtime import library_status
 
     status = library_status()
-    variant = available_isas()[-1] if status.ok else "none (library not found)"
-    table = Table(title=f"softdeploy ops (domain com.softdeploy, opset 1) -- kernel variant here: {variant}")
+    # What the library says runs (SOFTDEPLOY_ISA included), not a guess from the CPU's flags.
+    variant = status.info.isa_summary() if status.info is not None else "none (library not found)"
+    table = Table(title=f"softdeploy ops (domain com.softdeploy, opset {OPSET_VERSION}) -- kernel variant: {variant}")
     for col in ("op", "inputs", "outputs", "attributes", "types"):
         table.add_column(col)
     for d in REGISTRY.values():
         ins = ", ".join(p.name + ("?" if p.optional else "") for p in d.inputs)
         outs = ", ".join(p.name + ("?" if p.optional else "") for p in d.outputs)
-        attrs = ", ".join(f"{a.name}={'REQUIRED' if a.required else a.default!r}" for a in d.attrs)
+        attrs = ", ".join(f"{a.name}:{a.onnx_type}={'REQUIRED' if a.required else a.default!r}" for a in d.attrs)
         table.add_row(d.name, ins, outs, attrs, "/".join(d.float_types))
     _console().print(table)  # type: ignore[attr-defined]
     return 0
 
 
-def cmd_doctor(args: argparse.Namespace) -> int:
+def doctor_report() -> tuple[list[tuple[str, str]], list[str], list[str]]:
+    """What ``softdeploy doctor`` prints: (rows, warnings, failures). A failure is anything that keeps
+    softdeploy's kernels from running here: no usable library (missing, unloadable, not softdeploy's,
+    from other sources), an op of REGISTRY the library does not register, an op failing its smoke run
+    (first sample, model without function bodies, so only the kernel can run it). A SOFTDEPLOY_ISA
+    request the CPU cannot honour is a warning."""
     import platform
 
+    import numpy as np
     import onnx
     import onnxruntime
 
     import softdeploy
     from softdeploy.compare.environment import cpuinfo
-    from softdeploy.conformance import available_isas
-    from softdeploy.runtime import library_status
+    from softdeploy.ops import REGISTRY
+    from softdeploy.runtime import Session, library_status
 
     status = library_status()
-    console = _console()
+    info = status.info
     rows = [
         ("softdeploy", softdeploy.__version__),
         ("python", platform.python_version()),
         ("onnxruntime", onnxruntime.__version__),
         ("onnx", onnx.__version__),
-        ("library", str(status.path) if status.ok else f"NOT FOUND: {status.error}"),
-        ("built against", "onnxruntime C API version 21 headers (libonnxruntime-dev 1.21)"),
         ("cpu", cpuinfo()[0]),
-        ("kernel variants", ", ".join(available_isas())),
     ]
-    if status.ok:
-        import numpy as np
+    warnings: list[str] = []
+    failures: list[str] = []
+    if info is None:
+        rows.append(("library", "NOT USABLE"))
+        failures.append(f"library: {status.error}")
+        return rows, warnings, failures
+    rows += [
+        ("library", str(info.path)),
+        ("library version", info.version),
+        (
+            "built against",
+            f"onnxruntime C API version {info.ort_api_version} headers; compiled by {info.compiler or 'unknown'}",
+        ),
+        ("kernel variant", info.isa_summary()),
+    ]
+    if info.version != softdeploy.__version__:
+        failures.append(f"library version {info.version} is not this package's {softdeploy.__version__}: rebuild it")
+    if info.isa_requested is not None and info.isa_request_valid and not info.isa_honoured:
+        warnings.append(f"SOFTDEPLOY_ISA not honoured: {info.isa_note}")
+    if info.isa_cpu_limit is not None and info.isa_request_valid:
+        warnings.append(f"SOFTDEPLOY_TEST_CPU={info.isa_cpu_limit}: detection reports at most that (a test setting)")
+    if not info.isa_request_valid:
+        failures.append(f"no kernel can be created: {info.isa_note}")
+        rows.append(("kernels run", "none tried (SOFTDEPLOY_ISA)"))
+        return rows, warnings, failures
+    missing = sorted(set(REGISTRY) - set(info.ops))
+    if missing:
+        failures.append(f"the library registers no kernel for {missing}")
+    ran = 0
+    for d in REGISTRY.values():
+        if d.name in missing:
+            continue
+        sample = next(iter(d.samples(np.random.default_rng(0))))
+        try:
+            Session(d.make_model(sample, with_function=False), kernels="native").run(d.feeds(sample))
+            ran += 1
+        except Exception as e:
+            text = str(e)
+            failures.append(text if text.startswith(f"{d.name}: ") else f"{d.name}: {text}")
+    rows.append(("kernels run", f"{ran} of {len(REGISTRY)} ops"))
+    return rows, warnings, failures
 
-        from softdeploy.ops import REGISTRY
-        from softdeploy.runtime import Session
 
-        bad = []
-        for d in REGISTRY.values():
-            sample = next(iter(d.samples(np.random.default_rng(0))))
-            try:
-                Session(d.make_model(sample, with_function=False), kernels="native").run(d.feeds(sample))
-            except Exception as e:
-                bad.append(f"{d.name}: {e}")
-        rows.append(("kernels load", "all " + str(len(REGISTRY)) + " ops" if not bad else "; ".join(bad)))
-    for k, v in rows:
-        console.print(f"[bold]{k:>16}[/bold]  {v}")  # type: ignore[attr-defined]
-    return 0 if status.ok else 1
+def cmd_doctor(args: argparse.Namespace) -> int:
+    rows, warnings, failures = doctor_report()
+    console = _console()
+    lines = [f"[bold]{k:>16}[/bold]  {v}" for k, v in rows]
+    lines += [f"[bold yellow]{'warning':>16}[/bold yellow]  {w}" for w in warnings]
+    lines += [f"[bold red]{'FAILED':>16}[/bold red]  {f}" for f in failures]
+    lines.append(f"[bold]{'doctor':>16}[/bold]  " + (f"{len(failures)} failure(s)" if failures else "all good"))
+    for line in lines:  # soft_wrap: a long path or message stays on one line, greppable
+        console.print(line, soft_wrap=True, highlight=False)  # type: ignore[attr-defined]
+    return 1 if failures else 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

@@ -25,7 +25,14 @@ ISAS = ("portable", "avx2", "avx512")
 
 
 def available_isas() -> list[str]:
-    """Kernel variants this CPU can run (mirrors ops/common/cpu.cc)."""
+    """Kernel variants this CPU can run, as the kernel library detects them (SoftdeployLibraryInfo;
+    SOFTDEPLOY_ISA does not change this list). Without a usable library, the same rule as
+    ops/common/cpu.cc applied to /proc/cpuinfo (kernel runs then fail on the missing library)."""
+    from softdeploy.runtime.library import library_status
+
+    info = library_status().info
+    if info is not None:
+        return list(ISAS[: ISAS.index(info.isa_detected) + 1])
     from softdeploy.compare.environment import cpuinfo
 
     _, flags = cpuinfo()

@@ -4,18 +4,40 @@
 // with __attribute__((target(...))) in the same file. Which one runs is decided once per kernel
 // instance (at session creation) from the CPU's features; the environment variable SOFTDEPLOY_ISA
 // (portable | avx2 | avx512) may lower the choice, never raise it above what the CPU supports --
-// the conformance tests use it to check every variant on one machine.
+// the conformance tests use it to check every variant on one machine. What was asked and what runs
+// is reported by the exported SoftdeployLibraryInfo() (ops/register.cc), never guessed elsewhere.
 #pragma once
+
+#include <string>
 
 namespace sd {
 
 enum class Isa { kPortable = 0, kAvx2 = 1, kAvx512 = 2 };
 
-// The best variant this CPU can run (AVX-512 needs F, BW, VL and DQ; AVX2 needs FMA as well).
+// The best variant this CPU can run (AVX-512 needs F, BW, VL and DQ; AVX2 needs FMA as well), before
+// SOFTDEPLOY_TEST_CPU.
 Isa DetectIsa() noexcept;
 
-// DetectIsa() lowered by SOFTDEPLOY_ISA when set. An unknown value is ignored.
-Isa SelectIsa() noexcept;
+// What SOFTDEPLOY_ISA asks for and what runs. `requested` is the variable's value ("" when unset or
+// empty); `valid` is false when it names no variant; `note` says why `selected` differs from the
+// request ("" when it does not). `cpu_limit` is SOFTDEPLOY_TEST_CPU (portable | avx2; "" when unset):
+// detection then reports at most that variant, so that a test on an AVX-512 machine sees what an
+// AVX2-only or a plain x86-64 CPU selects and reports. It is a test setting; doctor warns about it.
+struct IsaChoice {
+  Isa detected = Isa::kPortable;
+  Isa selected = Isa::kPortable;
+  std::string requested;
+  bool valid = true;
+  std::string note;
+  std::string cpu_limit;
+};
+IsaChoice ChooseIsa();
+
+// The variant a kernel instance runs: ChooseIsa().selected. A value of SOFTDEPLOY_ISA or
+// SOFTDEPLOY_TEST_CPU that names no variant throws std::invalid_argument (kernel creation then fails
+// naming the op): an ignored typo would silently test or benchmark another variant than the one
+// asked for.
+Isa SelectIsa();
 
 const char* IsaName(Isa isa) noexcept;
 

@@ -36,6 +36,14 @@
 namespace sd {
 
 constexpr const char* kDomain = "com.softdeploy";
+// The one opset version of the domain the kernels implement (softdeploy.OPSET_VERSION), reported by
+// SoftdeployLibraryInfo. The kernels cannot refuse a model importing com.softdeploy at another
+// version: the OrtKernelInfo API of ORT_API_VERSION 21 does not expose the opset, and onnxruntime
+// builds one schema per custom op name, since the first registration's start version, valid up to
+// opset 1000 -- so a node of opset 2 resolves to since-version 1 and matches a kernel registered
+// for [1, 1] alike (CustomOpBase's start_ver_ / end_ver_ cannot tell them apart; tried). Session
+// (softdeploy/runtime/session.py) refuses such models before onnxruntime sees them.
+constexpr int kOpsetVersion = 1;
 
 // A violated operator contract (bad attribute, bad shape, bad value). Message: "<Op>: <what>".
 class OpError : public std::runtime_error {
@@ -83,30 +91,40 @@ OrtStatusPtr Guard(const char* op, F&& f) noexcept {
 
 // ---- attributes -------------------------------------------------------------------------------
 
+// Reads a node's attributes. onnxruntime's getters fail alike for an absent attribute and for one
+// of another type, so a failed getter probes the others: an attribute present with the wrong type
+// (INT temperature=2 where FLOAT is declared) is an error naming the op, the value and the rule --
+// never the default. An attribute name the op does not declare cannot be seen from here (the C API
+// of ORT_API_VERSION 21 has no way to list a node's attributes): softdeploy.runtime.Session checks
+// names against the registry before onnxruntime sees the model.
 class Attrs {
  public:
   Attrs(const OrtApi& api, const OrtKernelInfo* info, const char* op) : api_(api), info_(info), op_(op) {}
 
   int64_t Int(const char* name, int64_t fallback) const {
     int64_t v = 0;
-    return Ok(api_.KernelInfoGetAttribute_int64(info_, name, &v)) ? v : fallback;
+    if (Ok(api_.KernelInfoGetAttribute_int64(info_, name, &v))) return v;
+    RejectOtherType(name, "INT");
+    return fallback;
   }
   int64_t RequiredInt(const char* name) const {
     int64_t v = 0;
-    if (!Ok(api_.KernelInfoGetAttribute_int64(info_, name, &v))) Fail(op_, "attribute '", name, "' is required");
-    return v;
+    if (Ok(api_.KernelInfoGetAttribute_int64(info_, name, &v))) return v;
+    RejectOtherType(name, "INT");
+    Fail(op_, NodeName(), "attribute '", name, "' is required (rule: '", name,
+         "' is an INT attribute without a default)");
   }
   float Float(const char* name, float fallback) const {
     float v = 0;
-    return Ok(api_.KernelInfoGetAttribute_float(info_, name, &v)) ? v : fallback;
+    if (Ok(api_.KernelInfoGetAttribute_float(info_, name, &v))) return v;
+    RejectOtherType(name, "FLOAT");
+    return fallback;
   }
   std::string String(const char* name, const std::string& fallback) const {
-    size_t size = 0;
-    if (!Ok(api_.KernelInfoGetAttribute_string(info_, name, nullptr, &size))) return fallback;
-    std::string v(size, '\0');
-    if (!Ok(api_.KernelInfoGetAttribute_string(info_, name, v.data(), &size))) return fallback;
-    if (!v.empty() && v.back() == '\0') v.pop_back();
-    return v;
+    std::string v;
+    if (GetString(name, &v)) return v;
+    RejectOtherType(name, "STRING");
+    return fallback;
   }
   const char* op() const { return op_; }
 
@@ -115,6 +133,48 @@ class Attrs {
     if (status == nullptr) return true;
     api_.ReleaseStatus(status);
     return false;
+  }
+  bool GetString(const char* name, std::string* out) const {
+    size_t size = 0;
+    if (!Ok(api_.KernelInfoGetAttribute_string(info_, name, nullptr, &size))) return false;
+    std::string v(size, '\0');
+    if (!Ok(api_.KernelInfoGetAttribute_string(info_, name, v.data(), &size))) return false;
+    if (!v.empty() && v.back() == '\0') v.pop_back();
+    *out = std::move(v);
+    return true;
+  }
+  // Fails when `name` is present with a type other than `want`; returns when it is absent. (TENSOR,
+  // GRAPH and the like are not probed: the Session check refuses them.)
+  void RejectOtherType(const char* name, const char* want) const {
+    std::string got;
+    int64_t i = 0;
+    float f = 0;
+    std::string s;
+    size_t n = 0;
+    if (std::string(want) != "INT" && Ok(api_.KernelInfoGetAttribute_int64(info_, name, &i))) {
+      got = StrCat("INT ", i);
+    } else if (std::string(want) != "FLOAT" && Ok(api_.KernelInfoGetAttribute_float(info_, name, &f))) {
+      got = StrCat("FLOAT ", f);
+    } else if (std::string(want) != "STRING" && GetString(name, &s)) {
+      got = StrCat("STRING '", s, "'");
+    } else if (Ok(api_.KernelInfoGetAttributeArray_int64(info_, name, nullptr, &n))) {
+      got = StrCat("INTS of ", n, " values");
+    } else if (Ok(api_.KernelInfoGetAttributeArray_float(info_, name, nullptr, &n))) {
+      got = StrCat("FLOATS of ", n, " values");
+    } else {
+      return;
+    }
+    Fail(op_, NodeName(), "attribute '", name, "' must be ", want, ", got ", got, " (rule: '", name, "' is declared ",
+         want, " in OPS.md; write it in that type, as REGISTRY['", op_, "'].make_node does)");
+  }
+  // "node 'name': " (as softdeploy.runtime.Session's check words it), or "" for an unnamed node.
+  std::string NodeName() const {
+    size_t size = 0;
+    if (!Ok(api_.KernelInfo_GetNodeName(info_, nullptr, &size)) || size <= 1) return "";
+    std::string v(size, '\0');
+    if (!Ok(api_.KernelInfo_GetNodeName(info_, v.data(), &size))) return "";
+    if (!v.empty() && v.back() == '\0') v.pop_back();
+    return v.empty() ? "" : StrCat("node '", v, "': ");
   }
   const OrtApi& api_;
   const OrtKernelInfo* info_;

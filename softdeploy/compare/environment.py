@@ -54,11 +54,7 @@ def environment(threads: int) -> dict[str, Any]:
         except importlib.metadata.PackageNotFoundError:
             versions[p] = None
     status = library_status()
-    kernel_isa = None
-    if status.ok:
-        from softdeploy.conformance import available_isas
-
-        kernel_isa = available_isas()[-1]
+    info = status.info  # the library itself says which variant runs (SOFTDEPLOY_ISA included)
     return {
         "python": platform.python_version(),
         "platform": platform.platform(),
@@ -68,7 +64,11 @@ def environment(threads: int) -> dict[str, Any]:
         "isa": [f for f in ISA_FLAGS if f in flags],
         "threads": threads,
         "softdeploy_library": str(status.path) if status.ok else None,
-        "softdeploy_kernel_isa": kernel_isa,
+        "softdeploy_library_version": info.version if info else None,
+        "softdeploy_ort_api_version": info.ort_api_version if info else None,
+        "softdeploy_kernel_isa": info.isa_selected if info else None,
+        "softdeploy_kernel_isa_requested": info.isa_requested if info else None,
+        "softdeploy_kernels": info.isa_summary() if info else None,
         "background_load_cores": round(background_load(), 2),
         "time": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
     }

@@ -144,7 +144,7 @@ def to_markdown(result: CompareResult) -> str:
         "## Environment",
         "",
         f"- CPU: {env['cpu']} ({env['cores']} cores); ISA: {' '.join(env['isa'])}",
-        f"- softdeploy kernels: {env['softdeploy_kernel_isa'] or 'library not found'}; threads: {env['threads']}",
+        f"- softdeploy kernels: {env.get('softdeploy_kernels') or 'library not found'}; threads: {env['threads']}",
         "- packages: " + ", ".join(f"{k} {v}" for k, v in env["packages"].items() if v),
         f"- python {env['python']} on {env['platform']}; {env['time']}",
         f"- run time: {result.seconds:.0f} s (" + ", ".join(f"{k} {v:.0f} s" for k, v in result.steps.items()) + ")",

@@ -84,6 +84,11 @@ class Port:
         return BodyFill(float(self.body_fill))
 
 
+# ONNX AttributeProto type names of the Python kinds an Attr may have (onnx.AttributeProto.AttributeType).
+_ATTR_TYPE_NAME = {int: "INT", float: "FLOAT", str: "STRING"}
+_ATTR_TYPE_CODE = {int: 2, float: 1, str: 3}  # AttributeProto.INT, FLOAT, STRING
+
+
 @dataclasses.dataclass(frozen=True)
 class Attr:
     """One attribute; ``default=REQUIRED`` makes it mandatory."""
@@ -96,6 +101,74 @@ class Attr:
     @property
     def required(self) -> bool:
         return self.default is REQUIRED
+
+    @property
+    def onnx_type(self) -> str:
+        """The ONNX attribute type: ``"INT"``, ``"FLOAT"`` or ``"STRING"``."""
+        return _ATTR_TYPE_NAME[self.kind]
+
+    def rule(self, op: str) -> str:
+        """The rule an attribute of the wrong type breaks (same words as sd::Attrs in ops/common/kernel.h)."""
+        return (
+            f"'{self.name}' is declared {self.onnx_type} in OPS.md; write it in that type, "
+            f"as REGISTRY['{op}'].make_node does"
+        )
+
+    def coerce(self, op: str, value: Any) -> int | float | str:
+        """``value`` in this attribute's declared type, converted only when that is exact (2 -> 2.0 for a
+        FLOAT, 3.0 -> 3 for an INT); anything else raises OpContractError naming op, value and rule."""
+        got = _describe(value)
+        if self.kind is str:
+            if isinstance(value, str):
+                return value
+        elif isinstance(value, (bool, np.bool_)):
+            pass  # True is no number a user meant for an INT or FLOAT attribute
+        elif self.kind is int:
+            if isinstance(value, (int, np.integer)):
+                return int(value)
+            if isinstance(value, (float, np.floating)) and np.isfinite(value) and float(value).is_integer():
+                if -(2**63) <= value < 2**63:
+                    return int(value)
+        elif self.kind is float:
+            if isinstance(value, (float, np.floating)):
+                return float(value)
+            # A FLOAT attribute is float32: an integer converts exactly only when float32 holds it.
+            if isinstance(value, (int, np.integer)) and abs(int(value)) < 2**64 and int(np.float32(value)) == value:
+                return float(value)
+        raise OpContractError(
+            f"{op}: attribute '{self.name}' must be {self.onnx_type}, got {got}, which does not convert exactly "
+            f"(rule: {self.rule(op)})"
+        )
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, (bool, np.bool_)):
+        return f"bool {value!r}"
+    if isinstance(value, (int, np.integer)):
+        return f"INT {int(value)}"
+    if isinstance(value, (float, np.floating)):
+        return f"FLOAT {float(value):g}"
+    if isinstance(value, str):
+        return f"STRING {value!r}"
+    return f"{type(value).__name__} {value!r}"
+
+
+def _attribute_value(attr: Any) -> str:
+    """``AttributeProto`` as the kernels print it: ``INT 2``, ``FLOAT 0.5``, ``STRING 'x'``, ``INTS``, ..."""
+    from onnx import AttributeProto, helper
+
+    kind = AttributeProto.AttributeType.Name(attr.type)
+    if attr.ref_attr_name:
+        return f"{kind} @{attr.ref_attr_name}"
+    if attr.type == AttributeProto.INT:
+        return f"INT {attr.i}"
+    if attr.type == AttributeProto.FLOAT:
+        return f"FLOAT {attr.f:g}"
+    if attr.type == AttributeProto.STRING:
+        return f"STRING {attr.s.decode(errors='replace')!r}"
+    if attr.type in (AttributeProto.INTS, AttributeProto.FLOATS):
+        return f"{kind} of {len(helper.get_attribute_value(attr))} values"
+    return kind
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,17 +234,56 @@ class OpDef:
         return {a.name: a.default for a in self.attrs if not a.required}
 
     def resolve_attrs(self, attrs: Mapping[str, Any]) -> dict[str, Any]:
-        """Defaults filled in; unknown or missing required attributes raise OpContractError."""
-        known = {a.name for a in self.attrs}
-        unknown = sorted(set(attrs) - known)
-        if unknown:
-            raise OpContractError(f"{self.name}: unknown attribute(s) {unknown} (rule: attributes are {sorted(known)})")
+        """Defaults filled in, each value in its declared type (:meth:`Attr.coerce`); unknown, wrongly
+        typed or missing required attributes raise OpContractError."""
         out = self.attr_defaults()
-        out.update(attrs)
+        out.update(self.coerce_attrs(attrs))
         for a in self.attrs:
             if a.name not in out:
-                raise OpContractError(f"{self.name}: attribute '{a.name}' is required")
+                raise OpContractError(
+                    f"{self.name}: attribute '{a.name}' is required (rule: '{a.name}' is an {a.onnx_type} "
+                    "attribute without a default)"
+                )
         return out
+
+    def coerce_attrs(self, attrs: Mapping[str, Any]) -> dict[str, Any]:
+        """``attrs`` (without defaults) each in its declared type; unknown names raise OpContractError."""
+        by_name = {a.name: a for a in self.attrs}
+        for name in attrs:
+            if name not in by_name:
+                raise OpContractError(self._unknown_attribute(name))
+        return {name: by_name[name].coerce(self.name, value) for name, value in attrs.items()}
+
+    def _unknown_attribute(self, name: str) -> str:
+        import difflib
+
+        known = sorted(a.name for a in self.attrs)
+        close = difflib.get_close_matches(name, known, n=1)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        return f"{self.name}: unknown attribute '{name}'{hint} (rule: {self.name}'s attributes are {known or 'none'})"
+
+    def check_node(self, node: Any) -> None:
+        """Raises OpContractError unless the NodeProto ``node`` (of this op) has only declared
+        attributes, each of its declared type, and every required one. The kernels cannot see
+        undeclared names (the onnxruntime C API lists no attributes), so sessions check here."""
+        where = f"node {node.name!r}: " if node.name else ""
+        by_name = {a.name: a for a in self.attrs}
+        for attr in node.attribute:
+            a = by_name.get(attr.name)
+            if a is None:
+                raise OpContractError(self._unknown_attribute(attr.name).replace(": ", f": {where}", 1))
+            if attr.type != _ATTR_TYPE_CODE[a.kind]:
+                raise OpContractError(
+                    f"{self.name}: {where}attribute '{a.name}' must be {a.onnx_type}, got "
+                    f"{_attribute_value(attr)} (rule: {a.rule(self.name)})"
+                )
+        have = {attr.name for attr in node.attribute}
+        for a in self.attrs:
+            if a.required and a.name not in have:
+                raise OpContractError(
+                    f"{self.name}: {where}attribute '{a.name}' is required (rule: '{a.name}' is an "
+                    f"{a.onnx_type} attribute without a default)"
+                )
 
     # ---- ONNX ------------------------------------------------------------------------------------
 
@@ -229,10 +341,17 @@ class OpDef:
                 imp.version = opset
         return proto
 
-    def make_node(self, inputs: Sequence[str], outputs: Sequence[str], **attrs: Any) -> Any:
+    def make_node(self, inputs: Sequence[str], outputs: Sequence[str], *, name: str | None = None, **attrs: Any) -> Any:
+        """A NodeProto of this op; each attribute is written in its declared type (``temperature=2``
+        becomes FLOAT 2.0), and one that does not convert exactly, or is not declared, raises
+        OpContractError."""
         from onnx import helper
 
-        return helper.make_node(self.name, list(inputs), list(outputs), domain=DOMAIN, **attrs)
+        node = helper.make_node(self.name, list(inputs), list(outputs), domain=DOMAIN, name=name)
+        by_name = {a.name: a for a in self.attrs}
+        for key, value in self.coerce_attrs(attrs).items():
+            node.attribute.append(helper.make_attribute(key, value, attr_type=_ATTR_TYPE_CODE[by_name[key].kind]))
+        return node
 
     def make_model(
         self, sample: Sample, *, with_function: bool = True, opset: int = BODY_OPSET, outputs: int | None = None
@@ -270,15 +389,16 @@ class OpDef:
         # Output ranks from the oracle (the checker wants a shape; dims stay symbolic). Inputs that
         # break the contract get no output shape: the model must still reach the kernel, whose
         # error is what the error tests check.
+        attrs = self.coerce_attrs(sample.attrs)
         try:
-            ranks: list[int | None] = [np.ndim(r) for r in self.reference(*sample.inputs, **sample.attrs)]
+            ranks: list[int | None] = [np.ndim(r) for r in self.reference(*sample.inputs, **attrs)]
         except OpContractError:
             ranks = [None] * len(out_ports)
         graph_outputs = [
             helper.make_tensor_value_info(p.name, elem(p), None if r is None else [f"{p.name}_{i}" for i in range(r)])
             for p, r in zip(out_ports, ranks, strict=False)
         ]
-        node = self.make_node(in_names, [p.name for p in out_ports], **sample.attrs)
+        node = self.make_node(in_names, [p.name for p in out_ports], **attrs)
         graph = helper.make_graph([node], f"{self.stem}_one_node", graph_inputs, graph_outputs)
         model = helper.make_model(
             graph,
@@ -301,3 +421,49 @@ class OpDef:
             args.append(f"{kinds[a.kind]} {a.name}{default}")
         outs = "Tensor" if len(self.outputs) == 1 else "(" + ", ".join("Tensor" for _ in self.outputs) + ")"
         return f"({', '.join(args)}) -> {outs}"
+
+
+def check_model(model: Any, registry: Mapping[str, OpDef]) -> set[str]:
+    """The com.softdeploy op types the ModelProto ``model`` uses. Raises OpContractError unless every
+    com.softdeploy node (graph, subgraphs and model-local functions) is an op of ``registry`` with
+    valid attributes (:meth:`OpDef.check_node`), and the model imports com.softdeploy at
+    OPSET_VERSION, the one version softdeploy implements (onnxruntime would run the version-1
+    kernels or bodies for any other: it cannot tell custom-op versions apart)."""
+    rule = f"rule: softdeploy implements {DOMAIN} opset version {OPSET_VERSION} only"
+    imports = [("the model", model.opset_import)] + [(f"function {f.name!r}", f.opset_import) for f in model.functions]
+    for where, opset_import in imports:
+        for imp in opset_import:
+            if imp.domain == DOMAIN and imp.version != OPSET_VERSION:
+                raise OpContractError(f"{where} imports domain {DOMAIN} at opset version {imp.version} ({rule})")
+    used: set[str] = set()
+    for node in _nodes(model):
+        if node.domain != DOMAIN:
+            continue
+        op = registry.get(node.op_type)
+        if op is None:
+            where = f" (node {node.name!r})" if node.name else ""
+            raise OpContractError(
+                f"{node.op_type}: domain {DOMAIN} has no op {node.op_type!r}{where} "
+                f"(rule: softdeploy's ops are {sorted(registry)})"
+            )
+        op.check_node(node)
+        used.add(op.name)
+    return used
+
+
+def _nodes(model: Any) -> Iterable[Any]:
+    from onnx import AttributeProto
+
+    def walk(nodes: Iterable[Any]) -> Iterable[Any]:
+        for node in nodes:
+            yield node
+            for attr in node.attribute:
+                if attr.type == AttributeProto.GRAPH:
+                    yield from walk(attr.g.node)
+                elif attr.type == AttributeProto.GRAPHS:
+                    for g in attr.graphs:
+                        yield from walk(g.node)
+
+    yield from walk(model.graph.node)
+    for f in model.functions:
+        yield from walk(f.node)

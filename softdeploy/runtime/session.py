@@ -3,7 +3,16 @@
 ``Session(model, kernels="native")`` registers softdeploy's kernel library, so com.softdeploy nodes
 run the native kernels; ``kernels="portable"`` never registers it, so onnxruntime runs the standard-ONNX
 function bodies attached to the model (what a user without softdeploy gets); ``kernels="auto"``
-uses the library when it loads and the function bodies otherwise.
+uses the library when it loads and registers every softdeploy op of the model, and the function
+bodies otherwise. ``Session.kernels`` says which ran: "native" only with softdeploy's library (one
+that answers SoftdeployLibraryInfo), never while onnxruntime runs the bodies.
+
+Before onnxruntime sees the model, every com.softdeploy node is checked against the registry, for
+every ``kernels`` choice alike (:func:`softdeploy.ops._schema.check_model`): an op softdeploy does
+not have, an undeclared or wrongly typed attribute, or an opset version of the domain other than
+softdeploy.OPSET_VERSION raises OpContractError naming the node, the op, the attribute and the rule.
+The kernels cannot see undeclared attributes or the model's opset (onnxruntime's C API does not
+expose them), and the function bodies would fail in onnxruntime's words, or not at all.
 
 ``Session.bind(feeds)`` returns a :class:`BoundRun`: repeated runs on fixed input and output buffers
 (onnxruntime's IO binding), for loops that call one model many times with the same shapes.
@@ -21,7 +30,14 @@ from typing import Any, Literal
 
 import numpy as np
 
-from softdeploy.errors import ArgumentError, InputError, ModelLoadError, OpContractError, RuntimeFailure
+from softdeploy.errors import (
+    ArgumentError,
+    InputError,
+    LibraryNotFoundError,
+    ModelLoadError,
+    OpContractError,
+    RuntimeFailure,
+)
 
 Kernels = Literal["native", "portable", "auto"]
 KERNELS = ("native", "portable", "auto")
@@ -55,7 +71,7 @@ class Session:
         import onnxruntime as ort
 
         from softdeploy.files import check_model_proto, diagnose_model_file, wire_problem
-        from softdeploy.runtime.library import library_path, library_status
+        from softdeploy.runtime.library import library_info, library_status
 
         if kernels not in KERNELS:
             raise ArgumentError(f"kernels must be one of {list(KERNELS)}, not {kernels!r}")
@@ -67,23 +83,41 @@ class Session:
             "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
             "none": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
         }[optimization]
-        self.library: Path | None = None
-        if kernels == "native":
-            self.library = library_path()
-        elif kernels == "auto":
-            self.library = library_status().path
-        if self.library is not None:
-            so.register_custom_ops_library(str(self.library))
-        self.kernels = "native" if self.library is not None else "portable"
-        self.threads = threads
         path = None
         if hasattr(model, "SerializeToString"):
             check_model_proto(model)
-            model = model.SerializeToString()
-        elif isinstance(model, str | os.PathLike):
-            path = model = os.fspath(model)
-        elif isinstance(model, bytes | bytearray) and not model:
-            raise ModelLoadError("model: empty bytes, not an ONNX model")
+            proto, model = model, model.SerializeToString()
+        else:
+            if isinstance(model, os.PathLike):
+                model = os.fspath(model)
+            if isinstance(model, str):
+                path = model
+            elif isinstance(model, bytes | bytearray) and not model:
+                raise ModelLoadError("model: empty bytes, not an ONNX model")
+            proto = _parse(model)
+        # Every backend gives the same answer for a bad com.softdeploy node: the kernels cannot see an
+        # undeclared attribute or the model's opset, and the function bodies fail in their own words.
+        used = _check_softdeploy_nodes(proto) if proto is not None else set()
+        self.library: Path | None = None
+        if kernels == "native":
+            info = library_info()
+            missing = sorted(used - set(info.ops))
+            if missing:
+                raise LibraryNotFoundError(
+                    f"{info.path} registers no kernel for {missing} (it registers {list(info.ops)}): "
+                    "rebuild it from these sources, or run with kernels='portable'"
+                )
+            self.library = info.path
+        elif kernels == "auto":
+            status = library_status()
+            if status.info is not None and used <= set(status.info.ops):
+                self.library = status.path
+        if self.library is not None:
+            so.register_custom_ops_library(str(self.library))
+        # "native" only where softdeploy's library (verified by its SoftdeployLibraryInfo) runs every
+        # com.softdeploy node of the model.
+        self.kernels = "native" if self.library is not None else "portable"
+        self.threads = threads
         try:
             self._sess = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
         except Exception as e:  # onnxruntime raises its own exception types
@@ -268,6 +302,47 @@ def feed_error(
     if reported:  # what the checks above cannot see (a declared scalar looks like an unknown rank)
         return InputError(f"{reported.group(1).split(' Please fix')[0]}; {expected}")
     return None
+
+
+def _parse(model: Any) -> Any:
+    """The ModelProto of a path or serialized model, for the checks; None when it cannot use the domain
+    com.softdeploy (its name, stored as plain bytes in the protobuf, does not occur: a 92 MB model
+    without it is searched in ~10 ms instead of parsed in ~170 ms) or when onnx cannot read it
+    (onnxruntime then refuses it in its own words). External data is not loaded."""
+    import mmap
+
+    import onnx
+
+    from softdeploy import DOMAIN
+
+    try:
+        if isinstance(model, (bytes, bytearray, memoryview)):
+            data = bytes(model)
+            return onnx.load_from_string(data) if DOMAIN.encode() in data else None
+        with open(model, "rb") as f:
+            if os.fstat(f.fileno()).st_size == 0:
+                return None
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+                if mm.find(DOMAIN.encode()) < 0:
+                    return None
+        return onnx.load(model, load_external_data=False)
+    except Exception:
+        return None
+
+
+def _check_softdeploy_nodes(proto: Any) -> set[str]:
+    """Raises OpContractError for a com.softdeploy node that is no op of REGISTRY, has an undeclared or
+    wrongly typed attribute, or for a model importing com.softdeploy at another opset version; returns
+    the op types used. Imports the registry only for models that use the domain."""
+    from softdeploy import DOMAIN
+
+    imports = [*proto.opset_import, *(i for f in proto.functions for i in f.opset_import)]
+    if not any(i.domain == DOMAIN for i in imports) and not any(n.domain == DOMAIN for n in proto.graph.node):
+        return set()
+    from softdeploy.ops import REGISTRY
+    from softdeploy.ops._schema import check_model
+
+    return check_model(proto, REGISTRY)
 
 
 def _translate(e: Exception) -> Exception:

@@ -33,6 +33,13 @@ def load_factory(spec: str) -> ExportSpec:
         mod = importlib.util.module_from_spec(loader_spec)
         loader_spec.loader.exec_module(mod)
     else:
+        # As `python -m` does: a module in the current folder imports (the CLI's sys.path[0] is the
+        # folder of the `softdeploy` script, not the user's).
+        import os
+        import sys
+
+        if os.getcwd() not in sys.path and "" not in sys.path:
+            sys.path.insert(0, os.getcwd())
         try:
             mod = importlib.import_module(target)
         except ImportError as e:

@@ -170,10 +170,9 @@ def test_cli_export_imports_a_factory_module_from_the_current_folder(tmp_path):
         "    return softdeploy.nn.TwoPassSoftmax(), (torch.randn(3, 40),)\n"
     )
     script = shutil.which("softdeploy") or str(Path(sys.executable).with_name("softdeploy"))
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")]),
-    }
+    # The source tree first (the tests test it); no empty entry, which would put the cwd on sys.path.
+    paths = [str(Path(__file__).resolve().parents[2]), *os.environ.get("PYTHONPATH", "").split(os.pathsep)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
     run = subprocess.run(
         [script, "export", "mymodel_for_cli:make", "m.onnx"],
         cwd=tmp_path,

@@ -105,6 +105,7 @@ class CompareResult:
     latency_background_load: dict[str, float]
     seconds: float
     steps: dict[str, float]
+    warnings: list[str] = dataclasses.field(default_factory=list)  # shown above the table, in every report
 
     def rows(self) -> list[dict[str, Any]]:
         """One flat dict per variant (the CSV/markdown/JSON table)."""
@@ -166,6 +167,7 @@ class CompareResult:
             "latency_background_load_cores": self.latency_background_load,
             "seconds": self.seconds,
             "steps_seconds": self.steps,
+            "warnings": self.warnings,
         }
 
 
@@ -201,29 +203,58 @@ def _tvm_runner(path: Path, tuned: bool, threads: int) -> Runner:
 
 
 def _fp32_model(case: Case, models: Path, progress: Progress) -> Path:
-    """The case's fp32 export, reused while the case, softdeploy and torch versions are unchanged."""
+    """The case's fp32 export, reused only while its content fingerprint is unchanged.
+
+    The key is ``case.fingerprint()`` (weights, data and settings; see :mod:`softdeploy.compare.cache`)
+    with the softdeploy and torch versions; a case without ``fingerprint`` is exported on every run."""
     import importlib.metadata
 
     import softdeploy
 
     path = models / "fp32.onnx"
     stamp = models / "fp32.stamp.json"
+    own = getattr(case, "fingerprint", None)
     want = {
         "case": case.name,
         "softdeploy": softdeploy.__version__,
         "torch": importlib.metadata.version("torch"),
         "describe": case.describe(),
+        "fingerprint": own() if callable(own) else None,
     }
-    if path.is_file() and stamp.is_file():
+    if want["fingerprint"] is not None and path.is_file() and stamp.is_file():
         try:
-            if json.loads(stamp.read_text()) == json.loads(json.dumps(want)):
+            if json.loads(stamp.read_text()) == json.loads(json.dumps(want, default=str)):
                 return path
         except json.JSONDecodeError:
             pass
     with progress.step(f"export {case.name} to ONNX (torch.onnx dynamo)"):
         case.export_fp32(path)
-    stamp.write_text(json.dumps(want, indent=1))
+    stamp.write_text(json.dumps(want, indent=1, default=str))
     return path
+
+
+# torch eager and onnxruntime fp32 (softdeploy's kernels) compute the same model: below these they
+# disagree, and every other number of the comparison is suspect (a stale export, a broken op).
+TORCH_MIN_COSINE = 0.999
+TORCH_MIN_TOPK_AGREEMENT = 0.99
+
+
+def torch_disagreement(agreement: dict[str, dict[str, float]]) -> list[str]:
+    """Warnings when ``torch-fp32`` disagrees with the fp32 onnxruntime reference."""
+    a = agreement.get("torch-fp32")
+    if a is None:
+        return []
+    out = []
+    for key, value in a.items():
+        low = key.endswith("cosine") and value < TORCH_MIN_COSINE
+        low = low or (key.endswith("agreement") and value < TORCH_MIN_TOPK_AGREEMENT)
+        if low:
+            out.append(
+                f"torch-fp32 and {REFERENCE} DISAGREE: {key} {value:.4f} (expected >= "
+                f"{TORCH_MIN_COSINE if key.endswith('cosine') else TORCH_MIN_TOPK_AGREEMENT}); the exported model "
+                "does not compute what the torch model does -- every other comparison is suspect"
+            )
+    return out
 
 
 def run_compare(
@@ -364,6 +395,7 @@ def run_compare(
         latency_background_load=background,
         seconds=0.0,
         steps=steps,
+        warnings=torch_disagreement(agreement),
     )
     result.floors = case.floors(result.rows())
     result.seconds = time.perf_counter() - t_start

@@ -7,9 +7,13 @@ The op registry lives in :mod:`softdeploy.ops`, sessions in :mod:`softdeploy.run
 from __future__ import annotations
 
 from softdeploy.errors import (
+    ArgumentError,
     ExportError,
+    InputError,
     LibraryNotFoundError,
+    ModelLoadError,
     OpContractError,
+    OverwriteError,
     RuntimeFailure,
     SoftdeployError,
 )
@@ -32,9 +36,13 @@ def __getattr__(name: str) -> object:
 __all__ = [
     "DOMAIN",
     "OPSET_VERSION",
+    "ArgumentError",
     "ExportError",
+    "InputError",
     "LibraryNotFoundError",
+    "ModelLoadError",
     "OpContractError",
+    "OverwriteError",
     "RuntimeFailure",
     "SoftdeployError",
     "__version__",

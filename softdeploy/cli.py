@@ -126,8 +126,18 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         for name, op in candidate_nodes(load_named(args.model), config):  # type: ignore[arg-type]
             console.print(f"{op:>10}  {name}")  # type: ignore[attr-defined]
         return 0
+    if bool(args.model) == bool(args.case):  # neither (no silent default job) or both
+        print(args.usage, end="", file=sys.stderr)
+        which = "not both" if args.model else "one of them"
+        print(f"softdeploy quantize: error: give MODEL (an ONNX file) or --case CASE, {which}", file=sys.stderr)
+        return 2
     if args.model:
+        from softdeploy.files import load_model
+        from softdeploy.quant.quantize import check_softdeploy_ops
+
         output = Path(args.output or Path(args.model).with_suffix("").as_posix() + f".int8_{args.mode}.onnx")
+        _refuse_overwrite([output, output.with_suffix(".json")], args.overwrite, sources=[args.model])
+        check_softdeploy_ops(load_model(args.model))  # before any work: a bad file or an op we do not define
         data = load_npz_batches(args.data, args.batch) if args.data else None
         if config.mode == "static" and not data:  # type: ignore[attr-defined]
             console.print("static quantization needs --data inputs.npz (calibration samples)")  # type: ignore[attr-defined]
@@ -146,6 +156,8 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         from softdeploy.models import get_case
 
         output = Path(args.output or f"softdeploy-quantize/{args.case}.int8_{args.mode}.onnx")
+        fp32 = output.with_name(output.stem + ".fp32.onnx")  # quantize_case exports the case's model there
+        _refuse_overwrite([output, output.with_suffix(".json"), fp32], args.overwrite)
         output.parent.mkdir(parents=True, exist_ok=True)
         with RichProgress(console) as progress:
             _, result = quantize_case(
@@ -206,20 +218,26 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
-def _refuse_overwrite(path: str, overwrite: bool) -> None:
+def _refuse_overwrite(outputs: Sequence[object], overwrite: bool, sources: Sequence[object] = ()) -> None:
+    """Nothing a user saved is replaced without asking: an existing output needs --overwrite, and an
+    output that is one of the command's own inputs is refused even with it."""
     from pathlib import Path
 
-    from softdeploy.errors import ExportError
+    from softdeploy.errors import OverwriteError
 
-    if Path(path).exists() and not overwrite:
-        raise ExportError(f"{path} exists; pass --overwrite to replace it")
+    for out in map(Path, outputs):  # type: ignore[arg-type]
+        for src in map(Path, sources):  # type: ignore[arg-type]
+            if out.resolve() == src.resolve():
+                raise OverwriteError(f"{out} is also the input {src}; write the result to another path")
+        if out.exists() and not overwrite:
+            raise OverwriteError(f"{out} exists; pass --overwrite to replace it")
 
 
 def cmd_export(args: argparse.Namespace) -> int:
     from softdeploy.export.api import export
     from softdeploy.export.factory import load_factory
 
-    _refuse_overwrite(args.out, args.overwrite)
+    _refuse_overwrite([args.out], args.overwrite)
     spec = load_factory(args.factory)
     tolerance = tuple(float(v) for v in args.tolerance.split(",")) if args.tolerance else None
     result = export(
@@ -244,17 +262,14 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     import onnx
 
     from softdeploy.export.rewrites import DEFAULT_RULES, optimize
+    from softdeploy.files import load_model, load_npz
 
-    _refuse_overwrite(args.out, args.overwrite)
+    _refuse_overwrite([args.out], args.overwrite, sources=[args.input])
     dims = dict(_dim(d) for d in args.dim)
-    feeds = None
-    if args.feeds:
-        import numpy as np
-
-        with np.load(args.feeds) as data:
-            feeds = {k: data[k] for k in data.files}
+    model = load_model(args.input)
+    feeds = load_npz(args.feeds, "--feeds") if args.feeds else None
     result = optimize(
-        args.input,
+        model,
         rules=args.rules.split(",") if args.rules else list(DEFAULT_RULES),
         nms_to_softnms=args.nms_to_softnms,
         two_pass_min_row=args.two_pass_min_row,
@@ -306,19 +321,24 @@ def _add_export_commands(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
-    import onnx
 
+    from softdeploy.errors import ArgumentError
+    from softdeploy.files import load_model
     from softdeploy.tvm.frontend import check_importable
+    from softdeploy.tvm.target import import_tvm
 
     shapes = {}
     for item in args.shape:
         name, sep, dims = item.partition("=")
-        if not sep or not dims:
-            raise SystemExit(f"--shape wants NAME=D0xD1..., got {item!r}")
+        if not sep or not all(d.isdigit() for d in dims.lower().split("x")):
+            raise ArgumentError(f"--shape wants NAME=D0xD1..., got {item!r}")
         shapes[name] = [int(d) for d in dims.lower().split("x")]
     if (args.rpc is None) != (args.key is None):
-        raise SystemExit("--rpc HOST:PORT and --key K go together")
-    model = onnx.load(args.model)
+        raise ArgumentError("--rpc HOST:PORT and --key K go together")
+    out = args.output or str(args.model).removesuffix(".onnx") + "_tvm.so"
+    _refuse_overwrite([out, out.removesuffix(".so") + ".json"], args.overwrite, sources=[args.model])
+    model = load_model(args.model)
+    import_tvm()  # TVMNotInstalledError with the pip command, before anything imports tvm
     check_importable(model)  # every op TVM cannot take, all at once, before any work
 
     from softdeploy.runtime.tvm import TVMSession
@@ -335,7 +355,6 @@ def cmd_compile(args: argparse.Namespace) -> int:
         report = tune(import_model(prepare(model, shapes)), folder, trials=args.tune_trials, target=target, rpc=rpc)
         print(report.summary())
     sess = TVMSession(model, shapes=shapes, tuned=not args.untuned, databases=records, target=target, rpc=rpc)
-    out = args.output or str(args.model).removesuffix(".onnx") + "_tvm.so"
     sess.save(out)
     print(sess.report.summary())
     if sess.tir_ops or sess.inlined_ops:
@@ -379,15 +398,46 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--rpc", default=None, metavar="HOST:PORT", help="TVM RPC tracker: tune and measure there")
     p.add_argument("--key", default=None, help="device key of the RPC servers")
     p.add_argument("-o", "--output", default=None, help="compiled library (default MODEL_tvm.so)")
+    p.add_argument("--overwrite", action="store_true", help="replace the library (and its .json) if they exist")
     p.set_defaults(fn=cmd_compile)
+    _add_verbose(parser, sub)
     args = parser.parse_args(argv)
+    return _run(args)
+
+
+def _add_verbose(parser: argparse.ArgumentParser, sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """``--verbose`` before or after the verb: on the main parser, and on every verb's parser with a
+    suppressed default (so that a verb's parse does not reset a --verbose given before it)."""
+    help_ = "on an error, also print the Python traceback"
+    parser.add_argument("--verbose", "-v", action="store_true", help=help_)
+    for verb in sub.choices.values():
+        verb.add_argument("--verbose", "-v", action="store_true", default=argparse.SUPPRESS, help=help_)
+
+
+def _run(args: argparse.Namespace) -> int:
+    """Runs the verb. A softdeploy error (bad input: a file, an argument, a model) is one line and exit
+    code 2; any other exception is one line with its type and exit code 1; --verbose adds the traceback."""
+    import traceback
+
     from softdeploy.errors import SoftdeployError
 
     try:
         return int(args.fn(args))
+    except KeyboardInterrupt:
+        print("softdeploy: interrupted", file=sys.stderr)
+        return 130
     except SoftdeployError as e:
+        if args.verbose:
+            traceback.print_exc()
         print(f"softdeploy: error: {e}", file=sys.stderr)
         return 2
+    except Exception as e:
+        if args.verbose:
+            traceback.print_exc()
+        first = next((line for line in str(e).splitlines() if line.strip()), "")
+        hint = "" if args.verbose else " (run with --verbose for the traceback)"
+        print(f"softdeploy: error: {type(e).__name__}: {first}{hint}", file=sys.stderr)
+        return 1
 
 
 def _add_quantize_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -399,7 +449,7 @@ def _add_quantize_parser(sub: argparse._SubParsersAction) -> None:  # type: igno
         description="Quantize MODEL (an ONNX file; data from --data) or, without MODEL, a built-in case's "
         "model with its own data and task metric.",
     )
-    p.add_argument("model", nargs="?", help="ONNX model; omit to quantize --case")
+    p.add_argument("model", nargs="?", help="ONNX model (or --case instead)")
     p.add_argument("-o", "--output", help="quantized model path")
     p.add_argument("--mode", choices=("dynamic", "static"), default="dynamic")
     p.add_argument("--per-tensor", action="store_true", help="one weight scale per tensor (default: per channel)")
@@ -408,12 +458,13 @@ def _add_quantize_parser(sub: argparse._SubParsersAction) -> None:  # type: igno
     p.add_argument("--exclude", help="comma-separated node names to keep in float")
     p.add_argument("--data", help=".npz of model inputs (samples along axis 0): calibration and accuracy data")
     p.add_argument("--batch", type=int, default=8, help="batch size when reading --data")
-    p.add_argument("--case", choices=sorted(CASES), default=DEFAULT_CASE, help="built-in case (without MODEL)")
+    p.add_argument("--case", choices=sorted(CASES), help=f"built-in case, instead of MODEL (e.g. {DEFAULT_CASE})")
     p.add_argument("--max-drop", type=float, help="accuracy budget: largest allowed drop of the metric")
     p.add_argument("--metric", help="case metric for --max-drop (default: the case's task metric)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--list", action="store_true", help="list the nodes that would be quantized and exit")
-    p.set_defaults(fn=cmd_quantize)
+    p.add_argument("--overwrite", action="store_true", help="replace the output model (and its .json) if they exist")
+    p.set_defaults(fn=cmd_quantize, usage=p.format_usage())
 
 
 def _add_compare_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -26,3 +26,22 @@ class RuntimeFailure(SoftdeployError, RuntimeError):
 
 class ExportError(SoftdeployError):
     """A model could not be exported or validated."""
+
+
+class ModelLoadError(SoftdeployError, ValueError):
+    """A model file cannot be read as an ONNX model: missing, a directory, empty, not an ONNX protobuf or
+    truncated. The message names the path and what is wrong with it."""
+
+
+class InputError(SoftdeployError, ValueError):
+    """The feeds of a run do not match the model's inputs (a wrong or missing name, dtype or rank). The
+    message names the input, what was given and what the model expects."""
+
+
+class ArgumentError(SoftdeployError, ValueError):
+    """An argument of a softdeploy call or command is not one of the values it accepts; the message lists
+    the accepted ones."""
+
+
+class OverwriteError(SoftdeployError, FileExistsError):
+    """A command would replace an existing file without being asked to (or replace its own input)."""

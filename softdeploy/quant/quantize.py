@@ -112,15 +112,45 @@ def cpu_has_vnni() -> bool:
 def load_named(model: str | os.PathLike[str] | Any) -> Any:
     """The model as a ModelProto whose every node has a unique name (the quantizer selects and
     reports nodes by name; exporters sometimes leave names empty)."""
-    import onnx
+    from softdeploy.files import load_model
 
-    proto = onnx.load(os.fspath(model)) if isinstance(model, str | os.PathLike) else model
+    proto = load_model(model) if isinstance(model, str | os.PathLike) else model
     seen: set[str] = set()
     for i, node in enumerate(proto.graph.node):
         if not node.name or node.name in seen:
             node.name = f"{node.op_type}_{i}"
         seen.add(node.name)
     return proto
+
+
+def check_softdeploy_ops(model: Any) -> None:
+    """Refuses a model with a com.softdeploy node whose op type softdeploy does not define (in the graph,
+    its subgraphs or its functions): no kernel or schema runs it, so the quantized model could not run
+    either. Named by node and op, before any work."""
+    from softdeploy import DOMAIN
+    from softdeploy.ops import REGISTRY
+
+    def walk(nodes: Any, where: str) -> Any:
+        for node in nodes:
+            yield node, where
+            for attr in node.attribute:
+                for g in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                    yield from walk(g.node, f"{where}, subgraph of {node.name or node.op_type!r}")
+
+    ours = {(f.domain, f.name) for f in model.functions if f.domain == DOMAIN}
+    nodes = list(walk(model.graph.node, "graph"))
+    for f in model.functions:
+        if (f.domain, f.name) not in ours:
+            nodes += list(walk(f.node, f"function {f.domain}.{f.name}"))
+    bad = [
+        f"node {n.name or '(unnamed)'!r} ({where}): {DOMAIN}.{n.op_type}"
+        for n, where in nodes
+        if n.domain == DOMAIN and n.op_type not in REGISTRY
+    ]
+    if bad:
+        raise QuantizationError(
+            f"the model uses op(s) softdeploy does not define: {'; '.join(bad)} (softdeploy's ops: {sorted(REGISTRY)})"
+        )
 
 
 def activation_matmuls(model: Any) -> set[str]:
@@ -239,6 +269,7 @@ def quantize(
     register_onnx_schemas()  # the quantizer's shape inference must know com.softdeploy ops
     t0 = time.perf_counter()
     proto = load_named(model)
+    check_softdeploy_ops(proto)
     candidates = candidate_nodes(proto, config)
     names = {n for n, _ in candidates}
     unknown = sorted((set(config.exclude) | set(config.only or ())) - {n.name for n in proto.graph.node})

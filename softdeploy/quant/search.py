@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from softdeploy.errors import ArgumentError
 from softdeploy.quant.quantize import QuantConfig, QuantizedModel, candidate_nodes, load_named, node_scope, quantize
 from softdeploy.runtime.session import Kernels
 
@@ -192,7 +193,7 @@ def budget_search(
     """The smallest set of most-sensitive nodes to keep in float so that the metric drops by at most
     ``max_drop``; writes that model to ``output``."""
     if not (max_drop >= 0 and math.isfinite(max_drop)):
-        raise ValueError(f"max_drop must be a finite number >= 0, not {max_drop}")
+        raise ArgumentError(f"max_drop must be a finite number >= 0, not {max_drop}")
     fp32 = Path(fp32)
     output = Path(output)
     note = progress or (lambda _s: None)

@@ -20,10 +20,16 @@ OUTPUT_COSINE = "output cosine"
 
 def load_npz_batches(path: str | os.PathLike[str], batch: int = 8) -> list[dict[str, np.ndarray]]:
     """An .npz of arrays named like the model inputs, samples along axis 0 -> batches of ``batch``."""
-    with np.load(path) as z:
-        arrays = {k: z[k] for k in z.files}
+    from softdeploy.files import load_npz
+
+    if batch < 1:
+        raise QuantizationError(f"the batch size must be >= 1, not {batch}")
+    arrays = load_npz(path, "data")
     if not arrays:
         raise QuantizationError(f"{path} holds no arrays")
+    scalars = sorted(k for k, a in arrays.items() if a.ndim == 0)
+    if scalars:
+        raise QuantizationError(f"{path}: arrays {scalars} are scalars; samples go along axis 0")
     n = {len(a) for a in arrays.values()}
     if len(n) != 1:
         raise QuantizationError(
@@ -45,6 +51,9 @@ def quantize_file(
 ) -> QuantizedModel | BudgetResult:
     """Without ``max_drop``: plain quantization. With it: the budget search on the mean cosine of the
     model's first output to fp32 over ``data`` (fp32 scores 1.0)."""
+    from softdeploy.quant.quantize import check_softdeploy_ops, load_named
+
+    check_softdeploy_ops(load_named(model))  # before the reference runs: they would fail on such an op
     if max_drop is None:
         return quantize(model, output, config, calibration=data)
     if not data:

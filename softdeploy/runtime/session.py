@@ -21,9 +21,11 @@ from typing import Any, Literal
 
 import numpy as np
 
-from softdeploy.errors import OpContractError, RuntimeFailure
+from softdeploy.errors import ArgumentError, InputError, ModelLoadError, OpContractError, RuntimeFailure
 
 Kernels = Literal["native", "portable", "auto"]
+KERNELS = ("native", "portable", "auto")
+OPTIMIZATIONS = ("all", "basic", "none")  # onnxruntime's graph optimization levels, by their short names
 
 
 def _session_options(threads: int, spin: bool) -> Any:
@@ -32,7 +34,7 @@ def _session_options(threads: int, spin: bool) -> Any:
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
-    so.log_severity_level = 3  # errors reach the caller as exceptions; don't also print them
+    so.log_severity_level = 4  # errors reach the caller as exceptions; don't also print them (3 still logs ERROR)
     # Idle ORT workers spinning on a core steal it from whatever runs next (measured on 2 cores).
     so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
     return so
@@ -52,10 +54,13 @@ class Session:
     ) -> None:
         import onnxruntime as ort
 
+        from softdeploy.files import check_model_proto, diagnose_model_file
         from softdeploy.runtime.library import library_path, library_status
 
-        if kernels not in ("native", "portable", "auto"):
-            raise ValueError(f"kernels must be 'native', 'portable' or 'auto', not {kernels!r}")
+        if kernels not in KERNELS:
+            raise ArgumentError(f"kernels must be one of {list(KERNELS)}, not {kernels!r}")
+        if optimization not in OPTIMIZATIONS:
+            raise ArgumentError(f"optimization must be one of {list(OPTIMIZATIONS)}, not {optimization!r}")
         so = _session_options(threads, spin)
         so.graph_optimization_level = {
             "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
@@ -71,14 +76,21 @@ class Session:
             so.register_custom_ops_library(str(self.library))
         self.kernels = "native" if self.library is not None else "portable"
         self.threads = threads
+        path = None
         if hasattr(model, "SerializeToString"):
+            check_model_proto(model)
             model = model.SerializeToString()
-        elif isinstance(model, os.PathLike):
-            model = os.fspath(model)
+        elif isinstance(model, str | os.PathLike):
+            path = model = os.fspath(model)
+        elif isinstance(model, bytes | bytearray) and not model:
+            raise ModelLoadError("model: empty bytes, not an ONNX model")
         try:
             self._sess = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
         except Exception as e:  # onnxruntime raises its own exception types
-            raise _translate(e) from e
+            # A path onnxruntime could not read: say what is wrong with the file (missing, empty,
+            # truncated, not a protobuf) rather than "Protobuf parsing failed".
+            found = diagnose_model_file(path) if path is not None else None
+            raise (found or _translate(e)) from e
         self._inputs = frozenset(self.input_names)
         self._outputs = self.output_names
         # The C++ session behind onnxruntime's Python wrapper: a call that feeds exactly the model's
@@ -103,7 +115,8 @@ class Session:
                 return self._run_direct(names, arrays, None)
             return self._sess.run(names, arrays)
         except Exception as e:
-            raise _translate(e) from e
+            # Checked only after a failure, so that the fast path pays nothing for it.
+            raise (feed_error(self._sess, arrays, names) or _translate(e)) from e
 
     def bind(self, feeds: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None) -> BoundRun:
         """Runs the model once on ``feeds`` and returns a :class:`BoundRun` that repeats it on fixed buffers."""
@@ -141,7 +154,7 @@ class BoundRun:
         try:
             first = ort_session.run(names, inputs)
         except Exception as e:
-            raise _translate(e) from e
+            raise (feed_error(ort_session, inputs, names) or _translate(e)) from e
         self.inputs: Mapping[str, np.ndarray] = types.MappingProxyType(inputs)
         self.outputs: tuple[np.ndarray, ...] = tuple(np.empty_like(a) for a in first)
         self._binding = ort_session.io_binding()
@@ -172,13 +185,88 @@ class BoundRun:
         return list(self.outputs)
 
 
+# onnxruntime's element type names (NodeArg.type "tensor(float)") -> numpy's.
+_ORT_TYPES = {
+    "float": "float32",
+    "double": "float64",
+    "float16": "float16",
+    "bfloat16": "bfloat16",
+    "int8": "int8",
+    "int16": "int16",
+    "int32": "int32",
+    "int64": "int64",
+    "uint8": "uint8",
+    "uint16": "uint16",
+    "uint32": "uint32",
+    "uint64": "uint64",
+    "bool": "bool",
+    "string": "str",
+}
+
+
+def _element_type(ort_type: str) -> str:
+    inner = ort_type[len("tensor(") : -1] if ort_type.startswith("tensor(") else ort_type
+    return _ORT_TYPES.get(inner, inner)
+
+
+def _dims(shape: Any) -> str:
+    return "[" + ", ".join("?" if d is None else str(d) for d in (shape or [])) + "]"
+
+
+def _signature(args: Sequence[Any]) -> str:
+    return ", ".join(f"{a.name}: {_element_type(a.type)} {_dims(a.shape)}" for a in args)
+
+
+def feed_error(ort_session: Any, feeds: Mapping[str, np.ndarray], outputs: Sequence[str]) -> InputError | None:
+    """The InputError for feeds that do not fit ``ort_session``'s inputs -- a missing or unknown name, a
+    wrong element type, rank or fixed dimension -- naming the input, what was given and what the model
+    expects (its inputs listed with dtypes and shapes); None when the feeds fit (the failure is elsewhere)."""
+    inputs = ort_session.get_inputs()
+    model_outputs = [o.name for o in ort_session.get_outputs()]
+    expected = f"the model's inputs: {_signature(inputs)}"
+    by_name = {a.name: a for a in inputs}
+    missing = [n for n in by_name if n not in feeds]
+    unknown = [n for n in feeds if n not in by_name]
+    if missing or unknown:
+        parts = ([f"missing input(s) {missing}"] if missing else []) + (
+            [f"unknown input name(s) {unknown}"] if unknown else []
+        )
+        return InputError(f"{'; '.join(parts)}: given {sorted(feeds)}; {expected}")
+    wrong_outputs = [n for n in outputs if n not in model_outputs]
+    if wrong_outputs:
+        return InputError(f"unknown output name(s) {wrong_outputs}; the model's outputs: {model_outputs}")
+    for arg in inputs:
+        array = np.asarray(feeds[arg.name])
+        want = _element_type(arg.type)
+        got = "str" if array.dtype.kind in "UO" else str(array.dtype)
+        if got != want:
+            return InputError(f"input {arg.name!r} is {got} {list(array.shape)}, the model expects {want}; {expected}")
+        shape = list(arg.shape or [])
+        if arg.shape is not None and array.ndim != len(shape):
+            return InputError(
+                f"input {arg.name!r} has shape {list(array.shape)} (rank {array.ndim}), the model expects rank "
+                f"{len(shape)}: {_dims(shape)}; {expected}"
+            )
+        for axis, (have, need) in enumerate(zip(array.shape, shape, strict=False)):
+            if isinstance(need, int) and need >= 0 and have != need:
+                return InputError(
+                    f"input {arg.name!r} has shape {list(array.shape)}, the model expects {_dims(shape)} "
+                    f"(dimension {axis} is {have}, not {need}); {expected}"
+                )
+    return None
+
+
 def _translate(e: Exception) -> Exception:
     """onnxruntime error -> typed softdeploy error carrying the kernel's own message.
 
-    A kernel reports a contract violation as "<Op>: <what> (rule: ...)": at run time onnxruntime
-    wraps it as INVALID_ARGUMENT, at session creation (attribute checks) as "Exception during
-    initialization"; both become OpContractError with the kernel's message. A run whose result does
-    not fit a pre-allocated output (:class:`BoundRun`) is reported as such, not as the kernel's error."""
+    Only a report of one of softdeploy's ops is an OpContractError: the kernel's own message
+    "<Op>: <what> (rule: ...)" (at run time onnxruntime wraps it as INVALID_ARGUMENT, at session
+    creation -- attribute checks -- as "Exception during initialization"), or onnxruntime refusing
+    the element types of one of our nodes (then the message lists the types the op accepts).
+    Feeds that do not fit the model are an InputError (:func:`feed_error`, which the callers try
+    first); everything else -- a standard op failing, an invalid graph -- is a RuntimeFailure. A
+    run whose result does not fit a pre-allocated output (:class:`BoundRun`) is reported as such,
+    not as the kernel's error."""
     text = str(e)
     changed = re.search(
         r"output '([^']*)'.* has shape \{([^}]*)\} but the computed output shape for this run is \{([^}]*)\}", text
@@ -195,21 +283,32 @@ def _translate(e: Exception) -> Exception:
         if marker in message:
             message = message.split(marker, 1)[1]
     message = message.strip()
+    if type(e).__name__ == "NoSuchFile":
+        return ModelLoadError(message)
+    if "No graph was found in the protobuf" in text:
+        return ModelLoadError("model: not an ONNX model: it holds no graph")
+    typed = re.search(r"(?:Type '([\w()]+)' of input parameter \((\w+)\) of operator|Optype) \((\w+)\)", text)
     no_kernel = re.search(r"no kernel def matches node inputs for Op: (\w+)", text)
-    if no_kernel:
-        return OpContractError(_type_rule(no_kernel.group(1)))
-    if "INVALID_ARGUMENT" in text or type(e).__name__ in ("InvalidArgument", "InvalidGraph") or _names_our_op(message):
+    op = no_kernel.group(1) if no_kernel else typed.group(3) if typed else None
+    if op is not None and _is_our_op(op):
+        given = f"; given {typed.group(2)}: {_element_type(typed.group(1))}" if typed and typed.group(1) else ""
+        return OpContractError(_type_rule(op) + given)
+    if _names_our_op(message):
         return OpContractError(message)
     return RuntimeFailure(message)
+
+
+def _is_our_op(op: str) -> bool:
+    from softdeploy.ops import REGISTRY
+
+    return op in REGISTRY
 
 
 def _type_rule(op: str) -> str:
     """Message for a node whose input element types match none of the op's kernels."""
     from softdeploy.ops import REGISTRY
 
-    d = REGISTRY.get(op)
-    if d is None:
-        return f"{op}: the input element types match no registered kernel"
+    d = REGISTRY[op]
     typed = [p.name for p in d.inputs if p.dtype == "T"]
     return (
         f"{op}: the element types of inputs {typed} match no kernel "
@@ -218,7 +317,6 @@ def _type_rule(op: str) -> str:
 
 
 def _names_our_op(message: str) -> bool:
-    from softdeploy.ops import REGISTRY
-
-    op = message.split(": ", 1)[0]
-    return op in REGISTRY and "(rule:" in message
+    """A message our kernels wrote (sd::Fail): "<Op>: ..." with Op one of softdeploy's ops."""
+    op, sep, _ = message.partition(": ")
+    return bool(sep) and _is_our_op(op)

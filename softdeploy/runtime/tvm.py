@@ -109,7 +109,12 @@ class TVMSession:
 
         tvm = import_tvm()
         self = cls.__new__(cls)
+        from softdeploy.errors import ModelLoadError
+
         path = Path(path)
+        for part in (path, path.with_suffix(".json")):
+            if not part.is_file():
+                raise ModelLoadError(f"compiled model {path}: {part} is missing (save() writes the .so and its .json)")
         self._signature = _Signature.from_json(path.with_suffix(".json").read_text())
         self.executable, self.report = tvm.runtime.load_module(str(path)), None
         self.tir_ops, self.inlined_ops = (), ()

@@ -44,6 +44,9 @@ _KNOWN_GAPS = {
 
 
 def _convert_map() -> dict[str, Any]:
+    from softdeploy.tvm.target import import_tvm
+
+    import_tvm()  # without TVM: TVMNotInstalledError with the pip command, not ModuleNotFoundError
     from tvm.relax.frontend.onnx import onnx_frontend
 
     return onnx_frontend._get_convert_map()
@@ -215,7 +218,9 @@ def prepare(model: Any, shapes: Mapping[str, Sequence[int]] | None = None, *, us
     from softdeploy.tvm.ops import TIR_OPS
 
     if isinstance(model, (str, os.PathLike)):
-        model = onnx.load(os.fspath(model))
+        from softdeploy.files import load_model
+
+        model = load_model(model)  # ModelLoadError naming the path and the problem
     check_importable(model)
     model = attach_function_bodies(copy.deepcopy(model))
     in_shapes, dtypes = _input_signature(model, shapes or {})

@@ -23,9 +23,9 @@ def import_tvm() -> Any:
         import tvm
     except ImportError as e:
         raise TVMNotInstalledError(
-            f"the TVM backend needs apache-tvm {SUPPORTED_TVM}: "
-            'pip install "apache-tvm==0.27.0.post1" "apache-tvm-ffi==0.1.14.post0" psutil '
-            f'(or pip install "softdeploy[tvm]"); import failed: {e}'
+            f'the TVM backend needs apache-tvm {SUPPORTED_TVM}: pip install ".[tvm]" in the softdeploy checkout '
+            '(or pip install "apache-tvm==0.27.0.post1" "apache-tvm-ffi==0.1.14.post0" psutil); '
+            f"import failed: {e}"
         ) from e
     if not tvm.__version__.startswith(SUPPORTED_TVM):
         raise TVMNotInstalledError(

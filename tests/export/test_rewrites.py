@@ -352,6 +352,89 @@ def test_nms_without_an_exact_translation_is_reported(score, reason):
     assert any(reason in r for r in reasons(result, "nms-to-softnms"))
 
 
+def nms_model_with_inputs(dynamic=("max_out", "iou", "score"), max_out=3, iou=0.5, score=0.1):
+    """NonMaxSuppression whose ``dynamic`` settings are graph inputs ([1]) and the others initializers."""
+    inputs = [tensor("boxes", F, [2, 40, 4]), tensor("scores", F, [2, 3, 40])]
+    inits = []
+    for name, value, elem, dtype in (
+        ("max_out", max_out, TensorProto.INT64, np.int64),
+        ("iou", iou, F, np.float32),
+        ("score", score, F, np.float32),
+    ):
+        if name in dynamic:
+            inputs.append(tensor(name, elem, [1]))
+        else:
+            inits.append(numpy_helper.from_array(np.array([value], dtype), name))
+    node = helper.make_node("NonMaxSuppression", ["boxes", "scores", "max_out", "iou", "score"], ["selected"])
+    return make_model([node], inputs, [tensor("selected", TensorProto.INT64, None)], 18, inits)
+
+
+def test_optimize_verifies_nms_with_threshold_inputs_on_valid_random_feeds():
+    # Standard-normal thresholds made onnxruntime refuse the original ("iou_threshold must be in range [0, 1]").
+    result = optimize(nms_model_with_inputs())  # default rules: nothing rewritten, verified on random feeds
+    assert result.verification and result.ok
+    from softdeploy.export.rewrites.pipeline import random_feeds
+
+    feeds = random_feeds(nms_model_with_inputs())
+    boxes = feeds["boxes"]
+    assert (boxes[..., 2:] > boxes[..., :2]).all()  # corner boxes of positive size
+    assert 0 <= feeds["iou"][0] <= 1 and 0 <= feeds["score"][0] < 1 and feeds["max_out"][0] > 0
+    assert ((feeds["scores"] >= 0) & (feeds["scores"] < 1)).all()
+
+
+def test_optimize_says_that_feeds_are_needed_when_random_ones_are_not_valid():
+    # The threshold reaches NonMaxSuppression through an Identity: its meaning is not known, so the
+    # random value is out of range; the error says what to do instead of onnxruntime's message alone.
+    model = nms_model_with_inputs(("iou",))
+    model.graph.node[0].input[3] = "iou_copy"
+    model.graph.node.insert(0, helper.make_node("Identity", ["iou"], ["iou_copy"]))
+    with pytest.raises(ExportError, match=r"fails on random inputs .*iou_threshold.*pass --feeds inputs.npz"):
+        optimize(model)
+
+
+@pytest.mark.parametrize(
+    "dynamic", [("max_out",), ("iou",), ("score",), ("max_out", "iou", "score")], ids=lambda d: "+".join(d)
+)
+def test_nms_to_softnms_takes_settings_that_are_graph_inputs(dynamic):
+    model = nms_model_with_inputs(dynamic)
+    result = optimize(model, rules=["nms-to-softnms"], feeds={**nms_feeds(), **_settings(3, 0.5, 0.1, dynamic)})
+    assert result.counts == {"nms-to-softnms": 1}, result.to_text()
+    assert "SoftNMS" in str(result.model.graph)  # in the graph, or in the If's branch
+    sessions = {k: Session(result.model, kernels=k) for k in ("native", "portable")}
+    original = Session(model, kernels="portable")
+    # Every run-time value class: no output (max <= 0), a limit, no limit; thresholds at the edges;
+    # a negative score threshold (run by the original op in the If's else branch); boxes tied at t.
+    for max_out in (-1, 0, 1, 100):
+        for iou in (0.0, 0.3, 1.0):
+            for score in (-0.5, 0.0, 0.25, 0.6):
+                feeds = nms_feeds(max_out % 3)
+                feeds["scores"][0, 0, :5] = 0.25  # exactly t for score=0.25: NonMaxSuppression drops them
+                feeds.update(_settings(max_out, iou, score, dynamic))
+                want = original.run(feeds)[0]
+                for backend, session in sessions.items():
+                    got = session.run(feeds)[0]
+                    threshold = score if "score" in dynamic else 0.1
+                    if max_out == 100 and threshold < 0.25:  # ties among candidates: the set is exact, not the order
+                        got, want = np.unique(got, axis=0), np.unique(want, axis=0)
+                    np.testing.assert_array_equal(got, want, err_msg=f"{backend} {max_out=} {iou=} {score=}")
+
+
+def _settings(max_out, iou, score, dynamic):
+    values = {
+        "max_out": np.array([max_out], np.int64),
+        "iou": np.array([iou], np.float32),
+        "score": np.array([score], np.float32),
+    }
+    return {k: v for k, v in values.items() if k in dynamic}
+
+
+def test_an_unknown_dim_name_is_refused_naming_the_known_ones():
+    from softdeploy import ArgumentError
+
+    with pytest.raises(ArgumentError, match=r"--dim \['b'\]: not a symbolic dimension .* they are \['B'\]"):
+        optimize(softmax_topk_model(18), dims={"b": 3})
+
+
 # ---- pipeline ----------------------------------------------------------------------------------
 
 

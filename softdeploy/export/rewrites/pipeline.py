@@ -134,7 +134,10 @@ def optimize(
     on ``feeds`` (default: random inputs, symbolic dimensions from ``dims`` or 3) and compares every
     output; a disagreement raises ExportError with the report."""
     if not isinstance(model, onnx.ModelProto):
-        model = onnx.load(Path(model))
+        from softdeploy.files import load_model
+
+        model = load_model(Path(model))
+    check_dims(model, dims)
     original = model
     names = list(DEFAULT_RULES if rules is None else rules)
     if nms_to_softnms and "nms-to-softnms" not in names:
@@ -194,13 +197,75 @@ def optimize(
     return result
 
 
+def symbolic_dims(model: Any) -> list[str]:
+    """The names of the symbolic dimensions of the model's inputs, in order of appearance."""
+    initializers = {t.name for t in model.graph.initializer}
+    names: list[str] = []
+    for vi in model.graph.input:
+        if vi.name not in initializers:
+            for d in vi.type.tensor_type.shape.dim:
+                if d.HasField("dim_param") and d.dim_param not in names:
+                    names.append(d.dim_param)
+    return names
+
+
+def check_dims(model: Any, dims: Mapping[str, int] | None) -> None:
+    """Refuses a ``dims`` name that is not a symbolic dimension of the model's inputs (a typo would
+    otherwise silently leave that dimension at its default)."""
+    known = symbolic_dims(model)
+    unknown = sorted(set(dims or {}) - set(known))
+    if unknown:
+        from softdeploy.errors import ArgumentError
+
+        raise ArgumentError(
+            f"--dim {unknown}: not a symbolic dimension of the model's inputs; they are {known or 'none (all fixed)'}"
+        )
+
+
+# Inputs whose values have a meaning the op checks (onnxruntime refuses an iou_threshold outside
+# [0, 1]; boxes must be boxes): (domain, op) -> the role of each input position.
+_NMS_ROLES = ("boxes", "scores", "max_output_boxes_per_class", "iou_threshold", "score_threshold")
+_KNOWN_INPUTS = {("", "NonMaxSuppression"): _NMS_ROLES, (DOMAIN, "SoftNMS"): _NMS_ROLES}
+
+
+def _input_roles(model: Any) -> dict[str, tuple[str, int]]:
+    """Graph input -> (role, center_point_box) for the inputs fed straight into an op of _KNOWN_INPUTS."""
+    graph_inputs = {vi.name for vi in model.graph.input}
+    roles: dict[str, tuple[str, int]] = {}
+    for node in model.graph.node:
+        known = _KNOWN_INPUTS.get(("" if node.domain == "ai.onnx" else node.domain, node.op_type))
+        if known is None:
+            continue
+        center = next((a.i for a in node.attribute if a.name == "center_point_box"), 0)
+        for role, name in zip(known, node.input, strict=False):
+            if name in graph_inputs:
+                roles.setdefault(name, (role, center))
+    return roles
+
+
+def _valid_value(role: str, center: int, shape: list[int], dtype: np.dtype, rng: Any) -> np.ndarray:
+    if role == "boxes":  # [..., 4], each a box of positive size: corners, or centre + size
+        lead = shape[:-1]
+        origin = rng.uniform(0, 10, [*lead, 2])
+        size = rng.uniform(1, 4, [*lead, 2])
+        value = np.concatenate([origin, size] if center else [origin, origin + size], axis=-1)
+        return value.astype(dtype)
+    if role == "scores":
+        return rng.uniform(0, 1, shape).astype(dtype)
+    fixed = {"max_output_boxes_per_class": 2, "iou_threshold": 0.5, "score_threshold": 0.25}[role]
+    return np.full(shape, fixed, dtype)
+
+
 def random_feeds(model: Any, dims: Mapping[str, int] | None = None, seed: int = 0) -> dict[str, np.ndarray]:
     """Random inputs for ``model``: floats standard normal, integers in [0, 4), bools; a symbolic
-    dimension takes its size from ``dims`` (by name), else 3."""
+    dimension takes its size from ``dims`` (by name), else 3. Inputs fed straight into an op whose
+    inputs have a meaning (NonMaxSuppression, SoftNMS) get valid values: boxes of positive size,
+    scores in [0, 1), max_output_boxes_per_class 2, iou_threshold 0.5, score_threshold 0.25."""
     from onnx import helper
 
     rng = np.random.default_rng(seed)
     initializers = {t.name for t in model.graph.initializer}
+    roles = _input_roles(model)
     feeds = {}
     for vi in model.graph.input:
         if vi.name in initializers:
@@ -213,7 +278,9 @@ def random_feeds(model: Any, dims: Mapping[str, int] | None = None, seed: int = 
             else:
                 shape.append(int((dims or {}).get(d.dim_param, 3)))
         dtype = helper.tensor_dtype_to_np_dtype(t.elem_type)
-        if np.issubdtype(dtype, np.floating):
+        if vi.name in roles and (roles[vi.name][0] != "boxes" or (shape and shape[-1] == 4)):
+            feeds[vi.name] = _valid_value(*roles[vi.name], shape, dtype, rng)
+        elif np.issubdtype(dtype, np.floating):
             feeds[vi.name] = rng.standard_normal(shape).astype(dtype)
         elif dtype == np.bool_:
             feeds[vi.name] = rng.random(shape) < 0.5
@@ -225,10 +292,21 @@ def random_feeds(model: Any, dims: Mapping[str, int] | None = None, seed: int = 
 def _verify(
     original: Any, rewritten: Any, feeds: Mapping[str, np.ndarray] | None, dims: Any, seed: int
 ) -> tuple[VerifyCheck, ...]:
+    from softdeploy.errors import SoftdeployError
     from softdeploy.runtime import Session
 
+    given = feeds is not None
     feeds = dict(feeds) if feeds is not None else random_feeds(original, dims, seed)
-    want = Session(original, kernels="auto").run(feeds)
+    try:
+        want = Session(original, kernels="auto").run(feeds)
+    except SoftdeployError as e:
+        if given:
+            raise
+        # Random values are not valid inputs of every model (an index, a threshold): say what to do.
+        raise ExportError(
+            f"verification: the original model fails on random inputs ({e}); pass --feeds inputs.npz "
+            "(feeds=...) with valid inputs, or --no-verify (verify=False)"
+        ) from e
     names = [o.name for o in original.graph.output]
     checks = []
     for backend in ("native", "portable"):

@@ -7,7 +7,8 @@ Variants (``VARIANTS``; TVM joins once the backend exists):
                      and speed-ups are measured against it
   ort-int8-dynamic   int8 weights per output channel, activations quantized at run time
   ort-int8-static    int8 QDQ with activation ranges calibrated (through our kernels) on held-out data,
-                     with the case's static settings where it has them (``Case.static_config``)
+                     with the case's static settings where it has them (``Case.static_config``;
+                     ``Case.dynamic_config`` likewise for ort-int8-dynamic)
 Opt-in, when apache-tvm is installed (``TVM_VARIANTS``; name them in ``variants``):
   tvm-fp32           TVM, our ops as TIR kernels, shipped tuning records + hand/dlight schedules
   tvm-fp32-untuned   TVM's default pipeline without schedules (what tvm.compile alone gives)
@@ -295,7 +296,7 @@ def run_compare(
     t0 = time.perf_counter()
     if "ort-int8-dynamic" in variants:
         with progress.step("quantize: int8 dynamic, per-channel"):
-            quantized["ort-int8-dynamic"] = quantize(fp32, models / "int8_dynamic.onnx", QuantConfig("dynamic"))
+            quantized["ort-int8-dynamic"] = quantize(fp32, models / "int8_dynamic.onnx", dynamic_config(case, fp32))
     if "ort-int8-static" in variants:
         calibration = case.calibration_feeds()
         static = static_config(case, fp32)
@@ -407,6 +408,12 @@ def static_config(case: Case, fp32: Path) -> QuantConfig:
     a calibration method and nodes to keep in float that it measured); else QuantConfig("static")."""
     own = getattr(case, "static_config", None)
     return own(fp32) if callable(own) else QuantConfig("static")
+
+
+def dynamic_config(case: Case, fp32: Path) -> QuantConfig:
+    """The case's dynamic-quantization settings (``case.dynamic_config(fp32)``; else QuantConfig("dynamic"))."""
+    own = getattr(case, "dynamic_config", None)
+    return own(fp32) if callable(own) else QuantConfig("dynamic")
 
 
 def case_torch_size(case: Case) -> int | None:

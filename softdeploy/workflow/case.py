@@ -3,6 +3,7 @@ through the same comparison machinery (variants, timing, agreement, reports) as 
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,10 @@ class WorkflowCase:
     def __init__(self, workflow: Workflow) -> None:
         self.workflow = workflow
         self.name = workflow.name
-        self.title = workflow.title or f"{workflow.name}: {Path(workflow.model).name if not workflow.factory else workflow.model}"
+        self.title = (
+            workflow.title
+            or f"{workflow.name}: {Path(workflow.model).name if not workflow.factory else workflow.model}"
+        )
         self._model: Any = None  # onnx.ModelProto of the fp32 model
         self._module: Any = None  # the torch module (factory workflows)
         self._inputs: list[ModelInput] = []
@@ -68,7 +72,7 @@ class WorkflowCase:
             return
         import onnx
 
-        from softdeploy.files import load_onnx
+        from softdeploy.files import load_model
 
         wf = self.workflow
         if wf.factory:
@@ -78,9 +82,11 @@ class WorkflowCase:
             with progress.step(f"export {wf.model} to ONNX (validated against torch)"):
                 spec = load_factory(wf.model)
                 self._module = spec.module
-                self._model = export(spec.module, spec.example_inputs, dynamic_shapes=spec.dynamic_shapes, opset=wf.opset).model
+                self._model = export(
+                    spec.module, spec.example_inputs, dynamic_shapes=spec.dynamic_shapes, opset=wf.opset
+                ).model
         else:
-            self._model = load_onnx(wf.model)
+            self._model = load_model(wf.model)
         self._inputs = model_inputs(self._model)
         self._outputs = {
             o.name: np.dtype(onnx.helper.tensor_dtype_to_np_dtype(o.type.tensor_type.elem_type)).name
@@ -89,7 +95,12 @@ class WorkflowCase:
         with progress.step(f"read and check data {wf.data.inputs}"):
             self._data = load_dataset(wf.data, self._inputs)
         specs = wf.metrics or (MetricSpec("cosine"),)
-        self._metrics = [resolve(s, self._outputs, self._data.labels is not None) for s in specs]
+        metrics = [resolve(s, self._outputs, self._data.labels is not None) for s in specs]
+        labels = [m.label for m in metrics]
+        # The same metric on two outputs: each column names its output.
+        self._metrics = [
+            dataclasses.replace(m, label=f"{m.label} ({m.output})") if labels.count(m.label) > 1 else m for m in metrics
+        ]
         _ = self.primary_metric  # a wrong `primary` fails here, before any work
 
     def describe(self) -> dict[str, Any]:
@@ -173,7 +184,9 @@ class WorkflowCase:
         with progress.step(f"{label}: {len(self._data.batches)} batches"):
             outputs = self.outputs_of(runner)
         rows = {f"{n} cosine": v for n, v in outputs.items() if v.dtype.kind == "f" and v.ndim >= 1 and v.size}
-        scores = next((v.reshape(-1, v.shape[-1]) for v in outputs.values() if v.dtype.kind == "f" and v.ndim >= 2), None)
+        scores = next(
+            (v.reshape(-1, v.shape[-1]) for v in outputs.values() if v.dtype.kind == "f" and v.ndim >= 2), None
+        )
         return Evaluation(metrics=self.score(outputs), rows=rows, scores=scores, notes={"softdeploy ops": kernels})
 
     def timed(self, runner: Runner, kernels: str, threads: int) -> dict[str, Timed]:

@@ -88,13 +88,9 @@ def read_arrays(source: str, what: str = "data.inputs") -> tuple[dict[str, np.nd
         return {f.stem: _load_npy(f, what) for f in files}, None
     if path.suffix == ".npy":
         raise WorkflowError(f"{what}: {path} is one array; give an .npz or a folder of <input name>.npy files")
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            return {k: z[k] for k in z.files}, None
-    except ValueError as e:  # object arrays need pickle: refused
-        raise WorkflowError(f"{what}: {path} holds pickled objects, which softdeploy never loads ({e})") from e
-    except Exception as e:
-        raise WorkflowError(f"{what}: {path} is not a readable .npz: {type(e).__name__}: {e}") from e
+    from softdeploy.files import load_npz
+
+    return load_npz(path, what), None
 
 
 def _load_npy(path: Path, what: str) -> np.ndarray:
@@ -150,10 +146,14 @@ def batches(
 ) -> list[dict[str, np.ndarray]]:
     """Feeds of ``batch`` samples each (the last may be shorter unless the model fixes the batch)."""
     n = check_feeds(arrays, inputs, constant, what)
-    fixed = {i.name: i.dims[0] for i in inputs if i.name not in constant and isinstance(i.dims[0], int) and i.dims[0] > 0}
+    fixed = {
+        i.name: i.dims[0] for i in inputs if i.name not in constant and isinstance(i.dims[0], int) and i.dims[0] > 0
+    }
     for name, b in fixed.items():
         if b != batch:
-            raise WorkflowError(f"data.batch: {batch}, but the model fixes input {name!r}'s batch at {b}; set batch: {b}")
+            raise WorkflowError(
+                f"data.batch: {batch}, but the model fixes input {name!r}'s batch at {b}; set batch: {b}"
+            )
         if n % b:
             raise WorkflowError(
                 f"{what}: {n} samples leave a last batch of {n % b}, and the model fixes input {name!r}'s batch at "
@@ -164,7 +164,9 @@ def batches(
     out = []
     for start in range(0, n, batch):
         feeds = {
-            i.name: arrays[i.name] if i.name in constant else np.ascontiguousarray(arrays[i.name][start : start + batch])
+            i.name: arrays[i.name]
+            if i.name in constant
+            else np.ascontiguousarray(arrays[i.name][start : start + batch])
             for i in inputs
         }
         out.append(feeds)
@@ -184,7 +186,9 @@ def load_dataset(spec: DataSpec, inputs: Sequence[ModelInput]) -> Dataset:
         elif spec.labels in arrays:
             labels = arrays.pop(spec.labels)
         else:
-            raise WorkflowError(f"data.labels: {spec.labels!r} is neither an .npy file nor an array of {spec.inputs} ({sorted(arrays)})")
+            raise WorkflowError(
+                f"data.labels: {spec.labels!r} is neither an .npy file nor an array of {spec.inputs} ({sorted(arrays)})"
+            )
     names = {i.name for i in inputs}
     extra = sorted(set(arrays) - names)
     if extra:
@@ -197,7 +201,9 @@ def load_dataset(spec: DataSpec, inputs: Sequence[ModelInput]) -> Dataset:
     if labels is not None:
         labels = np.asarray(labels)
         if len(labels) != n:
-            raise WorkflowError(f"data.labels: {len(labels)} labels for {n} samples (rule: one label per sample, axis 0)")
+            raise WorkflowError(
+                f"data.labels: {len(labels)} labels for {n} samples (rule: one label per sample, axis 0)"
+            )
     if spec.calibration is not None:
         cal_arrays, _ = read_arrays(spec.calibration, "data.calibration")
         calibration = batches(cal_arrays, inputs, spec.constant, spec.batch, "data.calibration")

@@ -16,9 +16,9 @@ batches along axis 0, and either the labels or the fp32 reference's same output:
   agreement       top-k agreement with the fp32 reference (k: 10)
   kl              mean KL(softmax(reference) || softmax(output)) over the rows (lower is better)
 
-A function is called ``fn(output, labels)`` with the output array (or, without ``output:``, the
-mapping of every output) and the labels (None without); it returns a float, higher is better unless
-the metric says ``goal: min``.
+A function is called ``fn(output, labels)`` with the output array (``output: "*"``: the mapping of
+every output by name) and the labels (None without); it returns a float, higher is better unless the
+metric says ``goal: min``.
 """
 
 from __future__ import annotations
@@ -95,13 +95,15 @@ class Metric:
     """A resolved metric of a workflow."""
 
     label: str  # its column
-    output: str | None  # the output it reads; None: every output (functions only)
+    output: str | None  # the output it reads; None: every output (functions given output "*")
     goal: str
     reads: str  # "labels" | "reference" | "function"
     k: int
     fn: Callable[..., float]
 
-    def __call__(self, outputs: Mapping[str, np.ndarray], labels: Any, reference: Mapping[str, np.ndarray] | None) -> float:
+    def __call__(
+        self, outputs: Mapping[str, np.ndarray], labels: Any, reference: Mapping[str, np.ndarray] | None
+    ) -> float:
         y = outputs if self.output is None else outputs[self.output]
         if self.reads == "function":
             return float(self.fn(y, labels))
@@ -120,7 +122,7 @@ def resolve(spec: MetricSpec, outputs: Mapping[str, str], has_labels: bool) -> M
     """A Metric from its spec; ``outputs`` maps the model's output names to their numpy dtype names."""
     float_outputs = [n for n, t in outputs.items() if t.startswith("float")]
     output = spec.output
-    if output is not None and output not in outputs:
+    if output is not None and output != "*" and output not in outputs:
         raise WorkflowError(f"metrics: {spec.name}: output {output!r} is not an output of the model ({list(outputs)})")
     if spec.name in BUILTIN:
         b = BUILTIN[spec.name]
@@ -137,11 +139,12 @@ def resolve(spec: MetricSpec, outputs: Mapping[str, str], has_labels: bool) -> M
             raise WorkflowError(f"metrics: {spec.name} needs labels (data.labels)")
         k = spec.k or b.default_k
         label = spec.label or (f"{spec.name}@{k}" if b.default_k else spec.name)
-        if len(outputs) > 1 and not spec.label:
-            label += f" ({output})"
         return Metric(label, output, spec.goal or b.goal, b.reads, k, b.fn)
     if is_callable_ref(spec.name):
         from softdeploy.export.factory import load_callable
+
+        if output is None:
+            output = float_outputs[0] if float_outputs else next(iter(outputs))
 
         try:
             fn = load_callable(spec.name, "metric")
@@ -150,5 +153,5 @@ def resolve(spec: MetricSpec, outputs: Mapping[str, str], has_labels: bool) -> M
         if not callable(fn):
             raise WorkflowError(f"metrics: {spec.name} is not callable")
         label = spec.label or spec.name.rpartition(":")[2]
-        return Metric(label, output, spec.goal or "max", "function", spec.k or 0, fn)
+        return Metric(label, None if output == "*" else output, spec.goal or "max", "function", spec.k or 0, fn)
     raise WorkflowError(f"metrics: unknown metric {spec.name!r}; built-ins are {sorted(BUILTIN)}, or give 'pkg.mod:fn'")

@@ -227,23 +227,25 @@ def cmd_quantize(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from rich.console import Console
-
     from softdeploy.compare import VARIANTS, run_compare
     from softdeploy.compare.progress import RichProgress
-    from softdeploy.compare.report import print_table, write_reports
-    from softdeploy.models import get_case
+    from softdeploy.compare.report import write_reports
+    from softdeploy.errors import ArgumentError
+    from softdeploy.models import DEFAULT_CASE
 
-    console = Console()
-    if not console.is_terminal:  # a log file: don't squeeze the wide table into 80 columns
-        console = Console(width=240)
-    variants = [v for v in args.variants.split(",") if v] if args.variants else list(VARIANTS)
-    out = Path(args.out) / args.case
+    console = _wide_console()
+    variants = [v for v in args.variants.split(",") if v] if args.variants else None
+    if args.model or args.workflow:
+        if args.case:
+            raise ArgumentError("compare: give MODEL / --workflow or --case, not both")
+        return _run_workflow(_compare_workflow(args), console, variants=variants, quick=args.quick)
+    case = _load_case(args.case or DEFAULT_CASE, quick=args.quick)
+    out = Path(args.out) / case.name
     with RichProgress(console) as progress:
         result = run_compare(
-            get_case(args.case, quick=args.quick),
+            case,
             out,
-            variants=variants,
+            variants=variants or list(VARIANTS),
             threads=args.threads,
             eval_threads=args.eval_threads,
             rounds=3 if args.quick else args.rounds,
@@ -252,10 +254,102 @@ def cmd_compare(args: argparse.Namespace) -> int:
         )
         with progress.step("write report.md, results.csv, results.json, accuracy_vs_latency.png"):
             paths = write_reports(result, out)
-    print_table(result, console)
+    _print_result(result, paths, out, console)
+    return 0
+
+
+def _wide_console() -> object:
+    from rich.console import Console
+
+    console = Console()
+    if not console.is_terminal:  # a log file: don't squeeze the wide table into 80 columns
+        console = Console(width=240)
+    return console
+
+
+def _print_result(result: object, paths: dict, out: object, console: object) -> None:
+    from softdeploy.compare.report import print_table
+
+    print_table(result, console)  # type: ignore[arg-type]
     console.print(f"reports in {out}/: " + ", ".join(p.name for p in paths.values()))  # type: ignore[attr-defined]
     console.print(f"total {result.seconds:.0f} s")  # type: ignore[attr-defined]
-    return 0
+
+
+def _load_case(name: str, quick: bool) -> object:
+    """A built-in case by name, or the user's ``pkg.mod:MyCase`` (a Case instance, class or factory)."""
+    from softdeploy.models import CASES, get_case
+    from softdeploy.workflow.spec import is_callable_ref
+
+    if name in CASES or not is_callable_ref(name):
+        return get_case(name, quick=quick)
+    from softdeploy.export.factory import load_callable
+
+    made = load_callable(name, "case")
+    case = made() if callable(made) else made
+    missing = [m for m in ("name", "prepare", "export_fp32", "evaluate", "timed") if not hasattr(case, m)]
+    if missing:
+        from softdeploy.errors import SoftdeployError
+
+        raise SoftdeployError(f"case {name}: {type(case).__name__} lacks {missing} of softdeploy.compare.case.Case")
+    return case
+
+
+def _compare_workflow(args: argparse.Namespace) -> object:
+    """The workflow of `compare --workflow F` or of `compare MODEL --data ... --metric ...`."""
+    from pathlib import Path
+
+    from softdeploy.errors import ArgumentError
+    from softdeploy.workflow import load_workflow, parse
+
+    if args.workflow:
+        if args.model or args.data:
+            raise ArgumentError("compare: --workflow holds the model and data; give no MODEL or --data")
+        return load_workflow(args.workflow)
+    if not args.data:
+        raise ArgumentError("compare MODEL needs --data (the inputs to evaluate on)")
+    metrics = []
+    for m in args.metric:  # NAME or NAME=OUTPUT; NAME may be pkg.mod:fn
+        name, _, output = m.partition("=")
+        metrics.append({"name": name, **({"output": output} if output else {})})
+    raw = {
+        "name": Path(args.model).stem,
+        "model": args.model,
+        "data": {
+            "inputs": args.data,
+            **({"labels": args.labels} if args.labels else {}),
+            "batch": args.batch,
+            "constant": [c for c in args.constant.split(",") if c],
+        },
+        **({"metrics": metrics} if metrics else {}),
+        "threads": args.threads,
+        "rounds": args.rounds,
+        "out": args.out,
+    }
+    return parse(raw, base=Path.cwd(), name=Path(args.model).stem)
+
+
+def _run_workflow(workflow: object, console: object, *, variants: list[str] | None = None, quick: bool = False) -> int:
+    import dataclasses
+
+    from softdeploy.compare.progress import RichProgress
+    from softdeploy.workflow.run import run_workflow
+
+    if variants:
+        workflow = dataclasses.replace(workflow, variants=tuple(variants))  # type: ignore[type-var]
+    with RichProgress(console) as progress:
+        result = run_workflow(workflow, progress, quick=quick)  # type: ignore[arg-type]
+    if result.budget is not None:
+        for line in result.budget.explain():
+            console.print(line)  # type: ignore[attr-defined]
+    _print_result(result.compare, result.reports, result.out, console)
+    met = all(f.met for f in result.compare.floors)
+    return 0 if met else 1
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from softdeploy.workflow import load_workflow
+
+    return _run_workflow(load_workflow(args.workflow), _wide_console(), quick=args.quick)
 
 
 def _refuse_overwrite(outputs: Sequence[object], overwrite: bool, sources: Sequence[object] = ()) -> None:
@@ -429,6 +523,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.set_defaults(fn=cmd_demo)
     _add_quantize_parser(sub)
     _add_compare_parser(sub)
+    p = sub.add_parser(
+        "run",
+        help="your own model: export, quantize (accuracy budget on your metric), compare -- from one workflow file",
+        description="WORKFLOW is a YAML or JSON file (schema: softdeploy/workflow/schema.json): model (ONNX file or "
+        "torch factory), data, metrics, quantize (mode, max_drop), variants. Reports go to OUT/NAME/.",
+    )
+    p.add_argument("workflow")
+    p.add_argument("--quick", action="store_true", help="fewer timing rounds (smoke test)")
+    p.set_defaults(fn=cmd_run)
     _add_export_commands(sub)
     p = sub.add_parser("compile", help="compile an ONNX model with TVM (tuned schedules, RPC devices)")
     p.add_argument("model", help="ONNX model (com.softdeploy ops allowed)")
@@ -519,7 +622,28 @@ def _add_compare_parser(sub: argparse._SubParsersAction) -> None:  # type: ignor
         help="accuracy and latency of every variant of a model on real data",
         description="Variants: " + ", ".join(VARIANTS) + ". Reports go to OUT/CASE/.",
     )
-    p.add_argument("--case", choices=sorted(CASES), default=DEFAULT_CASE)
+    p.add_argument(
+        "model", nargs="?", help="your own ONNX model (with --data and --metric); omit for a built-in --case"
+    )
+    p.add_argument(
+        "--case",
+        default=None,
+        help=f"a built-in case ({', '.join(sorted(CASES))}; default {DEFAULT_CASE}) or your own 'pkg.mod:MyCase' "
+        "(a softdeploy.compare.case.Case, or a callable returning one)",
+    )
+    p.add_argument(
+        "--workflow", help="a workflow file (YAML/JSON): model, data, metrics, variants (see `softdeploy run`)"
+    )
+    p.add_argument("--data", help="with MODEL: inputs (.npz, folder of .npy, or pkg.mod:fn)")
+    p.add_argument("--labels", help="with MODEL: an array of --data that holds the labels, or an .npy file")
+    p.add_argument(
+        "--metric",
+        action="append",
+        default=[],
+        help="with MODEL: a metric NAME[=OUTPUT] (repeat; built-in or pkg.mod:fn); default cosine",
+    )
+    p.add_argument("--batch", type=int, default=8, help="with MODEL: samples per batch")
+    p.add_argument("--constant", default="", help="with MODEL: comma-separated inputs that are not batched")
     p.add_argument("--out", default="softdeploy-results", help="output folder (models and reports)")
     p.add_argument("--variants", help="comma-separated subset of the variants")
     p.add_argument("--threads", type=int, default=1, help="threads for the latency measurements")

@@ -7,6 +7,9 @@ reports) is the same for every case: see :mod:`softdeploy.compare.runner`.
 
 Optional: ``static_config(fp32_path) -> QuantConfig``, the case's static-quantization settings (e.g. a
 calibration method and the nodes it measured too sensitive for int8); without it, QuantConfig("static").
+Optional: ``fingerprint() -> str``, a content hash of the weights, data and settings
+(:func:`softdeploy.compare.cache.fingerprint`); the fp32 export is reused across runs only while it is
+unchanged, and re-exported on every run by a case without one.
 """
 
 from __future__ import annotations

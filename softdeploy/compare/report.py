@@ -62,6 +62,7 @@ def to_markdown(result: CompareResult) -> str:
     cols = summary_columns(result)
     env = result.environment
     out = [f"# {result.title}", ""]
+    out += [f"> **WARNING**: {w}" for w in result.warnings] + ([""] if result.warnings else [])
     desc = result.description
     out += [f"- **{k}**: {v}" for k, v in desc.items()]
     out += [
@@ -228,9 +229,12 @@ def print_table(result: CompareResult, console: Any) -> None:
     from rich.table import Table
 
     cols = summary_columns(result)
+    for w in result.warnings:
+        console.print(f"[bold red]WARNING[/bold red]: {w}")
     table = Table(title=result.title, show_lines=False)
     for c in cols:
-        table.add_column(c, justify="left" if c in _ALWAYS else "right")
+        # Variant names are never cut (two "ort-int8..." read the same); other cells wrap.
+        table.add_column(c, justify="left" if c in _ALWAYS else "right", no_wrap=c == "variant", overflow="fold")
     for r in result.rows():
         table.add_row(*[_fmt(r.get(c)) for c in cols])
     console.print(table)

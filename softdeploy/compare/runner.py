@@ -7,7 +7,8 @@ Variants (``VARIANTS``; TVM joins once the backend exists):
                      and speed-ups are measured against it
   ort-int8-dynamic   int8 weights per output channel, activations quantized at run time
   ort-int8-static    int8 QDQ with activation ranges calibrated (through our kernels) on held-out data,
-                     with the case's static settings where it has them (``Case.static_config``)
+                     with the case's static settings where it has them (``Case.static_config``;
+                     ``Case.dynamic_config`` likewise for ort-int8-dynamic)
 Opt-in, when apache-tvm is installed (``TVM_VARIANTS``; name them in ``variants``):
   tvm-fp32           TVM, our ops as TIR kernels, shipped tuning records + hand/dlight schedules
   tvm-fp32-untuned   TVM's default pipeline without schedules (what tvm.compile alone gives)
@@ -105,6 +106,7 @@ class CompareResult:
     latency_background_load: dict[str, float]
     seconds: float
     steps: dict[str, float]
+    warnings: list[str] = dataclasses.field(default_factory=list)  # shown above the table, in every report
 
     def rows(self) -> list[dict[str, Any]]:
         """One flat dict per variant (the CSV/markdown/JSON table)."""
@@ -166,6 +168,7 @@ class CompareResult:
             "latency_background_load_cores": self.latency_background_load,
             "seconds": self.seconds,
             "steps_seconds": self.steps,
+            "warnings": self.warnings,
         }
 
 
@@ -201,29 +204,58 @@ def _tvm_runner(path: Path, tuned: bool, threads: int) -> Runner:
 
 
 def _fp32_model(case: Case, models: Path, progress: Progress) -> Path:
-    """The case's fp32 export, reused while the case, softdeploy and torch versions are unchanged."""
+    """The case's fp32 export, reused only while its content fingerprint is unchanged.
+
+    The key is ``case.fingerprint()`` (weights, data and settings; see :mod:`softdeploy.compare.cache`)
+    with the softdeploy and torch versions; a case without ``fingerprint`` is exported on every run."""
     import importlib.metadata
 
     import softdeploy
 
     path = models / "fp32.onnx"
     stamp = models / "fp32.stamp.json"
+    own = getattr(case, "fingerprint", None)
     want = {
         "case": case.name,
         "softdeploy": softdeploy.__version__,
         "torch": importlib.metadata.version("torch"),
         "describe": case.describe(),
+        "fingerprint": own() if callable(own) else None,
     }
-    if path.is_file() and stamp.is_file():
+    if want["fingerprint"] is not None and path.is_file() and stamp.is_file():
         try:
-            if json.loads(stamp.read_text()) == json.loads(json.dumps(want)):
+            if json.loads(stamp.read_text()) == json.loads(json.dumps(want, default=str)):
                 return path
         except json.JSONDecodeError:
             pass
     with progress.step(f"export {case.name} to ONNX (torch.onnx dynamo)"):
         case.export_fp32(path)
-    stamp.write_text(json.dumps(want, indent=1))
+    stamp.write_text(json.dumps(want, indent=1, default=str))
     return path
+
+
+# torch eager and onnxruntime fp32 (softdeploy's kernels) compute the same model: below these they
+# disagree, and every other number of the comparison is suspect (a stale export, a broken op).
+TORCH_MIN_COSINE = 0.999
+TORCH_MIN_TOPK_AGREEMENT = 0.99
+
+
+def torch_disagreement(agreement: dict[str, dict[str, float]]) -> list[str]:
+    """Warnings when ``torch-fp32`` disagrees with the fp32 onnxruntime reference."""
+    a = agreement.get("torch-fp32")
+    if a is None:
+        return []
+    out = []
+    for key, value in a.items():
+        low = key.endswith("cosine") and value < TORCH_MIN_COSINE
+        low = low or (key.endswith("agreement") and value < TORCH_MIN_TOPK_AGREEMENT)
+        if low:
+            out.append(
+                f"torch-fp32 and {REFERENCE} DISAGREE: {key} {value:.4f} (expected >= "
+                f"{TORCH_MIN_COSINE if key.endswith('cosine') else TORCH_MIN_TOPK_AGREEMENT}); the exported model "
+                "does not compute what the torch model does -- every other comparison is suspect"
+            )
+    return out
 
 
 def run_compare(
@@ -264,7 +296,7 @@ def run_compare(
     t0 = time.perf_counter()
     if "ort-int8-dynamic" in variants:
         with progress.step("quantize: int8 dynamic, per-channel"):
-            quantized["ort-int8-dynamic"] = quantize(fp32, models / "int8_dynamic.onnx", QuantConfig("dynamic"))
+            quantized["ort-int8-dynamic"] = quantize(fp32, models / "int8_dynamic.onnx", dynamic_config(case, fp32))
     if "ort-int8-static" in variants:
         calibration = case.calibration_feeds()
         static = static_config(case, fp32)
@@ -364,6 +396,7 @@ def run_compare(
         latency_background_load=background,
         seconds=0.0,
         steps=steps,
+        warnings=torch_disagreement(agreement),
     )
     result.floors = case.floors(result.rows())
     result.seconds = time.perf_counter() - t_start
@@ -375,6 +408,12 @@ def static_config(case: Case, fp32: Path) -> QuantConfig:
     a calibration method and nodes to keep in float that it measured); else QuantConfig("static")."""
     own = getattr(case, "static_config", None)
     return own(fp32) if callable(own) else QuantConfig("static")
+
+
+def dynamic_config(case: Case, fp32: Path) -> QuantConfig:
+    """The case's dynamic-quantization settings (``case.dynamic_config(fp32)``; else QuantConfig("dynamic"))."""
+    own = getattr(case, "dynamic_config", None)
+    return own(fp32) if callable(own) else QuantConfig("dynamic")
 
 
 def case_torch_size(case: Case) -> int | None:

@@ -158,8 +158,116 @@ def export_program(
         raise ExportError(f"torch.onnx.export failed: {e}") from e
     model = attach_function_bodies(drop_unused_optional_outputs(program.model_proto))
     onnx.checker.check_model(model, full_check=True)
+    lost = specialized_dims(model, module, dynamic_shapes)
+    if lost:
+        raise ExportError(_specialization_message(lost, module, args, kwargs, dynamic_shapes))
     if path is not None:
         tmp = Path(str(path) + ".tmp")
         onnx.save(model, tmp)
         tmp.replace(path)
     return model, program.exported_program
+
+
+# ---- dynamic dimensions ---------------------------------------------------------------------------------
+
+
+def _is_required_dynamic(dim: Any) -> bool:
+    """Whether one entry of a dynamic_shapes spec asks for a dimension that must stay symbolic.
+
+    ``torch.export.Dim("name")``, ``Dim.DYNAMIC`` and a string name must; ``Dim.AUTO`` lets torch
+    decide and ``Dim.STATIC`` / ``None`` / an int ask for a fixed size."""
+    import torch
+
+    if dim is None or isinstance(dim, int):
+        return False
+    if isinstance(dim, str):
+        return True
+    hint = getattr(torch.export.Dim, "AUTO", None), getattr(torch.export.Dim, "STATIC", None)
+    if any(dim is h or (h is not None and dim == h) for h in hint):
+        return False
+    return True
+
+
+def requested_dynamic_dims(module: Any, dynamic_shapes: Any) -> list[tuple[int, str, int]]:
+    """``(input position, input name, axis)`` of every dimension ``dynamic_shapes`` asks to keep symbolic.
+
+    Top-level tensor arguments only: a spec given by position (tuple / list) or by the name of a
+    ``forward`` parameter (dict); nested structures are not checked."""
+    if dynamic_shapes is None:
+        return []
+    if isinstance(dynamic_shapes, dict):
+        forward = getattr(module, "forward", module)
+        names = [p for p in inspect.signature(forward).parameters if p != "self"]
+        by_position = [(names.index(k), k, v) for k, v in dynamic_shapes.items() if k in names]
+    else:
+        by_position = [(i, str(i), v) for i, v in enumerate(dynamic_shapes)]
+    out = []
+    for position, name, spec in by_position:
+        if isinstance(spec, dict):
+            axes = spec.items()
+        elif isinstance(spec, (list, tuple)):
+            axes = enumerate(spec)
+        else:
+            continue
+        out += [(position, name, int(axis)) for axis, dim in axes if _is_required_dynamic(dim)]
+    return out
+
+
+def specialized_dims(model: Any, module: Any, dynamic_shapes: Any) -> list[tuple[str, int, int]]:
+    """The requested dynamic dimensions that the written model fixed: ``(input name, axis, size)``."""
+    initializers = {t.name for t in model.graph.initializer}
+    inputs = [i for i in model.graph.input if i.name not in initializers]
+    lost = []
+    for position, _, axis in requested_dynamic_dims(module, dynamic_shapes):
+        if position >= len(inputs):
+            continue
+        dims = inputs[position].type.tensor_type.shape.dim
+        if axis < len(dims) and not dims[axis].dim_param:
+            lost.append((inputs[position].name, axis, int(dims[axis].dim_value)))
+    return lost
+
+
+def _specialization_message(
+    lost: list[tuple[str, int, int]], module: Any, args: Sequence[Any], kwargs: Any, dynamic_shapes: Any
+) -> str:
+    """Names each dimension that became a constant and, from torch's draft export, the code that fixed it
+    (a softdeploy op names itself by its module ``softdeploy/ops/<stem>.py``)."""
+    which = ", ".join(f"{name!r} axis {axis} (fixed at {size})" for name, axis, size in lost)
+    cause = _specialization_cause(module, args, kwargs, dynamic_shapes)
+    return (
+        f"the exported model lost the dynamic dimension(s) asked for: {which}. {cause}"
+        " (rule: every dimension marked dynamic stays symbolic in the written model; make the code shape-generic, "
+        "or mark the dimension static)"
+    )
+
+
+def _specialization_cause(module: Any, args: Sequence[Any], kwargs: Any, dynamic_shapes: Any) -> str:
+    import re
+
+    import torch
+
+    from softdeploy.ops import REGISTRY
+
+    try:
+        program = torch.export.draft_export(module, tuple(args), kwargs=kwargs, dynamic_shapes=dynamic_shapes)
+        report = str(getattr(program, "_report", ""))
+    except Exception as e:  # the draft export is only a diagnosis; its own failure is reported as such
+        return f"(torch's draft export, run to find the cause, failed: {type(e).__name__}: {e})"
+    guard = re.search(r"this guard was added: (.*)", report)
+    frames = re.findall(r"File (\S+), lineno (\d+), in (\w+)", report)
+    stems = {d.stem: d.name for d in REGISTRY.values()}
+    for path, line, func in frames:
+        stem = Path(path).stem
+        if Path(path).parent.name == "ops" and stem in stems:
+            return f"softdeploy op {stems[stem]} fixed it ({path}:{line} in {func}: {guard.group(1) if guard else ''})."
+    import os
+
+    torch_dir = os.path.dirname(torch.__file__)
+    user = [f for f in frames if not f[0].startswith(torch_dir)]
+    if user:
+        path, line, func = user[-1]  # innermost frame of the user's code
+        return f"Fixed at {path}:{line} in {func}" + (f" (guard {guard.group(1)})." if guard else ".")
+    code = re.search(r"This occurred at the following stacktrace:(?:\s*File .*\n)*\s*(\S.*?):?\n", report)
+    if code:
+        return f"Fixed in: {code.group(1).strip()}" + (f" (guard {guard.group(1)})." if guard else ".")
+    return "torch's draft export did not say where."

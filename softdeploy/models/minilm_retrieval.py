@@ -168,6 +168,13 @@ class MiniLMRetrieval:
             "whole corpus (int8: corpus stored in int8, the query encoded per call)",
         }
 
+    def fingerprint(self) -> str:
+        """Weights, data and settings: the key of the cached fp32 export (softdeploy.compare.cache)."""
+        from softdeploy.compare.cache import fingerprint
+
+        d = self.data
+        return fingerprint(self._model, self.describe(), d.queries, d.corpus, self.max_length)
+
     def torch_size_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self._model.parameters())
 

@@ -173,6 +173,12 @@ class MtcnnFaces:
             "calibration": "pyramids of skimage chelsea, coffee, camera, rocket",
         }
 
+    def fingerprint(self) -> str:
+        """Weights and settings: the key of the cached fp32 export (softdeploy.compare.cache)."""
+        from softdeploy.compare.cache import fingerprint
+
+        return fingerprint(self._net, self.describe())
+
     def torch_size_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self._net.parameters())
 

@@ -52,8 +52,10 @@ MAX_INT8_DIM = 65536
 # ---- validation (messages word for word as in ops/max_sim_core.h) -----------------------------------
 
 
-def shape_of(x: Any) -> tuple[int, ...]:
-    return tuple(int(s) for s in x.shape)
+def shape_of(x: Any) -> tuple[Any, ...]:
+    """The shape as a tuple; symbolic sizes stay symbolic (int() on a traced torch size would fix
+    the exported model's dimension to the example's value)."""
+    return tuple(x.shape)
 
 
 def dtype_name(x: Any) -> str:

@@ -71,3 +71,66 @@ def test_subset_always_includes_reference(tmp_path: Path) -> None:
         TinyCase(), tmp_path, variants=["ort-int8-dynamic"], rounds=1, round_seconds=0.0, progress=SilentProgress()
     )
     assert [v.spec.name for v in r.variants] == [REFERENCE, "ort-int8-dynamic"]
+
+
+def test_a_retrained_model_is_exported_again(tmp_path: Path) -> None:
+    """The fp32 export is keyed by content: new weights under the same case name and versions are
+    exported again (the stale export once showed torch top-1 0.988 next to onnxruntime 0.381)."""
+    import onnx
+
+    case = TinyCase()
+    variants = ["torch-fp32", "ort-fp32"]
+    first = run_compare(case, tmp_path, variants=variants, rounds=1, round_seconds=0.01, progress=SilentProgress())
+    assert first.warnings == []
+    w1 = next(i for i in case.model.graph.initializer if i.name == "W1")
+    retrained = onnx.numpy_helper.from_array(-onnx.numpy_helper.to_array(w1), "W1")
+    w1.CopyFrom(retrained)  # "retraining": the torch runner reads the same weights
+    second = run_compare(case, tmp_path, variants=variants, rounds=1, round_seconds=0.01, progress=SilentProgress())
+    assert second.warnings == []
+    torch_row = next(r for r in second.rows() if r["variant"] == "torch-fp32")
+    assert torch_row["output cosine"] > 0.9999
+
+
+class _WrongExport(TinyCase):
+    """An export that does not compute what the torch model does."""
+
+    def export_fp32(self, path: Path) -> None:
+        import onnx
+
+        model = onnx.ModelProto()
+        model.CopyFrom(self.model)
+        for i in model.graph.initializer:
+            if i.name == "W2":
+                i.CopyFrom(onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(i)[::-1].copy(), "W2"))
+        onnx.save(model, path)
+
+
+def test_torch_and_onnxruntime_disagreeing_is_flagged_loudly(tmp_path: Path) -> None:
+    from rich.console import Console
+
+    r = run_compare(
+        _WrongExport(),
+        tmp_path,
+        variants=["torch-fp32", "ort-fp32"],
+        rounds=1,
+        round_seconds=0.01,
+        progress=SilentProgress(),
+    )
+    assert r.warnings and "DISAGREE" in r.warnings[0] and "torch-fp32" in r.warnings[0]
+    assert "**WARNING**" in to_markdown(r)
+    console = Console(record=True, width=200)
+    print_table(r, console)
+    assert "WARNING" in console.export_text()
+
+
+def test_variant_names_are_never_truncated() -> None:
+    from rich.console import Console
+
+    r = run_compare(
+        TinyCase(), Path(__import__("tempfile").mkdtemp()), rounds=1, round_seconds=0.01, progress=SilentProgress()
+    )
+    console = Console(record=True, width=80)
+    print_table(r, console)
+    text = console.export_text()
+    for name in VARIANTS:
+        assert name in text, f"{name} cut in an 80-column terminal"

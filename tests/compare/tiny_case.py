@@ -33,6 +33,11 @@ class TinyCase:
     def describe(self) -> dict[str, Any]:
         return {"model": "3-layer MLP", "data": f"{len(self.data)} random batches"}
 
+    def fingerprint(self) -> str:
+        from softdeploy.compare.cache import fingerprint
+
+        return fingerprint(self.model, self.data)
+
     def export_fp32(self, path: Path) -> None:
         onnx.save(self.model, path)
 

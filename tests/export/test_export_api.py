@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -154,3 +155,31 @@ def test_cli_export_from_a_factory(tmp_path):
     assert again.returncode == 2 and "--overwrite" in again.stderr
     bad = subprocess.run([*cmd[:4], f"{factory}:nothing", str(tmp_path / "x.onnx")], capture_output=True, text=True)
     assert bad.returncode == 2 and "no attribute 'nothing'" in bad.stderr
+
+
+def test_cli_export_imports_a_factory_module_from_the_current_folder(tmp_path):
+    """`softdeploy export mymodel:make` from the folder holding mymodel.py (the console script's
+    sys.path[0] is its own bin folder, not the user's)."""
+    import os
+    import shutil
+
+    (tmp_path / "mymodel_for_cli.py").write_text(
+        "import torch\n"
+        "import softdeploy.nn\n"
+        "def make():\n"
+        "    return softdeploy.nn.TwoPassSoftmax(), (torch.randn(3, 40),)\n"
+    )
+    script = shutil.which("softdeploy") or str(Path(sys.executable).with_name("softdeploy"))
+    # The source tree first (the tests test it); no empty entry, which would put the cwd on sys.path.
+    paths = [str(Path(__file__).resolve().parents[2]), *os.environ.get("PYTHONPATH", "").split(os.pathsep)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
+    run = subprocess.run(
+        [script, "export", "mymodel_for_cli:make", "m.onnx"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert run.returncode == 0, run.stderr
+    assert (tmp_path / "m.onnx").is_file()

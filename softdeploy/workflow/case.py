@@ -1,0 +1,241 @@
+"""A workflow as a :class:`softdeploy.compare.case.Case`: the user's model, data and metrics go
+through the same comparison machinery (variants, timing, agreement, reports) as the built-in cases."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from softdeploy.compare.case import Evaluation, Floor, Progress, Runner, Timed
+from softdeploy.workflow.data import Dataset, ModelInput, load_dataset, model_inputs
+from softdeploy.workflow.metrics import Metric, resolve
+from softdeploy.workflow.spec import MetricSpec, Workflow, WorkflowError
+
+# Columns the runner derives from Evaluation.rows / .scores against the fp32 reference.
+AGREEMENT_K = 5
+
+
+class WorkflowCase:
+    """The Case of a :class:`~softdeploy.workflow.spec.Workflow` (see softdeploy/compare/case.py)."""
+
+    timed_phases = ("infer",)
+    agreement_k = AGREEMENT_K
+
+    def __init__(self, workflow: Workflow) -> None:
+        self.workflow = workflow
+        self.name = workflow.name
+        self.title = (
+            workflow.title
+            or f"{workflow.name}: {Path(workflow.model).name if not workflow.factory else workflow.model}"
+        )
+        self._model: Any = None  # onnx.ModelProto of the fp32 model
+        self._module: Any = None  # the torch module (factory workflows)
+        self._inputs: list[ModelInput] = []
+        self._outputs: dict[str, str] = {}
+        self._data: Dataset | None = None
+        self._metrics: list[Metric] = []
+        self._fp32_path: Path | None = None
+        self._reference: dict[str, np.ndarray] | None = None
+        self.exclude: tuple[str, ...] = tuple(workflow.quantize.exclude)  # nodes kept in float (+ the budget's)
+        self.budget: Any = None  # the BudgetResult, when the workflow has quantize.max_drop
+
+    # ---- the Case protocol ------------------------------------------------------------------------
+
+    @property
+    def primary_metric(self) -> str:
+        labels = [m.label for m in self.metrics]
+        want = self.workflow.primary
+        if want is not None and want not in labels:
+            raise WorkflowError(f"primary: {want!r} is not one of the metrics {labels}")
+        return want or labels[0]
+
+    @property
+    def metric_names(self) -> tuple[str, ...]:
+        return tuple(m.label for m in self.metrics)
+
+    @property
+    def cosine_name(self) -> str:
+        return f"{self._first_float()} cosine"
+
+    @property
+    def metrics(self) -> list[Metric]:
+        if not self._metrics:
+            raise WorkflowError("call prepare() first")
+        return self._metrics
+
+    def prepare(self, progress: Progress) -> None:
+        """Loads (or exports) the model, checks the data against its inputs, resolves the metrics."""
+        if self._model is not None:
+            return
+        import onnx
+
+        from softdeploy.files import load_model
+
+        wf = self.workflow
+        if wf.factory:
+            from softdeploy.export.api import export
+            from softdeploy.export.factory import load_factory
+
+            with progress.step(f"export {wf.model} to ONNX (validated against torch)"):
+                spec = load_factory(wf.model)
+                self._module = spec.module
+                self._model = export(
+                    spec.module, spec.example_inputs, dynamic_shapes=spec.dynamic_shapes, opset=wf.opset
+                ).model
+        else:
+            self._model = load_model(wf.model)
+        self._inputs = model_inputs(self._model)
+        self._outputs = {
+            o.name: np.dtype(onnx.helper.tensor_dtype_to_np_dtype(o.type.tensor_type.elem_type)).name
+            for o in self._model.graph.output
+        }
+        with progress.step(f"read and check data {wf.data.inputs}"):
+            self._data = load_dataset(wf.data, self._inputs)
+        specs = wf.metrics or (MetricSpec("cosine"),)
+        metrics = [resolve(s, self._outputs, self._data.labels is not None) for s in specs]
+        labels = [m.label for m in metrics]
+        # The same metric on two outputs: each column names its output.
+        self._metrics = [
+            dataclasses.replace(m, label=f"{m.label} ({m.output})") if labels.count(m.label) > 1 else m for m in metrics
+        ]
+        _ = self.primary_metric  # a wrong `primary` fails here, before any work
+
+    def describe(self) -> dict[str, Any]:
+        wf = self.workflow
+        return {
+            "model": f"{'torch factory ' if wf.factory else ''}{wf.model}; inputs "
+            + ", ".join(f"{i.name} {i.dtype}{list(i.dims)}" for i in self._inputs),
+            "data": self._data.description if self._data else wf.data.inputs,
+            "metrics": ", ".join(f"{m.label} ({m.goal}, on {m.output or 'every output'})" for m in self._metrics),
+            "int8 settings": self.quant_config().describe()
+            + (f"; kept in float: {list(self.exclude)}" if self.exclude else ""),
+        }
+
+    def fingerprint(self) -> str:
+        """The model (its serialized graph and weights), the data and the settings."""
+        from softdeploy.compare.cache import fingerprint
+
+        assert self._data is not None
+        return fingerprint(self._model, self._data.batches, self._data.labels, self.describe())
+
+    def export_fp32(self, path: Path) -> None:
+        import onnx
+
+        onnx.save(self._model, path)
+        self._fp32_path = Path(path)
+
+    def torch_runner(self, threads: int) -> Runner:
+        if self._module is None:
+            raise WorkflowError(
+                f"variant torch-fp32 needs a torch model: {self.workflow.model} is an ONNX file (give model: "
+                "{factory: 'pkg.mod:fn'}, or leave torch-fp32 out of variants)"
+            )
+        import torch
+
+        module, names = self._module, [i.name for i in self._inputs]
+
+        def run(feeds: Any) -> list[np.ndarray]:
+            with torch.no_grad():
+                out = module(*[torch.from_numpy(np.asarray(feeds[n])) for n in names])
+            outs = out if isinstance(out, (tuple, list)) else (out,)
+            return [o.detach().numpy() for o in outs]
+
+        return run
+
+    def calibration_feeds(self) -> list[dict[str, np.ndarray]]:
+        assert self._data is not None
+        return self._data.calibration
+
+    def probe_feeds(self) -> list[dict[str, np.ndarray]]:
+        assert self._data is not None
+        return self._data.batches[:4]
+
+    def outputs_of(self, runner: Runner) -> dict[str, np.ndarray]:
+        """Every output over the evaluation data, batches concatenated along axis 0."""
+        assert self._data is not None
+        parts: dict[str, list[np.ndarray]] = {n: [] for n in self._outputs}
+        for feeds in self._data.batches:
+            for name, value in zip(self._outputs, runner(feeds), strict=False):
+                parts[name].append(np.asarray(value))
+        return {n: np.concatenate(v) if v and v[0].ndim else np.stack(v) for n, v in parts.items()}
+
+    def reference(self) -> dict[str, np.ndarray]:
+        """The fp32 model's outputs on onnxruntime with softdeploy's kernels (what "cosine" etc. compare to)."""
+        if self._reference is None:
+            from softdeploy.runtime import Session
+
+            if self._fp32_path is None:
+                raise WorkflowError("the fp32 model is not exported yet")
+            self._reference = self.outputs_of(Session(self._fp32_path, kernels="auto").run)
+        return self._reference
+
+    def score(self, outputs: dict[str, np.ndarray]) -> dict[str, float]:
+        """Every metric on these outputs."""
+        assert self._data is not None
+        needs_ref = any(m.reads == "reference" for m in self._metrics)
+        ref = self.reference() if needs_ref else None
+        return {m.label: m(outputs, self._data.labels, ref) for m in self._metrics}
+
+    def evaluate(self, runner: Runner, kernels: str, progress: Progress, label: str) -> Evaluation:
+        assert self._data is not None
+        with progress.step(f"{label}: {len(self._data.batches)} batches"):
+            outputs = self.outputs_of(runner)
+        rows = {f"{n} cosine": v for n, v in outputs.items() if v.dtype.kind == "f" and v.ndim >= 1 and v.size}
+        scores = next(
+            (v.reshape(-1, v.shape[-1]) for v in outputs.values() if v.dtype.kind == "f" and v.ndim >= 2), None
+        )
+        return Evaluation(metrics=self.score(outputs), rows=rows, scores=scores, notes={"softdeploy ops": kernels})
+
+    def timed(self, runner: Runner, kernels: str, threads: int) -> dict[str, Timed]:
+        assert self._data is not None
+        feeds = self._data.batches[0]
+        batched = [i.name for i in self._inputs if i.name not in self.workflow.data.constant]
+        items = len(feeds[batched[0]]) if batched else 1
+        return {"infer": Timed(lambda: runner(feeds), items)}
+
+    def floors(self, rows: list[dict[str, Any]]) -> list[Floor]:
+        q = self.workflow.quantize
+        if q.max_drop is None:
+            return []
+        metric = q.metric or self.primary_metric
+        by = {r["variant"]: r for r in rows}
+        ref, mine = by.get("ort-fp32"), by.get(f"ort-int8-{q.mode}")
+        if ref is None or mine is None or metric not in ref:
+            return []
+        goal = next(m.goal for m in self._metrics if m.label == metric)
+        drop = (ref[metric] - mine[metric]) if goal == "max" else (mine[metric] - ref[metric])
+        return [Floor(f"{metric} drop, ort-int8-{q.mode} vs ort-fp32", drop, f"<= {q.max_drop}", drop <= q.max_drop)]
+
+    # ---- quantization -----------------------------------------------------------------------------
+
+    def quant_config(self) -> Any:
+        """The workflow's QuantConfig, with the nodes kept in float (its own and the budget's)."""
+        from softdeploy.quant import QuantConfig
+
+        q = self.workflow.quantize
+        return QuantConfig(
+            mode=q.mode, per_channel=q.per_channel, calibrate_method=q.calibrate_method, exclude=self.exclude
+        )
+
+    def static_config(self, fp32: Path) -> Any:
+        return self.quant_config() if self.workflow.quantize.mode == "static" else _default("static")
+
+    def dynamic_config(self, fp32: Path) -> Any:
+        return self.quant_config() if self.workflow.quantize.mode == "dynamic" else _default("dynamic")
+
+    def torch_size_bytes(self) -> int | None:
+        if self._module is None:
+            return None
+        return sum(p.numel() * p.element_size() for p in self._module.parameters())
+
+    def _first_float(self) -> str:
+        return next((n for n, t in self._outputs.items() if t.startswith("float")), next(iter(self._outputs), "output"))
+
+
+def _default(mode: str) -> Any:
+    from softdeploy.quant import QuantConfig
+
+    return QuantConfig(mode)

@@ -155,7 +155,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     from softdeploy.compare.progress import RichProgress
     from softdeploy.quant import BudgetResult, candidate_nodes
     from softdeploy.quant.quantize import load_named
-    from softdeploy.quant.workflow import load_npz_batches, quantize_case, quantize_file, write_report
+    from softdeploy.quant.workflow import quantize_case, quantize_file, write_report
 
     console = _console()
     config = _quant_config(args)
@@ -178,16 +178,28 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         output = Path(args.output or Path(args.model).with_suffix("").as_posix() + f".int8_{args.mode}.onnx")
         _refuse_overwrite([output, output.with_suffix(".json")], args.overwrite, sources=[args.model])
         check_softdeploy_ops(load_model(args.model))  # before any work: a bad file or an op we do not define
-        data = load_npz_batches(args.data, args.batch) if args.data else None
-        if config.mode == "static" and not data:  # type: ignore[attr-defined]
-            console.print("static quantization needs --data inputs.npz (calibration samples)")  # type: ignore[attr-defined]
-            return 2
+        from softdeploy.workflow.spec import DataSpec, MetricSpec
+
+        data = None
+        if args.data:
+            data = DataSpec(
+                inputs=args.data,
+                labels=args.labels,
+                batch=args.batch,
+                constant=tuple(c for c in (args.constant or "").split(",") if c),
+                calibration=args.calibration,
+            )
+        metric = None
+        if args.metric:  # NAME or NAME=OUTPUT (NAME: a built-in, or pkg.mod:fn)
+            name, _, out_name = args.metric.partition("=")
+            metric = MetricSpec(name, output=out_name or None)
         with RichProgress(console) as progress, progress.step("quantize") as advance:
             result = quantize_file(
                 args.model,
                 output,
                 config,  # type: ignore[arg-type]
                 data=data,
+                metric=metric,
                 max_drop=args.max_drop,
                 threads=args.threads,
                 progress=lambda _s: advance(1),
@@ -602,11 +614,23 @@ def _add_quantize_parser(sub: argparse._SubParsersAction) -> None:  # type: igno
     p.add_argument("--op-types", help="comma-separated op types to quantize (default: per mode)")
     p.add_argument("--calibrate-method", choices=("minmax", "percentile", "entropy"), default="minmax")
     p.add_argument("--exclude", help="comma-separated node names to keep in float")
-    p.add_argument("--data", help=".npz of model inputs (samples along axis 0): calibration and accuracy data")
+    p.add_argument(
+        "--data",
+        help="model inputs (samples along axis 0): an .npz, a folder of <input>.npy, or a loader pkg.mod:fn; "
+        "calibration and accuracy data",
+    )
+    p.add_argument("--labels", help="with --data: the array of --data holding the labels, or an .npy file")
+    p.add_argument("--constant", help="with --data: comma-separated inputs that are not batched (fed whole)")
+    p.add_argument("--calibration", help="calibration inputs, if not --data (same forms)")
     p.add_argument("--batch", type=int, default=8, help="batch size when reading --data")
     p.add_argument("--case", choices=sorted(CASES), help=f"built-in case, instead of MODEL (e.g. {DEFAULT_CASE})")
     p.add_argument("--max-drop", type=float, help="accuracy budget: largest allowed drop of the metric")
-    p.add_argument("--metric", help="case metric for --max-drop (default: the case's task metric)")
+    p.add_argument(
+        "--metric",
+        help="metric of --max-drop: with --case one of the case's (default its task metric); with MODEL "
+        "NAME[=OUTPUT], a built-in (accuracy, mrr, ndcg, cosine, kl, dice, ...) or pkg.mod:fn (default: cosine of "
+        "the first float output to fp32)",
+    )
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--list", action="store_true", help="list the nodes that would be quantized and exit")
     p.add_argument("--overwrite", action="store_true", help="replace the output model (and its .json) if they exist")

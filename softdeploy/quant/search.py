@@ -27,7 +27,15 @@ from typing import Any
 import numpy as np
 
 from softdeploy.errors import ArgumentError
-from softdeploy.quant.quantize import QuantConfig, QuantizedModel, candidate_nodes, load_named, node_scope, quantize
+from softdeploy.quant.quantize import (
+    QuantConfig,
+    QuantizationError,
+    QuantizedModel,
+    candidate_nodes,
+    load_named,
+    node_scope,
+    quantize,
+)
 from softdeploy.runtime.session import Kernels
 
 Evaluate = Callable[[Path], float]  # model path -> task metric (higher is better)
@@ -133,10 +141,22 @@ def output_cosine(reference: Sequence[np.ndarray], outputs: Sequence[np.ndarray]
 
 
 def _run(path: Path, feeds: Sequence[Mapping[str, np.ndarray]], kernels: Kernels, threads: int) -> list[np.ndarray]:
+    """The model's first float output on each feed: the sensitivity probe compares rows by cosine,
+    which means nothing for integer outputs (class ids, indices)."""
     from softdeploy.runtime import Session
 
     session = Session(path, kernels=kernels, threads=threads)
-    return [session.run(f)[0] for f in feeds]
+    out = []
+    for f in feeds:
+        values = session.run(f)
+        first = next((v for v in values if np.asarray(v).dtype.kind == "f"), None)
+        if first is None:
+            raise QuantizationError(
+                f"{path}: the model has no float output for the sensitivity probe's cosine "
+                f"(outputs {session.output_names}); integer outputs are not a cosine target"
+            )
+        out.append(first)
+    return out
 
 
 def node_sensitivities(

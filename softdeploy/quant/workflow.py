@@ -13,30 +13,9 @@ from typing import Any
 import numpy as np
 
 from softdeploy.quant.quantize import QuantConfig, QuantizationError, QuantizedModel, quantize
-from softdeploy.quant.search import BudgetResult, budget_search, output_cosine
+from softdeploy.quant.search import BudgetResult, budget_search
 
 OUTPUT_COSINE = "output cosine"
-
-
-def load_npz_batches(path: str | os.PathLike[str], batch: int = 8) -> list[dict[str, np.ndarray]]:
-    """An .npz of arrays named like the model inputs, samples along axis 0 -> batches of ``batch``."""
-    from softdeploy.files import load_npz
-
-    if batch < 1:
-        raise QuantizationError(f"the batch size must be >= 1, not {batch}")
-    arrays = load_npz(path, "data")
-    if not arrays:
-        raise QuantizationError(f"{path} holds no arrays")
-    scalars = sorted(k for k, a in arrays.items() if a.ndim == 0)
-    if scalars:
-        raise QuantizationError(f"{path}: arrays {scalars} are scalars; samples go along axis 0")
-    n = {len(a) for a in arrays.values()}
-    if len(n) != 1:
-        raise QuantizationError(
-            f"{path}: arrays differ in length along axis 0: { {k: len(a) for k, a in arrays.items()} }"
-        )
-    total = n.pop()
-    return [{k: a[s : s + batch] for k, a in arrays.items()} for s in range(0, total, batch)]
 
 
 def quantize_file(
@@ -44,41 +23,81 @@ def quantize_file(
     output: str | os.PathLike[str],
     config: QuantConfig,
     *,
-    data: list[dict[str, np.ndarray]] | None,
+    data: Any = None,
+    metric: Any = None,
     max_drop: float | None,
     threads: int = 1,
     progress: Callable[[str], None] | None = None,
 ) -> QuantizedModel | BudgetResult:
-    """Without ``max_drop``: plain quantization. With it: the budget search on the mean cosine of the
-    model's first output to fp32 over ``data`` (fp32 scores 1.0)."""
-    from softdeploy.quant.quantize import check_softdeploy_ops, load_named
+    """Quantizes an ONNX file with the user's data, optionally under an accuracy budget on the user's metric.
 
-    check_softdeploy_ops(load_named(model))  # before the reference runs: they would fail on such an op
+    ``data``: a :class:`softdeploy.workflow.spec.DataSpec` (an .npz, a folder of .npy or a loader; constant
+    inputs; labels; separate calibration data), read and checked against the model's inputs before any
+    work. ``metric``: a :class:`softdeploy.workflow.spec.MetricSpec` for ``max_drop`` (default: the cosine
+    of the first float output to fp32; an integer output is refused as a cosine target). A result with no
+    node in int8 is a QuantizationError: the file would be a float model under an int8 name."""
+    from softdeploy.files import load_model
+    from softdeploy.quant.quantize import check_softdeploy_ops
+    from softdeploy.workflow.data import collect_outputs, load_dataset, model_inputs
+    from softdeploy.workflow.metrics import resolve
+    from softdeploy.workflow.spec import MetricSpec
+
+    proto = load_model(model)
+    check_softdeploy_ops(proto)
+    dataset = load_dataset(data, model_inputs(proto)) if data is not None else None
+    if config.mode == "static" and dataset is None:
+        raise QuantizationError("static quantization needs --data (calibration samples of the model's inputs)")
+    calibration = dataset.calibration if dataset is not None and config.mode == "static" else None
     if max_drop is None:
-        return quantize(model, output, config, calibration=data)
-    if not data:
-        raise QuantizationError("--max-drop needs data to measure accuracy on (--data inputs.npz)")
-    from softdeploy.runtime import Session
+        result: QuantizedModel | BudgetResult = quantize(model, output, config, calibration=calibration)
+    else:
+        if dataset is None:
+            raise QuantizationError("--max-drop needs data to measure the metric on (--data)")
+        from onnx import helper
 
-    reference = [Session(model, kernels="auto", threads=threads).run(f)[0] for f in data]
+        from softdeploy.runtime import Session
 
-    def evaluate(path: Path) -> float:
-        session = Session(path, kernels="auto", threads=threads)
-        return output_cosine(reference, [session.run(f)[0] for f in data])
+        outputs = {
+            o.name: np.dtype(helper.tensor_dtype_to_np_dtype(o.type.tensor_type.elem_type)).name
+            for o in proto.graph.output
+        }
+        chosen = resolve(metric or MetricSpec("cosine"), outputs, dataset.labels is not None)
+        names = list(outputs)
+        reference = collect_outputs(Session(model, kernels="auto", threads=threads).run, dataset.batches, names)
+        sign = 1.0 if chosen.goal == "max" else -1.0  # the search maximises
 
-    return budget_search(
-        model,
-        output,
-        config,
-        evaluate,
-        max_drop=max_drop,
-        probe=data[:4],
-        calibration=data,
-        metric_name=OUTPUT_COSINE,
-        threads=threads,
-        progress=progress,
-        fp32_metric=1.0,
-    )
+        def evaluate(path: Path) -> float:
+            got = collect_outputs(Session(path, kernels="auto", threads=threads).run, dataset.batches, names)
+            return sign * chosen(got, dataset.labels, reference)
+
+        result = budget_search(
+            model,
+            output,
+            config,
+            evaluate,
+            max_drop=max_drop,
+            probe=dataset.batches[:4],
+            calibration=calibration,
+            metric_name=chosen.label if sign > 0 else f"-{chosen.label} (lower is better)",
+            threads=threads,
+            progress=progress,
+        )
+    made = result.model if isinstance(result, BudgetResult) else result
+    if not made.quantized_nodes:
+        Path(made.path).unlink(missing_ok=True)  # written by this call (an existing file was refused before)
+        gemms = sum(n.op_type == "Gemm" for n in proto.graph.node)
+        hint = (
+            f"; the model's {gemms} Gemm nodes (torch Linear on 2-D inputs) are int8 in static mode only: --mode static"
+            if gemms and config.mode == "dynamic"
+            else ""
+        )
+        raise QuantizationError(
+            f"nothing was quantized in {model}: no node of the op types {list(config.resolved_op_types())} "
+            + ("could be int8 within the budget" if isinstance(result, BudgetResult) else "is a candidate")
+            + f" ({len(made.float_nodes)} candidates kept in float); {made.path} would be a float model under an "
+            "int8 name (rule: an int8 model has int8 nodes; raise --max-drop, or choose --op-types)" + hint
+        )
+    return result
 
 
 def quantize_case(

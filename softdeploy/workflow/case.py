@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from softdeploy.compare.case import Evaluation, Floor, Progress, Runner, Timed
-from softdeploy.workflow.data import Dataset, ModelInput, load_dataset, model_inputs
+from softdeploy.workflow.data import Dataset, ModelInput, collect_outputs, load_dataset, model_inputs
 from softdeploy.workflow.metrics import Metric, resolve
 from softdeploy.workflow.spec import MetricSpec, Workflow, WorkflowError
 
@@ -156,11 +156,7 @@ class WorkflowCase:
     def outputs_of(self, runner: Runner) -> dict[str, np.ndarray]:
         """Every output over the evaluation data, batches concatenated along axis 0."""
         assert self._data is not None
-        parts: dict[str, list[np.ndarray]] = {n: [] for n in self._outputs}
-        for feeds in self._data.batches:
-            for name, value in zip(self._outputs, runner(feeds), strict=False):
-                parts[name].append(np.asarray(value))
-        return {n: np.concatenate(v) if v and v[0].ndim else np.stack(v) for n, v in parts.items()}
+        return collect_outputs(runner, self._data.batches, list(self._outputs))
 
     def reference(self) -> dict[str, np.ndarray]:
         """The fp32 model's outputs on onnxruntime with softdeploy's kernels (what "cosine" etc. compare to)."""

@@ -189,6 +189,7 @@ def load_dataset(spec: DataSpec, inputs: Sequence[ModelInput]) -> Dataset:
             raise WorkflowError(
                 f"data.labels: {spec.labels!r} is neither an .npy file nor an array of {spec.inputs} ({sorted(arrays)})"
             )
+    n = check_feeds(arrays, inputs, spec.constant, "data.inputs")  # missing inputs first: the likelier mistake
     names = {i.name for i in inputs}
     extra = sorted(set(arrays) - names)
     if extra:
@@ -197,7 +198,6 @@ def load_dataset(spec: DataSpec, inputs: Sequence[ModelInput]) -> Dataset:
             "name the labels array in data.labels"
         )
     eval_batches = batches(arrays, inputs, spec.constant, spec.batch, "data.inputs")
-    n = check_feeds(arrays, inputs, spec.constant, "data.inputs")
     if labels is not None:
         labels = np.asarray(labels)
         if len(labels) != n:
@@ -219,3 +219,15 @@ def load_dataset(spec: DataSpec, inputs: Sequence[ModelInput]) -> Dataset:
         samples=n,
         description=f"{spec.inputs}: {n} samples in batches of {spec.batch}{constant}; {where}",
     )
+
+
+def collect_outputs(
+    run: Any, batches: Sequence[Mapping[str, np.ndarray]], names: Sequence[str]
+) -> dict[str, np.ndarray]:
+    """Every output of ``run`` (feeds -> list of arrays, in ``names`` order) over ``batches``, concatenated
+    along axis 0 (scalars stacked)."""
+    parts: dict[str, list[np.ndarray]] = {n: [] for n in names}
+    for feeds in batches:
+        for name, value in zip(names, run(feeds), strict=False):
+            parts[name].append(np.asarray(value))
+    return {n: np.concatenate(v) if v and v[0].ndim else np.stack(v) for n, v in parts.items()}

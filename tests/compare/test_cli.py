@@ -111,4 +111,4 @@ def test_quantize_missing_data_is_one_line(model_and_data: tuple[Path, Path], tm
     model, _ = model_and_data
     missing = tmp_path / "nope.npz"
     assert main(["quantize", str(model), "-o", str(tmp_path / "q.onnx"), "--data", str(missing)]) == 2
-    assert _one_line(capfd.readouterr().err) == f"softdeploy: error: data {missing}: no such file"
+    assert _one_line(capfd.readouterr().err) == f"softdeploy: error: data.inputs: {missing} does not exist"

@@ -94,27 +94,32 @@ def reference(x: np.ndarray, *, axis: int = -1) -> tuple[np.ndarray]:
 
 @script(Opset(DOMAIN, OPSET_VERSION), default_opset=op)
 def AdaptiveTemperatureSoftmax(X, axis: int = -1):
-    # Everything in float64 (module docstring, "Function body and torch op"): beta's slope (up to 2.5)
-    # times |x - max| (~30) turns an entropy error into a 75x larger relative output error, and a
-    # float32 softmax's normalisation error alone (its float32 row sum: ~1e-6 at n = 256000, depending
-    # on the ISA's exp and summation order) moves H by that much times |H - 1|.
-    x = op.Cast(X, to=11)
-    axes = op.Reshape(op.Constant(value_int=axis), op.Constant(value_ints=[1]))
-    z = x - op.ReduceMax(x, axes, keepdims=1)  # exact in float64; beta * (x - max), not beta * x
-    # float64 constants from exact integer ratios (a literal like 2.3 would be float32 in onnxscript:
-    # 2.3 - float32(2.3) = 4.8e-8, times H^2 ~ 16, is a beta error of 8e-7, 2e-5 in the output).
-    thousand = op.Cast(op.Constant(value_int=1000), to=11)
-    c = op.Div(op.Cast(op.Constant(value_ints=[-37, 481, -2300, 4917, -1791]), to=11), thousand)
-    eps = op.Div(op.Cast(op.Constant(value_int=1), to=11), op.Cast(op.Constant(value_int=1000000000), to=11))
-    p = op.Softmax(z, axis=axis)
-    h = op.Neg(op.ReduceSum(p * op.Log(p + eps), axes, keepdims=1))
-    poly = op.Gather(c, op.Constant(value_int=0)) * h + op.Gather(c, op.Constant(value_int=1))
-    poly = poly * h + op.Gather(c, op.Constant(value_int=2))
-    poly = poly * h + op.Gather(c, op.Constant(value_int=3))
-    poly = poly * h + op.Gather(c, op.Constant(value_int=4))
-    one = op.CastLike(1.0, h)
-    beta = op.Where(op.Greater(h, op.CastLike(0.5, h)), op.Max(poly, one), one)
-    return op.CastLike(op.Softmax(beta * z, axis=axis), X)
+    # An empty X returns at once: the row reductions below would allocate [2^40, 1] for X [2^40, 0].
+    if op.Equal(op.Size(X), op.Constant(value_int=0)):
+        out = op.Identity(X)
+    else:
+        # Everything in float64 (module docstring, "Function body and torch op"): beta's slope (up to 2.5)
+        # times |x - max| (~30) turns an entropy error into a 75x larger relative output error, and a
+        # float32 softmax's normalisation error alone (its float32 row sum: ~1e-6 at n = 256000, depending
+        # on the ISA's exp and summation order) moves H by that much times |H - 1|.
+        x = op.Cast(X, to=11)
+        axes = op.Reshape(op.Constant(value_int=axis), op.Constant(value_ints=[1]))
+        z = x - op.ReduceMax(x, axes, keepdims=1)  # exact in float64; beta * (x - max), not beta * x
+        # float64 constants from exact integer ratios (a literal like 2.3 would be float32 in onnxscript:
+        # 2.3 - float32(2.3) = 4.8e-8, times H^2 ~ 16, is a beta error of 8e-7, 2e-5 in the output).
+        thousand = op.Cast(op.Constant(value_int=1000), to=11)
+        c = op.Div(op.Cast(op.Constant(value_ints=[-37, 481, -2300, 4917, -1791]), to=11), thousand)
+        eps = op.Div(op.Cast(op.Constant(value_int=1), to=11), op.Cast(op.Constant(value_int=1000000000), to=11))
+        p = op.Softmax(z, axis=axis)
+        h = op.Neg(op.ReduceSum(p * op.Log(p + eps), axes, keepdims=1))
+        poly = op.Gather(c, op.Constant(value_int=0)) * h + op.Gather(c, op.Constant(value_int=1))
+        poly = poly * h + op.Gather(c, op.Constant(value_int=2))
+        poly = poly * h + op.Gather(c, op.Constant(value_int=3))
+        poly = poly * h + op.Gather(c, op.Constant(value_int=4))
+        one = op.CastLike(1.0, h)
+        beta = op.Where(op.Greater(h, op.CastLike(0.5, h)), op.Max(poly, one), one)
+        out = op.CastLike(op.Softmax(beta * z, axis=axis), X)
+    return out
 
 
 def torch_impl(x: Any, axis: int = -1) -> Any:
@@ -160,6 +165,9 @@ def samples(rng: np.random.Generator) -> Iterator[Sample]:
         yield Sample(f"n{n}", (logits(3, n, scale=1.0),), kind="edge")
     yield Sample("empty_rows", (np.zeros((0, 5), np.float32),), kind="edge")
     yield Sample("empty_axis", (np.zeros((3, 0), np.float32),), kind="edge")
+    # 2^40 empty rows: no data, so every backend returns at once (the body's row reductions would
+    # allocate [2^40, 1]).
+    yield Sample("empty_axis_huge_rows", (np.zeros((2**40, 0), np.float32),), kind="edge")
     yield Sample("rank1", (logits(100, scale=1.0),), kind="edge")
     big = logits(2, 300)
     big[0] += 1e4

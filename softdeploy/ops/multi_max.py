@@ -222,6 +222,7 @@ def samples(rng: np.random.Generator) -> Iterator[Sample]:
     yield Sample("n17_masked", (logits(3, 17), ranges, ts, logits(17)), kind="edge")
     yield Sample("empty_rows", (np.zeros((0, 5), np.float32), ranges, ts), kind="edge")
     yield Sample("empty_axis", (np.zeros((3, 0), np.float32), ranges, ts), kind="edge")
+    yield Sample("empty_axis_huge_rows", (np.zeros((2**40, 0), np.float32), ranges, ts), kind="edge")
     yield Sample("rank1", (logits(100), ranges, ts), kind="edge")
     special = logits(6, 50)
     special[0, 3] = special[0, 20] = -np.inf  # sigma(-inf) = +inf * sign(t2) = +inf here -> NaN row

@@ -92,10 +92,10 @@ void FillNan(float* y, int64_t n) {
   for (int64_t j = 0; j < n; ++j) y[j] = NAN;
 }
 
-// ---- portable, and the exact path of the vector variants ------------------------------------------
+// ---- portable ------------------------------------------------------------------------------------
 
 // Everything in double: z, its max, exp(z - max) and the sum -- the reference's arithmetic.
-void RowExact(const RowArgs& a, const SigmaParams& p) {
+void RowPortable(const RowArgs& a, const SigmaParams& p) {
   double zmax = -INFINITY;
   bool bad = false;
   for (int64_t j = 0; j < a.n; ++j) {
@@ -225,7 +225,9 @@ SD_TARGET_AVX512 void RowAvx512(const RowArgs& a, const SigmaParams& p) {
     a.block_max[b] = mb;
     float* y = a.y + j0;
     if (mb == -INFINITY || bad != 0) {  // an all -inf block stages 0 (a NaN row is refilled below)
-      for (int64_t j = 0; j < len; j += 16) _mm512_mask_storeu_ps(y + j, simd::TailMask16(len - j), _mm512_setzero_ps());
+      for (int64_t j = 0; j < len; j += 16) {
+        _mm512_mask_storeu_ps(y + j, simd::TailMask16(len - j), _mm512_setzero_ps());
+      }
       continue;
     }
     const __m512d mbv = _mm512_set1_pd(mb);
@@ -363,7 +365,8 @@ SD_TARGET_AVX2 void RowAvx2(const RowArgs& a, const SigmaParams& p) {
       Reduce4(_mm256_sub_pd(_mm256_load_pd(zb + j), mbv), &tlo, &nlo);
       Reduce4(_mm256_sub_pd(_mm256_load_pd(zb + j + 4), mbv), &thi, &nhi);
       // 2^n, n in [-289, 0], flushed to 0 below -126 (lanes past the end: -200 -> 0).
-      const __m256 w = _mm256_mul_ps(Poly256(_mm256_set_m128(thi, tlo)), simd::Exp2NonPositive(_mm256_set_m128(nhi, nlo)));
+      const __m256 w =
+          _mm256_mul_ps(Poly256(_mm256_set_m128(thi, tlo)), simd::Exp2NonPositive(_mm256_set_m128(nhi, nlo)));
       if (j + 8 <= len) _mm256_storeu_ps(y + j, w);
       else _mm256_maskstore_ps(y + j, simd::TailMask8(len - j), w);
       if ((j & 8) == 0) acc0 = _mm256_add_ps(acc0, w);
@@ -438,7 +441,7 @@ struct MultiMaxKernel {
     }
     const SigmaParams params = SigmaParams::Of(r, t);
     const AxisLayout l = AxisLayout::Of(x.shape, ax);
-    const RowFn row_fn = isa == Isa::kAvx512 ? RowAvx512 : (isa == Isa::kAvx2 ? RowAvx2 : RowExact);
+    const RowFn row_fn = isa == Isa::kAvx512 ? RowAvx512 : (isa == Isa::kAvx2 ? RowAvx2 : RowPortable);
     const int64_t mask_axis_stride = mstride[static_cast<size_t>(ax)];
     static const float kZero = 0.0f;
 

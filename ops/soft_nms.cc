@@ -708,6 +708,13 @@ struct SoftNmsKernel {
     prm.skip_disjoint = Weight(0.0f, prm) == 1.0f;
 
     const int64_t num_batches = boxes.shape[0], num_boxes = boxes.shape[1], num_classes = scores.shape[1];
+    if (num_batches == 0 || num_boxes == 0 || num_classes == 0) {
+      // Nothing to select. Return before any per-batch or per-pair work: Boxes [2^40, 0, 4] holds no
+      // data, but visiting its 2^40 (batch, class) pairs took hours (and the picks table 2^40 vectors).
+      AllocOutput<int64_t>(ctx, 0, {0, 3});
+      AllocOutput<T>(ctx, 1, {0});
+      return;
+    }
     // rows are addressed as int32 in the SIMD passes (2^31 boxes would be 32 GiB of Boxes per batch)
     if (num_boxes > std::numeric_limits<int32_t>::max())
       Fail(kOp, "Boxes holds ", num_boxes, " boxes per batch (kernel limit: 2147483647)");

@@ -83,6 +83,13 @@ def samples(rng: np.random.Generator) -> Iterator[Sample]:
     special[4, :] = 2.5  # ties -> uniform
     special[5, :49] = -np.inf  # one finite entry -> exactly 1
     yield Sample("inf_nan_ties", (special,), kind="special")
+    # One finite entry far below 0, the rest masked: the AVX-512 path once let the masked lanes' block
+    # exponent (0) scale the row sum to a subnormal whose reciprocal overflowed (y = inf for x <= -87.3).
+    lone = np.full((6, 40), -np.inf, np.float32)
+    for row, (col, value) in enumerate(((0, -89.0), (5, -100.0), (17, -87.5), (39, -150.0), (16, -3e4), (3, -1e6))):
+        lone[row, col] = value
+    yield Sample("one_finite_entry_far_below_zero", (lone,), kind="special")
+    yield Sample("one_element_minus_89", (np.array([[-89.0]], np.float32),), kind="special")
 
 
 def errors() -> Iterator[ErrorCase]:

@@ -2,7 +2,7 @@
 
 Every module calls ``torch.ops.softdeploy.<stem>`` (the registry's torch ops), so
 :func:`softdeploy.export` turns each call into one ``com.softdeploy`` node with its portable function
-body. The semantics of each op (special values, ties, masks) are those of /OPS.md, restated here
+body. The semantics of each op (special values, ties, masks) are those of docs/ops/, restated here
 only as far as a module adds to them.
 
 Normalizers (``[..., n] -> [..., n]`` along ``dim``):

@@ -110,7 +110,7 @@ class Attr:
     def rule(self, op: str) -> str:
         """The rule an attribute of the wrong type breaks (same words as sd::Attrs in ops/common/kernel.h)."""
         return (
-            f"'{self.name}' is declared {self.onnx_type} in OPS.md; write it in that type, "
+            f"'{self.name}' is declared {self.onnx_type} in docs/ops/{op}.md; write it in that type, "
             f"as REGISTRY['{op}'].make_node does"
         )
 

@@ -9,7 +9,7 @@ the probability row.
 positions along ``axis``. Attributes: ``k`` (required, 1 <= k <= axis length), ``axis`` (default -1),
 ``temperature`` (default 1.0, > 0).
 
-Ranking rule (one total order for every row, the tie rule of OPS.md):
+Ranking rule (one total order for every row, the tie rule of docs/ops/SoftmaxTopK.md):
   * entries are ranked by their logit ``x`` -- the same order as their exact probabilities, since
     softmax is strictly increasing -- larger first, equal logits -> lower index first. So entries
     whose probability underflows to 0 (including -inf entries: ordinary candidates with probability

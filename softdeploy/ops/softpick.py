@@ -4,7 +4,7 @@
     e_j = exp(x_j - m) - exp(-m)    (= exp(-m) * (exp(x_j) - 1))
     y_i = max(e_i, 0) / (sum_{j: x_j finite} |e_j| + eps)
 
-Rules (OPS.md, "Softpick"):
+Rules (docs/ops/Softpick.md):
 
 * Outputs are exactly 0 where ``x_i <= 0``; rows do not sum to 1 (``sum_i y_i <= 1``: the
   denominator also counts the negative side, and eps).
@@ -15,7 +15,7 @@ Rules (OPS.md, "Softpick"):
   denominator 0 or negative: silent infinities or sign flips). ``eps = 0`` is allowed: a row whose
   denominator is then 0 has only non-positive entries, so its outputs are 0 by the first rule.
 
-Our reading of +inf and NaN entries (OPS.md says what they add to the denominator, not what they
+Our reading of +inf and NaN entries (the contract says what they add to the denominator, not what they
 output). The general rule "NaN inputs propagate to the outputs of the row they are in" holds unless
 an op says otherwise, and Softpick does: ``m`` is taken over the finite entries and non-finite entries
 add 0 to the denominator -- rules that differ from "max over all entries" only when +inf or NaN is

@@ -266,7 +266,7 @@ def _our_converters() -> Iterator[None]:
     def extended() -> dict[str, Any]:
         table = original()
         clash = sorted(set(TIR_OPS) & set(table))
-        if clash:  # OPS.md: our op names never collide with standard ones; the importer is domain-blind
+        if clash:  # docs/ops/index.md: our op names never collide with standard ones; the importer is domain-blind
             raise RuntimeError(f"softdeploy op names {clash} collide with TVM converters")
         table.update({name: _converter_class(name) for name in TIR_OPS})
         return table

@@ -3,7 +3,7 @@
 Hard SoftNMS is classic NMS: a box whose IoU with a selected box is ``> iou_threshold`` (strict, as
 in onnxruntime) gets score 0 and, being below the score threshold, is removed. The translation:
 - ``max_output_boxes_per_class``: absent or 0 means *no output* in NonMaxSuppression but *no limit*
-  in SoftNMS (OPS.md), so 0 becomes an empty ``[0, 3]`` constant; a positive constant passes through.
+  in SoftNMS (docs/ops/SoftNMS.md), so 0 becomes an empty ``[0, 3]`` constant; a positive constant passes through.
   A graph input (any non-constant value) is passed as ``max(m, 0)`` and the selection is cut to no
   rows when ``m <= 0`` (onnxruntime's NonMaxSuppression returns nothing for a negative value too).
 - ``score_threshold``: NonMaxSuppression keeps ``score > t``, SoftNMS keeps ``score >= T``. A constant

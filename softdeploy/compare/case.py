@@ -57,11 +57,24 @@ class Floor:
 
 
 class Progress(Protocol):
+    """Where a long step reports progress: ``with progress.step(description, total) as advance: advance(n)``.
+    softdeploy.compare.progress has a terminal (RichProgress) and a silent implementation."""
+
     def step(self, description: str, total: int | None = None) -> Any:
         """A context manager yielding ``advance(n=1)``."""
 
 
 class Case(Protocol):
+    """What ``softdeploy compare`` needs from a model + data + task: implement these members on any class (structural
+    typing, no base class) and run ``softdeploy compare --case pkg.mod:MyCase``. Attributes: ``name`` (results folder),
+    ``title`` (report heading), ``primary_metric`` (the budget's and plot's metric, one of ``metric_names``),
+    ``metric_names`` (the task metrics ``evaluate`` returns), ``agreement_k`` (k of the top-k agreement with the
+    reference), ``cosine_name`` (the ``Evaluation.rows`` entry the plot and floors use), ``timed_phases`` (the latency
+    measurements; the first is the model's own). Methods, in the order the runner calls them: ``prepare``,
+    ``export_fp32``, ``torch_runner``, ``calibration_feeds`` and ``probe_feeds`` (int8 variants), ``evaluate`` and
+    ``timed`` (every variant), ``floors`` and ``describe`` (the report). Optional: ``static_config``, ``fingerprint``
+    (see the module docstring). softdeploy.workflow.case.WorkflowCase is the implementation a workflow file builds."""
+
     name: str  # folder name of the results, e.g. "minilm_retrieval"
     title: str  # one line for the report
     primary_metric: str  # the metric the accuracy budget and the plot use

@@ -20,6 +20,7 @@ Backend = Literal["native", "portable", "torch"]
 
 
 def iou_one_to_many(box: np.ndarray, boxes: np.ndarray) -> np.ndarray:
+    """IoU of ``box`` (y1, x1, y2, x2) with each of ``boxes [n, 4]``; 0 where the union is empty."""
     y1 = np.maximum(box[0], boxes[:, 0])
     x1 = np.maximum(box[1], boxes[:, 1])
     y2 = np.minimum(box[2], boxes[:, 2])
@@ -63,6 +64,7 @@ def soft_nms_reference(
 
 
 def soft_nms_op_available() -> bool:
+    """Whether the registry has the SoftNMS op (the detection case then runs it; otherwise its NumPy loop)."""
     from softdeploy.ops import REGISTRY
 
     return "SoftNMS" in REGISTRY

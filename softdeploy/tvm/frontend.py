@@ -130,6 +130,9 @@ def check_importable(model: Any) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class Prepared:
+    """A model ready for TVM's importer: standard ops plus the com.softdeploy nodes that have a TIR compute (the others
+    inlined from their function bodies), static input shapes and dtypes, and which op types took which path."""
+
     model: Any  # onnx.ModelProto: standard ops + TIR-compute com.softdeploy nodes, static shapes
     shapes: dict[str, list[int]]
     dtypes: dict[str, str]

@@ -36,6 +36,8 @@ def import_tvm() -> Any:
 
 
 def physical_cores() -> int:
+    """Physical cores (psutil; all logical CPUs where it is missing): TVM's pool sized to them avoids hyper-thread
+    contention."""
     try:
         import psutil
 
@@ -63,5 +65,6 @@ def host_target(mcpu: str | None = None, num_cores: int | None = None) -> dict[s
 
 
 def make_target(spec: dict[str, Any] | None = None) -> Any:
+    """A tvm.target.Target from ``spec`` (default: this host's CPU, see host_target)."""
     tvm = import_tvm()
     return tvm.target.Target(spec or host_target())

@@ -52,14 +52,18 @@ def _member_doc(cls: type, name: str, member: Any) -> str:
 
 
 def undocumented(module_name: str) -> list[str]:
-    """The public names of one module (defined there) that have no docstring."""
+    """The public names of one module (defined there, or exported in its ``__all__`` from a private module,
+    e.g. softdeploy.ops.OpDef) that have no docstring."""
     module = importlib.import_module(module_name)
     missing = [] if _doc(module) else [f"{module_name} (module)"]
     for name, obj in vars(module).items():
         if name.startswith("_") or not (inspect.isfunction(obj) or inspect.isclass(obj)):
             continue
-        if getattr(obj, "__module__", None) != module_name:
-            continue  # imported: checked where it is defined
+        exported = name in getattr(module, "__all__", ())
+        if getattr(obj, "__module__", None) != module_name and not (
+            exported and str(getattr(obj, "__module__", "")).startswith("softdeploy")
+        ):
+            continue  # imported: checked where it is defined (or here, when a private module defines it)
         doc = _doc(obj)
         if not doc or (inspect.isclass(obj) and _auto_doc(name, doc)):
             missing.append(f"{module_name}.{name}")

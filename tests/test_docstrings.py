@@ -80,13 +80,8 @@ def undocumented(module_name: str) -> list[str]:
 
 
 def test_every_public_name_has_a_docstring() -> None:
-    missing = [m for name in public_modules() for m in undocumented(name)]
-    assert missing == [], f"{len(missing)} public names without a docstring:\n" + "\n".join(missing)
-
-
-def test_the_walk_sees_the_public_api() -> None:
-    """The walk covers the modules the API reference renders (a walk that found nothing would pass)."""
     modules = public_modules()
+    # The walk covers what the API reference renders (a walk that found nothing would pass).
     for name in (
         "softdeploy.nn",
         "softdeploy.ops",
@@ -98,3 +93,5 @@ def test_the_walk_sees_the_public_api() -> None:
     ):
         assert name in modules
     assert "softdeploy.ops._schema" not in modules
+    missing = [m for name in modules for m in undocumented(name)]
+    assert missing == [], f"{len(missing)} public names without a docstring:\n" + "\n".join(missing)

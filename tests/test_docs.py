@@ -26,7 +26,9 @@ def test_the_reference_has_a_page_per_op_with_its_contract() -> None:
     from softdeploy.ops import REGISTRY
 
     index = (ROOT / "docs" / "ops" / "index.md").read_text()
+    nav = (ROOT / "mkdocs.yml").read_text()
     for name, d in REGISTRY.items():
+        assert f"ops/{name}.md" in nav, f"mkdocs.yml's nav lacks ops/{name}.md"
         page = (ROOT / "docs" / "ops" / f"{name}.md").read_text()
         assert f"]({name}.md)" in index
         for a in d.attrs:

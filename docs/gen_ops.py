@@ -251,9 +251,9 @@ def op_page(d: OpDef, tvm: tuple[set[str], dict[str, str], dict[str, str]]) -> s
         "",
         "## Kernel variants",
         "",
-        "The library picks one variant per process at run time: the best the CPU supports, lowered by "
-        "`SOFTDEPLOY_ISA=portable|avx2|avx512` (never raised). `softdeploy ops` and "
-        "`softdeploy.runtime.library.library_info()` say which one this machine selects.",
+        "Each kernel picks its variant when onnxruntime creates it (at session creation): the best the CPU "
+        "supports, lowered by `SOFTDEPLOY_ISA=portable|avx2|avx512` (never raised). `softdeploy ops`, "
+        "`softdeploy doctor` and `softdeploy.runtime.library.library_info()` say which one this machine selects.",
         "",
         "| variant | in the kernel |",
         "| --- | --- |",

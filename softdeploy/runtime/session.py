@@ -65,10 +65,9 @@ class Session:
       loaded); ``"portable"`` never registers it (onnxruntime runs the function bodies); ``"auto"``
       uses it when it loads and registers every softdeploy op of the model. ``Session.kernels`` says
       which ran.
-    * ``threads=1``: onnxruntime's intra-op threads. One thread by default, because a session shares
-      the machine with the rest of the program and on small inputs a pool's wake-ups cost more than
-      they save; pass more for large batches (results do not depend on the count: kernels split
-      rows, never a row).
+    * ``threads=1``: onnxruntime's intra-op threads. One thread by default, unlike onnxruntime's own
+      default of one per core: pass ``threads=N`` (e.g. the physical cores) to use more. Results do not
+      depend on the count (kernels split rows, never a row).
     * ``spin=False``: idle workers sleep instead of spinning (a spinning worker steals its core from
       whatever runs next).
     * ``optimization="all"``: onnxruntime's graph optimization level (``"all"``, ``"basic"``, ``"none"``).

@@ -74,7 +74,7 @@ class ArrayDataReader:
         return next(self._it, None)
 
     def rewind(self) -> None:
-        """Starts again at the first batch (the calibrators read the data more than once)."""
+        """Starts again at the first batch (onnxruntime's CalibrationDataReader protocol)."""
         self._it = iter(self._feeds)
 
     def __len__(self) -> int:

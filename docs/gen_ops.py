@@ -35,6 +35,7 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere: document this ch
     sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
+from onnx import defs as onnx_defs  # noqa: E402
 
 from softdeploy import DOMAIN, OPSET_VERSION  # noqa: E402
 from softdeploy.errors import OpContractError  # noqa: E402
@@ -230,7 +231,9 @@ def op_page(d: OpDef, tvm: tuple[set[str], dict[str, str], dict[str, str]]) -> s
         "",
         "## Accuracy",
         "",
-        "Largest allowed difference from the float64 reference, per input element type "
+        f"Largest allowed difference from the NumPy reference (`softdeploy/ops/{d.stem}.py`; float64 unless the "
+        "definition above says otherwise), "
+        "per input element type "
         "(`|got - ref| <= atol + rtol * |ref|`), held by the conformance tests for every backend over "
         f"{sum(counts.values())} samples ({', '.join(f'{n} {k}' for k, n in sorted(counts.items()))}).",
         "",
@@ -320,7 +323,14 @@ def index_page(tvm: tuple[set[str], dict[str, str], dict[str, str]]) -> str:
         "- **Errors.** A violated rule is an error naming the op, the value and the rule: "
         '`"<Op>: ... (rule: ...)"`, an `OpContractError` from Python and an onnxruntime error status from '
         "the kernels. Attributes are checked for name and declared type before onnxruntime sees the model.",
-        "- **Accuracy.** Each op states, per input type, the tolerance against its float64 reference that "
+        "- **Names.** "
+        + (
+            "No op name is also the name of a standard ONNX op (TVM's importer looks ops up by name alone)."
+            if not [n for n in REGISTRY if onnx_defs.has(n)]
+            else "Some op names are also standard ONNX op names: " + ", ".join(n for n in REGISTRY if onnx_defs.has(n))
+        ),
+        "- **Accuracy.** Each op states, per input type, the tolerance against its NumPy reference (float64 "
+        "unless its definition says otherwise: SoftNMS's selection is discrete, its oracle float32) that "
         "every backend meets on every sample (`OpDef.tolerance`).",
         "- **Threads.** Kernels split independent rows (or (batch, class) pairs) across onnxruntime's intra-op "
         "thread pool, never one row, so results do not depend on the thread count.",

@@ -241,7 +241,7 @@ def torch_similarities(q: Any, d: Any, q_scale: Any, d_scale: Any) -> Any:
 
 
 def torch_impl(q: Any, d: Any, q_mask: Any = None, d_mask: Any = None, q_scale: Any = None, d_scale: Any = None) -> Any:
-    """Eager torch MaxSim (computed in float32, returned in the input's type), registered as
+    """Eager torch MaxSim (similarities in float32, Scores float32 [B, N]), registered as
     torch.ops.softdeploy.max_sim; it checks the contract first, like every backend."""
     import torch
 

@@ -169,7 +169,7 @@ def _torch(q: Any, q_sign: Any, d: Any, d_sign: Any, q_mask: Any, d_mask: Any) -
 
 
 def torch_impl(q: Any, q_sign: Any, d: Any, d_sign: Any, q_mask: Any = None, d_mask: Any = None) -> Any:
-    """Eager torch SignedMaxSim (computed in float32, returned in the input's type), registered as
+    """Eager torch SignedMaxSim (similarities in float32, Scores float32 [B, N]), registered as
     torch.ops.softdeploy.signed_max_sim; it checks the contract first, like every backend."""
     validate(q, q_sign, d, d_sign, q_mask, d_mask)
     return _torch(q, q_sign, d, d_sign, q_mask, d_mask)

@@ -234,8 +234,9 @@ def reference(
     center_point_box: int = 0,
     coordinate_offset: int = 0,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The float64 NumPy oracle of SoftNMS: every backend (kernel, function body, torch, TVM) is held to it within
-    OpDef.tolerance; it checks the contract first, so a bad input raises the same OpContractError."""
+    """The float32 NumPy oracle of SoftNMS (float32 like the original loop, not float64: the selection is discrete,
+    so every backend must make the same comparisons); it checks the contract first, so a bad input raises the same
+    OpContractError."""
     validate(
         np.shape(boxes),
         np.shape(scores),

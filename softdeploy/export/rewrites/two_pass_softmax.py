@@ -27,7 +27,7 @@ MIN_ROW_LENGTH = 16384
 
 class TwoPassSoftmaxRule(SoftRule):
     """Softmax => TwoPassSoftmax on the last axis of rows of at least ``min_row_length`` (default 16384, the
-    measured crossover: shorter rows run faster in onnxruntime's own Softmax, see the module docstring)."""
+    measured crossover: below it onnxruntime's own Softmax is as fast or faster, see the module docstring)."""
 
     name_ = "two-pass-softmax"
     target_op = "TwoPassSoftmax"

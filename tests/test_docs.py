@@ -5,6 +5,7 @@ and renders the API from the docstrings, and the README's "Your own model" examp
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 import subprocess
 import sys
@@ -119,3 +120,18 @@ def test_the_site_builds_strict_without_a_warning(tmp_path: Path) -> None:
     assert 'id="softdeploy.runtime.session.Session"' in api  # rendered from the docstrings
     assert "threads=1" in api and "One thread by default" in api  # Session's default, where users look
     assert (tmp_path / "site" / "ops" / "MaxSim" / "index.html").exists()
+
+
+def test_the_export_guide_example_runs(tmp_path: Path) -> None:
+    """The guide's first example (a model of softdeploy.nn modules, exported with a dynamic batch and validated)
+    runs as written."""
+    code = re.search(r"```python\n(.*?)```", (ROOT / "docs" / "guide" / "export.md").read_text(), re.S)
+    assert code
+    script = tmp_path / "example.py"
+    script.write_text(code.group(1))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    run = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "['Softpick']" in run.stdout and (tmp_path / "model.onnx").exists()

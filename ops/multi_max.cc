@@ -4,7 +4,7 @@
 //   Y = softmax(sigma(X) + Mask, axis)          (the additive Mask, broadcast to X, AFTER sigma)
 //
 // Python half, the contract, the special-value rules and the float64 oracle:
-// softdeploy/ops/multi_max.py; OPS.md. sigma(+-inf) is sigma's limit (SigmaParams::Of), a non-finite
+// softdeploy/ops/multi_max.py; docs/ops/MultiMax.md. sigma(+-inf) is sigma's limit (SigmaParams::Of), a non-finite
 // parameter makes every output NaN, quadratic terms are (t*relu)*relu.
 //
 // z_j = sigma(x_j) + mask_j is evaluated in DOUBLE, as the reference does: softmax's output error is

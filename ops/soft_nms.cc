@@ -11,7 +11,7 @@
 //   IoU: iw = min(hi0) - max(lo0) + off, ih likewise; IoU = iw*ih / ((area_i + area_p) - iw*ih) when
 //   iw > 0 and ih > 0, else 0; area = (hi0 - lo0 + off) * (hi1 - lo1 + off).
 //
-// Python half, the contract, the rules for NaN and the float32 oracle: softdeploy/ops/soft_nms.py; OPS.md.
+// Python half, the contract, the rules for NaN and the float32 oracle: softdeploy/ops/soft_nms.py; docs/ops/SoftNMS.md.
 //
 // How the loop is run. A row whose IoU with the selected box is 0 has weight exactly 1 (except "hard"
 // with IouThreshold < 0), so its score -- and whether it survives -- does not change: each round only

@@ -4,7 +4,7 @@
 //   y_i = max(e_i, 0) / (sum_{j: x_j finite} |e_j| + eps)          along `axis`
 //
 // Python half (the contract, the +inf/NaN reading, the float64 oracle): softdeploy/ops/softpick.py;
-// OPS.md "Softpick".
+// docs/ops/Softpick.md.
 //
 // The kernel evaluates the same value in the unshifted form (numerator and denominator times e^m):
 //   y_i = [x_i > 0] * expm1(x_i) / (T + eps * e^m),        T = sum_{finite j} |expm1(x_j)|

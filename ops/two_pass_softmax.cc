@@ -2,7 +2,7 @@
 //
 //   y_i = exp(x_i) / sum_j exp(x_j)       along `axis` (same values as ai.onnx.Softmax-13)
 //
-// Python half, the contract and the float64 oracle: softdeploy/ops/two_pass_softmax.py; OPS.md.
+// Python half, the contract and the float64 oracle: softdeploy/ops/two_pass_softmax.py; docs/ops/TwoPassSoftmax.md.
 //
 // Two reads of x, no max pass, no overflow, for any |x| up to ~2.9e6 (larger rows take RowSafe):
 //  * AVX-512 and AVX2: pass 1 reads x, writes exp(x_j) / 2^nb into y and accumulates the row sum

@@ -86,6 +86,9 @@ def cast_sample(op: OpDef, sample: Sample, dtype: str) -> Sample | None:
 
 
 def run(op: OpDef, sample: Sample, backend: str, *, isa: str | None = None, threads: int = 1) -> tuple[np.ndarray, ...]:
+    """Runs ``op`` on ``sample`` with one backend: ``reference`` (float64 NumPy), ``function`` (the function body on
+    onnxruntime), ``kernel`` (the native kernel, at variant ``isa`` when given), ``torch`` (the eager torch op) or
+    ``tvm``; returns the outputs as arrays."""
     if backend == "reference":
         return tuple(np.asarray(o) for o in op.reference(*sample.inputs, **sample.attrs))
     if backend in ("function", "kernel"):

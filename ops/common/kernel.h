@@ -165,7 +165,7 @@ class Attrs {
       return;
     }
     Fail(op_, NodeName(), "attribute '", name, "' must be ", want, ", got ", got, " (rule: '", name, "' is declared ",
-         want, " in OPS.md; write it in that type, as REGISTRY['", op_, "'].make_node does)");
+         want, " in docs/ops/", op_, ".md; write it in that type, as REGISTRY['", op_, "'].make_node does)");
   }
   // "node 'name': " (as softdeploy.runtime.Session's check words it), or "" for an unnamed node.
   std::string NodeName() const {

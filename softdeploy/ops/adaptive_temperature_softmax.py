@@ -66,6 +66,8 @@ ENTROPY_GATE = 0.5
 
 
 def validate(x: Any, axis: int) -> int:
+    """Checks AdaptiveTemperatureSoftmax's inputs and attributes and raises OpContractError naming the op, the value and
+    the rule (in the kernel's words); returns the axis, normalised to [0, rank)."""
     require_rank_at_least_one(NAME, x)
     return normalize_axis(NAME, axis, np.ndim(x))
 
@@ -78,11 +80,15 @@ def entropy64(x: np.ndarray, axis: int) -> np.ndarray:
 
 
 def beta64(h: np.ndarray) -> np.ndarray:
+    """The inverse temperature beta(H) = max(poly(H), 1) for entropy H > 0.5, else 1 (Velickovic et al.'s fitted
+    quartic), in float64."""
     with np.errstate(invalid="ignore"):
         return np.where(h > ENTROPY_GATE, np.maximum(np.polyval(POLY, h), 1.0), 1.0)
 
 
 def reference(x: np.ndarray, *, axis: int = -1) -> tuple[np.ndarray]:
+    """The float64 NumPy oracle of AdaptiveTemperatureSoftmax: every backend (kernel, function body, torch, TVM) is held
+    to it within OpDef.tolerance; it checks the contract first, so a bad input raises the same OpContractError."""
     a = validate(x, axis)
     xf = as_float64(x)
     if xf.shape[a] == 0:
@@ -123,6 +129,8 @@ def AdaptiveTemperatureSoftmax(X, axis: int = -1):
 
 
 def torch_impl(x: Any, axis: int = -1) -> Any:
+    """Eager torch AdaptiveTemperatureSoftmax (computed in float32, returned in the input's type), registered as
+    torch.ops.softdeploy.adaptive_temperature_softmax; it checks the contract first, like every backend."""
     import torch
 
     a = validate(x, axis)
@@ -138,10 +146,14 @@ def torch_impl(x: Any, axis: int = -1) -> Any:
 
 
 def infer_shapes(ctx: Any) -> None:
+    """ONNX shape inference for AdaptiveTemperatureSoftmax: the output has the input's type and shape."""
     ctx.set_output_type(0, ctx.get_input_type(0))
 
 
 def samples(rng: np.random.Generator) -> Iterator[Sample]:
+    """The conformance inputs of AdaptiveTemperatureSoftmax, drawn from ``rng``: typical sizes, edge sizes (empty, one
+    element, the kernels' tile edges) and special values (+-inf, NaN, ties) on which every backend must agree."""
+
     def logits(*shape: int, scale: float = 3.0) -> np.ndarray:
         return (rng.standard_normal(shape) * scale).astype(np.float32)
 
@@ -185,6 +197,8 @@ def samples(rng: np.random.Generator) -> Iterator[Sample]:
 
 
 def errors() -> Iterator[ErrorCase]:
+    """Inputs that break each rule of AdaptiveTemperatureSoftmax; every backend must refuse them with a message
+    containing ``match`` (the operator reference lists them)."""
     x = np.zeros((2, 3), np.float32)
     yield ErrorCase("axis_out_of_range", (x,), {"axis": 2}, "axis 2 is out of range for an input of rank 2")
     yield ErrorCase("axis_too_negative", (x,), {"axis": -3}, "axis -3 is out of range")

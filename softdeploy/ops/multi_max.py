@@ -64,6 +64,8 @@ def _shape_str(shape: tuple[int, ...]) -> str:
 
 
 def validate(x: Any, ranges: Any, ts: Any, mask: Any, axis: int) -> int:
+    """Checks MultiMax's inputs and attributes and raises OpContractError naming the op, the value and the rule (in the
+    kernel's words); returns the axis, normalised to [0, rank)."""
     require_rank_at_least_one(NAME, x)
     a = normalize_axis(NAME, axis, np.ndim(x))
     for port, value in (("Ranges", ranges), ("Ts", ts)):
@@ -116,6 +118,8 @@ def sigma64(x: np.ndarray, ranges: np.ndarray, ts: np.ndarray) -> np.ndarray:
 def reference(
     x: np.ndarray, ranges: np.ndarray, ts: np.ndarray, mask: np.ndarray | None = None, *, axis: int = -1
 ) -> tuple[np.ndarray]:
+    """The float64 NumPy oracle of MultiMax: every backend (kernel, function body, torch, TVM) is held to it within
+    OpDef.tolerance; it checks the contract first, so a bad input raises the same OpContractError."""
     a = validate(x, ranges, ts, mask, axis)
     z = sigma64(as_float64(x), as_float64(ranges), as_float64(ts))
     if mask is not None:
@@ -164,6 +168,8 @@ def MultiMax(X, Ranges, Ts, Mask, axis: int = -1):
 
 
 def torch_impl(x: Any, ranges: Any, ts: Any, mask: Any = None, axis: int = -1) -> Any:
+    """Eager torch MultiMax (computed in float32, returned in the input's type), registered as
+    torch.ops.softdeploy.multi_max; it checks the contract first, like every backend."""
     import torch
 
     a = validate(x, ranges, ts, mask, axis)
@@ -185,6 +191,7 @@ def torch_impl(x: Any, ranges: Any, ts: Any, mask: Any = None, axis: int = -1) -
 
 
 def infer_shapes(ctx: Any) -> None:
+    """ONNX shape inference for MultiMax: the output has the input's type and shape."""
     ctx.set_output_type(0, ctx.get_input_type(0))
 
 
@@ -194,6 +201,9 @@ def _default_params() -> tuple[np.ndarray, np.ndarray]:
 
 
 def samples(rng: np.random.Generator) -> Iterator[Sample]:
+    """The conformance inputs of MultiMax, drawn from ``rng``: typical sizes, edge sizes (empty, one element, the
+    kernels' tile edges) and special values (+-inf, NaN, ties) on which every backend must agree."""
+
     def logits(*shape: int, scale: float = 3.0) -> np.ndarray:
         return (rng.standard_normal(shape) * scale).astype(np.float32)
 
@@ -288,6 +298,8 @@ def samples(rng: np.random.Generator) -> Iterator[Sample]:
 
 
 def errors() -> Iterator[ErrorCase]:
+    """Inputs that break each rule of MultiMax; every backend must refuse them with a message containing ``match`` (the
+    operator reference lists them)."""
     x = np.zeros((2, 3), np.float32)
     r, t = _default_params()
     yield ErrorCase("axis_out_of_range", (x, r, t), {"axis": 2}, "axis 2 is out of range for an input of rank 2")

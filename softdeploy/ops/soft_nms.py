@@ -147,6 +147,8 @@ def box_extents(boxes: np.ndarray, center_point_box: int) -> np.ndarray:
 
 
 def box_areas(ext: np.ndarray, offset: np.float32) -> np.ndarray:
+    """Areas (hi0 - lo0 + offset) * (hi1 - lo1 + offset) of boxes in extent form [..., 4], in float32 as the kernel
+    computes them (overflow and NaN pass through)."""
     with np.errstate(invalid="ignore", over="ignore"):
         return ((ext[..., 1] - ext[..., 0]) + offset) * ((ext[..., 3] - ext[..., 2]) + offset)
 
@@ -232,6 +234,9 @@ def reference(
     center_point_box: int = 0,
     coordinate_offset: int = 0,
 ) -> tuple[np.ndarray, np.ndarray]:
+    """The float32 NumPy oracle of SoftNMS (float32 like the original loop, not float64: the selection is discrete,
+    so every backend must make the same comparisons); it checks the contract first, so a bad input raises the same
+    OpContractError."""
     validate(
         np.shape(boxes),
         np.shape(scores),
@@ -595,6 +600,8 @@ def torch_fake(
 
 
 def infer_shapes(ctx: Any) -> None:
+    """ONNX shape inference for SoftNMS: selected is int64 [M, 3], selected_scores [M] in the scores' type (M depends on
+    the data)."""
     from onnx import TensorProto, helper
 
     scores_type = ctx.get_input_type(1)
@@ -620,6 +627,9 @@ def clustered_boxes(
 
 
 def samples(rng: np.random.Generator) -> Iterator[Sample]:
+    """The conformance inputs of SoftNMS, drawn from ``rng``: typical sizes, edge sizes (empty, one element, the
+    kernels' tile edges) and special values (+-inf, NaN, ties) on which every backend must agree."""
+
     def scores_for(b: int, c: int, n: int, *, levels: int | None = None) -> np.ndarray:
         if levels:  # few distinct values: many exact ties
             return (rng.integers(1, levels + 1, (b, c, n)) / levels).astype(np.float32)
@@ -711,6 +721,8 @@ def samples(rng: np.random.Generator) -> Iterator[Sample]:
 
 
 def errors() -> Iterator[ErrorCase]:
+    """Inputs that break each rule of SoftNMS; every backend must refuse them with a message containing ``match`` (the
+    operator reference lists them)."""
     boxes = np.zeros((1, 3, 4), np.float32)
     scores = np.zeros((1, 2, 3), np.float32)
     yield ErrorCase("bad_method", (boxes, scores), {"method": "cubic"}, "method 'cubic' is not supported")

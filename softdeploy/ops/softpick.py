@@ -4,7 +4,7 @@
     e_j = exp(x_j - m) - exp(-m)    (= exp(-m) * (exp(x_j) - 1))
     y_i = max(e_i, 0) / (sum_{j: x_j finite} |e_j| + eps)
 
-Rules (OPS.md, "Softpick"):
+Rules (docs/ops/Softpick.md):
 
 * Outputs are exactly 0 where ``x_i <= 0``; rows do not sum to 1 (``sum_i y_i <= 1``: the
   denominator also counts the negative side, and eps).
@@ -15,7 +15,7 @@ Rules (OPS.md, "Softpick"):
   denominator 0 or negative: silent infinities or sign flips). ``eps = 0`` is allowed: a row whose
   denominator is then 0 has only non-positive entries, so its outputs are 0 by the first rule.
 
-Our reading of +inf and NaN entries (OPS.md says what they add to the denominator, not what they
+Our reading of +inf and NaN entries (the contract says what they add to the denominator, not what they
 output). The general rule "NaN inputs propagate to the outputs of the row they are in" holds unless
 an op says otherwise, and Softpick does: ``m`` is taken over the finite entries and non-finite entries
 add 0 to the denominator -- rules that differ from "max over all entries" only when +inf or NaN is
@@ -66,6 +66,8 @@ NAME = "Softpick"
 
 
 def validate(x: Any, axis: int, eps: float) -> int:
+    """Checks Softpick's inputs and attributes and raises OpContractError naming the op, the value and the rule (in the
+    kernel's words); returns the axis, normalised to [0, rank)."""
     require_rank_at_least_one(NAME, x)
     a = normalize_axis(NAME, axis, np.ndim(x))
     if not (math.isfinite(eps) and eps >= 0):
@@ -75,6 +77,8 @@ def validate(x: Any, axis: int, eps: float) -> int:
 
 
 def reference(x: np.ndarray, *, axis: int = -1, eps: float = 1e-6) -> tuple[np.ndarray]:
+    """The float64 NumPy oracle of Softpick: every backend (kernel, function body, torch, TVM) is held to it within
+    OpDef.tolerance; it checks the contract first, so a bad input raises the same OpContractError."""
     a = validate(x, axis, eps)
     x64 = np.moveaxis(as_float64(x), a, -1)
     if x64.shape[-1] == 0:
@@ -123,6 +127,8 @@ def Softpick(X, axis: int = -1, eps: float = 1e-6):
 
 
 def torch_impl(x: Any, axis: int = -1, eps: float = 1e-6) -> Any:
+    """Eager torch Softpick (computed in float32, returned in the input's type), registered as
+    torch.ops.softdeploy.softpick; it checks the contract first, like every backend."""
     import torch
 
     validate(x, axis, eps)
@@ -141,10 +147,14 @@ def torch_impl(x: Any, axis: int = -1, eps: float = 1e-6) -> Any:
 
 
 def infer_shapes(ctx: Any) -> None:
+    """ONNX shape inference for Softpick: the output has the input's type and shape."""
     ctx.set_output_type(0, ctx.get_input_type(0))
 
 
 def samples(rng: np.random.Generator) -> Iterator[Sample]:
+    """The conformance inputs of Softpick, drawn from ``rng``: typical sizes, edge sizes (empty, one element, the
+    kernels' tile edges) and special values (+-inf, NaN, ties) on which every backend must agree."""
+
     def logits(*shape: int, scale: float = 3.0) -> np.ndarray:
         return (rng.standard_normal(shape) * scale).astype(np.float32)
 
@@ -219,6 +229,8 @@ def samples(rng: np.random.Generator) -> Iterator[Sample]:
 
 
 def errors() -> Iterator[ErrorCase]:
+    """Inputs that break each rule of Softpick; every backend must refuse them with a message containing ``match`` (the
+    operator reference lists them)."""
     x = np.zeros((2, 3), np.float32)
     yield ErrorCase("axis_out_of_range", (x,), {"axis": 2}, "axis 2 is out of range for an input of rank 2")
     yield ErrorCase("axis_too_negative", (x,), {"axis": -3}, "axis -3 is out of range")

@@ -91,6 +91,7 @@ class RPCSpec:
 
     @classmethod
     def parse(cls, address: str, key: str) -> RPCSpec:
+        """An RPCSpec from ``--rpc HOST:PORT`` and ``--key``; ValueError naming the expected form otherwise."""
         host, sep, port = address.rpartition(":")
         if not sep or not host or not port.isdigit():
             raise ValueError(f"--rpc wants HOST:PORT of a TVM RPC tracker, got {address!r}")
@@ -99,6 +100,9 @@ class RPCSpec:
 
 @dataclasses.dataclass
 class TaskResult:
+    """One tuning task: its name and weight, the successful trials, the best time found and, for our own kernels, the
+    hand schedule's time (measured first, so the search keeps only what beats it)."""
+
     name: str
     weight: float
     trials: int  # successful measurements
@@ -108,15 +112,20 @@ class TaskResult:
 
 @dataclasses.dataclass
 class TuneReport:
+    """A tuning run: the database written, one TaskResult per task and the seconds it took."""
+
     database: str
     tasks: list[TaskResult]
     seconds: float
 
     @property
     def trials(self) -> int:
+        """Successful trials over all tasks (zero is an error for the caller)."""
         return sum(t.trials for t in self.tasks)
 
     def summary(self) -> str:
+        """A few lines: tasks tuned, trials, time, the records' folder, and each task's best time against its hand
+        schedule."""
         tuned = sum(t.trials > 0 for t in self.tasks)
         lines = [
             f"tuned {tuned}/{len(self.tasks)} tasks, {self.trials} successful trials in {self.seconds:.0f} s; "

@@ -1,4 +1,4 @@
-"""Every op x sample x backend against the float64 reference (OPS.md is the contract).
+"""Every op x sample x backend against the float64 reference (docs/ops/ is the contract).
 
 Backends: the function body in stock onnxruntime, the native kernel in every ISA variant this CPU
 runs, the torch op. float16 runs every sample whose values fit, against the reference evaluated on

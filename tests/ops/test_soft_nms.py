@@ -22,7 +22,7 @@ METHOD_CODE = {"hard": 0, "linear": 1, "gaussian": 2}
 
 # ---- oracle: bharatsingh430/soft-nms lib/nms/cpu_nms.pyx::cpu_soft_nms, transcribed line by line ----
 # Every cdef float of the Cython source is an np.float32 here; np.exp receives a Python float (double)
-# as in the Cython code. Two generalisations, both named in OPS.md: the "+ 1" of the pixel-inclusive
+# as in the Cython code. Two generalisations, both named in docs/ops/SoftNMS.md: the "+ 1" of the pixel-inclusive
 # areas is `offset` (1 = the original), and `original_index` rides along in the rows.
 
 

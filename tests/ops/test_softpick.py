@@ -1,4 +1,4 @@
-"""Softpick: properties the generic conformance tests cannot know (OPS.md "Softpick";
+"""Softpick: properties the generic conformance tests cannot know (docs/ops/Softpick.md;
 softdeploy/ops/softpick.py; ops/softpick.cc).
 
 Kernel runs go through onnxruntime with our library, in every ISA variant this CPU has."""

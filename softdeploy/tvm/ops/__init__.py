@@ -86,6 +86,9 @@ KEEP_BLOCKS = frozenset(
 
 
 def inline_neighbours(sch: Any) -> None:
+    """Inlines the elementwise blocks that the fusion pass put next to our kernels, except KEEP_BLOCKS (layout changes,
+    per-row scalars and row stages that must stay stored), so that the hand schedules see the kernel they were written
+    for."""
     root = sch.get_sblock("root")
     for block in sch.get_child_blocks(root):
         if sch.get(block).name_hint in KEEP_BLOCKS:

@@ -20,9 +20,7 @@ def cases(draw: st.DrawFn, op: OpDef) -> Case:
     groups = sorted(dim_groups(ts[ti]))
     resize_one = st.one_of(st.none(), st.none(), st.sampled_from(SIZES))
     resize = draw(st.lists(resize_one, min_size=len(groups), max_size=len(groups)), label="resize")
-    attrs = [
-        draw(st.one_of(*[st.builds(Keep)] * 3, _BY_KIND[a.kind]), label=f"attr {a.name}") for a in op.attrs
-    ]
+    attrs = [draw(st.one_of(*[st.builds(Keep)] * 3, _BY_KIND[a.kind]), label=f"attr {a.name}") for a in op.attrs]
     return build_case(
         op,
         ti,

@@ -13,7 +13,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
-import math
 from collections.abc import Callable
 
 import numpy as np
@@ -78,8 +77,14 @@ class Known:
 
 
 KNOWN = (
-    Known("MultiMax", "issue 11 defects 1 and 9 (h-kern): MultiMax NaN / overflow on huge values, precision", _multimax_known),
-    Known("Softpick", "issue 11 defect 5 (h-kern): Softpick precision with significant eps and large |x|", _softpick_known),
+    Known(
+        "MultiMax",
+        "issue 11 defects 1 and 9 (h-kern): MultiMax NaN / overflow on huge values, precision",
+        _multimax_known,
+    ),
+    Known(
+        "Softpick", "issue 11 defect 5 (h-kern): Softpick precision with significant eps and large |x|", _softpick_known
+    ),
 )
 
 

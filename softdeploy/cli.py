@@ -251,7 +251,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     if args.feeds:
         import numpy as np
 
-        with np.load(args.feeds) as data:
+        with np.load(args.feeds, allow_pickle=False) as data:
             feeds = {k: data[k] for k in data.files}
     result = optimize(
         args.input,

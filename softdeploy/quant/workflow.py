@@ -20,7 +20,7 @@ OUTPUT_COSINE = "output cosine"
 
 def load_npz_batches(path: str | os.PathLike[str], batch: int = 8) -> list[dict[str, np.ndarray]]:
     """An .npz of arrays named like the model inputs, samples along axis 0 -> batches of ``batch``."""
-    with np.load(path) as z:
+    with np.load(path, allow_pickle=False) as z:
         arrays = {k: z[k] for k in z.files}
     if not arrays:
         raise QuantizationError(f"{path} holds no arrays")

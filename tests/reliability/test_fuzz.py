@@ -125,8 +125,10 @@ class Report:
     def line(self) -> str:
         c = self.counts
         known = sum(len(v) for v in self.known.values())
+        kinds = ", ".join(f"{c[k]} {k.removeprefix('ok ')}" for k in sorted(c) if k.startswith("ok "))
         return (
-            f"fuzz {self.op}: {sum(c.values())} cases on {'/'.join(ISAS)}: {c['ok']} match, {c['refused']} refused "
+            f"fuzz {self.op}: {c['ok'] + c['refused'] + c['finding']} cases on {'/'.join(ISAS)}: {c['ok']} match "
+            f"({kinds}), {c['refused']} refused "
             f"by both, {len(self.new)} new findings, {known} known-defect findings, "
             f"{len(self.out_of_range)} beyond the declared domain of float32 dot products"
         )
@@ -144,6 +146,10 @@ def fuzz(name: str) -> Report:
     def run(case: Case) -> None:
         out = judge(op, case.sample, case.dtype, ISAS)
         report.counts[out.kind] += 1
+        if out.kind == "ok":
+            report.counts[f"ok {case.dtype}"] += 1
+            report.counts["ok with special values"] += any("specials" in m for m in case.mutations)
+            report.counts["ok resized"] += any("->" in m for m in case.mutations)
         if out.kind != "finding":
             return
         text = f"{case.describe()}\n    => {out.detail}"

@@ -75,9 +75,11 @@ def compare(op: OpDef, sample: Sample, dtype: str, got: tuple[np.ndarray, ...], 
     return ""
 
 
-def run_kernel(op: OpDef, sample: Sample, isa: str, threads: int = 1) -> tuple[np.ndarray, ...] | SoftdeployError:
-    """The native kernel only: the model carries no function body, so a dispatch miss is an error, not a
-    silent run of the body."""
+def run_kernel(
+    op: OpDef, sample: Sample, isa: str | None, threads: int = 1
+) -> tuple[np.ndarray, ...] | SoftdeployError:
+    """The native kernel only (``isa`` None: the default variant): the model carries no function body,
+    so a dispatch miss is an error, not a silent run of the body."""
     from softdeploy.runtime import Session
 
     model = op.make_model(sample, with_function=False)

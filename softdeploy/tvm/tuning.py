@@ -3,8 +3,10 @@
 Three traps of TVM 0.27 are handled here:
   * MetaSchedule configures logging (``logging.config.dictConfig``) for every tuning run and lists the
     handlers already on its logger ``tvm.s_tir.meta_schedule`` by name: a handler without a name
-    (``logging.StreamHandler()``, pytest's or a user's) made it fail with ``AttributeError: 'NoneType'
-    object has no attribute 'format'``, a named one of the user's with ``Unable to add handler``.
+    made it fail with ``AttributeError: 'NoneType' object has no attribute 'format'``, a named one of
+    the user's with ``Unable to add handler``. pytest 9.2 attaches its (unnamed) LogCaptureHandler to
+    every logger that does not propagate during each test, and the first tuning run of a process makes
+    MetaSchedule's logger non-propagating: every later tuning test failed in a full run.
     :func:`_metaschedule_logging` takes such handlers off that logger while MetaSchedule configures
     it, and puts them back;
   * TVM's default build function imports ``tvm.s_tir.tensor_intrin`` in every fresh builder worker

@@ -3,7 +3,9 @@
 ``untuned``: TVM's default pipeline and nothing else (TVM's naive loop nests; what a user gets
 from ``tvm.compile`` alone). ``tuned``: the module is lowered to PrimFuncs (legalize + fuse), every
 PrimFunc found in the tuning databases (the records shipped in ``softdeploy/tvm/records/`` and the
-user's own) gets its tuned schedule, the rest get dlight's CPU default schedules, then it is built.
+user's own) gets its tuned schedule, the rest our ops' hand schedules or dlight's CPU default
+schedules, then it is built. :class:`BuildReport` says which kernel got which schedule, and why any
+kernel got none (a rule that raises is reported and warned about, never taken for "does not apply").
 """
 
 from __future__ import annotations

@@ -34,5 +34,5 @@ class ScheduleError(SoftdeployError):
 
 
 class ScheduleWarning(UserWarning):
-    """A kernel of a build got no schedule, or a hand schedule rule failed on it (BuildReport.unscheduled,
-    BuildReport.schedule_errors): it runs, but TVM's default loop nests are many times slower."""
+    """A hand schedule rule failed on a kernel of a build (BuildReport.schedule_errors): the kernel runs
+    with dlight's schedule or TVM's default loop nest (BuildReport.unscheduled), many times slower."""

@@ -181,6 +181,12 @@ def schedule(sch: Any) -> bool:
         best_j = sch.get_sblock("best_j")
     except Exception:  # MaxSim (SignedMaxSim has it)
         best_j = None
+    extents = {str(iv.var): iv.dom.extent for iv in sch.get(blocks["sim"]).iter_vars}
+    sizes = [int(e) if isinstance(e, tirx.IntImm) else 2 for e in extents.values()]  # (B, N, Ld, Lq[, dim])
+    if 0 in sizes[:2] or 1 in sizes[2:]:
+        # Nothing to compute (B or N = 0), or token/dim loops of extent 1, which compute_at drops
+        # below: the loop indexing here raised on them (tile_lq1_ld1_dim1). dlight takes these.
+        return False
     score = blocks["score"]
     loops = sch.get_loops(score)
     if len(loops) != 3:

@@ -95,7 +95,7 @@ def test_the_your_own_model_example_is_a_valid_workflow(page: str) -> None:
 def test_the_test_extra_installs_the_docs_extra() -> None:
     """CI installs `.[test]`: the mkdocs build below must never skip there."""
     text = (ROOT / "pyproject.toml").read_text()  # (tomllib is Python >= 3.11; we support 3.10)
-    extras = dict(re.findall(r"^(\w+) = \[(.*)\]$", text.split("[project.optional-dependencies]")[1], re.M))
+    extras = dict(re.findall(r"^(\w+) = \[(.*?)\]$", text.split("[project.optional-dependencies]")[1], re.M | re.S))
     assert re.search(r'"softdeploy\[[^\]]*\bdocs\b[^\]]*\]"', extras["test"])
     pins = re.findall(r'"([^"]+)"', extras["docs"])
     assert pins and all("==" in p for p in pins)  # exact pins: the build is strict

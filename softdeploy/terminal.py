@@ -180,18 +180,18 @@ def captured(what: str) -> Iterator[None]:
             saved.pop(fd, None)
     capture.depth += 1
     try:
-        # sys.stdout on fd 1 follows the descriptor. Only a stand-in (an in-process caller capturing
-        # output) is swapped: swapping the real one would bind handlers created meanwhile (torch's
-        # logging, on its import) to the log file for good.
-        swap = capture.terminal is sys.stdout
+        # Python-level writers go to the original streams, which write to fds 1/2 and so to the log:
+        # sys.stdout may be a stand-in meanwhile (rich's Live display proxies it to the terminal, an
+        # in-process caller captures it). Not the log file object itself: a handler created in the
+        # block (torch's logging, on its import) would stay bound to it after the block.
         with (
-            contextlib.redirect_stdout(log) if swap else contextlib.nullcontext(),
-            contextlib.redirect_stderr(log) if swap else contextlib.nullcontext(),
+            contextlib.redirect_stdout(sys.__stdout__ or log),
+            contextlib.redirect_stderr(sys.__stderr__ or log),
         ):
             yield
     finally:
         capture.depth -= 1
-        for stream in (sys.stdout, sys.stderr, log):
+        for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__, log):
             with contextlib.suppress(Exception):
                 stream.flush()
         for fd, copy in saved.items():

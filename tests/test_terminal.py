@@ -272,3 +272,34 @@ def test_softdeploys_own_warnings_stay_on_the_terminal(tmp_path: Path, monkeypat
     assert [str(w.message) for w in shown] == ["softdeploy's own warning"]  # shown as Python shows warnings
     (log,) = (tmp_path / "logs").glob("own-*.log")
     assert "a library's warning" in log.read_text() and "own warning" not in log.read_text()
+
+
+def test_on_a_terminal_too(exported: tuple[Path, subprocess.CompletedProcess]) -> None:
+    """On a terminal rich's live progress display proxies sys.stdout to the screen: the libraries'
+    prints during it must still go to the log (a pseudo-terminal stands in for the user's)."""
+    import pty
+
+    path, _ = exported
+    d = path.parent
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "100", "TERM": "xterm"}
+    env.pop("SOFTDEPLOY_LOG_DIR", None)
+    command = [sys.executable, "-m", "softdeploy.cli", "quantize", "net.onnx", "-o", "tty.onnx"]
+    command += ["--mode", "static", "--data", "data.npz", "--calibrate-method", "entropy", "--overwrite"]
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(command, cwd=d, env=env, stdin=slave, stdout=slave, stderr=slave)
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(master)
+    assert proc.wait(timeout=300) == 0
+    screen = b"".join(chunks).decode(errors="replace")
+    assert "wrote tty.onnx" in screen.replace("\r", "").replace("\n", "")
+    assert not _noise(screen), screen
+    assert "lines of library output" in screen

@@ -96,8 +96,8 @@ class _Capture:
         if self.file is None or self.path is None:
             return None, 0
         self.file.close()
-        with open(self.path, encoding="utf-8", errors="replace") as f:
-            lines = sum(1 for _ in f) - self.headers
+        with open(self.path, "rb") as f:  # newlines only: a progress bar's carriage returns are no lines
+            lines = f.read().count(b"\n") - self.headers
         if lines <= 0:
             self.path.unlink(missing_ok=True)
             return None, 0

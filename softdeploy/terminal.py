@@ -7,8 +7,8 @@ onnxruntime's calibration output, TVM's ``Scope Saving`` lines (from C++, straig
 
 Inside :func:`cli_session` (the CLI sets it around one verb, unless ``--verbose``):
 
-* Python warnings not raised by softdeploy itself, and log records that reach the root logger, go to
-  the log file;
+* Python warnings other than softdeploy's own (:class:`softdeploy.errors.SoftdeployWarning`), and log
+  records that reach the root logger, go to the log file;
 * inside :func:`captured` (the CLI wraps each library call in one), file descriptors 1 and 2, and
   ``sys.stdout`` / ``sys.stderr``, point at the log file too: output written by C++ code reaches it;
 * :func:`stdout` is a stream to the real terminal for the CLI's own output (tables, progress bars),
@@ -30,8 +30,6 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
-
-_PACKAGE_DIR = str(Path(__file__).resolve().parent)
 
 
 class _Capture:
@@ -82,11 +80,12 @@ class _Capture:
         file: TextIO | None = None,
         line: str | None = None,
     ) -> None:
-        text = warnings.formatwarning(message, category, filename, lineno, line)
-        if os.path.abspath(filename).startswith(_PACKAGE_DIR):  # softdeploy's own: for the user
+        # softdeploy's own (softdeploy.errors.SoftdeployWarning) are for the user. Not "raised from a
+        # softdeploy file": a library's warning points at the softdeploy line that triggered it.
+        if category.__module__.split(".")[0] == "softdeploy":
             self.showwarning_before(message, category, filename, lineno, file, line)
         else:
-            self.open().write(text)
+            self.open().write(warnings.formatwarning(message, category, filename, lineno, line))
 
     def close(self) -> tuple[Path | None, int]:
         """(log path, lines of third-party output); the file is removed when it holds nothing else."""

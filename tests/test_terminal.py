@@ -259,16 +259,19 @@ def test_library_use_keeps_pythons_default_warnings(workdir: Path) -> None:
 
 
 def test_softdeploys_own_warnings_stay_on_the_terminal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SoftdeployWarning is shown; a library's warning goes to the log, also when it points at the
+    softdeploy line that triggered it (torch's requires_grad UserWarning did, from demo.py)."""
     import softdeploy
     from softdeploy import terminal
+    from softdeploy.errors import SoftdeployWarning
 
     monkeypatch.setenv("SOFTDEPLOY_LOG_DIR", str(tmp_path / "logs"))
-    own = str(Path(softdeploy.__file__).parent / "quant" / "search.py")
+    ours = str(Path(softdeploy.__file__).parent / "demo.py")
     with warnings.catch_warnings(record=True) as shown:
         warnings.simplefilter("always")
         with terminal.cli_session("own", verbose=False):
-            warnings.warn_explicit("softdeploy's own warning", UserWarning, own, 1)
-            warnings.warn_explicit("a library's warning", UserWarning, "/site-packages/lib/z.py", 1)
+            warnings.warn_explicit("softdeploy's own warning", SoftdeployWarning, ours, 1)
+            warnings.warn_explicit("a library's warning", UserWarning, ours, 2)
     assert [str(w.message) for w in shown] == ["softdeploy's own warning"]  # shown as Python shows warnings
     (log,) = (tmp_path / "logs").glob("own-*.log")
     assert "a library's warning" in log.read_text() and "own warning" not in log.read_text()

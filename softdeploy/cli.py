@@ -662,7 +662,7 @@ class _TuningProgress:
 
         def poll() -> None:
             while not self.stop.wait(1.0):
-                self.progress.update(self.task, completed=min(self.trials, self._count() - self.start))
+                self._update()
 
         self.thread = threading.Thread(target=poll, daemon=True)
         self.thread.start()
@@ -671,8 +671,14 @@ class _TuningProgress:
     def __exit__(self, *exc: object) -> None:
         self.stop.set()
         self.thread.join()
-        self.progress.update(self.task, completed=min(self.trials, self._count() - self.start))
+        self._update()
         self.progress.stop()
+
+    def _update(self) -> None:
+        # MetaSchedule measures whole batches (and softdeploy's hand schedules first): it may measure
+        # more candidates than --tune-trials asked for, and the bar says so rather than stopping at 100%
+        done = self._count() - self.start
+        self.progress.update(self.task, completed=done, total=max(self.trials, done))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

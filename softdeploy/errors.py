@@ -45,3 +45,8 @@ class ArgumentError(SoftdeployError, ValueError):
 
 class OverwriteError(SoftdeployError, FileExistsError):
     """A command would replace an existing file without being asked to (or replace its own input)."""
+
+
+class SoftdeployWarning(UserWarning):
+    """A warning softdeploy itself raises. The CLI shows these on the terminal; every other Python
+    warning (torch's, onnxruntime's, ...) goes to its log file unless ``--verbose``."""

@@ -346,7 +346,10 @@ SD_TARGET_AVX2 bool RowAvx2(const float* x, float* y, int64_t n) {
     const __m256 live_bm = _mm256_and_ps(live, bm);
     const __m256 nb = _mm256_sub_ps(_mm256_fmadd_ps(live_bm, _mm256_set1_ps(simd::kLog2e), magic), magic);
     const __m256 floor = _mm256_sub_ps(live_bm, _mm256_set1_ps(110.0f));
-    _mm256_storeu_ps(block_exponents.data() + blk * 8, nb);
+    // As in RowAvx512: a dead lane's nb = 0 must not enter the row's exponent (here it flushed the live
+    // blocks' factors 2^(nb - 0) below 2^-126 to 0: outputs of 3e-30 came out 0). kNoExponent instead.
+    const __m256 lane_e = _mm256_blendv_ps(_mm256_set1_ps(simd::kNoExponent), nb, live);
+    _mm256_storeu_ps(block_exponents.data() + blk * 8, lane_e);
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     for (j = j0; j + 32 <= j1; j += 32) {
       const __m256 e0 = ExpRelative(_mm256_loadu_ps(x + j), floor, nb);
@@ -373,7 +376,7 @@ SD_TARGET_AVX2 bool RowAvx2(const float* x, float* y, int64_t n) {
     const __m256 block_sum = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
     bad = _mm256_or_ps(bad, _mm256_cmp_ps(block_sum, block_sum, _CMP_UNORD_Q));
     bad = _mm256_or_ps(bad, _mm256_cmp_ps(block_sum, _mm256_set1_ps(INFINITY), _CMP_EQ_OQ));
-    Accumulate(sum_v, sum_e, block_sum, nb);
+    Accumulate(sum_v, sum_e, block_sum, lane_e);
   }
   if (_mm256_movemask_ps(bad) != 0) return false;
   const float e = simd::ReduceMax8(sum_e);
@@ -383,6 +386,7 @@ SD_TARGET_AVX2 bool RowAvx2(const float* x, float* y, int64_t n) {
   const __m256 minus_e = _mm256_set1_ps(-e);
   for (int64_t blk = 0; blk < blocks; ++blk) {
     const int64_t j0 = blk * kBlock, j1 = std::min(n, j0 + kBlock);
+    // Dead lanes (y = 0 there): shift -FLT_MAX, factor 0.
     const __m256 shift = _mm256_add_ps(_mm256_loadu_ps(block_exponents.data() + blk * 8), minus_e);
     const __m256 factor = _mm256_mul_ps(inv, simd::Exp2NonPositive(shift));
     int64_t j = j0;

@@ -100,6 +100,13 @@ def samples(rng: np.random.Generator) -> Iterator[Sample]:
         lone[row, col] = value
     yield Sample("one_finite_entry_far_below_zero", (lone,), kind="special")
     yield Sample("one_element_minus_89", (np.array([[-89.0]], np.float32),), kind="special")
+    # Finite entries in two summation blocks (1024 entries), the rest masked: the AVX2 path once let the
+    # masked lanes' exponent flush the live blocks' factors to 0 (3.4e-30 came out 0).
+    two_blocks = np.full((3, 1100), -np.inf, np.float32)
+    two_blocks[0, [5, 1030]] = (-20.0, -100.0)  # exp(-80) = 1.8e-35
+    two_blocks[1, [0, 1024]] = (-50.0, -120.0)  # exp(-70) = 4e-31
+    two_blocks[2, [1, 1099]] = (-100.0, -100.0)
+    yield Sample("masked_rows_two_blocks", (two_blocks,), kind="special")
     # Beyond |x| ~ 2.9e6 a float range reduction of x log2(e) is off by more than ln2/2: every variant
     # must take its exact path (the portable one once returned 9.5e-2 relative error at 5.6e7).
     far = logits(4, 33)

@@ -45,3 +45,9 @@ class ArgumentError(SoftdeployError, ValueError):
 
 class OverwriteError(SoftdeployError, FileExistsError):
     """A command would replace an existing file without being asked to (or replace its own input)."""
+
+
+class AdapterError(SoftdeployError, ValueError):
+    """A LoRA adapter (PEFT's adapter_config.json + adapter_model.safetensors) cannot be used: missing,
+    not safetensors, a config softdeploy does not read, or a tensor of the wrong name or shape. The
+    message names the file, the value and the rule."""

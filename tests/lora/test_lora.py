@@ -180,6 +180,26 @@ def test_peft_adapters_become_frozen_experts_and_merge_equals_merge_and_unload(a
         torch.testing.assert_close(merged(x), want(input_ids=x).last_hidden_state, rtol=1e-5, atol=1e-5)
 
 
+def test_weighted_merge_equals_peft_cat_combination(adapter_dirs):
+    """Mixed gates: PEFT expresses sum_e w_e s_e B_e A_e as add_weighted_adapter(combination_type="cat")."""
+    pm = peft.PeftModel.from_pretrained(Encoder().bert, adapter_dirs[0], adapter_name="a0")
+    for i, d in enumerate(adapter_dirs[1:], start=1):
+        pm.load_adapter(d, adapter_name=f"a{i}")
+    w = [0.5, 0.3, 0.2]
+    pm.add_weighted_adapter(["a0", "a1", "a2"], w, "mix", combination_type="cat")
+    pm.set_adapter("mix")
+    want = pm.merge_and_unload()
+    model = Encoder()
+    names = load_experts(model.bert, adapter_dirs)
+    merged = merge(model, w)
+    for name in names:
+        torch.testing.assert_close(
+            merged.get_submodule("bert." + name).weight, want.get_submodule(name).weight, rtol=1e-6, atol=1e-7
+        )
+    x = ids()
+    torch.testing.assert_close(merged(x), want(input_ids=x).last_hidden_state, rtol=1e-5, atol=1e-5)
+
+
 def test_merged_uniform_equals_routed_with_fixed_gates(adapter_dirs):
     """A zero router ties every expert and top_k = E takes them all with gates 1/E: the routed model
     with these fixed gates equals the merge with uniform weights (both exported and validated)."""

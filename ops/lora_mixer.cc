@@ -23,6 +23,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <vector>
 
 #include <immintrin.h>
@@ -73,23 +74,35 @@ SD_TARGET_AVX512 inline __m512 Reduce16(__m512 v[16]) {
                        _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(z[0]), _mm512_castps_pd(z[1]))));
 }
 
-SD_TARGET_AVX512 inline void Step512(__m512* acc, const float* x0, const float* x1, const float* const* rows,
-                                     int64_t i, __mmask16 m) {
-  const __m512 a = _mm512_maskz_loadu_ps(m, x0 + i), b = _mm512_maskz_loadu_ps(m, x1 + i);
-  for (int k = 0; k < kRows; ++k) {
-    const __m512 w = _mm512_maskz_loadu_ps(m, rows[k] + i);
-    acc[k] = _mm512_fmadd_ps(w, a, acc[k]);
-    acc[k + 8] = _mm512_fmadd_ps(w, b, acc[k + 8]);
-  }
-}
+// The 16 accumulators are named locals (an array passed on by pointer made gcc keep them in memory,
+// storing each one every step); they become an array only for the final reduction.
+#define SD_LM_REG(v) __asm__("" : "+v"(v))
+#define SD_LM_STEP512(m)                                                                   \
+  do {                                                                                     \
+    const __m512 xa = _mm512_maskz_loadu_ps(m, x0 + i), xb = _mm512_maskz_loadu_ps(m, x1 + i); \
+    __m512 w;                                                                              \
+    /* SD_LM_REG: keep each row vector in a register for both tokens' fmas (gcc otherwise folds  \
+       the load into each fma: 18 loads per 16 fmas, and the loop becomes load-bound) */     \
+    w = _mm512_maskz_loadu_ps(m, r0 + i); SD_LM_REG(w); a0 = _mm512_fmadd_ps(w, xa, a0); b0 = _mm512_fmadd_ps(w, xb, b0); \
+    w = _mm512_maskz_loadu_ps(m, r1 + i); SD_LM_REG(w); a1 = _mm512_fmadd_ps(w, xa, a1); b1 = _mm512_fmadd_ps(w, xb, b1); \
+    w = _mm512_maskz_loadu_ps(m, r2 + i); SD_LM_REG(w); a2 = _mm512_fmadd_ps(w, xa, a2); b2 = _mm512_fmadd_ps(w, xb, b2); \
+    w = _mm512_maskz_loadu_ps(m, r3 + i); SD_LM_REG(w); a3 = _mm512_fmadd_ps(w, xa, a3); b3 = _mm512_fmadd_ps(w, xb, b3); \
+    w = _mm512_maskz_loadu_ps(m, r4 + i); SD_LM_REG(w); a4 = _mm512_fmadd_ps(w, xa, a4); b4 = _mm512_fmadd_ps(w, xb, b4); \
+    w = _mm512_maskz_loadu_ps(m, r5 + i); SD_LM_REG(w); a5 = _mm512_fmadd_ps(w, xa, a5); b5 = _mm512_fmadd_ps(w, xb, b5); \
+    w = _mm512_maskz_loadu_ps(m, r6 + i); SD_LM_REG(w); a6 = _mm512_fmadd_ps(w, xa, a6); b6 = _mm512_fmadd_ps(w, xb, b6); \
+    w = _mm512_maskz_loadu_ps(m, r7 + i); SD_LM_REG(w); a7 = _mm512_fmadd_ps(w, xa, a7); b7 = _mm512_fmadd_ps(w, xb, b7); \
+  } while (0)
 
 SD_TARGET_AVX512 void DotTileAvx512(const float* x0, const float* x1, const float* const* rows, int64_t n,
                                     float* out0, float* out1) {
-  __m512 acc[16];
-  for (int k = 0; k < 16; ++k) acc[k] = _mm512_setzero_ps();
+  const float *r0 = rows[0], *r1 = rows[1], *r2 = rows[2], *r3 = rows[3];
+  const float *r4 = rows[4], *r5 = rows[5], *r6 = rows[6], *r7 = rows[7];
+  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+  __m512 b0 = a0, b1 = a0, b2 = a0, b3 = a0, b4 = a0, b5 = a0, b6 = a0, b7 = a0;
   int64_t i = 0;
-  for (; i + 16 <= n; i += 16) Step512(acc, x0, x1, rows, i, static_cast<__mmask16>(0xFFFF));
-  if (i < n) Step512(acc, x0, x1, rows, i, static_cast<__mmask16>((1u << (n - i)) - 1));
+  for (; i + 16 <= n; i += 16) SD_LM_STEP512(static_cast<__mmask16>(0xFFFF));
+  if (i < n) SD_LM_STEP512(static_cast<__mmask16>((1u << (n - i)) - 1));
+  __m512 acc[16] = {a0, a1, a2, a3, a4, a5, a6, a7, b0, b1, b2, b3, b4, b5, b6, b7};
   alignas(64) float s[16];
   _mm512_store_ps(s, Reduce16(acc));
   for (int k = 0; k < 8; ++k) {
@@ -97,6 +110,8 @@ SD_TARGET_AVX512 void DotTileAvx512(const float* x0, const float* x1, const floa
     out1[k] = s[4 * ((k + 8) % 4) + (k + 8) / 4];
   }
 }
+#undef SD_LM_STEP512
+#undef SD_LM_REG
 
 // AVX2: one token x 8 rows (8 accumulators: 16 would not fit the 16 ymm registers), same
 // transposing-reduction idea.
@@ -114,25 +129,37 @@ SD_TARGET_AVX2 inline __m256 Reduce8(__m256 v[8]) {
                        _mm256_castpd_ps(_mm256_unpackhi_pd(_mm256_castps_pd(y[0]), _mm256_castps_pd(y[1]))));
 }
 
+#define SD_LM_STEP256(LOAD)                                                           \
+  do {                                                                                \
+    const __m256 xa = LOAD(x);                                                        \
+    a0 = _mm256_fmadd_ps(LOAD(r0), xa, a0); a1 = _mm256_fmadd_ps(LOAD(r1), xa, a1);   \
+    a2 = _mm256_fmadd_ps(LOAD(r2), xa, a2); a3 = _mm256_fmadd_ps(LOAD(r3), xa, a3);   \
+    a4 = _mm256_fmadd_ps(LOAD(r4), xa, a4); a5 = _mm256_fmadd_ps(LOAD(r5), xa, a5);   \
+    a6 = _mm256_fmadd_ps(LOAD(r6), xa, a6); a7 = _mm256_fmadd_ps(LOAD(r7), xa, a7);   \
+  } while (0)
+
 SD_TARGET_AVX2 void DotRowAvx2(const float* x, const float* const* rows, int64_t n, float* out) {
-  __m256 acc[8];
-  for (int k = 0; k < 8; ++k) acc[k] = _mm256_setzero_ps();
+  const float *r0 = rows[0], *r1 = rows[1], *r2 = rows[2], *r3 = rows[3];
+  const float *r4 = rows[4], *r5 = rows[5], *r6 = rows[6], *r7 = rows[7];
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m256 a = _mm256_loadu_ps(x + i);
-    for (int k = 0; k < 8; ++k) acc[k] = _mm256_fmadd_ps(_mm256_loadu_ps(rows[k] + i), a, acc[k]);
-  }
+#define SD_LM_FULL(p) _mm256_loadu_ps((p) + i)
+  for (; i + 8 <= n; i += 8) SD_LM_STEP256(SD_LM_FULL);
+#undef SD_LM_FULL
   if (i < n) {
     alignas(32) int32_t lanes[8];
     for (int k = 0; k < 8; ++k) lanes[k] = k < n - i ? -1 : 0;
     const __m256i m = _mm256_load_si256(reinterpret_cast<const __m256i*>(lanes));
-    const __m256 a = _mm256_maskload_ps(x + i, m);
-    for (int k = 0; k < 8; ++k) acc[k] = _mm256_fmadd_ps(_mm256_maskload_ps(rows[k] + i, m), a, acc[k]);
+#define SD_LM_TAIL(p) _mm256_maskload_ps((p) + i, m)
+    SD_LM_STEP256(SD_LM_TAIL);
+#undef SD_LM_TAIL
   }
+  __m256 acc[8] = {a0, a1, a2, a3, a4, a5, a6, a7};
   alignas(32) float s[8];
   _mm256_store_ps(s, Reduce8(acc));
   for (int k = 0; k < 8; ++k) out[k] = s[4 * (k % 2) + k / 2];
 }
+#undef SD_LM_STEP256
 
 SD_TARGET_AVX2 void DotTileAvx2(const float* x0, const float* x1, const float* const* rows, int64_t n, float* out0,
                                 float* out1) {
@@ -161,9 +188,10 @@ inline void DotRows(DotTileFn tile, const float* x0, const float* x1, const floa
 
 // ---- up-projection: d_t += sum_j c_t[j] * BT[j, :] for 2 tokens (BT = Bm_e^T, [r, out]) ----------
 
-void AxpyPortable(const float* bt, int64_t r, int64_t out, const float* c0, const float* c1, float* d0, float* d1) {
+void AxpyPortable(const float* bt, int64_t r, int64_t out, const float* c0, const float* c1, float* d0, float* d1,
+                  bool fresh0, bool fresh1) {
   for (int64_t o = 0; o < out; ++o) {
-    float a0 = d0[o], a1 = d1[o];
+    float a0 = fresh0 ? 0.0f : d0[o], a1 = fresh1 ? 0.0f : d1[o];
     for (int64_t j = 0; j < r; ++j) {
       a0 = std::fma(c0[j], bt[j * out + o], a0);
       a1 = std::fma(c1[j], bt[j * out + o], a1);
@@ -173,27 +201,66 @@ void AxpyPortable(const float* bt, int64_t r, int64_t out, const float* c0, cons
   }
 }
 
+// The coefficients are broadcast once per chunk of 8 ranks and kept in registers across the out
+// loop (16 zmm for 2 tokens): the loop then loads one Bm^T vector per 2 FMAs. Each output element
+// gets the same fma chain over j = 0..r-1 in order, whatever the chunking.
 SD_TARGET_AVX512 void AxpyAvx512(const float* bt, int64_t r, int64_t out, const float* c0, const float* c1, float* d0,
-                                 float* d1) {
-  for (int64_t o = 0; o < out; o += 16) {
-    const __mmask16 m = out - o >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (out - o)) - 1);
-    // Both loads before either store: d0 and d1 may be the same token (an odd token paired with itself).
-    __m512 a0 = _mm512_maskz_loadu_ps(m, d0 + o), a1 = _mm512_maskz_loadu_ps(m, d1 + o);
-    for (int64_t j = 0; j < r; ++j) {
-      const __m512 b = _mm512_maskz_loadu_ps(m, bt + j * out + o);
-      a0 = _mm512_fmadd_ps(_mm512_set1_ps(c0[j]), b, a0);
-      a1 = _mm512_fmadd_ps(_mm512_set1_ps(c1[j]), b, a1);
+                                 float* d1, bool fresh0, bool fresh1) {
+  for (int64_t j0 = 0; j0 < r; j0 += 8) {
+    const int64_t nj = std::min<int64_t>(8, r - j0);
+    __m512 b0[8], b1[8];
+    for (int64_t j = 0; j < 8; ++j) {
+      b0[j] = _mm512_set1_ps(j < nj ? c0[j0 + j] : 0.0f);
+      b1[j] = _mm512_set1_ps(j < nj ? c1[j0 + j] : 0.0f);
     }
-    _mm512_mask_storeu_ps(d0 + o, m, a0);
-    _mm512_mask_storeu_ps(d1 + o, m, a1);
+    const float* bj = bt + j0 * out;
+    const bool z0 = fresh0 && j0 == 0, z1 = fresh1 && j0 == 0;  // first contribution: start from 0
+    int64_t o = 0;
+    // Two 16-wide blocks per step: four independent fma chains keep the FMA units busy (each chain is
+    // r dependent fmas); every output element still gets the same chain j = 0..r-1.
+    if (nj == 8) {
+      for (; o + 32 <= out; o += 32) {
+        __m512 a0 = z0 ? _mm512_setzero_ps() : _mm512_loadu_ps(d0 + o);
+        __m512 a1 = z1 ? _mm512_setzero_ps() : _mm512_loadu_ps(d1 + o);
+        __m512 a2 = z0 ? _mm512_setzero_ps() : _mm512_loadu_ps(d0 + o + 16);
+        __m512 a3 = z1 ? _mm512_setzero_ps() : _mm512_loadu_ps(d1 + o + 16);
+        for (int j = 0; j < 8; ++j) {
+          __m512 b = _mm512_loadu_ps(bj + j * out + o), c = _mm512_loadu_ps(bj + j * out + o + 16);
+          __asm__("" : "+v"(b), "+v"(c));  // one load per vector, not one per fma (as in DotTileAvx512)
+          a0 = _mm512_fmadd_ps(b0[j], b, a0);
+          a1 = _mm512_fmadd_ps(b1[j], b, a1);
+          a2 = _mm512_fmadd_ps(b0[j], c, a2);
+          a3 = _mm512_fmadd_ps(b1[j], c, a3);
+        }
+        _mm512_storeu_ps(d0 + o, a0);
+        _mm512_storeu_ps(d1 + o, a1);
+        _mm512_storeu_ps(d0 + o + 16, a2);
+        _mm512_storeu_ps(d1 + o + 16, a3);
+      }
+    }
+    for (; o < out; o += 16) {
+      const __mmask16 m =
+          out - o >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (out - o)) - 1);
+      // Both loads before either store: d0 and d1 may be the same token (an odd token paired with itself).
+      __m512 a0 = _mm512_maskz_loadu_ps(z0 ? 0 : m, d0 + o), a1 = _mm512_maskz_loadu_ps(z1 ? 0 : m, d1 + o);
+      for (int64_t j = 0; j < nj; ++j) {
+        __m512 b = _mm512_maskz_loadu_ps(m, bj + j * out + o);
+        __asm__("" : "+v"(b));
+        a0 = _mm512_fmadd_ps(b0[j], b, a0);
+        a1 = _mm512_fmadd_ps(b1[j], b, a1);
+      }
+      _mm512_mask_storeu_ps(d0 + o, m, a0);
+      _mm512_mask_storeu_ps(d1 + o, m, a1);
+    }
   }
 }
 
 SD_TARGET_AVX2 void AxpyAvx2(const float* bt, int64_t r, int64_t out, const float* c0, const float* c1, float* d0,
-                             float* d1) {
+                             float* d1, bool fresh0, bool fresh1) {
   int64_t o = 0;
   for (; o + 8 <= out; o += 8) {
-    __m256 a0 = _mm256_loadu_ps(d0 + o), a1 = _mm256_loadu_ps(d1 + o);
+    __m256 a0 = fresh0 ? _mm256_setzero_ps() : _mm256_loadu_ps(d0 + o);
+    __m256 a1 = fresh1 ? _mm256_setzero_ps() : _mm256_loadu_ps(d1 + o);
     for (int64_t j = 0; j < r; ++j) {
       const __m256 b = _mm256_loadu_ps(bt + j * out + o);
       a0 = _mm256_fmadd_ps(_mm256_set1_ps(c0[j]), b, a0);
@@ -203,7 +270,7 @@ SD_TARGET_AVX2 void AxpyAvx2(const float* bt, int64_t r, int64_t out, const floa
     _mm256_storeu_ps(d1 + o, a1);
   }
   for (; o < out; ++o) {  // the same fma chain per element as the vector lanes
-    float a0 = d0[o], a1 = d1[o];
+    float a0 = fresh0 ? 0.0f : d0[o], a1 = fresh1 ? 0.0f : d1[o];
     for (int64_t j = 0; j < r; ++j) {
       a0 = std::fma(c0[j], bt[j * out + o], a0);
       a1 = std::fma(c1[j], bt[j * out + o], a1);
@@ -213,7 +280,59 @@ SD_TARGET_AVX2 void AxpyAvx2(const float* bt, int64_t r, int64_t out, const floa
   }
 }
 
-using AxpyFn = void (*)(const float*, int64_t, int64_t, const float*, const float*, float*, float*);
+// Bm_e [out, r] -> Bm_e^T [r, out] (rows of the up-projection for AxpyXxx). The AVX-512 build of the
+// same loop lets gcc vectorise it (gathers along out).
+void TransposePortable(const float* src, int64_t out, int64_t r, float* dst) {
+  for (int64_t q = 0; q < r; ++q)
+    for (int64_t o = 0; o < out; ++o) dst[q * out + o] = src[o * r + q];
+}
+
+// Index vectors of one stage of the register-lane transpose: exchanging a register-index bit with lane
+// bit `lb` for a pair (lo: register bit 0, hi: register bit 1) is lo' = permutex2var(lo, a, hi),
+// hi' = permutex2var(lo, b, hi).
+inline void SwapIndices(int lb, int32_t* ia, int32_t* ib) {
+  const int bit = 1 << lb;
+  for (int l = 0; l < 16; ++l) {
+    ia[l] = (l & bit) ? 16 + (l & ~bit) : l;
+    ib[l] = (l & bit) ? 16 + l : (l | bit);
+  }
+}
+
+SD_TARGET_AVX512 void TransposeAvx512(const float* src, int64_t out, int64_t r, float* dst) {
+  int64_t o = 0;
+  if (r == 8 && out >= 16) {
+    // the usual LoRA rank: a 16 x 8 block of Bm is 8 zmm (register k = rows 2k, 2k+1); three bit
+    // exchanges between register and lane index and one lane permute give its 8 columns.
+    alignas(64) int32_t idx[7][16];
+    for (int rb = 0; rb < 3; ++rb) SwapIndices(rb, idx[2 * rb], idx[2 * rb + 1]);
+    for (int row = 0; row < 16; ++row) idx[6][row] = ((row & 1) << 3) | (row >> 1);
+    __m512i xa[3], xb[3];
+    for (int rb = 0; rb < 3; ++rb) {
+      xa[rb] = _mm512_load_si512(idx[2 * rb]);
+      xb[rb] = _mm512_load_si512(idx[2 * rb + 1]);
+    }
+    const __m512i last = _mm512_load_si512(idx[6]);
+    for (; o + 16 <= out; o += 16) {
+      __m512 z[8];
+      for (int k = 0; k < 8; ++k) z[k] = _mm512_loadu_ps(src + (o + 2 * k) * 8);
+      for (int rb = 2; rb >= 0; --rb) {
+        const int step = 1 << rb;
+        for (int k = 0; k < 8; ++k) {
+          if (k & step) continue;
+          const __m512 lo = _mm512_permutex2var_ps(z[k], xa[rb], z[k | step]);
+          const __m512 hi = _mm512_permutex2var_ps(z[k], xb[rb], z[k | step]);
+          z[k] = lo;
+          z[k | step] = hi;
+        }
+      }
+      for (int q = 0; q < 8; ++q) _mm512_storeu_ps(dst + q * out + o, _mm512_permutexvar_ps(last, z[q]));
+    }
+  }
+  for (int64_t q = 0; q < r; ++q)
+    for (int64_t oo = o; oo < out; ++oo) dst[q * out + oo] = src[oo * r + q];
+}
+
+using AxpyFn = void (*)(const float*, int64_t, int64_t, const float*, const float*, float*, float*, bool, bool);
 
 // ---- routing ------------------------------------------------------------------------------------
 
@@ -326,9 +445,11 @@ struct LoRAMixerKernel {
 
     DotTileFn dot = DotTilePortable;
     AxpyFn axpy = AxpyPortable;
+    auto transpose = TransposePortable;
     if (isa == Isa::kAvx512) {
       dot = DotTileAvx512;
       axpy = AxpyAvx512;
+      transpose = TransposeAvx512;
     } else if (isa == Isa::kAvx2) {
       dot = DotTileAvx2;
       axpy = AxpyAvx2;
@@ -369,13 +490,11 @@ struct LoRAMixerKernel {
         coef[p] = scaling * gate[t * k + s];
       }
     }
-    std::vector<float> bt(static_cast<size_t>(e * r * n_out));
+    // Only the used experts' slices are written (and read): no zero-initialisation of the rest.
+    std::unique_ptr<float[]> bt(new float[static_cast<size_t>(std::max<int64_t>(e * r * n_out, 1))]);
     for (int64_t j = 0; j < e; ++j) {
       if (start[j + 1] == start[j]) continue;  // never read an unselected expert
-      const float* src = bf + j * n_out * r;
-      float* dst = bt.data() + j * r * n_out;
-      for (int64_t o = 0; o < n_out; ++o)
-        for (int64_t q = 0; q < r; ++q) dst[q * n_out + o] = src[o * r + q];
+      transpose(bf + j * n_out * r, n_out, r, bt.get() + j * r * n_out);
     }
 
     // Phase 3 (parallel over the same token blocks): per expert, its tokens in the block, in pairs.
@@ -384,7 +503,10 @@ struct LoRAMixerKernel {
       const int64_t t0 = static_cast<int64_t>(b) * kTokenBlock, t1 = std::min(n_tok, t0 + kTokenBlock);
       std::vector<float> scratch(direct ? 0 : static_cast<size_t>((t1 - t0) * n_out));
       float* dbase = direct ? reinterpret_cast<float*>(delta_out) + t0 * n_out : scratch.data();
-      std::fill(dbase, dbase + (t1 - t0) * n_out, 0.0f);
+      // Each token's Delta starts with its first expert's contribution (no zero-fill pass); r = 0
+      // contributes nothing, so there it is zero-filled.
+      if (r == 0) std::fill(dbase, dbase + (t1 - t0) * n_out, 0.0f);
+      std::vector<char> seen(static_cast<size_t>(t1 - t0), r == 0 ? 1 : 0);
       std::vector<float> u0(static_cast<size_t>(std::max<int64_t>(r, 1))), u1(u0.size()), c0(u0.size()),
           c1(u0.size());
       for (int64_t j = 0; j < e; ++j) {
@@ -393,7 +515,7 @@ struct LoRAMixerKernel {
         const int64_t p0 = std::lower_bound(first, last, t0) - tok.data();
         const int64_t p1 = std::lower_bound(first, last, t1) - tok.data();
         const float* aj = af + j * r * n_in;
-        const float* btj = bt.data() + j * r * n_out;
+        const float* btj = bt.get() + j * r * n_out;
         for (int64_t p = p0; p < p1; p += 2) {
           const int64_t q = std::min(p + 1, p1 - 1);
           const int64_t ta = tok[p], tb = tok[q];
@@ -402,7 +524,9 @@ struct LoRAMixerKernel {
             c0[i] = coef[p] * u0[i];
             c1[i] = coef[q] * u1[i];
           }
-          axpy(btj, r, n_out, c0.data(), c1.data(), dbase + (ta - t0) * n_out, dbase + (tb - t0) * n_out);
+          axpy(btj, r, n_out, c0.data(), c1.data(), dbase + (ta - t0) * n_out, dbase + (tb - t0) * n_out,
+               !seen[ta - t0], !seen[tb - t0]);
+          seen[ta - t0] = seen[tb - t0] = 1;
         }
       }
       const float qnan = std::numeric_limits<float>::quiet_NaN();

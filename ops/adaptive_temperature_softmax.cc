@@ -6,7 +6,7 @@
 //   Y = softmax(beta * x)                                     along `axis`
 //
 // Python half, the contract and the float64 oracle: softdeploy/ops/adaptive_temperature_softmax.py
-// (its docstring derives the passes below); OPS.md.
+// (its docstring derives the passes below); docs/ops/AdaptiveTemperatureSoftmax.md.
 //
 // Per row, with m = max x, z_j = x_j - m, e_j = exp(z_j), d = sum e_j:
 //   pass 1 (read 1): m, d, S = sum e_j z_j online -- per-lane running max; a lane whose max grows

@@ -2,7 +2,7 @@
 //
 //   Scores[b, n] = sum_{i: QMask[b,i]} max_{j: DMask[n,j]} QScale[b,i] * DScale[n,j] * <Q[b,i], D[n,j]>
 //
-// Python half, the contract and the float64 oracle: softdeploy/ops/max_sim.py; OPS.md "MaxSim".
+// Python half, the contract and the float64 oracle: softdeploy/ops/max_sim.py; docs/ops/MaxSim.md.
 // The tiled running-max GEMM (AVX-512 / VNNI / AVX2 / portable) is in max_sim_core.h.
 //
 // What must stay true: masked document tokens are excluded (never multiplied by 0); masked query

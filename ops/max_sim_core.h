@@ -170,6 +170,9 @@ void TilePortable(const Problem& p, const E* q /*[dim]*/, float q_scale, const D
 template <int kLanes>
 inline void PackQFloat(const float* q, int64_t Lq, int64_t dim, float* out) {
   const int64_t tiles = (Lq + kLanes - 1) / kLanes;
+  // No memset of nothing: with Lq or dim 0, out is an empty vector's data(), null (UB for memset,
+  // reported by the UBSan build of .ci/run's sanitizer stage).
+  if (tiles * dim == 0) return;
   std::memset(out, 0, sizeof(float) * tiles * dim * kLanes);
   for (int64_t i = 0; i < Lq; ++i) {
     float* tile = out + (i / kLanes) * dim * kLanes + (i % kLanes);

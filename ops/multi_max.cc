@@ -4,14 +4,25 @@
 //   Y = softmax(sigma(X) + Mask, axis)          (the additive Mask, broadcast to X, AFTER sigma)
 //
 // Python half, the contract, the special-value rules and the float64 oracle:
-// softdeploy/ops/multi_max.py; OPS.md. sigma(+-inf) is sigma's limit (SigmaParams::Of), a non-finite
+// softdeploy/ops/multi_max.py; docs/ops/MultiMax.md. sigma(+-inf) is sigma's limit (SigmaParams::Of), a non-finite
 // parameter makes every output NaN, quadratic terms are (t*relu)*relu.
 //
-// Per row, z_j = sigma(x_j) + mask_j is computed on the fly and never stored:
-//   pass 1 reads x (and the mask row) once and accumulates sum_j exp(z_j) as a (mantissa, exponent)
-//          pair with the exponent held in float (Dukhan & Ablavatski's two-pass softmax, as in
-//          two_pass_softmax.cc): no max pass, no overflow;
-//   pass 2 reads them again and writes y_j = (m_j / v) * 2^(n_j - e).
+// z_j = sigma(x_j) + mask_j is evaluated in DOUBLE, as the reference does: softmax's output error is
+// the absolute error of z, and float32 z carries |z| * 2^-24 of it (8.8e-6 relative at |z| ~ 56 with
+// t0 = 1.7, against the 2e-6 contract), and float32 relu^2 overflows for |x| > 1.8e19 where the
+// double value is finite. In double sigma never overflows for float inputs (|z| < 1e117).
+//
+// Per row, block by block (kBlock elements; a block's z fits in L1):
+//   pass 1 computes the block's z into a double buffer (reading x and the mask once) and its max M_b,
+//          then stages w_j = exp(z_j - M_b) in Y (float, from a double range reduction
+//          n = round(d log2 e), t = d - n ln2 of d = z_j - M_b, and a float polynomial for exp(t)),
+//          summing the w_j; the block sums are combined online in double, S = sum_b s_b e^(M_b - M);
+//   pass 2 rescales each block of Y in place by e^(M_b - M) / S.
+// sigma is evaluated once per element (not again in pass 2, as a two-pass softmax must), and no
+// exponent ever leaves double before it is reduced. The former float scheme (sigma and
+// round(z log2 e) in float, exponents carried in float) went wrong from |z| ~ 5.6e7 (n off by many
+// units, |t| up to ~88, the polynomial negative or huge: NaN rows, e.g. [[2.1e9]]), and z log2 e
+// overflowed to -inf for the Hugging Face mask finfo(float32).min: inf - inf = NaN rows.
 //
 // What must stay true:
 //  * A row whose z holds NaN or +inf, or only -inf, is all NaN (softmax parity); -inf z gives 0.
@@ -31,10 +42,13 @@ namespace {
 
 constexpr const char* kOp = "MultiMax";
 
+constexpr double kLog2eD = 1.4426950408889634;
+constexpr double kLn2D = 0.6931471805599453;
+
 struct SigmaParams {
-  float r[4], t[4];
-  float neg, pos;  // sigma(-inf), sigma(+inf): the limits of sigma
-  bool finite;     // every parameter finite (otherwise every output is NaN)
+  double r[4], t[4];
+  double neg, pos;  // sigma(-inf), sigma(+inf): the limits of sigma
+  bool finite;      // every parameter finite (otherwise every output is NaN)
 
   static SigmaParams Of(const float* ranges, const float* ts) {
     SigmaParams p;
@@ -53,252 +67,327 @@ struct SigmaParams {
     return p;
   }
 
-  float operator()(float x) const {
+  double operator()(double x) const {
     if (x == -INFINITY) return neg;
     if (x == INFINITY) return pos;
-    const float a = std::max(r[0] - x, 0.0f), b = std::max(x - r[1], 0.0f);
-    const float c = std::max(r[2] - x, 0.0f), d = std::max(x - r[3], 0.0f);
+    const double a = std::max(r[0] - x, 0.0), b = std::max(x - r[1], 0.0);
+    const double c = std::max(r[2] - x, 0.0), d = std::max(x - r[3], 0.0);
     // Plain multiply-add: std::fma is a libm call (~50 ns) on the portable x86-64 baseline.
     return x + t[0] * a + t[1] * b + (t[2] * c) * c + (t[3] * d) * d;  // NaN x stays NaN
   }
 };
 
 // A row: n elements of x (contiguous), the mask row (contiguous when mask_step == 1, one value
-// repeated when mask_step == 0), and the output.
+// repeated when mask_step == 0), the output, and room for one double per block (the blocks' maxima).
 struct RowArgs {
   const float* x;
   const float* mask;
   int64_t mask_step;
   float* y;
   int64_t n;
+  double* block_max;
 };
 
 void FillNan(float* y, int64_t n) {
   for (int64_t j = 0; j < n; ++j) y[j] = NAN;
 }
 
-// ---- portable -----------------------------------------------------------------------------------
+// ---- portable ------------------------------------------------------------------------------------
 
-void RowPortable(const RowArgs& a, const SigmaParams& p, bool /*stream*/) {
-  float zmax = -INFINITY;
+// Everything in double: z, its max, exp(z - max) and the sum -- the reference's arithmetic.
+void RowPortable(const RowArgs& a, const SigmaParams& p) {
+  double zmax = -INFINITY;
   bool bad = false;
   for (int64_t j = 0; j < a.n; ++j) {
-    const float z = p(a.x[j]) + a.mask[j * a.mask_step];
+    const double z = p(a.x[j]) + a.mask[j * a.mask_step];
     bad |= std::isnan(z) || z == INFINITY;
     zmax = std::max(zmax, z);
   }
   if (bad || zmax == -INFINITY) return FillNan(a.y, a.n);
   double sum = 0;
-  for (int64_t j = 0; j < a.n; ++j) sum += std::exp(static_cast<double>(p(a.x[j]) + a.mask[j * a.mask_step]) - zmax);
+  for (int64_t j = 0; j < a.n; ++j) sum += std::exp(p(a.x[j]) + a.mask[j * a.mask_step] - zmax);
   const double inv = 1.0 / sum;
   for (int64_t j = 0; j < a.n; ++j) {
-    a.y[j] = static_cast<float>(std::exp(static_cast<double>(p(a.x[j]) + a.mask[j * a.mask_step]) - zmax) * inv);
+    a.y[j] = static_cast<float>(std::exp(p(a.x[j]) + a.mask[j * a.mask_step] - zmax) * inv);
   }
 }
 
-constexpr int64_t kBlock = 1024;  // elements per block of the two-level summation
+constexpr int64_t kBlock = 1024;  // elements per block: its z buffer (8 KiB) stays in L1
+// z - M_b below this is clamped to it: exp(-200) is 0 in float (so are -inf entries, exactly).
+constexpr double kMinDiff = -200.0;
+
+int64_t NumBlocks(int64_t n) { return (n + kBlock - 1) / kBlock; }
+
+// Folds a block (max mb, sum sb of exp(z - mb)) into the row's running (M, S).
+inline void FoldBlock(double mb, double sb, double* m, double* s) {
+  if (mb == -INFINITY) return;  // an all -inf block adds nothing
+  if (mb > *m) {
+    *s = *s * std::exp(*m - mb) + sb;  // exp(-inf) = 0 for the first block
+    *m = mb;
+  } else {
+    *s += sb * std::exp(mb - *m);
+  }
+}
+
+// Pass 2: block b of y times exp(M_b - M) / S (0 for an all -inf block, whose staged values are 0).
+inline float BlockScale(const RowArgs& a, int64_t b, double m, double s) {
+  return a.block_max[b] == -INFINITY ? 0.0f : static_cast<float>(std::exp(a.block_max[b] - m) / s);
+}
 
 // ---- AVX-512 ------------------------------------------------------------------------------------
 
 struct SigmaAvx512 {
-  __m512 r0, r1, r2, r3, t0, t1, t2, t3, neg, pos;
+  __m512d r0, r1, r2, r3, t0, t1, t2, t3, neg, pos;
   SD_TARGET_AVX512 explicit SigmaAvx512(const SigmaParams& p)
-      : r0(_mm512_set1_ps(p.r[0])), r1(_mm512_set1_ps(p.r[1])), r2(_mm512_set1_ps(p.r[2])),
-        r3(_mm512_set1_ps(p.r[3])), t0(_mm512_set1_ps(p.t[0])), t1(_mm512_set1_ps(p.t[1])),
-        t2(_mm512_set1_ps(p.t[2])), t3(_mm512_set1_ps(p.t[3])), neg(_mm512_set1_ps(p.neg)),
-        pos(_mm512_set1_ps(p.pos)) {}
+      : r0(_mm512_set1_pd(p.r[0])), r1(_mm512_set1_pd(p.r[1])), r2(_mm512_set1_pd(p.r[2])),
+        r3(_mm512_set1_pd(p.r[3])), t0(_mm512_set1_pd(p.t[0])), t1(_mm512_set1_pd(p.t[1])),
+        t2(_mm512_set1_pd(p.t[2])), t3(_mm512_set1_pd(p.t[3])), neg(_mm512_set1_pd(p.neg)),
+        pos(_mm512_set1_pd(p.pos)) {}
 
-  SD_TARGET_AVX512 __m512 operator()(__m512 x) const {
-    const __m512 zero = _mm512_setzero_ps();
-    // max_ps(NaN, 0) is 0, but x itself is the first addend, so sigma(NaN) stays NaN.
-    const __m512 a = _mm512_max_ps(_mm512_sub_ps(r0, x), zero), b = _mm512_max_ps(_mm512_sub_ps(x, r1), zero);
-    const __m512 c = _mm512_max_ps(_mm512_sub_ps(r2, x), zero), d = _mm512_max_ps(_mm512_sub_ps(x, r3), zero);
-    __m512 s = _mm512_fmadd_ps(t0, a, x);
-    s = _mm512_fmadd_ps(t1, b, s);
-    s = _mm512_fmadd_ps(_mm512_mul_ps(t2, c), c, s);
-    s = _mm512_fmadd_ps(_mm512_mul_ps(t3, d), d, s);
-    s = _mm512_mask_mov_ps(s, _mm512_cmp_ps_mask(x, _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ), neg);
-    return _mm512_mask_mov_ps(s, _mm512_cmp_ps_mask(x, _mm512_set1_ps(INFINITY), _CMP_EQ_OQ), pos);
+  SD_TARGET_AVX512 __m512d operator()(__m512d x) const {
+    const __m512d zero = _mm512_setzero_pd();
+    // max_pd(NaN, 0) is 0, but x itself is the first addend, so sigma(NaN) stays NaN.
+    const __m512d a = _mm512_max_pd(_mm512_sub_pd(r0, x), zero), b = _mm512_max_pd(_mm512_sub_pd(x, r1), zero);
+    const __m512d c = _mm512_max_pd(_mm512_sub_pd(r2, x), zero), d = _mm512_max_pd(_mm512_sub_pd(x, r3), zero);
+    __m512d s = _mm512_fmadd_pd(t0, a, x);
+    s = _mm512_fmadd_pd(t1, b, s);
+    s = _mm512_fmadd_pd(_mm512_mul_pd(t2, c), c, s);
+    return _mm512_fmadd_pd(_mm512_mul_pd(t3, d), d, s);
+  }
+  // sigma with its limits at +-inf (the formula gives NaN there); only for vectors holding an inf.
+  SD_TARGET_AVX512 __m512d WithLimits(__m512d x) const {
+    const __m512d s = (*this)(x);
+    const __m512d s1 = _mm512_mask_mov_pd(s, _mm512_cmp_pd_mask(x, _mm512_set1_pd(-INFINITY), _CMP_EQ_OQ), neg);
+    return _mm512_mask_mov_pd(s1, _mm512_cmp_pd_mask(x, _mm512_set1_pd(INFINITY), _CMP_EQ_OQ), pos);
   }
 };
 
-SD_TARGET_AVX512 inline void Accumulate(__m512& v, __m512& e, __m512 m, __m512 n) {
-  const __m512 max_e = _mm512_max_ps(e, n);
-  v = _mm512_add_ps(_mm512_scalef_ps(v, _mm512_sub_ps(e, max_e)), _mm512_scalef_ps(m, _mm512_sub_ps(n, max_e)));
-  e = max_e;
+SD_TARGET_AVX512 inline __m512 Poly512(__m512 t) {
+  __m512 p = _mm512_set1_ps(simd::kC5);
+  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(simd::kC4));
+  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(simd::kC3));
+  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(simd::kC2));
+  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(simd::kC1));
+  return _mm512_fmadd_ps(p, t, _mm512_set1_ps(1.0f));
 }
 
-// z for the 16 (or, with k, fewer) elements at j; lanes outside k are -inf.
-SD_TARGET_AVX512 inline __m512 LoadZ(const RowArgs& a, const SigmaAvx512& s, int64_t j, __mmask16 k) {
-  const __m512 x = _mm512_maskz_loadu_ps(k, a.x + j);
-  const __m512 m = a.mask_step ? _mm512_maskz_loadu_ps(k, a.mask + j) : _mm512_set1_ps(a.mask[0]);
-  return _mm512_mask_blend_ps(k, _mm512_set1_ps(-INFINITY), _mm512_add_ps(s(x), m));
+// exp(d) for 8 d = z - M_b <= 0 in double: (t, n) reduced in double, then float.
+SD_TARGET_AVX512 inline void Reduce8(__m512d d, __m256* t, __m256* n) {
+  d = _mm512_max_pd(d, _mm512_set1_pd(kMinDiff));  // -inf -> kMinDiff (NaN rows never get here)
+  const __m512d nn = _mm512_roundscale_pd(_mm512_mul_pd(d, _mm512_set1_pd(kLog2eD)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  *t = _mm512_cvtpd_ps(_mm512_fnmadd_pd(nn, _mm512_set1_pd(kLn2D), d));
+  *n = _mm512_cvtpd_ps(nn);
 }
 
-SD_TARGET_AVX512 void RowAvx512(const RowArgs& a, const SigmaParams& p, bool stream) {
+SD_TARGET_AVX512 inline __m512 Join(__m256 lo, __m256 hi) {
+  return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(lo)), _mm256_castps_pd(hi), 1));
+}
+
+SD_TARGET_AVX512 void RowAvx512(const RowArgs& a, const SigmaParams& p) {
   const SigmaAvx512 s(p);
   const int64_t n = a.n;
-  __m512 tv = _mm512_setzero_ps(), te = _mm512_set1_ps(simd::kNoExponent);
-  __mmask16 bad = 0;  // lanes that saw NaN or +inf in z
-  constexpr int kBad = 0x01 | 0x80 | 0x08;  // fpclass: QNaN | SNaN | +inf
-  for (int64_t j = 0; j < n;) {
-    const int64_t block_end = std::min(n, j + kBlock);
-    __m512 v0 = _mm512_setzero_ps(), v1 = v0;
-    __m512 e0 = _mm512_set1_ps(simd::kNoExponent), e1 = e0;
-    for (; j + 32 <= block_end; j += 32) {
-      const __m512 za = LoadZ(a, s, j, 0xFFFF), zb = LoadZ(a, s, j + 16, 0xFFFF);
-      bad |= _mm512_fpclass_ps_mask(za, kBad) | _mm512_fpclass_ps_mask(zb, kBad);
-      __m512 m, e;
-      simd::ExtExp(za, &m, &e);
-      Accumulate(v0, e0, m, e);
-      simd::ExtExp(zb, &m, &e);
-      Accumulate(v1, e1, m, e);
+  alignas(64) double zb[kBlock];
+  const __m512d minus_inf = _mm512_set1_pd(-INFINITY);
+  constexpr int kBad = 0x01 | 0x08 | 0x80;  // fpclass: QNaN | +inf | SNaN
+  __mmask8 bad = 0;
+  double row_m = -INFINITY, row_s = 0.0;
+  for (int64_t j0 = 0, b = 0; j0 < n; j0 += kBlock, ++b) {
+    const int64_t len = std::min(kBlock, n - j0);
+    const float* x = a.x + j0;
+    const float* mk = a.mask + j0 * a.mask_step;
+    __m512d vmax = minus_inf;
+    for (int64_t j = 0; j < len; j += 16) {
+      const __mmask16 k = simd::TailMask16(len - j);
+      const __mmask8 klo = static_cast<__mmask8>(k), khi = static_cast<__mmask8>(k >> 8);
+      const __m512 xv = _mm512_maskz_loadu_ps(k, x + j);
+      const __m512 mv = a.mask_step ? _mm512_maskz_loadu_ps(k, mk + j) : _mm512_set1_ps(a.mask[0]);
+      const __m256 xhi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(xv), 1));
+      const __m256 mhi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(mv), 1));
+      const __m512d xlo_d = _mm512_cvtps_pd(_mm512_castps512_ps256(xv)), xhi_d = _mm512_cvtps_pd(xhi);
+      __m512d slo, shi;
+      if (_mm512_fpclass_ps_mask(xv, 0x08 | 0x10) == 0) {  // no +-inf (the common case)
+        slo = s(xlo_d);
+        shi = s(xhi_d);
+      } else {
+        slo = s.WithLimits(xlo_d);
+        shi = s.WithLimits(xhi_d);
+      }
+      // Lanes past the row's end are -inf: they add nothing to the max and 0 to the sum.
+      const __m512d zlo = _mm512_mask_add_pd(minus_inf, klo, slo, _mm512_cvtps_pd(_mm512_castps512_ps256(mv)));
+      const __m512d zhi = _mm512_mask_add_pd(minus_inf, khi, shi, _mm512_cvtps_pd(mhi));
+      bad |= _mm512_fpclass_pd_mask(zlo, kBad) | _mm512_fpclass_pd_mask(zhi, kBad);
+      vmax = _mm512_max_pd(vmax, _mm512_max_pd(zlo, zhi));
+      _mm512_store_pd(zb + j, zlo);
+      _mm512_store_pd(zb + j + 8, zhi);
     }
-    for (; j < block_end; j += 16) {
-      const __m512 z = LoadZ(a, s, j, simd::TailMask16(block_end - j));
-      bad |= _mm512_fpclass_ps_mask(z, kBad);
-      __m512 m, e;
-      simd::ExtExp(z, &m, &e);
-      Accumulate(v0, e0, m, e);
+    const double mb = _mm512_reduce_max_pd(vmax);
+    a.block_max[b] = mb;
+    float* y = a.y + j0;
+    if (mb == -INFINITY || bad != 0) {  // an all -inf block stages 0 (a NaN row is refilled below)
+      for (int64_t j = 0; j < len; j += 16) {
+        _mm512_mask_storeu_ps(y + j, simd::TailMask16(len - j), _mm512_setzero_ps());
+      }
+      continue;
     }
-    Accumulate(v0, e0, v1, e1);
-    Accumulate(tv, te, v0, e0);
+    const __m512d mbv = _mm512_set1_pd(mb);
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0;
+    for (int64_t j = 0; j < len; j += 16) {
+      __m256 tlo, thi, nlo, nhi;
+      Reduce8(_mm512_sub_pd(_mm512_load_pd(zb + j), mbv), &tlo, &nlo);
+      Reduce8(_mm512_sub_pd(_mm512_load_pd(zb + j + 8), mbv), &thi, &nhi);
+      const __m512 w = _mm512_scalef_ps(Poly512(Join(tlo, thi)), Join(nlo, nhi));  // lanes past the end: 0
+      _mm512_mask_storeu_ps(y + j, simd::TailMask16(len - j), w);
+      if ((j & 16) == 0) acc0 = _mm512_add_ps(acc0, w);
+      else acc1 = _mm512_add_ps(acc1, w);
+    }
+    FoldBlock(mb, static_cast<double>(_mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1))), &row_m, &row_s);
   }
-  // Lane reduction in registers (scalar ldexp per lane costs more than a 128-element row).
-  alignas(64) float vv[16], ee[16];
-  _mm512_store_ps(ee, te);
-  float e = simd::kNoExponent;
-  for (int i = 0; i < 16; ++i) e = std::max(e, ee[i]);
-  _mm512_store_ps(vv, _mm512_scalef_ps(tv, _mm512_sub_ps(te, _mm512_set1_ps(e))));
-  float v = 0.0f;
-  for (int i = 0; i < 16; ++i) v += vv[i];
-  if (bad != 0 || !(v > 0.0f) || !std::isfinite(v)) return FillNan(a.y, n);  // NaN/+inf, or all -inf
-
-  const __m512 inv = _mm512_set1_ps(1.0f / v);
-  const __m512 minus_e = _mm512_set1_ps(-e);
-  auto out = [&](int64_t at, __mmask16 k) SD_TARGET_AVX512 {
-    __m512 m, ne;
-    simd::ExtExp(LoadZ(a, s, at, k), &m, &ne);
-    return _mm512_scalef_ps(_mm512_mul_ps(m, inv), _mm512_add_ps(ne, minus_e));
-  };
-  int64_t j = 0;
-  if (stream) {
-    // Peel to a 64-byte aligned output address: streaming stores need it.
-    const int64_t peel = std::min<int64_t>(n, ((64 - (reinterpret_cast<uintptr_t>(a.y) & 63)) & 63) / 4);
-    if (peel > 0) _mm512_mask_storeu_ps(a.y, simd::TailMask16(peel), out(0, simd::TailMask16(peel)));
-    for (j = peel; j + 16 <= n; j += 16) _mm512_stream_ps(a.y + j, out(j, 0xFFFF));
-    _mm_sfence();
-  } else {
-    for (; j + 16 <= n; j += 16) _mm512_storeu_ps(a.y + j, out(j, 0xFFFF));
+  if (bad != 0 || row_m == -INFINITY) return FillNan(a.y, n);  // NaN / +inf z, or only -inf
+  for (int64_t j0 = 0, b = 0; j0 < n; j0 += kBlock, ++b) {
+    const int64_t len = std::min(kBlock, n - j0);
+    const __m512 f = _mm512_set1_ps(BlockScale(a, b, row_m, row_s));
+    float* y = a.y + j0;
+    int64_t j = 0;
+    for (; j + 16 <= len; j += 16) _mm512_storeu_ps(y + j, _mm512_mul_ps(_mm512_loadu_ps(y + j), f));
+    if (j < len) {
+      const __mmask16 k = simd::TailMask16(len - j);
+      _mm512_mask_storeu_ps(y + j, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, y + j), f));
+    }
   }
-  if (j < n) _mm512_mask_storeu_ps(a.y + j, simd::TailMask16(n - j), out(j, simd::TailMask16(n - j)));
 }
 
 // ---- AVX2 ---------------------------------------------------------------------------------------
 
 struct SigmaAvx2 {
-  __m256 r0, r1, r2, r3, t0, t1, t2, t3, neg, pos;
+  __m256d r0, r1, r2, r3, t0, t1, t2, t3, neg, pos;
   SD_TARGET_AVX2 explicit SigmaAvx2(const SigmaParams& p)
-      : r0(_mm256_set1_ps(p.r[0])), r1(_mm256_set1_ps(p.r[1])), r2(_mm256_set1_ps(p.r[2])),
-        r3(_mm256_set1_ps(p.r[3])), t0(_mm256_set1_ps(p.t[0])), t1(_mm256_set1_ps(p.t[1])),
-        t2(_mm256_set1_ps(p.t[2])), t3(_mm256_set1_ps(p.t[3])), neg(_mm256_set1_ps(p.neg)),
-        pos(_mm256_set1_ps(p.pos)) {}
+      : r0(_mm256_set1_pd(p.r[0])), r1(_mm256_set1_pd(p.r[1])), r2(_mm256_set1_pd(p.r[2])),
+        r3(_mm256_set1_pd(p.r[3])), t0(_mm256_set1_pd(p.t[0])), t1(_mm256_set1_pd(p.t[1])),
+        t2(_mm256_set1_pd(p.t[2])), t3(_mm256_set1_pd(p.t[3])), neg(_mm256_set1_pd(p.neg)),
+        pos(_mm256_set1_pd(p.pos)) {}
 
-  SD_TARGET_AVX2 __m256 operator()(__m256 x) const {
-    const __m256 zero = _mm256_setzero_ps();
-    const __m256 a = _mm256_max_ps(_mm256_sub_ps(r0, x), zero), b = _mm256_max_ps(_mm256_sub_ps(x, r1), zero);
-    const __m256 c = _mm256_max_ps(_mm256_sub_ps(r2, x), zero), d = _mm256_max_ps(_mm256_sub_ps(x, r3), zero);
-    __m256 s = _mm256_fmadd_ps(t0, a, x);
-    s = _mm256_fmadd_ps(t1, b, s);
-    s = _mm256_fmadd_ps(_mm256_mul_ps(t2, c), c, s);
-    s = _mm256_fmadd_ps(_mm256_mul_ps(t3, d), d, s);
-    s = _mm256_blendv_ps(s, neg, _mm256_cmp_ps(x, _mm256_set1_ps(-INFINITY), _CMP_EQ_OQ));
-    return _mm256_blendv_ps(s, pos, _mm256_cmp_ps(x, _mm256_set1_ps(INFINITY), _CMP_EQ_OQ));
+  SD_TARGET_AVX2 __m256d operator()(__m256d x) const {
+    const __m256d zero = _mm256_setzero_pd();
+    const __m256d a = _mm256_max_pd(_mm256_sub_pd(r0, x), zero), b = _mm256_max_pd(_mm256_sub_pd(x, r1), zero);
+    const __m256d c = _mm256_max_pd(_mm256_sub_pd(r2, x), zero), d = _mm256_max_pd(_mm256_sub_pd(x, r3), zero);
+    __m256d s = _mm256_fmadd_pd(t0, a, x);
+    s = _mm256_fmadd_pd(t1, b, s);
+    s = _mm256_fmadd_pd(_mm256_mul_pd(t2, c), c, s);
+    return _mm256_fmadd_pd(_mm256_mul_pd(t3, d), d, s);
+  }
+  // sigma with its limits at +-inf (the formula gives NaN there); only for vectors holding an inf.
+  SD_TARGET_AVX2 __m256d WithLimits(__m256d x) const {
+    const __m256d s = (*this)(x);
+    const __m256d s1 = _mm256_blendv_pd(s, neg, _mm256_cmp_pd(x, _mm256_set1_pd(-INFINITY), _CMP_EQ_OQ));
+    return _mm256_blendv_pd(s1, pos, _mm256_cmp_pd(x, _mm256_set1_pd(INFINITY), _CMP_EQ_OQ));
   }
 };
 
-SD_TARGET_AVX2 inline void Accumulate(__m256& v, __m256& e, __m256 m, __m256 n) {
-  const __m256 max_e = _mm256_max_ps(e, n);
-  v = _mm256_fmadd_ps(m, simd::Exp2NonPositive(_mm256_sub_ps(n, max_e)),
-                      _mm256_mul_ps(v, simd::Exp2NonPositive(_mm256_sub_ps(e, max_e))));
-  e = max_e;
+SD_TARGET_AVX2 inline __m256 Poly256(__m256 t) {
+  __m256 p = _mm256_set1_ps(simd::kC5);
+  p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(simd::kC4));
+  p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(simd::kC3));
+  p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(simd::kC2));
+  p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(simd::kC1));
+  return _mm256_fmadd_ps(p, t, _mm256_set1_ps(1.0f));
 }
 
-SD_TARGET_AVX2 inline __m256 LoadZAvx2(const RowArgs& a, const SigmaAvx2& s, int64_t j) {
-  const __m256 m = a.mask_step ? _mm256_loadu_ps(a.mask + j) : _mm256_set1_ps(a.mask[0]);
-  return _mm256_add_ps(s(_mm256_loadu_ps(a.x + j)), m);
+// As Reduce8 (AVX-512), for 4 d = z - M_b.
+SD_TARGET_AVX2 inline void Reduce4(__m256d d, __m128* t, __m128* n) {
+  d = _mm256_max_pd(d, _mm256_set1_pd(kMinDiff));
+  const __m256d nn = _mm256_round_pd(_mm256_mul_pd(d, _mm256_set1_pd(kLog2eD)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  *t = _mm256_cvtpd_ps(_mm256_fnmadd_pd(nn, _mm256_set1_pd(kLn2D), d));
+  *n = _mm256_cvtpd_ps(nn);
 }
 
-SD_TARGET_AVX2 void RowAvx2(const RowArgs& a, const SigmaParams& p, bool stream) {
+SD_TARGET_AVX2 void RowAvx2(const RowArgs& a, const SigmaParams& p) {
   const SigmaAvx2 s(p);
   const int64_t n = a.n;
-  const int64_t n8 = n & ~int64_t{7};
-  // NaN and +inf are detected explicitly: AVX2's max_ps and the exponent emulation drop NaNs.
-  __m256 bad = _mm256_setzero_ps();
-  const __m256 inf = _mm256_set1_ps(INFINITY);
-  __m256 tv = _mm256_setzero_ps(), te = _mm256_set1_ps(simd::kNoExponent);
-  for (int64_t j = 0; j < n8;) {
-    const int64_t block_end = std::min(n8, j + kBlock);
-    __m256 v0 = _mm256_setzero_ps(), v1 = v0;
-    __m256 e0 = _mm256_set1_ps(simd::kNoExponent), e1 = e0;
-    for (; j + 16 <= block_end; j += 16) {
-      const __m256 za = LoadZAvx2(a, s, j), zb = LoadZAvx2(a, s, j + 8);
-      bad = _mm256_or_ps(bad, _mm256_or_ps(_mm256_cmp_ps(za, zb, _CMP_UNORD_Q),
-                                           _mm256_cmp_ps(_mm256_max_ps(za, zb), inf, _CMP_EQ_OQ)));
-      __m256 m, e;
-      simd::ExtExp(za, &m, &e);
-      Accumulate(v0, e0, m, e);
-      simd::ExtExp(zb, &m, &e);
-      Accumulate(v1, e1, m, e);
+  alignas(32) double zb[kBlock];
+  const __m256d minus_inf = _mm256_set1_pd(-INFINITY), inf = _mm256_set1_pd(INFINITY);
+  __m256d bad = _mm256_setzero_pd();  // NaN or +inf z seen (AVX2's max_pd drops NaNs)
+  double row_m = -INFINITY, row_s = 0.0;
+  for (int64_t j0 = 0, b = 0; j0 < n; j0 += kBlock, ++b) {
+    const int64_t len = std::min(kBlock, n - j0);
+    const float* x = a.x + j0;
+    const float* mk = a.mask + j0 * a.mask_step;
+    __m256d vmax = minus_inf;
+    for (int64_t j = 0; j < len; j += 8) {
+      __m256 xv, mv;
+      __m256d out_lo = _mm256_setzero_pd(), out_hi = out_lo;  // all-ones in lanes past the row's end
+      if (j + 8 <= len) {
+        xv = _mm256_loadu_ps(x + j);
+        mv = a.mask_step ? _mm256_loadu_ps(mk + j) : _mm256_set1_ps(a.mask[0]);
+      } else {
+        const __m256i k = simd::TailMask8(len - j);
+        xv = _mm256_maskload_ps(x + j, k);
+        mv = a.mask_step ? _mm256_maskload_ps(mk + j, k) : _mm256_set1_ps(a.mask[0]);
+        const __m256i outside = _mm256_xor_si256(k, _mm256_set1_epi32(-1));
+        out_lo = _mm256_castsi256_pd(_mm256_cvtepi32_epi64(_mm256_castsi256_si128(outside)));
+        out_hi = _mm256_castsi256_pd(_mm256_cvtepi32_epi64(_mm256_extracti128_si256(outside, 1)));
+      }
+      const __m256d xlo_d = _mm256_cvtps_pd(_mm256_castps256_ps128(xv));
+      const __m256d xhi_d = _mm256_cvtps_pd(_mm256_extractf128_ps(xv, 1));
+      __m256d slo, shi;
+      const __m256 abs_x = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), xv);
+      if (_mm256_movemask_ps(_mm256_cmp_ps(abs_x, _mm256_set1_ps(INFINITY), _CMP_EQ_OQ)) == 0) {  // no +-inf
+        slo = s(xlo_d);
+        shi = s(xhi_d);
+      } else {
+        slo = s.WithLimits(xlo_d);
+        shi = s.WithLimits(xhi_d);
+      }
+      __m256d zlo = _mm256_add_pd(slo, _mm256_cvtps_pd(_mm256_castps256_ps128(mv)));
+      __m256d zhi = _mm256_add_pd(shi, _mm256_cvtps_pd(_mm256_extractf128_ps(mv, 1)));
+      zlo = _mm256_blendv_pd(zlo, minus_inf, out_lo);
+      zhi = _mm256_blendv_pd(zhi, minus_inf, out_hi);
+      bad = _mm256_or_pd(bad, _mm256_or_pd(_mm256_cmp_pd(zlo, zhi, _CMP_UNORD_Q),
+                                           _mm256_cmp_pd(_mm256_max_pd(zlo, zhi), inf, _CMP_EQ_OQ)));
+      vmax = _mm256_max_pd(vmax, _mm256_max_pd(zlo, zhi));
+      _mm256_store_pd(zb + j, zlo);
+      _mm256_store_pd(zb + j + 4, zhi);
     }
-    for (; j < block_end; j += 8) {
-      const __m256 z = LoadZAvx2(a, s, j);
-      bad = _mm256_or_ps(bad, _mm256_or_ps(_mm256_cmp_ps(z, z, _CMP_UNORD_Q), _mm256_cmp_ps(z, inf, _CMP_EQ_OQ)));
-      __m256 m, e;
-      simd::ExtExp(z, &m, &e);
-      Accumulate(v0, e0, m, e);
+    alignas(32) double lanes[4];
+    _mm256_store_pd(lanes, vmax);
+    const double mb = std::max(std::max(lanes[0], lanes[1]), std::max(lanes[2], lanes[3]));
+    a.block_max[b] = mb;
+    float* y = a.y + j0;
+    if (mb == -INFINITY || _mm256_movemask_pd(bad) != 0) {  // all -inf: stage 0 (NaN rows are refilled)
+      std::memset(y, 0, static_cast<size_t>(len) * sizeof(float));
+      continue;
     }
-    Accumulate(v0, e0, v1, e1);
-    Accumulate(tv, te, v0, e0);
+    const __m256d mbv = _mm256_set1_pd(mb);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
+    for (int64_t j = 0; j < len; j += 8) {
+      __m128 tlo, thi, nlo, nhi;
+      Reduce4(_mm256_sub_pd(_mm256_load_pd(zb + j), mbv), &tlo, &nlo);
+      Reduce4(_mm256_sub_pd(_mm256_load_pd(zb + j + 4), mbv), &thi, &nhi);
+      // 2^n, n in [-289, 0], flushed to 0 below -126 (lanes past the end: -200 -> 0).
+      const __m256 w =
+          _mm256_mul_ps(Poly256(_mm256_set_m128(thi, tlo)), simd::Exp2NonPositive(_mm256_set_m128(nhi, nlo)));
+      if (j + 8 <= len) _mm256_storeu_ps(y + j, w);
+      else _mm256_maskstore_ps(y + j, simd::TailMask8(len - j), w);
+      if ((j & 8) == 0) acc0 = _mm256_add_ps(acc0, w);
+      else acc1 = _mm256_add_ps(acc1, w);
+    }
+    FoldBlock(mb, static_cast<double>(simd::ReduceAdd8(_mm256_add_ps(acc0, acc1))), &row_m, &row_s);
   }
-  alignas(32) float vv[8], ee[8];
-  _mm256_store_ps(ee, te);
-  float e = simd::kNoExponent;
-  for (int i = 0; i < 8; ++i) e = std::max(e, ee[i]);
-  _mm256_store_ps(vv, _mm256_mul_ps(tv, simd::Exp2NonPositive(_mm256_sub_ps(te, _mm256_set1_ps(e)))));
-  float v = 0.0f;
-  for (int i = 0; i < 8; ++i) v += vv[i];
-  bool scalar_bad = false;
-  for (int64_t t = n8; t < n; ++t) {  // scalar tail
-    const float z = p(a.x[t]) + a.mask[t * a.mask_step];
-    scalar_bad |= std::isnan(z) || z == INFINITY;
-    float m, ne;
-    simd::ExtExp(z, &m, &ne);
-    const float max_e = std::max(e, ne);
-    v = simd::Scale2(v, e - max_e) + simd::Scale2(m, ne - max_e);
-    e = max_e;
-  }
-  if (scalar_bad || _mm256_movemask_ps(bad) != 0 || !(v > 0.0f) || !std::isfinite(v)) return FillNan(a.y, n);
-  const __m256 inv = _mm256_set1_ps(1.0f / v);
-  const __m256 minus_e = _mm256_set1_ps(-e);
-  for (int64_t j = 0; j < n8; j += 8) {
-    __m256 m, ne;
-    simd::ExtExp(LoadZAvx2(a, s, j), &m, &ne);
-    const __m256 r = _mm256_mul_ps(_mm256_mul_ps(m, inv), simd::Exp2NonPositive(_mm256_add_ps(ne, minus_e)));
-    if (stream && (reinterpret_cast<uintptr_t>(a.y + j) & 31) == 0) _mm256_stream_ps(a.y + j, r);
-    else _mm256_storeu_ps(a.y + j, r);
-  }
-  if (stream) _mm_sfence();
-  for (int64_t j = n8; j < n; ++j) {
-    float m, ne;
-    simd::ExtExp(p(a.x[j]) + a.mask[j * a.mask_step], &m, &ne);
-    a.y[j] = simd::Scale2(m / v, ne - e);
+  if (_mm256_movemask_pd(bad) != 0 || row_m == -INFINITY) return FillNan(a.y, n);
+  for (int64_t j0 = 0, b = 0; j0 < n; j0 += kBlock, ++b) {
+    const int64_t len = std::min(kBlock, n - j0);
+    const __m256 f = _mm256_set1_ps(BlockScale(a, b, row_m, row_s));
+    float* y = a.y + j0;
+    int64_t j = 0;
+    for (; j + 8 <= len; j += 8) _mm256_storeu_ps(y + j, _mm256_mul_ps(_mm256_loadu_ps(y + j), f));
+    for (; j < len; ++j) y[j] *= _mm_cvtss_f32(_mm256_castps256_ps128(f));
   }
 }
 
 // ---- binding ------------------------------------------------------------------------------------
 
-using RowFn = void (*)(const RowArgs&, const SigmaParams&, bool);
+using RowFn = void (*)(const RowArgs&, const SigmaParams&);
 
 struct MultiMaxKernel {
   static constexpr const char* kName = kOp;
@@ -352,7 +441,6 @@ struct MultiMaxKernel {
     }
     const SigmaParams params = SigmaParams::Of(r, t);
     const AxisLayout l = AxisLayout::Of(x.shape, ax);
-    const bool stream = x.size() * static_cast<int64_t>(sizeof(float)) >= kStreamBytes;
     const RowFn row_fn = isa == Isa::kAvx512 ? RowAvx512 : (isa == Isa::kAvx2 ? RowAvx2 : RowPortable);
     const int64_t mask_axis_stride = mstride[static_cast<size_t>(ax)];
     static const float kZero = 0.0f;
@@ -365,6 +453,7 @@ struct MultiMaxKernel {
       const bool direct_x = std::is_same_v<T, float> && l.inner == 1;
       const bool direct_mask = !mask.present || (std::is_same_v<T, float> && mask_axis_stride <= 1);
       std::vector<float> x_buf, y_buf, m_buf;
+      std::vector<double> block_max(static_cast<size_t>(NumBlocks(l.n)));
       if (!direct_x) {
         x_buf.resize(static_cast<size_t>(l.n));
         y_buf.resize(static_cast<size_t>(l.n));
@@ -375,6 +464,7 @@ struct MultiMaxKernel {
         const int64_t base = o * l.n * l.inner + i;
         RowArgs a{};
         a.n = l.n;
+        a.block_max = block_max.data();
         if (!params.finite) {
           for (int64_t j = 0; j < l.n; ++j) y[base + j * l.inner] = FromFloat<T>(NAN);
           continue;
@@ -409,7 +499,7 @@ struct MultiMaxKernel {
             a.mask = m_buf.data();
           }
         }
-        row_fn(a, params, stream && direct_x);
+        row_fn(a, params);
         if (!direct_x) {
           for (int64_t j = 0; j < l.n; ++j) y[base + j * l.inner] = FromFloat<T>(y_buf[j]);
         }

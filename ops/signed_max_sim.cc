@@ -3,7 +3,7 @@
 //   j* = argmax_{j: DMask[n,j]} <Q[b,i], D[n,j]>   (ties -> lowest j)
 //   Scores[b, n] = sum_{i: QMask[b,i]} QSign[b,i] * DSign[n,j*] * <Q[b,i], D[n,j*]>
 //
-// Python half, the contract and the float64 oracle: softdeploy/ops/signed_max_sim.py; OPS.md.
+// Python half, the contract and the float64 oracle: softdeploy/ops/signed_max_sim.py; docs/ops/SignedMaxSim.md.
 // The tiled GEMM with a running max AND argmax per query lane is in max_sim_core.h.
 #include <cmath>
 

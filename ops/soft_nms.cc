@@ -11,7 +11,7 @@
 //   IoU: iw = min(hi0) - max(lo0) + off, ih likewise; IoU = iw*ih / ((area_i + area_p) - iw*ih) when
 //   iw > 0 and ih > 0, else 0; area = (hi0 - lo0 + off) * (hi1 - lo1 + off).
 //
-// Python half, the contract, the rules for NaN and the float32 oracle: softdeploy/ops/soft_nms.py; OPS.md.
+// Python half, the contract, the rules for NaN and the float32 oracle: softdeploy/ops/soft_nms.py; docs/ops/SoftNMS.md.
 //
 // How the loop is run. A row whose IoU with the selected box is 0 has weight exactly 1 (except "hard"
 // with IouThreshold < 0), so its score -- and whether it survives -- does not change: each round only
@@ -708,6 +708,13 @@ struct SoftNmsKernel {
     prm.skip_disjoint = Weight(0.0f, prm) == 1.0f;
 
     const int64_t num_batches = boxes.shape[0], num_boxes = boxes.shape[1], num_classes = scores.shape[1];
+    if (num_batches == 0 || num_boxes == 0 || num_classes == 0) {
+      // Nothing to select. Return before any per-batch or per-pair work: Boxes [2^40, 0, 4] holds no
+      // data, but visiting its 2^40 (batch, class) pairs took hours (and the picks table 2^40 vectors).
+      AllocOutput<int64_t>(ctx, 0, {0, 3});
+      AllocOutput<T>(ctx, 1, {0});
+      return;
+    }
     // rows are addressed as int32 in the SIMD passes (2^31 boxes would be 32 GiB of Boxes per batch)
     if (num_boxes > std::numeric_limits<int32_t>::max())
       Fail(kOp, "Boxes holds ", num_boxes, " boxes per batch (kernel limit: 2147483647)");

@@ -5,7 +5,7 @@
 //   LogSumExp       = m + log sum_j exp(z_j - m)
 //
 // Python half, the contract, the ranking rule for NaN/+inf/-inf rows and the float64 oracle:
-// softdeploy/ops/softmax_topk.py; OPS.md.
+// softdeploy/ops/softmax_topk.py; docs/ops/SoftmaxTopK.md.
 //
 // One read of x per row, never a probability row. Two designs share the entry points and the
 // final emit (values: exp((x_i - M)/T) / D for the k winners only, in double):

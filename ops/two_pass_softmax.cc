@@ -2,7 +2,7 @@
 //
 //   y_i = exp(x_i) / sum_j exp(x_j)       along `axis` (same values as ai.onnx.Softmax-13)
 //
-// Python half, the contract and the float64 oracle: softdeploy/ops/two_pass_softmax.py; OPS.md.
+// Python half, the contract and the float64 oracle: softdeploy/ops/two_pass_softmax.py; docs/ops/TwoPassSoftmax.md.
 //
 // Two reads of x, no max pass, no overflow, for any |x| up to ~2.9e6 (larger rows take RowSafe):
 //  * AVX-512 and AVX2: pass 1 reads x, writes exp(x_j) / 2^nb into y and accumulates the row sum
@@ -243,12 +243,16 @@ SD_TARGET_AVX512 bool RowAvx512(const float* x, float* y, int64_t n) {
     const __m512 live_bm = _mm512_maskz_mov_ps(live, bm);
     const __m512 nb = _mm512_sub_ps(_mm512_fmadd_ps(live_bm, _mm512_set1_ps(simd::kLog2e), magic), magic);
     const __m512 floor = _mm512_sub_ps(live_bm, _mm512_set1_ps(110.0f));
-    _mm512_storeu_ps(block_exponents.data() + blk * 16, nb);
+    // A dead lane's terms are exactly 0, but its nb = 0 must not enter the row's exponent: the row sum
+    // would be scaled to 2^(nb_live - 0) -- for a row whose only finite entry is <= -87.3, a subnormal
+    // whose reciprocal overflows (y = inf). Its exponent is kNoExponent for the sum and for pass 2.
+    const __m512 lane_e = _mm512_mask_mov_ps(_mm512_set1_ps(simd::kNoExponent), live, nb);
+    _mm512_storeu_ps(block_exponents.data() + blk * 16, lane_e);
     const bool one_step = _mm512_mask_cmp_ps_mask(live, _mm512_abs_ps(bm), _mm512_set1_ps(kOneStepMax), _CMP_GT_OQ) == 0;
     const __m512 block_sum =
         one_step ? ExpBlock<false>(x, y, j0, j1, floor, nb) : ExpBlock<true>(x, y, j0, j1, floor, nb);
     bad |= _mm512_cmp_ps_mask(block_sum, block_sum, _CMP_UNORD_Q);  // NaN or +inf in the block
-    Accumulate(sum_v, sum_e, block_sum, nb);
+    Accumulate(sum_v, sum_e, block_sum, lane_e);
   }
   if (bad) return false;
   const float e = _mm512_reduce_max_ps(sum_e);
@@ -258,11 +262,13 @@ SD_TARGET_AVX512 bool RowAvx512(const float* x, float* y, int64_t n) {
   const __m512 minus_e = _mm512_set1_ps(-e);
   for (int64_t blk = 0; blk < blocks; ++blk) {
     const int64_t j0 = blk * kBlock, j1 = std::min(n, j0 + kBlock);
-    const __m512 shift = _mm512_add_ps(_mm512_loadu_ps(block_exponents.data() + blk * 16), minus_e);
+    const __m512 lane_e = _mm512_loadu_ps(block_exponents.data() + blk * 16);
+    const __mmask16 live = _mm512_cmp_ps_mask(lane_e, _mm512_set1_ps(simd::kNoExponent), _CMP_NEQ_OQ);
+    const __m512 shift = _mm512_add_ps(lane_e, minus_e);  // dead lanes (y = 0 there): -FLT_MAX, factor 0
     const __m512 factor = _mm512_scalef_ps(inv, shift);
     // While 2^shift / v is a normal float, one multiply by it is exact to one rounding; a subnormal
     // factor would lose bits, so that block scales in two steps.
-    if (_mm512_cmp_ps_mask(factor, _mm512_set1_ps(FLT_MIN), _CMP_LT_OQ) == 0) {
+    if (_mm512_mask_cmp_ps_mask(live, factor, _mm512_set1_ps(FLT_MIN), _CMP_LT_OQ) == 0) {
       ScaleBlock<true>(y, j0, j1, inv, shift, factor);
     } else {
       ScaleBlock<false>(y, j0, j1, inv, shift, factor);

@@ -28,6 +28,8 @@ def _console() -> object:
 
 
 def cmd_ops(args: argparse.Namespace) -> int:
+    """``softdeploy ops``: the registry's operators with inputs and typed attributes, and the kernel variant the library
+    says it runs."""
     from rich.table import Table
 
     from softdeploy import OPSET_VERSION
@@ -119,6 +121,8 @@ def doctor_report() -> tuple[list[tuple[str, str]], list[str], list[str]]:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
+    """``softdeploy doctor``: what the kernel library says about itself and a run of every op through its kernel; exit 1
+    on any failure."""
     rows, warnings, failures = doctor_report()
     console = _console()
     lines = [f"[bold]{k:>16}[/bold]  {v}" for k, v in rows]
@@ -131,6 +135,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    """``softdeploy demo``: see softdeploy.demo.run_demo."""
     from softdeploy.demo import run_demo
 
     run_demo(threads=args.threads, out=args.out, overwrite=args.overwrite)
@@ -150,6 +155,8 @@ def _quant_config(args: argparse.Namespace) -> object:
 
 
 def cmd_quantize(args: argparse.Namespace) -> int:
+    """``softdeploy quantize``: a model file (data from --data) or a built-in --case, plainly or under an accuracy
+    budget (--max-drop); writes the model and its .json report."""
     from pathlib import Path
 
     from softdeploy.compare.progress import RichProgress
@@ -237,6 +244,8 @@ def cmd_quantize(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+    """``softdeploy compare``: a built-in or user --case, a --workflow file, or MODEL with --data/--metric, in every
+    variant; prints the table and writes the reports."""
     from pathlib import Path
 
     from softdeploy.compare import VARIANTS, run_compare
@@ -359,6 +368,7 @@ def _run_workflow(workflow: object, console: object, *, variants: list[str] | No
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    """``softdeploy run WORKFLOW``: export, quantize with the budget on the workflow's metric, compare."""
     from softdeploy.workflow import load_workflow
 
     return _run_workflow(load_workflow(args.workflow), _wide_console(), quick=args.quick)
@@ -380,6 +390,7 @@ def _refuse_overwrite(outputs: Sequence[object], overwrite: bool, sources: Seque
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    """``softdeploy export FACTORY OUT``: exports the factory's module and validates it against torch."""
     from softdeploy.export.api import export
     from softdeploy.export.factory import load_factory
 
@@ -405,6 +416,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_optimize(args: argparse.Namespace) -> int:
+    """``softdeploy optimize IN OUT``: rewrites standard-op patterns into softdeploy ops, prints the per-rule report and
+    the verification."""
     import onnx
 
     from softdeploy.export.rewrites import DEFAULT_RULES, optimize
@@ -467,6 +480,8 @@ def _add_export_commands(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
+    """``softdeploy compile MODEL --backend tvm``: checks every op is importable, then compiles (optionally tuned,
+    locally or over RPC) to MODEL_tvm.so and its .json."""
 
     from softdeploy.errors import ArgumentError
     from softdeploy.files import load_model
@@ -522,6 +537,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The ``softdeploy`` entry point: parses ``argv`` and runs the command; bad input is one ``softdeploy: error: ...``
+    line with exit 2, other failures one line with exit 1 (``--verbose`` adds the traceback)."""
     parser = argparse.ArgumentParser(
         prog="softdeploy", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

@@ -4,7 +4,9 @@ op x sample x backend against the float64 reference.
 Backends:
   ``reference``  the float64 NumPy oracle (softdeploy/ops/<stem>.py)
   ``function``   the standard-ONNX function body in stock onnxruntime (library not registered)
-  ``kernel``     the native C++ kernel in onnxruntime, optionally forced to an ISA variant
+  ``kernel``     the native C++ kernel in onnxruntime, optionally forced to an ISA variant. The model
+                 carries NO function bodies (:func:`kernel_model`): a dtype or op without a
+                 registered kernel fails at session creation instead of running the body
   ``torch``      the ``softdeploy::<stem>`` torch op, run eagerly
   ``tvm``        TVM (Relax) for the sample's static shapes: the op's TIR compute, or its inlined
                  function body when it has none (needs apache-tvm; see softdeploy/tvm/)
@@ -13,8 +15,11 @@ Backends:
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import tempfile
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 
@@ -59,6 +64,41 @@ def forced_isa(isa: str | None) -> Iterator[None]:
             os.environ["SOFTDEPLOY_ISA"] = old
 
 
+@contextlib.contextmanager
+def forced_task_grain(grain: int | str | None) -> Iterator[None]:
+    """Sets SOFTDEPLOY_TASK_GRAIN (test-only: units of work per task, default 65536; see NumTasks in
+    ops/common/kernel.h) while sessions are created, so that small samples split into many tasks."""
+    old = os.environ.get("SOFTDEPLOY_TASK_GRAIN")
+    if grain is not None:
+        os.environ["SOFTDEPLOY_TASK_GRAIN"] = str(grain)
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("SOFTDEPLOY_TASK_GRAIN", None)
+        else:
+            os.environ["SOFTDEPLOY_TASK_GRAIN"] = old
+
+
+def kernel_model(op: OpDef, sample: Sample, *, fill_omitted: bool = True) -> Any:
+    """The one-node model the ``kernel`` backend runs: without function bodies, so that a node no
+    registered kernel takes (a missing dtype instance, a dispatch miss) fails loudly at session
+    creation; with bodies attached onnxruntime silently ran the body and the case passed.
+
+    ``fill_omitted``: omitted optional inputs that declare a ``Port.body_fill`` are fed their fill,
+    exactly as in every model softdeploy exports (attach_function_bodies), so the kernel sees what
+    it sees in production. ``False`` leaves them omitted, as in a model built by hand."""
+    from softdeploy.export.functions import _fill_omitted_inputs
+    from softdeploy.ops import REGISTRY
+
+    model = op.make_model(sample, with_function=False)
+    if fill_omitted:
+        _fill_omitted_inputs(model.graph, REGISTRY)
+    if len(model.functions):
+        raise AssertionError(f"{op.name}: the kernel backend's model carries function bodies")
+    return model
+
+
 def cast_sample(op: OpDef, sample: Sample, dtype: str) -> Sample | None:
     """The sample with its "T" inputs cast to ``dtype``; None when a value would not survive the cast.
 
@@ -85,16 +125,31 @@ def cast_sample(op: OpDef, sample: Sample, dtype: str) -> Sample | None:
     return Sample(f"{sample.name}[{dtype}]", tuple(inputs), sample.attrs, sample.kind)
 
 
-def run(op: OpDef, sample: Sample, backend: str, *, isa: str | None = None, threads: int = 1) -> tuple[np.ndarray, ...]:
+def run(
+    op: OpDef,
+    sample: Sample,
+    backend: str,
+    *,
+    isa: str | None = None,
+    threads: int = 1,
+    task_grain: int | str | None = None,
+    fill_omitted: bool = True,
+) -> tuple[np.ndarray, ...]:
+    """The op's outputs on ``sample`` from ``backend``. Kernel only: ``isa`` forces a variant,
+    ``task_grain`` the test-only task grain, ``fill_omitted`` as in :func:`kernel_model`."""
     if backend == "reference":
         return tuple(np.asarray(o) for o in op.reference(*sample.inputs, **sample.attrs))
-    if backend in ("function", "kernel"):
+    if backend == "function":
         from softdeploy.runtime import Session
 
-        model = op.make_model(sample, with_function=True)
-        kernels = "native" if backend == "kernel" else "portable"
-        with forced_isa(isa if backend == "kernel" else None):
-            session = Session(model, kernels=kernels, threads=threads)
+        session = Session(op.make_model(sample, with_function=True), kernels="portable", threads=threads)
+        return tuple(session.run(op.feeds(sample)))
+    if backend == "kernel":
+        from softdeploy.runtime import Session
+
+        model = kernel_model(op, sample, fill_omitted=fill_omitted)
+        with forced_isa(isa), forced_task_grain(task_grain):
+            session = Session(model, kernels="native", threads=threads)
         return tuple(session.run(op.feeds(sample)))
     if backend == "torch":
         import torch
@@ -111,6 +166,47 @@ def run(op: OpDef, sample: Sample, backend: str, *, isa: str | None = None, thre
         shapes = {p.name: list(np.shape(v)) for p, v in zip(op.inputs, sample.inputs, strict=False) if v is not None}
         return tuple(TVMSession(op.make_model(sample), shapes=shapes, threads=threads).run(op.feeds(sample)))
     raise ValueError(f"unknown backend {backend!r}; backends are {BACKENDS}")
+
+
+def parallel_sections(
+    op: OpDef, sample: Sample, *, threads: int = 2, task_grain: int | str | None = None, isa: str | None = None
+) -> tuple[tuple[np.ndarray, ...], int]:
+    """(outputs, parallel sections) of one kernel run of ``sample`` at ``threads`` intra-op threads:
+    the number of times the kernel handed work of more than one task to onnxruntime's thread pool
+    (``ParallelFor`` in ops/common/kernel.h runs a single task inline). Read from onnxruntime's
+    profiler, which records each parallel section of a node (``thread_scheduling_stats``)."""
+    import onnxruntime as ort
+
+    from softdeploy.runtime.library import library_path
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.enable_profiling = True
+    with tempfile.TemporaryDirectory(prefix="softdeploy-profile-") as folder:
+        so.profile_file_prefix = os.path.join(folder, "run")
+        so.register_custom_ops_library(str(library_path()))
+        with forced_isa(isa), forced_task_grain(task_grain):
+            # Session does not expose the profiler; this is the only direct InferenceSession in the
+            # package outside softdeploy.runtime, for this one measurement.
+            sess = ort.InferenceSession(  # noqa: TID251
+                kernel_model(op, sample).SerializeToString(), so, providers=["CPUExecutionProvider"]
+            )
+        outputs = tuple(sess.run(None, op.feeds(sample)))
+        with open(sess.end_profiling()) as f:
+            events = json.load(f)
+    sections, seen = 0, False
+    for event in events:
+        args = event.get("args", {})
+        if event.get("cat") != "Node" or not str(event.get("name", "")).endswith("_kernel_time"):
+            continue
+        if args.get("op_name") != op.name or "thread_scheduling_stats" not in args:
+            continue
+        seen = True
+        sections += len(args["thread_scheduling_stats"]["main_thread"]["block_size"])
+    if not seen:
+        raise RuntimeError(f"{op.name}: onnxruntime's profile records no thread statistics for the node")
+    return outputs, sections
 
 
 def compare(

@@ -34,6 +34,8 @@ def make_data(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]
 
 
 def build_model() -> Any:
+    """The demo's classifier: token embeddings, one head of Softpick attention, TwoPassSoftmax probabilities and a fused
+    SoftmaxTopK, all through softdeploy's torch ops."""
     import torch
 
     from softdeploy.ops._torch import register_torch_ops
@@ -63,6 +65,7 @@ def build_model() -> Any:
 
 
 def train(model: Any, tokens: np.ndarray, labels: np.ndarray, steps: int = 400) -> float:
+    """Trains ``model`` with Adam for ``steps`` minibatches of 128 (seeded) and returns the last loss."""
     import torch
 
     torch.manual_seed(0)
@@ -90,6 +93,9 @@ def _latency_ms(fn: Any, repeats: int = 50) -> float:
 
 
 def run_demo(threads: int = 1, out: str | None = None, overwrite: bool = False) -> dict[str, Any]:
+    """``softdeploy demo``: trains the demo model, exports it, runs it with torch, stock onnxruntime (function bodies)
+    and softdeploy's kernels, and prints agreement and latency; returns the numbers; the model goes to ``out`` (default:
+    a temporary folder)."""
     import torch
     from rich.console import Console
     from rich.table import Table

@@ -13,7 +13,7 @@ class SoftdeployError(Exception):
 
 
 class OpContractError(SoftdeployError, ValueError):
-    """An input or attribute violates an operator's contract (see OPS.md)."""
+    """An input or attribute violates an operator's contract (see docs/ops/<Op>.md)."""
 
 
 class LibraryNotFoundError(SoftdeployError, FileNotFoundError):

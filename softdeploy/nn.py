@@ -2,7 +2,7 @@
 
 Every module calls ``torch.ops.softdeploy.<stem>`` (the registry's torch ops), so
 :func:`softdeploy.export` turns each call into one ``com.softdeploy`` node with its portable function
-body. The semantics of each op (special values, ties, masks) are those of /OPS.md, restated here
+body. The semantics of each op (special values, ties, masks) are those of docs/ops/, restated here
 only as far as a module adds to them.
 
 Normalizers (``[..., n] -> [..., n]`` along ``dim``):
@@ -48,6 +48,7 @@ class TwoPassSoftmax(nn.Module):
         self.dim = dim
 
     def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        """softmax(x + mask) along ``dim``; ``mask`` is additive (0 or -inf) and broadcasts to x."""
         if mask is not None:
             x = x + mask
         return _op("TwoPassSoftmax")(x, axis=self.dim)
@@ -66,6 +67,8 @@ class Softpick(nn.Module):
         self.eps = eps
 
     def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        """Softpick(x + mask) along ``dim``; ``mask`` is additive (0 or -inf; -inf entries output 0 and add nothing to
+        the denominator)."""
         if mask is not None:
             x = x + mask
         return _op("Softpick")(x, axis=self.dim, eps=self.eps)
@@ -87,6 +90,8 @@ class MultiMax(nn.Module):
         self.ts = nn.Parameter(torch.zeros(4))
 
     def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        """softmax(sigma(x) + mask) along ``dim``, with this module's learned ranges and slopes; the mask is added after
+        the modulator."""
         if mask is not None:
             mask = mask.to(x.dtype).expand_as(x)
         return _op("MultiMax")(x, self.ranges.to(x.dtype), self.ts.to(x.dtype), mask, axis=self.dim)
@@ -105,6 +110,7 @@ class AdaptiveTemperatureSoftmax(nn.Module):
         self.dim = dim
 
     def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        """softmax(beta(H) * (x + mask)) along ``dim``, beta chosen from the entropy H of softmax(x + mask)."""
         if mask is not None:
             x = x + mask
         return _op("AdaptiveTemperatureSoftmax")(x, axis=self.dim)
@@ -151,6 +157,8 @@ class SoftAttention(nn.Module):
         self.normalizer = normalizer
 
     def forward(self, x: Tensor, attn_mask: Tensor | None = None) -> Tensor:
+        """Self-attention of ``x [B, T, E]`` -> ``[B, T, E]``; ``attn_mask`` is additive and broadcastable to [B, H, T,
+        T] (with ``causal`` the lower-triangular mask is added)."""
         b, t, e = x.shape
         q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
@@ -203,6 +211,7 @@ class NormalizedHead(nn.Module):
         self.normalizer = normalizer
 
     def forward(self, x: Tensor) -> Tensor:
+        """normalizer(x W^T + b): class weights over the last axis."""
         return self.normalizer(self.proj(x))
 
 
@@ -245,6 +254,7 @@ class SoftmaxTopKHead(nn.Module):
         self.temperature = temperature
 
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """(values [..., k], indices [..., k] int64) of the k most probable classes of x."""
         values, indices, _ = _op("SoftmaxTopK")(self.proj(x), k=self.k, axis=-1, temperature=self.temperature)
         return values, indices
 
@@ -271,6 +281,7 @@ class MaxSimScorer(nn.Module):
         query_mask: Tensor | None = None,
         document_mask: Tensor | None = None,
     ) -> Tensor:
+        """Scores [B, N] of queries [B, Lq, dim] against documents [N, Ld, dim] (masks: True = a real token)."""
         if self.normalize:
             queries = nn.functional.normalize(queries, dim=-1)
             documents = nn.functional.normalize(documents, dim=-1)
@@ -293,6 +304,8 @@ class SignedMaxSimScorer(nn.Module):
         query_mask: Tensor | None = None,
         document_mask: Tensor | None = None,
     ) -> Tensor:
+        """Scores [B, N]: queries [B, Lq, dim] with signs [B, Lq] against documents [N, Ld, dim] with signs [N, Ld]
+        (masks: True = a real token)."""
         return _op("SignedMaxSim")(queries, query_signs, documents, document_signs, query_mask, document_mask)
 
 
@@ -335,6 +348,8 @@ class SoftNMS(nn.Module):
         self.register_buffer("score_threshold", torch.tensor([score_threshold], dtype=torch.float32))
 
     def forward(self, boxes: Tensor, scores: Tensor) -> tuple[Tensor, Tensor]:
+        """(selected [M, 3] int64 (batch, class, box), selected_scores [M]) for boxes [B, N, 4] and scores [B, C, N], in
+        selection order."""
         selected, selected_scores = _op("SoftNMS")(
             boxes,
             scores,

@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <new>
 #include <sstream>
 #include <stdexcept>
@@ -165,7 +166,7 @@ class Attrs {
       return;
     }
     Fail(op_, NodeName(), "attribute '", name, "' must be ", want, ", got ", got, " (rule: '", name, "' is declared ",
-         want, " in OPS.md; write it in that type, as REGISTRY['", op_, "'].make_node does)");
+         want, " in docs/ops/", op_, ".md; write it in that type, as REGISTRY['", op_, "'].make_node does)");
   }
   // "node 'name': " (as softdeploy.runtime.Session's check words it), or "" for an unnamed node.
   std::string NodeName() const {
@@ -275,15 +276,36 @@ struct AxisLayout {
 
 // ---- threads ----------------------------------------------------------------------------------
 
-// Number of tasks for `rows` independent rows of `row_cost` units each: enough tasks to feed a
-// thread pool, none smaller than kGrain units. A unit is about one element of a softmax-like row
+// Units of work per task (see NumTasks). A unit is about one element of a softmax-like row
 // (~0.25 ns); 65536 units (~15 us) keep the wake-up of a pool thread (1 us idle, tens of us on a
 // busy machine) a small fraction of each task.
+constexpr int64_t kTaskGrain = 65536;
+
+// TEST-ONLY: SOFTDEPLOY_TASK_GRAIN=<units> replaces kTaskGrain for the kernels created while it is
+// set, so that the thread-consistency tests split their small samples into many tasks (at the
+// default, samples of up to 2 x 65536 entries run as one task and two threads cannot disagree).
+// Read at kernel creation; a value that is not a positive integer fails the creation.
+inline int64_t TaskGrainFromEnv(const char* op) {
+  const char* v = std::getenv("SOFTDEPLOY_TASK_GRAIN");
+  if (v == nullptr) return kTaskGrain;
+  char* end = nullptr;
+  const long long g = std::strtoll(v, &end, 10);
+  if (end == v || *end != '\0' || g < 1) {
+    Fail(op, "SOFTDEPLOY_TASK_GRAIN='", v, "' is not a positive integer (rule: units of work per task, a test-only ",
+         "setting; unset, it is ", kTaskGrain, ")");
+  }
+  return static_cast<int64_t>(g);
+}
+
+// The grain of the kernel computing on this thread (set around Compute by KernelHolder).
+inline thread_local int64_t tls_task_grain = kTaskGrain;
+
+// Number of tasks for `rows` independent rows of `row_cost` units each: enough tasks to feed a
+// thread pool, none smaller than the grain (kTaskGrain units).
 inline size_t NumTasks(int64_t rows, int64_t row_cost) {
-  constexpr int64_t kGrain = 65536;
   constexpr int64_t kMaxTasks = 256;
   if (rows <= 1) return rows < 1 ? 0 : 1;
-  int64_t by_cost = std::max<int64_t>(1, rows * std::max<int64_t>(row_cost, 1) / kGrain);
+  int64_t by_cost = std::max<int64_t>(1, rows * std::max<int64_t>(row_cost, 1) / tls_task_grain);
   return static_cast<size_t>(std::min({rows, by_cost, kMaxTasks}));
 }
 
@@ -356,10 +378,12 @@ void MapRows(Ort::KernelContext& ctx, const T* x, T* y, const AxisLayout& l, con
 template <class Kernel, class T>
 struct KernelHolder {
   Kernel kernel;
-  explicit KernelHolder(const Attrs& attrs) : kernel(attrs) {}
+  int64_t task_grain;
+  explicit KernelHolder(const Attrs& attrs) : kernel(attrs), task_grain(TaskGrainFromEnv(Kernel::kName)) {}
   OrtStatusPtr ComputeV2(OrtKernelContext* context) noexcept {
     return Guard(Kernel::kName, [&] {
       Ort::KernelContext ctx(context);
+      tls_task_grain = task_grain;
       kernel.template Compute<T>(ctx);
     });
   }

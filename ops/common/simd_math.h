@@ -10,6 +10,12 @@
 //
 // What must stay true: -inf maps to exactly 0 (masks); +inf and NaN propagate as non-finite values so
 // the callers' NaN checks see them.
+//
+// Range of ExtExp (float reduction): accurate while |x log2(e)| < 2^22 (|x| < ~2.9e6). Beyond, the
+// rounded product makes n miss round(x / ln2) by up to ulp/2, so |t| exceeds ln2/2 and the polynomial
+// leaves its interval (relative error 1e-5 at |x| ~ 3e6, 1e-1 at 5.6e7; for |x| >~ 1e9 m can be
+// negative), and for |x| > 2.36e38 x log2(e) overflows: inf - inf = NaN. A caller that can see such
+// |x| must reduce in double or clamp first (MultiMax does the former: ops/multi_max.cc).
 #pragma once
 
 #include <immintrin.h>

@@ -57,11 +57,35 @@ class Floor:
 
 
 class Progress(Protocol):
+    """Where a long step reports progress: ``with progress.step(description, total) as advance: advance(n)``.
+    softdeploy.compare.progress has a terminal (RichProgress) and a silent implementation."""
+
     def step(self, description: str, total: int | None = None) -> Any:
         """A context manager yielding ``advance(n=1)``."""
 
 
 class Case(Protocol):
+    """What ``softdeploy compare`` needs from a model + data + task.
+
+    Implement these members on any class (structural typing: no base class) and run
+    ``softdeploy compare --case pkg.mod:MyCase``, or ``run_compare(MyCase(), out, progress=...)``.
+
+    Attributes:
+
+    - ``name``: the results folder; ``title``: the report's heading;
+    - ``metric_names``: the task metrics ``evaluate`` returns; ``primary_metric``: one of them, used by
+      the accuracy budget and the plot;
+    - ``agreement_k``: k of the top-k agreement with the reference's ``Evaluation.scores``;
+    - ``cosine_name``: the ``Evaluation.rows`` entry the plot and floors use;
+    - ``timed_phases``: the latency measurements ``timed`` returns; the first is the model's own.
+
+    Methods, in the order the runner calls them: ``prepare``; ``export_fp32``; ``torch_runner``;
+    ``calibration_feeds`` and ``probe_feeds`` (int8 variants); ``evaluate`` and ``timed`` (every variant);
+    ``floors`` and ``describe`` (the report). Optional: ``static_config``, ``fingerprint`` and
+    ``torch_size_bytes`` (see the module docstring). :class:`softdeploy.workflow.case.WorkflowCase` is the
+    implementation a workflow file builds; softdeploy.models has the built-in cases.
+    """
+
     name: str  # folder name of the results, e.g. "minilm_retrieval"
     title: str  # one line for the report
     primary_metric: str  # the metric the accuracy budget and the plot use

@@ -44,6 +44,8 @@ def cpuinfo() -> tuple[str, set[str]]:
 
 
 def environment(threads: int) -> dict[str, Any]:
+    """The machine and software a result was measured on (Python, platform, CPU model and flags, package versions, the
+    kernel library and the variant it selects, threads), for reports: numbers mean little without it."""
     from softdeploy.runtime import library_status
 
     model, flags = cpuinfo()
@@ -98,6 +100,8 @@ class LoadMeter:
     is unavailable)."""
 
     def start(self) -> LoadMeter:
+        """Starts measuring (reads /proc/stat and this process's CPU ticks); returns self. Where /proc is unreadable,
+        stop() returns 0."""
         try:
             self._b0, self._t0 = _proc_stat_busy()
             self._s0 = _self_ticks()
@@ -107,6 +111,8 @@ class LoadMeter:
         return self
 
     def stop(self) -> float:
+        """Other processes' average CPU load since start(), in busy cores (this process's own time subtracted): a
+        latency number measured under load ~1 on 2 cores is not the idle machine's."""
         if not self._ok:
             return 0.0
         b1, t1 = _proc_stat_busy()
@@ -117,6 +123,7 @@ class LoadMeter:
 
 
 def background_load(interval: float = 0.3) -> float:
+    """Busy cores of other processes, averaged over ``interval`` seconds (see LoadMeter)."""
     meter = LoadMeter().start()
     time.sleep(interval)
     return meter.stop()

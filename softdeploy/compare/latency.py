@@ -23,6 +23,10 @@ from softdeploy.compare.environment import LoadMeter
 
 @dataclasses.dataclass(frozen=True)
 class LatencyStats:
+    """Wall-clock latency of one measurement over the timed calls (warm-up excluded): p50, p90, mean and min per call in
+    ms, throughput in items per second, and the median CPU time of this process per call (all threads; shows when a
+    thread pool burns more CPU than it saves)."""
+
     p50_ms: float
     p90_ms: float
     mean_ms: float
@@ -37,6 +41,8 @@ class LatencyStats:
     def from_samples(
         cls, seconds: list[float], warmup: int, items_per_call: int, cpu_seconds: list[float] | None = None
     ) -> LatencyStats:
+        """The statistics of per-call wall times ``seconds`` (and CPU times ``cpu_seconds``), each call handling
+        ``items_per_call`` items."""
         s = np.asarray(seconds)
         return cls(
             p50_ms=float(np.percentile(s, 50) * 1e3),

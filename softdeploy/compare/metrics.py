@@ -37,6 +37,8 @@ def ranking(scores: np.ndarray, k: int) -> np.ndarray:
 
 
 def topk_agreement(reference: np.ndarray, other: np.ndarray, k: int) -> float:
+    """Mean over rows of |top-k(reference) & top-k(other)| / k: how much of the reference's ranking a variant keeps (1.0
+    = the same top k), independent of the scores' scale."""
     ra, rb = ranking(reference, k), ranking(other, k)
     return float(np.mean([len(set(x) & set(y)) / ra.shape[1] for x, y in zip(ra, rb, strict=True)]))
 
@@ -54,6 +56,8 @@ def kl_softmax(reference: np.ndarray, other: np.ndarray) -> float:
 
 
 def mrr_at_k(scores: np.ndarray, relevant: Sequence[set[int]], k: int = 10) -> float:
+    """Mean reciprocal rank at k: mean over queries of 1 / (rank of the first relevant candidate in the top k), 0 when
+    none is."""
     top = ranking(scores, k)
     rr = []
     for row, rel in zip(top, relevant, strict=True):
@@ -63,6 +67,8 @@ def mrr_at_k(scores: np.ndarray, relevant: Sequence[set[int]], k: int = 10) -> f
 
 
 def ndcg_at_k(scores: np.ndarray, relevant: Sequence[set[int]], k: int = 10) -> float:
+    """Normalised discounted cumulative gain at k with binary relevance: DCG = sum over relevant hits at rank r
+    (1-based) of 1 / log2(r + 1), divided by the ideal DCG of min(|relevant|, k) hits."""
     top = ranking(scores, k)
     disc = 1.0 / np.log2(np.arange(2, k + 2))
     out = []
@@ -74,6 +80,7 @@ def ndcg_at_k(scores: np.ndarray, relevant: Sequence[set[int]], k: int = 10) -> 
 
 
 def recall_at_k(scores: np.ndarray, relevant: Sequence[set[int]], k: int = 10) -> float:
+    """Mean over queries of the fraction of relevant candidates found in the top k (0 for a query with none)."""
     top = ranking(scores, k)
     return float(
         np.mean(

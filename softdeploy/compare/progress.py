@@ -40,6 +40,8 @@ class RichProgress:
 
     @contextmanager
     def step(self, description: str, total: int | None = None) -> Iterator[Callable[[int], None]]:
+        """A progress bar for one step: yields ``advance(n=1)``; the bar is completed when the step ends, also when
+        ``total`` was unknown."""
         task = self._progress.add_task(description, total=total)
 
         def advance(n: int = 1) -> None:
@@ -54,6 +56,9 @@ class RichProgress:
 
 
 class SilentProgress:
+    """A Progress that shows nothing (tests, library use)."""
+
     @contextmanager
     def step(self, description: str, total: int | None = None) -> Iterator[Callable[[int], None]]:
+        """Yields an ``advance`` that does nothing."""
         yield lambda n=1: None

@@ -39,6 +39,8 @@ def _fmt(v: Any) -> str:
 
 
 def summary_columns(result: CompareResult) -> list[str]:
+    """The columns of the summary table: variant, the task metrics, every cosine, top-k agreement, KL, per phase the p50
+    wall and CPU ms, speed-ups and size; only those some row has."""
     cols = list(_ALWAYS) + list(result.metric_names)
     rows = result.rows()
     cols += sorted({k for r in rows for k in r if k.endswith("cosine")})
@@ -52,12 +54,15 @@ def summary_columns(result: CompareResult) -> list[str]:
 
 
 def markdown_table(headers: list[str], rows: list[list[Any]]) -> str:
+    """A Markdown table of ``rows`` under ``headers`` (numbers formatted as in the terminal table)."""
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(_fmt(x) for x in r) + " |" for r in rows]
     return "\n".join(lines)
 
 
 def to_markdown(result: CompareResult) -> str:
+    """report.md: warnings first, then the description, floors, the summary table, latency details, quantization
+    settings and the environment."""
     rows = result.rows()
     cols = summary_columns(result)
     env = result.environment
@@ -155,6 +160,7 @@ def to_markdown(result: CompareResult) -> str:
 
 
 def write_csv(result: CompareResult, path: Path) -> None:
+    """results.csv: one row per variant, every column any row has."""
     rows = result.rows()
     cols: list[str] = []
     for r in rows:
@@ -166,6 +172,8 @@ def write_csv(result: CompareResult, path: Path) -> None:
 
 
 def plot(result: CompareResult, path: Path) -> None:
+    """accuracy_vs_latency.png: the primary metric and the cosine against the first phase's p50 latency, one point per
+    variant (a dotted line marks twice the reference's speed)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -210,6 +218,8 @@ def plot(result: CompareResult, path: Path) -> None:
 
 
 def write_reports(result: CompareResult, out: str | Path) -> dict[str, Path]:
+    """Writes report.md, results.csv, results.json and accuracy_vs_latency.png into ``out``; returns their paths by
+    kind."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     paths = {
@@ -226,6 +236,8 @@ def write_reports(result: CompareResult, out: str | Path) -> dict[str, Path]:
 
 
 def print_table(result: CompareResult, console: Any) -> None:
+    """The summary table and the floors on a rich console; variant names are never truncated (two 'ort-int8...' would
+    read the same), other cells wrap."""
     from rich.table import Table
 
     cols = summary_columns(result)

@@ -38,6 +38,9 @@ REFERENCE = "ort-fp32"
 
 @dataclasses.dataclass(frozen=True)
 class VariantSpec:
+    """One variant of a comparison: its name, precision (fp32 | int8), engine (torch | onnxruntime | tvm), how
+    softdeploy ops run in it (torch, portable function bodies or native kernels) and a one-line description."""
+
     name: str
     precision: str  # "fp32" | "int8"
     engine: str  # "torch" | "onnxruntime"
@@ -80,6 +83,9 @@ def known_variants() -> dict[str, VariantSpec]:
 
 @dataclasses.dataclass
 class VariantResult:
+    """What was measured for one variant: its model file and size, the case's evaluation, agreement with the reference,
+    latency per phase and, for int8, the quantization result."""
+
     spec: VariantSpec
     model: Path | None
     size_bytes: int | None
@@ -91,6 +97,10 @@ class VariantResult:
 
 @dataclasses.dataclass
 class CompareResult:
+    """Everything one ``run_compare`` measured: the case's description and metrics, one VariantResult per variant, the
+    floors, the environment, the background load during timing, warnings (e.g. torch and onnxruntime disagree) and the
+    time each step took."""
+
     case: str
     title: str
     description: dict[str, Any]
@@ -143,6 +153,8 @@ class CompareResult:
         return out
 
     def to_json(self) -> dict[str, Any]:
+        """results.json: the rows, latency details, quantization settings, floors, environment and warnings, as plain
+        JSON types."""
         return {
             "case": self.case,
             "title": self.title,
@@ -270,6 +282,11 @@ def run_compare(
     quiet_wait: float = 0.0,
     progress: Progress,
 ) -> CompareResult:
+    """Runs ``case`` in every variant of ``variants`` (the torch reference always included) and returns the
+    CompareResult; models go to ``out/models``. Accuracy runs use ``eval_threads`` (default all cores); latency runs use
+    ``threads`` and ``rounds`` interleaved rounds of ``round_seconds`` each (interleaved so that a change in machine
+    load hits every variant alike), after waiting up to ``quiet_wait`` seconds for the machine to go idle. Unknown
+    variant names raise SoftdeployError before any work."""
     import os
 
     t_start = time.perf_counter()
@@ -417,6 +434,7 @@ def dynamic_config(case: Case, fp32: Path) -> QuantConfig:
 
 
 def case_torch_size(case: Case) -> int | None:
+    """The case's torch model size in bytes, when it offers ``torch_size_bytes()`` (optional in the Case protocol)."""
     size = getattr(case, "torch_size_bytes", None)
     return size() if callable(size) else None
 

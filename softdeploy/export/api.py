@@ -20,6 +20,10 @@ from softdeploy.export.validate import BACKENDS, Tolerance, ValidationReport, va
 
 @dataclasses.dataclass(frozen=True)
 class ExportResult:
+    """What ``softdeploy.export`` produced: the ONNX model (com.softdeploy nodes with their function bodies,
+    onnx.checker clean), where it was written (None when no path was given) and the validation report against torch
+    (None when ``validate=False``)."""
+
     model: Any  # onnx.ModelProto: com.softdeploy nodes + their function bodies, onnx.checker clean
     path: Path | None  # where it was written, if anywhere
     validation: ValidationReport | None  # None when validate=False

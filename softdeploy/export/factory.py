@@ -15,6 +15,9 @@ from softdeploy.errors import ExportError
 
 @dataclasses.dataclass(frozen=True)
 class ExportSpec:
+    """What a factory returns, normalised: the module, its example inputs as a tuple and the dynamic shapes (None: all
+    static)."""
+
     module: Any
     example_inputs: tuple[Any, ...]
     dynamic_shapes: Any = None

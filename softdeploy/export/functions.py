@@ -25,6 +25,7 @@ def _nodes(graph: Any) -> Iterator[Any]:
 
 
 def default_opset(model: Any) -> int:
+    """The model's default-domain ('' / ai.onnx) opset version; ExportError when it imports none."""
     for imp in model.opset_import:
         if imp.domain in ("", "ai.onnx"):
             return int(imp.version)

@@ -64,6 +64,8 @@ def _translator(d: OpDef) -> Any:
 
 
 def translation_table() -> dict[Any, Any]:
+    """The torch.onnx custom translation table: each ``torch.ops.softdeploy.<stem>`` op to the function emitting its
+    com.softdeploy node (registers the torch ops and ONNX schemas first)."""
     from softdeploy.ops import REGISTRY, register_onnx_schemas
     from softdeploy.ops._torch import register_torch_ops
 

@@ -92,6 +92,10 @@ class Divergence:
 
 @dataclasses.dataclass(frozen=True)
 class BackendCheck:
+    """The exported model on one onnxruntime configuration (``native`` kernels or ``portable`` function bodies) against
+    torch: a check per output, the error when it could not run at all, and the first diverging node when outputs
+    disagree."""
+
     backend: str  # "native" | "portable"
     outputs: tuple[OutputCheck, ...]
     error: str = ""  # the backend could not run the model at all
@@ -99,21 +103,28 @@ class BackendCheck:
 
     @property
     def ok(self) -> bool:
+        """Whether the backend ran and every output agrees with torch within tolerance."""
         return not self.error and all(o.ok for o in self.outputs)
 
 
 @dataclasses.dataclass(frozen=True)
 class ValidationReport:
+    """The validation of an export: one BackendCheck per onnxruntime configuration."""
+
     checks: tuple[BackendCheck, ...]
 
     @property
     def ok(self) -> bool:
+        """Whether every backend agrees with torch."""
         return all(c.ok for c in self.checks)
 
     def check(self, backend: str) -> BackendCheck:
+        """The BackendCheck of ``backend`` (``native`` or ``portable``)."""
         return next(c for c in self.checks if c.backend == backend)
 
     def to_markdown(self) -> str:
+        """A Markdown table of every backend's outputs (max abs/rel error, tolerance, mismatches), then the errors and
+        the first diverging nodes."""
         lines = [
             "| backend | output | shape | dtype | max abs err | max rel err | rtol / atol | mismatched | ok |",
             "|---|---|---|---|---|---|---|---|---|",
@@ -225,6 +236,7 @@ def _to_numpy(t: Any) -> np.ndarray:
 def run_backend(
     model: Any, feeds: Mapping[str, np.ndarray], backend: str, outputs: Sequence[str] | None = None
 ) -> list:
+    """Runs ``model`` on ``feeds`` in a Session with ``kernels=backend`` and returns ``outputs`` (default: all)."""
     from softdeploy.runtime import Session
 
     return Session(model, kernels=backend).run(feeds, outputs)  # type: ignore[arg-type]

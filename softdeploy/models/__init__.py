@@ -32,6 +32,8 @@ DEFAULT_CASE = "minilm_retrieval"
 
 
 def get_case(name: str, **kw: Any) -> Any:
+    """The built-in compare case ``name`` (minilm_retrieval, mtcnn_faces), built with ``kw``; SoftdeployError naming the
+    cases for an unknown name."""
     try:
         factory = CASES[name]
     except KeyError:

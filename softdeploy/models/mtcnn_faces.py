@@ -129,6 +129,9 @@ def box_f1(found: list[np.ndarray], reference: list[np.ndarray], iou: float = 0.
 
 
 class MtcnnFaces:
+    """The detection compare case: MTCNN's P-Net (facenet-pytorch weights) on scikit-image photos and LFW crops, its
+    candidate boxes through the SoftNMS op; metrics face AUC, accuracy, box F1 vs fp32 and detections."""
+
     name = "mtcnn_faces"
     title = "MTCNN P-Net face detection with Soft-NMS on scikit-image photos and LFW crops"
     primary_metric = "face AUC"
@@ -147,6 +150,7 @@ class MtcnnFaces:
         self._nms: dict[tuple[str, int], SoftNMSRunner] = {}
 
     def prepare(self, progress: Progress) -> None:
+        """Loads P-Net, the LFW crops and labels, the photos and the calibration images; a second call does nothing."""
         if self._net is not None:
             return
         with progress.step("load MTCNN P-Net (facenet-pytorch weights) and scikit-image photos"):
@@ -165,6 +169,7 @@ class MtcnnFaces:
             self._reference = self._detect(self.torch_runner(1), self.nms("native-reference", 1))
 
     def describe(self) -> dict[str, Any]:
+        """Model, data, post-processing and calibration settings, for the report."""
         return {
             "model": "MTCNN P-Net (facenet-pytorch==2.6.0 weights data/pnet.pt)",
             "data": "skimage lfw_subset (100 faces + 100 non-faces, 25x25); photos astronaut, grace_hopper",
@@ -180,9 +185,11 @@ class MtcnnFaces:
         return fingerprint(self._net, self.describe())
 
     def torch_size_bytes(self) -> int:
+        """P-Net's parameter bytes."""
         return sum(p.numel() * p.element_size() for p in self._net.parameters())
 
     def export_fp32(self, path: Path) -> None:
+        """Exports P-Net with dynamic batch, height and width to ``path``."""
         import torch
 
         from softdeploy.export.torch_export import export_module
@@ -199,6 +206,7 @@ class MtcnnFaces:
         )
 
     def torch_runner(self, threads: int) -> Runner:
+        """Eager P-Net over {'image': ...} feeds."""
         import torch
 
         net = self._net
@@ -210,12 +218,15 @@ class MtcnnFaces:
         return run
 
     def calibration_feeds(self) -> list[dict[str, np.ndarray]]:
+        """The first six pyramid levels of each calibration photo (held apart from the evaluation images)."""
         return [{"image": level} for img in self._calibration.values() for _, level in _pyramid(img)[:6]]
 
     def probe_feeds(self) -> list[dict[str, np.ndarray]]:
+        """64 LFW crops, for the sensitivity probe."""
         return [{"image": self._crops[:64]}] if self._crops is not None else []
 
     def nms(self, kernels: str, threads: int) -> SoftNMSRunner:
+        """The SoftNMS runner for ``kernels`` / ``threads``, built once and reused."""
         backend = "native" if kernels == "native-reference" else kernels
         key = (kernels, threads)
         if key not in self._nms:
@@ -240,6 +251,8 @@ class MtcnnFaces:
         return out
 
     def evaluate(self, runner: Runner, kernels: str, progress: Progress, label: str) -> Evaluation:
+        """Face probability of every LFW crop (AUC, accuracy) and detection on the photos through SoftNMS (F1 of the
+        boxes against fp32's)."""
         assert self._crops is not None and self._labels is not None and self._reference is not None
         with progress.step(f"{label}: LFW crops and photo detection"):
             _, probs = runner({"image": self._crops})
@@ -261,6 +274,7 @@ class MtcnnFaces:
         )
 
     def timed(self, runner: Runner, kernels: str, threads: int) -> dict[str, Timed]:
+        """Latency of P-Net over one photo's pyramid and of SoftNMS over its candidates."""
         image = self._photos["astronaut"]
         levels = _pyramid(image)
         nms = self.nms(kernels, threads)
@@ -273,6 +287,8 @@ class MtcnnFaces:
         return {"pnet pyramid": Timed(pyramid, 1), "soft-nms": Timed(lambda: nms(boxes, scores), 1)}
 
     def floors(self, rows: list[dict[str, Any]]) -> list[Floor]:
+        """Every int8 variant's face AUC within 0.01 of fp32, and Soft-NMS running as the com.softdeploy op with the
+        native kernel."""
         ref = next(r for r in rows if r["variant"] == "ort-fp32")
         out = []
         for r in rows:

@@ -42,6 +42,7 @@ class TokenBank:
 
     @property
     def int8(self) -> bool:
+        """Whether the bank holds int8 codes with per-token scales."""
         return self.scales is not None
 
     def to_int8(self) -> TokenBank:
@@ -59,6 +60,7 @@ class TokenBank:
 
     @classmethod
     def from_ragged(cls, vectors: Sequence[np.ndarray]) -> TokenBank:
+        """A bank from one [L_i, dim] array per text, grouped into length buckets so that padding stays small."""
         if not vectors:
             raise ValueError("TokenBank needs at least one text")
         dim = int(vectors[0].shape[1])
@@ -81,6 +83,7 @@ class TokenBank:
         return cls(buckets, len(vectors), dim)
 
     def nbytes(self) -> int:
+        """Memory of the embeddings (and scales), in bytes."""
         return sum(e.nbytes for e, _, _ in self.buckets) + sum(s.nbytes for s in self.scales or [])
 
 

@@ -36,6 +36,7 @@ REGISTRY: dict[str, OpDef] = {d.name: d for d in sorted(_DEFS, key=lambda d: d.n
 
 
 def get(name: str) -> OpDef:
+    """The OpDef of op ``name``; SoftdeployError listing softdeploy's ops for an unknown name."""
     from softdeploy.errors import SoftdeployError
 
     try:

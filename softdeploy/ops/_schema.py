@@ -100,6 +100,7 @@ class Attr:
 
     @property
     def required(self) -> bool:
+        """Whether the attribute has no default (a node must set it)."""
         return self.default is REQUIRED
 
     @property
@@ -110,7 +111,7 @@ class Attr:
     def rule(self, op: str) -> str:
         """The rule an attribute of the wrong type breaks (same words as sd::Attrs in ops/common/kernel.h)."""
         return (
-            f"'{self.name}' is declared {self.onnx_type} in OPS.md; write it in that type, "
+            f"'{self.name}' is declared {self.onnx_type} in docs/ops/{op}.md; write it in that type, "
             f"as REGISTRY['{op}'].make_node does"
         )
 
@@ -198,6 +199,11 @@ class ErrorCase:
 
 @dataclasses.dataclass(frozen=True)
 class OpDef:
+    """One operator, as data: its ONNX name (domain com.softdeploy), the equation and rules (``doc``), ports, typed
+    attributes, the float64 ``reference``, the standard-ONNX function body, torch implementations, shape inference,
+    samples, error cases, per-dtype tolerances and the source paper. Everything else in softdeploy (schemas, bodies,
+    torch ops, export, runtime checks, tests, the generated operator reference docs/ops/) is derived from it."""
+
     name: str  # ONNX op type in domain com.softdeploy
     doc: str  # the equation and the rules (the op module's docstring)
     inputs: tuple[Port, ...]
@@ -231,6 +237,7 @@ class OpDef:
         return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", self.name).lower()
 
     def attr_defaults(self) -> dict[str, Any]:
+        """The defaults of the optional attributes, by name."""
         return {a.name: a.default for a in self.attrs if not a.required}
 
     def resolve_attrs(self, attrs: Mapping[str, Any]) -> dict[str, Any]:
@@ -408,6 +415,8 @@ class OpDef:
         return attach_function_bodies(model) if with_function else model
 
     def feeds(self, sample: Sample) -> dict[str, np.ndarray]:
+        """The sample's inputs by port name, omitted optional inputs left out (a model made by make_model has no graph
+        input for them)."""
         return {p.name: v for p, v in zip(self.inputs, sample.inputs, strict=False) if v is not None}
 
     # ---- torch -----------------------------------------------------------------------------------

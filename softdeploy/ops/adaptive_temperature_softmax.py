@@ -25,6 +25,23 @@ Kernel (ops/adaptive_temperature_softmax.cc), per row, with m = max x, e_j = exp
   log W0 + delta k1 + delta^2 k2 / 2 + delta^3 k3 / 6 (truncation error below 1e-10 while
   |delta| <= 4e-4, i.e. for rows up to ~300k entries; longer rows take one more exact pass). The
   output pass writes exp(beta z_j) / sum: 3 reads of X in total.
+
+Conditioning: y_j = exp(beta z_j) / sum_k exp(beta z_k), so d log y_j = d beta * (z_j - E_y[z]) with
+d beta = beta'(H) dH, |beta'| <= 2.53: an entropy error dH becomes a relative output error of up to
+2.53 * |z_j - E_y z| * dH -- about 75 dH for the ~1e-12 tail entries of a peaked 256000-entry row
+(|z| ~ 27). The entropy must therefore be ~100x more accurate than the output.
+
+Accuracy promised for float32 inputs (relative, against the float64 reference; atol 1e-37):
+  * kernel: 2e-5 (every ISA; measured 5.8e-6 at most over the samples, on long peaked rows): sums in
+    double across blocks, H0 = log d - S/d and beta in double; the float32 exp of z and of beta * z
+    (relative error ~1e-7 each, times |z|) is what remains.
+  * function body and torch op: 1e-6 (measured 6e-8, the float32 rounding of the output): they work
+    in float64 throughout -- z = x - max, the entropy, beta (with float64 constants) and the output
+    softmax. Their former float32 form lost 5.2e-5 on this sample set on AVX-512 hosts and 2.0e-4 on
+    AVX2 hosts (vocab_peaked_2x256000): a float32 softmax's normalisation error (its float32 row sum,
+    ~1e-6 at n = 256000 and dependent on the ISA's exp and summation order) moves H by about that times
+    |H - 1|, the float32 polynomial (terms ~37 cancelling to beta ~2.4) adds a few 1e-6 to beta, and
+    both are amplified as above.
 """
 
 from __future__ import annotations
@@ -49,6 +66,8 @@ ENTROPY_GATE = 0.5
 
 
 def validate(x: Any, axis: int) -> int:
+    """Checks AdaptiveTemperatureSoftmax's inputs and attributes and raises OpContractError naming the op, the value and
+    the rule (in the kernel's words); returns the axis, normalised to [0, rank)."""
     require_rank_at_least_one(NAME, x)
     return normalize_axis(NAME, axis, np.ndim(x))
 
@@ -61,11 +80,15 @@ def entropy64(x: np.ndarray, axis: int) -> np.ndarray:
 
 
 def beta64(h: np.ndarray) -> np.ndarray:
+    """The inverse temperature beta(H) = max(poly(H), 1) for entropy H > 0.5, else 1 (Velickovic et al.'s fitted
+    quartic), in float64."""
     with np.errstate(invalid="ignore"):
         return np.where(h > ENTROPY_GATE, np.maximum(np.polyval(POLY, h), 1.0), 1.0)
 
 
 def reference(x: np.ndarray, *, axis: int = -1) -> tuple[np.ndarray]:
+    """The float64 NumPy oracle of AdaptiveTemperatureSoftmax: every backend (kernel, function body, torch, TVM) is held
+    to it within OpDef.tolerance; it checks the contract first, so a bad input raises the same OpContractError."""
     a = validate(x, axis)
     xf = as_float64(x)
     if xf.shape[a] == 0:
@@ -77,40 +100,60 @@ def reference(x: np.ndarray, *, axis: int = -1) -> tuple[np.ndarray]:
 
 @script(Opset(DOMAIN, OPSET_VERSION), default_opset=op)
 def AdaptiveTemperatureSoftmax(X, axis: int = -1):
-    # float32 arithmetic (float64 for the entropy sum) for float16 inputs too (beta amplifies errors of H), and beta * (x - max)
-    # rather than beta * x, which would lose |x| * 6e-8 absolute to rounding for large |x|.
-    x = op.Cast(X, to=1)
-    axes = op.Reshape(op.Constant(value_int=axis), op.Constant(value_ints=[1]))
-    # The entropy sum in float64: float32 summation over long rows (n = 256000) moves H by ~1e-6,
-    # which beta's slope (up to 2.5) and |x - max| turn into 1e-4 relative output error.
-    p = op.Cast(op.Softmax(x, axis=axis), to=11)
-    h = op.Cast(op.Neg(op.ReduceSum(p * op.Log(p + op.CastLike(1e-9, p)), axes, keepdims=1)), to=1)
-    poly = ((((-0.037 * h) + 0.481) * h - 2.3) * h + 4.917) * h - 1.791
-    beta = op.Where(op.Greater(h, 0.5), op.Max(poly, 1.0), 1.0)
-    z = x - op.ReduceMax(x, axes, keepdims=1)
-    return op.CastLike(op.Softmax(beta * z, axis=axis), X)
+    # An empty X returns at once: the row reductions below would allocate [2^40, 1] for X [2^40, 0].
+    if op.Equal(op.Size(X), op.Constant(value_int=0)):
+        out = op.Identity(X)
+    else:
+        # Everything in float64 (module docstring, "Function body and torch op"): beta's slope (up to 2.5)
+        # times |x - max| (~30) turns an entropy error into a 75x larger relative output error, and a
+        # float32 softmax's normalisation error alone (its float32 row sum: ~1e-6 at n = 256000, depending
+        # on the ISA's exp and summation order) moves H by that much times |H - 1|.
+        x = op.Cast(X, to=11)
+        axes = op.Reshape(op.Constant(value_int=axis), op.Constant(value_ints=[1]))
+        z = x - op.ReduceMax(x, axes, keepdims=1)  # exact in float64; beta * (x - max), not beta * x
+        # float64 constants from exact integer ratios (a literal like 2.3 would be float32 in onnxscript:
+        # 2.3 - float32(2.3) = 4.8e-8, times H^2 ~ 16, is a beta error of 8e-7, 2e-5 in the output).
+        thousand = op.Cast(op.Constant(value_int=1000), to=11)
+        c = op.Div(op.Cast(op.Constant(value_ints=[-37, 481, -2300, 4917, -1791]), to=11), thousand)
+        eps = op.Div(op.Cast(op.Constant(value_int=1), to=11), op.Cast(op.Constant(value_int=1000000000), to=11))
+        p = op.Softmax(z, axis=axis)
+        h = op.Neg(op.ReduceSum(p * op.Log(p + eps), axes, keepdims=1))
+        poly = op.Gather(c, op.Constant(value_int=0)) * h + op.Gather(c, op.Constant(value_int=1))
+        poly = poly * h + op.Gather(c, op.Constant(value_int=2))
+        poly = poly * h + op.Gather(c, op.Constant(value_int=3))
+        poly = poly * h + op.Gather(c, op.Constant(value_int=4))
+        one = op.CastLike(1.0, h)
+        beta = op.Where(op.Greater(h, op.CastLike(0.5, h)), op.Max(poly, one), one)
+        out = op.CastLike(op.Softmax(beta * z, axis=axis), X)
+    return out
 
 
 def torch_impl(x: Any, axis: int = -1) -> Any:
+    """Eager torch AdaptiveTemperatureSoftmax (computed in float32, returned in the input's type), registered as
+    torch.ops.softdeploy.adaptive_temperature_softmax; it checks the contract first, like every backend."""
     import torch
 
     a = validate(x, axis)
-    xf = x.float()
-    if xf.shape[a] == 0:
+    if x.shape[a] == 0:
         return torch.empty_like(x)
-    p = torch.softmax(xf, dim=a)
+    xd = x.double()  # float64 throughout, as the function body (module docstring)
+    z = xd - xd.amax(dim=a, keepdim=True)  # beta * (x - max): see the function body
+    p = torch.softmax(z, dim=a)
     h = -(p * torch.log(p + EPS)).sum(dim=a, keepdim=True)
     poly = (((POLY[0] * h + POLY[1]) * h + POLY[2]) * h + POLY[3]) * h + POLY[4]
     beta = torch.where(h > ENTROPY_GATE, torch.clamp(poly, min=1.0), torch.ones_like(h))
-    z = xf - xf.amax(dim=a, keepdim=True)  # beta * (x - max): see the function body
     return torch.softmax(beta * z, dim=a).to(x.dtype)
 
 
 def infer_shapes(ctx: Any) -> None:
+    """ONNX shape inference for AdaptiveTemperatureSoftmax: the output has the input's type and shape."""
     ctx.set_output_type(0, ctx.get_input_type(0))
 
 
 def samples(rng: np.random.Generator) -> Iterator[Sample]:
+    """The conformance inputs of AdaptiveTemperatureSoftmax, drawn from ``rng``: typical sizes, edge sizes (empty, one
+    element, the kernels' tile edges) and special values (+-inf, NaN, ties) on which every backend must agree."""
+
     def logits(*shape: int, scale: float = 3.0) -> np.ndarray:
         return (rng.standard_normal(shape) * scale).astype(np.float32)
 
@@ -134,6 +177,9 @@ def samples(rng: np.random.Generator) -> Iterator[Sample]:
         yield Sample(f"n{n}", (logits(3, n, scale=1.0),), kind="edge")
     yield Sample("empty_rows", (np.zeros((0, 5), np.float32),), kind="edge")
     yield Sample("empty_axis", (np.zeros((3, 0), np.float32),), kind="edge")
+    # 2^40 empty rows: no data, so every backend returns at once (the body's row reductions would
+    # allocate [2^40, 1]).
+    yield Sample("empty_axis_huge_rows", (np.zeros((2**40, 0), np.float32),), kind="edge")
     yield Sample("rank1", (logits(100, scale=1.0),), kind="edge")
     big = logits(2, 300)
     big[0] += 1e4
@@ -151,6 +197,8 @@ def samples(rng: np.random.Generator) -> Iterator[Sample]:
 
 
 def errors() -> Iterator[ErrorCase]:
+    """Inputs that break each rule of AdaptiveTemperatureSoftmax; every backend must refuse them with a message
+    containing ``match`` (the operator reference lists them)."""
     x = np.zeros((2, 3), np.float32)
     yield ErrorCase("axis_out_of_range", (x,), {"axis": 2}, "axis 2 is out of range for an input of rank 2")
     yield ErrorCase("axis_too_negative", (x,), {"axis": -3}, "axis -3 is out of range")

@@ -97,6 +97,8 @@ def validate_side(op_name: str, port: str, x: Any, rows: int, cols: int, dims: s
 
 
 def validate(q: Any, d: Any, q_mask: Any, d_mask: Any, q_scale: Any, d_scale: Any) -> None:
+    """Checks MaxSim's inputs (ranks, shared dim, element types, mask / scale shapes) and raises OpContractError naming
+    the op, the value and the rule (in the kernel's words)."""
     b, lq, n, ld, _ = validate_embeddings(NAME, q, d)
     validate_side(NAME, "QMask", q_mask, b, lq, "[B, Lq]")
     validate_side(NAME, "DMask", d_mask, n, ld, "[N, Ld]")
@@ -131,6 +133,7 @@ def similarities64(q: np.ndarray, d: np.ndarray, q_scale: Any, d_scale: Any) -> 
 
 
 def masks(b: int, lq: int, n: int, ld: int, q_mask: Any, d_mask: Any) -> tuple[np.ndarray, np.ndarray]:
+    """The query and document masks as bool arrays, all true for an omitted one (what 'omitted' means)."""
     qm = np.ones((b, lq), bool) if q_mask is None else np.asarray(q_mask, bool)
     dm = np.ones((n, ld), bool) if d_mask is None else np.asarray(d_mask, bool)
     return qm, dm
@@ -144,6 +147,8 @@ def reference(
     q_scale: np.ndarray | None = None,
     d_scale: np.ndarray | None = None,
 ) -> tuple[np.ndarray]:
+    """The float64 NumPy oracle of MaxSim: every backend (kernel, function body, torch, TVM) is held to it within
+    OpDef.tolerance; it checks the contract first, so a bad input raises the same OpContractError."""
     validate(q, d, q_mask, d_mask, q_scale, d_scale)
     b, lq, _ = np.shape(q)
     n, ld, _ = np.shape(d)
@@ -236,6 +241,8 @@ def torch_similarities(q: Any, d: Any, q_scale: Any, d_scale: Any) -> Any:
 
 
 def torch_impl(q: Any, d: Any, q_mask: Any = None, d_mask: Any = None, q_scale: Any = None, d_scale: Any = None) -> Any:
+    """Eager torch MaxSim (similarities in float32, Scores float32 [B, N]), registered as
+    torch.ops.softdeploy.max_sim; it checks the contract first, like every backend."""
     import torch
 
     validate(q, d, q_mask, d_mask, q_scale, d_scale)
@@ -251,6 +258,7 @@ def torch_impl(q: Any, d: Any, q_mask: Any = None, d_mask: Any = None, q_scale: 
 
 
 def infer_shapes(ctx: Any) -> None:
+    """ONNX shape inference for MaxSim: Scores is float32 [B, N] (B from the queries, N from the documents)."""
     from onnx import TensorProto, helper
 
     q, d = ctx.get_input_type(0), ctx.get_input_type(1)
@@ -273,14 +281,19 @@ def unit_tokens(rng: np.random.Generator, *shape: int) -> np.ndarray:
 
 
 def random_mask(rng: np.random.Generator, rows: int, cols: int, p_valid: float = 0.8) -> np.ndarray:
+    """A random [rows, cols] validity mask, each token valid with probability ``p_valid`` (for samples)."""
     return rng.random((rows, cols)) < p_valid
 
 
 def all_valid(rows: int, cols: int) -> np.ndarray:
+    """An all-true [rows, cols] mask."""
     return np.ones((rows, cols), bool)
 
 
 def samples(rng: np.random.Generator) -> Iterator[Sample]:
+    """The conformance inputs of MaxSim, drawn from ``rng``: typical sizes, edge sizes (empty, one element, the kernels'
+    tile edges) and special values (+-inf, NaN, ties) on which every backend must agree."""
+
     def case(b: int, lq: int, n: int, ld: int, dim: int, p_valid: float = 1.0) -> tuple[np.ndarray, ...]:
         q, d = unit_tokens(rng, b, lq, dim), unit_tokens(rng, n, ld, dim)
         qm = random_mask(rng, b, lq, p_valid) if p_valid < 1 else all_valid(b, lq)
@@ -348,6 +361,8 @@ def samples(rng: np.random.Generator) -> Iterator[Sample]:
 
 
 def errors() -> Iterator[ErrorCase]:
+    """Inputs that break each rule of MaxSim; every backend must refuse them with a message containing ``match`` (the
+    operator reference lists them)."""
     q, d = np.zeros((2, 3, 4), np.float32), np.zeros((5, 6, 4), np.float32)
     yield ErrorCase("dim_mismatch", (q, np.zeros((5, 6, 3), np.float32)), {}, "Q has dim 4 but D has dim 3")
     yield ErrorCase(

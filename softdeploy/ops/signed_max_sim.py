@@ -61,6 +61,9 @@ def _check_sign_range(port: str, sign: Any) -> None:
 
 
 def validate(q: Any, q_sign: Any, d: Any, d_sign: Any, q_mask: Any, d_mask: Any, *, values: bool = True) -> None:
+    """Checks SignedMaxSim's inputs (ranks, shared dim, element types, mask / scale shapes) and raises OpContractError
+    naming the op, the value and the rule (in the kernel's words). ``values=False`` skips the data-dependent checks
+    (fake tensors have no values)."""
     b, lq, n, ld, _ = validate_embeddings(NAME, q, d)
     if dtype_name(q) == "int8":
         raise OpContractError(f"{NAME}: Q has element type int8 (rule: float32 or float16)")
@@ -86,6 +89,8 @@ def reference(
     q_mask: np.ndarray | None = None,
     d_mask: np.ndarray | None = None,
 ) -> tuple[np.ndarray]:
+    """The float64 NumPy oracle of SignedMaxSim: every backend (kernel, function body, torch, TVM) is held to it within
+    OpDef.tolerance; it checks the contract first, so a bad input raises the same OpContractError."""
     validate(q, q_sign, d, d_sign, q_mask, d_mask)
     b, lq, _ = np.shape(q)
     n, ld, _ = np.shape(d)
@@ -164,16 +169,20 @@ def _torch(q: Any, q_sign: Any, d: Any, d_sign: Any, q_mask: Any, d_mask: Any) -
 
 
 def torch_impl(q: Any, q_sign: Any, d: Any, d_sign: Any, q_mask: Any = None, d_mask: Any = None) -> Any:
+    """Eager torch SignedMaxSim (similarities in float32, Scores float32 [B, N]), registered as
+    torch.ops.softdeploy.signed_max_sim; it checks the contract first, like every backend."""
     validate(q, q_sign, d, d_sign, q_mask, d_mask)
     return _torch(q, q_sign, d, d_sign, q_mask, d_mask)
 
 
 def torch_fake(q: Any, q_sign: Any, d: Any, d_sign: Any, q_mask: Any = None, d_mask: Any = None) -> Any:
+    """SignedMaxSim on torch's fake tensors (export tracing): the shape checks, then an empty float32 [B, N]."""
     validate(q, q_sign, d, d_sign, q_mask, d_mask, values=False)
     return q.new_empty((q.shape[0], d.shape[0]), dtype=__import__("torch").float32)
 
 
 def infer_shapes(ctx: Any) -> None:
+    """ONNX shape inference for SignedMaxSim: Scores is float32 [B, N] (B from the queries, N from the documents)."""
     from onnx import TensorProto, helper
 
     dims: list[Any] = [None, None]
@@ -186,6 +195,9 @@ def infer_shapes(ctx: Any) -> None:
 
 
 def samples(rng: np.random.Generator) -> Iterator[Sample]:
+    """The conformance inputs of SignedMaxSim, drawn from ``rng``: typical sizes, edge sizes (empty, one element, the
+    kernels' tile edges) and special values (+-inf, NaN, ties) on which every backend must agree."""
+
     def signs(rows: int, cols: int, kind: str = "pm1") -> np.ndarray:
         if kind == "pm1":
             return rng.choice(np.array([-1.0, 1.0], np.float32), size=(rows, cols))
@@ -230,6 +242,8 @@ def samples(rng: np.random.Generator) -> Iterator[Sample]:
 
 
 def errors() -> Iterator[ErrorCase]:
+    """Inputs that break each rule of SignedMaxSim; every backend must refuse them with a message containing ``match``
+    (the operator reference lists them)."""
     q, d = np.ones((2, 3, 4), np.float32), np.ones((5, 6, 4), np.float32)
     qs, ds = np.ones((2, 3), np.float32), np.ones((5, 6), np.float32)
     yield ErrorCase("dim_mismatch", (q, qs, np.ones((5, 6, 3), np.float32), ds), {}, "Q has dim 4 but D has dim 3")

@@ -147,6 +147,8 @@ def box_extents(boxes: np.ndarray, center_point_box: int) -> np.ndarray:
 
 
 def box_areas(ext: np.ndarray, offset: np.float32) -> np.ndarray:
+    """Areas (hi0 - lo0 + offset) * (hi1 - lo1 + offset) of boxes in extent form [..., 4], in float32 as the kernel
+    computes them (overflow and NaN pass through)."""
     with np.errstate(invalid="ignore", over="ignore"):
         return ((ext[..., 1] - ext[..., 0]) + offset) * ((ext[..., 3] - ext[..., 2]) + offset)
 
@@ -232,6 +234,9 @@ def reference(
     center_point_box: int = 0,
     coordinate_offset: int = 0,
 ) -> tuple[np.ndarray, np.ndarray]:
+    """The float32 NumPy oracle of SoftNMS (float32 like the original loop, not float64: the selection is discrete,
+    so every backend must make the same comparisons); it checks the contract first, so a bad input raises the same
+    OpContractError."""
     validate(
         np.shape(boxes),
         np.shape(scores),
@@ -250,6 +255,8 @@ def reference(
     ext = box_extents(np.asarray(boxes).astype(np.float32), center_point_box)
     area = box_areas(ext, offset)
     s32 = np.asarray(scores).astype(np.float32)
+    if s32.size == 0:  # no boxes or no classes: nothing to select, whatever the batch count (2^40)
+        return np.zeros((0, 3), np.int64), np.zeros((0,), np.float32)
     rows: list[tuple[int, int, int]] = []
     values: list[float] = []
     for b in range(s32.shape[0]):
@@ -337,8 +344,10 @@ def SoftNMS(
     one_f = op.Constant(value_float=1.0)
     axis0 = op.Constant(value_ints=[0])
     num_classes = op.Gather(op.Shape(scores), op.Constant(value_int=1))
-    pairs = op.Mul(op.Gather(op.Shape(scores), zero_i), num_classes)
     boxes_n = op.Gather(op.Shape(scores), op.Constant(value_int=2))
+    # No (batch, class) pair to visit when there are no boxes (min(N, 1) = 0): Boxes [2^40, 0, 4]
+    # must not loop 2^40 times over empty pairs.
+    pairs = op.Mul(op.Mul(op.Gather(op.Shape(scores), zero_i), num_classes), op.Min(boxes_n, one))
     index_row = op.Unsqueeze(op.Cast(op.Range(zero_i, boxes_n, one), to=11), axis0)  # [1, N] float64
     # every selection so far: float64 [K, 4] rows (batch, class, index, score)
     selected = op.Cast(op.ConstantOfShape(op.Constant(value_ints=[0, 4])), to=11)
@@ -520,6 +529,8 @@ def torch_impl(
     )
     area = ((ext[..., 1] - ext[..., 0]) + off) * ((ext[..., 3] - ext[..., 2]) + off)
     s_all = scores.to(f32)
+    if s_all.numel() == 0:  # no boxes or no classes: no pair to visit, whatever the batch count
+        return torch.zeros((0, 3), dtype=torch.int64), torch.zeros((0,), dtype=scores.dtype)
     rows, values = [], []
     for bi in range(s_all.shape[0]):
         for ci in range(s_all.shape[1]):
@@ -589,6 +600,8 @@ def torch_fake(
 
 
 def infer_shapes(ctx: Any) -> None:
+    """ONNX shape inference for SoftNMS: selected is int64 [M, 3], selected_scores [M] in the scores' type (M depends on
+    the data)."""
     from onnx import TensorProto, helper
 
     scores_type = ctx.get_input_type(1)
@@ -614,6 +627,9 @@ def clustered_boxes(
 
 
 def samples(rng: np.random.Generator) -> Iterator[Sample]:
+    """The conformance inputs of SoftNMS, drawn from ``rng``: typical sizes, edge sizes (empty, one element, the
+    kernels' tile edges) and special values (+-inf, NaN, ties) on which every backend must agree."""
+
     def scores_for(b: int, c: int, n: int, *, levels: int | None = None) -> np.ndarray:
         if levels:  # few distinct values: many exact ties
             return (rng.integers(1, levels + 1, (b, c, n)) / levels).astype(np.float32)
@@ -653,6 +669,11 @@ def samples(rng: np.random.Generator) -> Iterator[Sample]:
     yield Sample("no_boxes", (np.zeros((1, 0, 4), np.float32), np.zeros((1, 3, 0), np.float32)), kind="edge")
     yield Sample("no_classes", (clustered_boxes(rng, 5)[None], np.zeros((1, 0, 5), np.float32)), kind="edge")
     yield Sample("no_batches", (np.zeros((0, 5, 4), np.float32), np.zeros((0, 2, 5), np.float32)), kind="edge")
+    # No boxes in 2^40 batches: no data, so every backend must return at once (not visit 2^40 pairs).
+    huge = 2**40
+    yield Sample(
+        "no_boxes_huge_batch", (np.zeros((huge, 0, 4), np.float32), np.zeros((huge, 3, 0), np.float32)), kind="edge"
+    )
     yield Sample("one_box", (clustered_boxes(rng, 1)[None], thr(0.7).reshape(1, 1, 1)), kind="edge")
     yield Sample(
         "all_below_threshold",
@@ -700,6 +721,8 @@ def samples(rng: np.random.Generator) -> Iterator[Sample]:
 
 
 def errors() -> Iterator[ErrorCase]:
+    """Inputs that break each rule of SoftNMS; every backend must refuse them with a message containing ``match`` (the
+    operator reference lists them)."""
     boxes = np.zeros((1, 3, 4), np.float32)
     scores = np.zeros((1, 2, 3), np.float32)
     yield ErrorCase("bad_method", (boxes, scores), {"method": "cubic"}, "method 'cubic' is not supported")

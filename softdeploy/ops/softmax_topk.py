@@ -9,7 +9,7 @@ the probability row.
 positions along ``axis``. Attributes: ``k`` (required, 1 <= k <= axis length), ``axis`` (default -1),
 ``temperature`` (default 1.0, > 0).
 
-Ranking rule (one total order for every row, the tie rule of OPS.md):
+Ranking rule (one total order for every row, the tie rule of docs/ops/SoftmaxTopK.md):
   * entries are ranked by their logit ``x`` -- the same order as their exact probabilities, since
     softmax is strictly increasing -- larger first, equal logits -> lower index first. So entries
     whose probability underflows to 0 (including -inf entries: ordinary candidates with probability
@@ -72,6 +72,8 @@ def _rank_order(x: np.ndarray) -> np.ndarray:
 def reference(
     x: np.ndarray, *, k: int, axis: int = -1, temperature: float = 1.0
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The float64 NumPy oracle of SoftmaxTopK: every backend (kernel, function body, torch, TVM) is held to it within
+    OpDef.tolerance; it checks the contract first, so a bad input raises the same OpContractError."""
     a = validate(x, k, axis, temperature)
     x64 = np.moveaxis(as_float64(x), a, -1)
     lead = x64.shape[:-1]
@@ -121,6 +123,8 @@ def SoftmaxTopK(X, k: int, axis: int = -1, temperature: float = 1.0):
 
 
 def torch_impl(x: Any, k: int, axis: int = -1, temperature: float = 1.0) -> Any:
+    """Eager torch SoftmaxTopK (computed in float32, returned in the input's type), registered as
+    torch.ops.softdeploy.softmax_topk; it checks the contract first, like every backend."""
     import torch
 
     validate(x, k, axis, temperature)
@@ -135,6 +139,8 @@ def torch_impl(x: Any, k: int, axis: int = -1, temperature: float = 1.0) -> Any:
 
 
 def torch_fake(x: Any, k: int, axis: int = -1, temperature: float = 1.0) -> Any:
+    """SoftmaxTopK on torch's fake tensors (export tracing): the contract checks, then empty Values and Indices with k
+    along the axis and a LogSumExp with 1 there."""
     import torch
 
     a = validate(x, k, axis, temperature)
@@ -146,6 +152,8 @@ def torch_fake(x: Any, k: int, axis: int = -1, temperature: float = 1.0) -> Any:
 
 
 def infer_shapes(ctx: Any) -> None:
+    """ONNX shape inference for SoftmaxTopK: Values in the input's type and Indices int64, both with k along the axis;
+    LogSumExp with 1 there."""
     from onnx import TensorProto, helper
 
     x_type = ctx.get_input_type(0)
@@ -157,6 +165,9 @@ def infer_shapes(ctx: Any) -> None:
 
 
 def samples(rng: np.random.Generator) -> Iterator[Sample]:
+    """The conformance inputs of SoftmaxTopK, drawn from ``rng``: typical sizes, edge sizes (empty, one element, the
+    kernels' tile edges) and special values (+-inf, NaN, ties) on which every backend must agree."""
+
     def logits(*shape: int, scale: float = 3.0) -> np.ndarray:
         return (rng.standard_normal(shape) * scale).astype(np.float32)
 
@@ -203,6 +214,8 @@ def samples(rng: np.random.Generator) -> Iterator[Sample]:
 
 
 def errors() -> Iterator[ErrorCase]:
+    """Inputs that break each rule of SoftmaxTopK; every backend must refuse them with a message containing ``match``
+    (the operator reference lists them)."""
     x = np.zeros((2, 3), np.float32)
     yield ErrorCase("k_zero", (x,), {"k": 0}, "k 0 is out of range (rule: k >= 1)")
     yield ErrorCase("k_negative", (x,), {"k": -2}, "k -2 is out of range (rule: k >= 1)")

@@ -30,11 +30,15 @@ NAME = "TwoPassSoftmax"
 
 
 def validate(x: Any, axis: int) -> int:
+    """Checks TwoPassSoftmax's inputs and attributes and raises OpContractError naming the op, the value and the rule
+    (in the kernel's words); returns the axis, normalised to [0, rank)."""
     require_rank_at_least_one(NAME, x)
     return normalize_axis(NAME, axis, np.ndim(x))
 
 
 def reference(x: np.ndarray, *, axis: int = -1) -> tuple[np.ndarray]:
+    """The float64 NumPy oracle of TwoPassSoftmax: every backend (kernel, function body, torch, TVM) is held to it
+    within OpDef.tolerance; it checks the contract first, so a bad input raises the same OpContractError."""
     a = validate(x, axis)
     return (softmax64(as_float64(x), a),)
 
@@ -45,6 +49,8 @@ def TwoPassSoftmax(X, axis: int = -1):
 
 
 def torch_impl(x: Any, axis: int = -1) -> Any:
+    """Eager torch TwoPassSoftmax (computed in float32, returned in the input's type), registered as
+    torch.ops.softdeploy.two_pass_softmax; it checks the contract first, like every backend."""
     import torch
 
     validate(x, axis)
@@ -52,10 +58,14 @@ def torch_impl(x: Any, axis: int = -1) -> Any:
 
 
 def infer_shapes(ctx: Any) -> None:
+    """ONNX shape inference for TwoPassSoftmax: the output has the input's type and shape."""
     ctx.set_output_type(0, ctx.get_input_type(0))
 
 
 def samples(rng: np.random.Generator) -> Iterator[Sample]:
+    """The conformance inputs of TwoPassSoftmax, drawn from ``rng``: typical sizes, edge sizes (empty, one element, the
+    kernels' tile edges) and special values (+-inf, NaN, ties) on which every backend must agree."""
+
     def logits(*shape: int, scale: float = 3.0) -> np.ndarray:
         return (rng.standard_normal(shape) * scale).astype(np.float32)
 
@@ -83,9 +93,18 @@ def samples(rng: np.random.Generator) -> Iterator[Sample]:
     special[4, :] = 2.5  # ties -> uniform
     special[5, :49] = -np.inf  # one finite entry -> exactly 1
     yield Sample("inf_nan_ties", (special,), kind="special")
+    # One finite entry far below 0, the rest masked: the AVX-512 path once let the masked lanes' block
+    # exponent (0) scale the row sum to a subnormal whose reciprocal overflowed (y = inf for x <= -87.3).
+    lone = np.full((6, 40), -np.inf, np.float32)
+    for row, (col, value) in enumerate(((0, -89.0), (5, -100.0), (17, -87.5), (39, -150.0), (16, -3e4), (3, -1e6))):
+        lone[row, col] = value
+    yield Sample("one_finite_entry_far_below_zero", (lone,), kind="special")
+    yield Sample("one_element_minus_89", (np.array([[-89.0]], np.float32),), kind="special")
 
 
 def errors() -> Iterator[ErrorCase]:
+    """Inputs that break each rule of TwoPassSoftmax; every backend must refuse them with a message containing ``match``
+    (the operator reference lists them)."""
     x = np.zeros((2, 3), np.float32)
     yield ErrorCase("axis_out_of_range", (x,), {"axis": 2}, "axis 2 is out of range for an input of rank 2")
     yield ErrorCase("axis_too_negative", (x,), {"axis": -3}, "axis -3 is out of range")

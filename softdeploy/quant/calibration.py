@@ -70,9 +70,11 @@ class ArrayDataReader:
         self._it: Iterator[dict[str, np.ndarray]] = iter(self._feeds)
 
     def get_next(self) -> dict[str, np.ndarray] | None:
+        """The next calibration batch, or None when done (onnxruntime's CalibrationDataReader protocol)."""
         return next(self._it, None)
 
     def rewind(self) -> None:
+        """Starts again at the first batch (onnxruntime's CalibrationDataReader protocol)."""
         self._it = iter(self._feeds)
 
     def __len__(self) -> int:

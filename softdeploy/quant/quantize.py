@@ -48,6 +48,12 @@ class QuantizationError(SoftdeployError):
 
 @dataclasses.dataclass(frozen=True)
 class QuantConfig:
+    """How to quantize: ``mode`` dynamic (int8 weights, activations quantized at run time) or static (QDQ with
+    calibrated activation ranges); ``per_channel`` weight scales (default) or one per tensor; ``op_types`` (None:
+    onnxruntime's integer-op set for dynamic, MatMul/Gemm/Conv for static); ``calibrate_method`` (minmax, percentile,
+    entropy); ``exclude``: nodes kept in float; ``only``: quantize just these (the sensitivity probe); ``reduce_range``
+    (None: 7-bit weights exactly when the CPU lacks VNNI, where 8-bit products can saturate)."""
+
     mode: Mode = "dynamic"
     per_channel: bool = True
     # None: dynamic -> onnxruntime's integer-op set (MatMul, Conv, Gather, Attention, LSTM, ...);
@@ -59,6 +65,7 @@ class QuantConfig:
     reduce_range: bool | None = None  # None: True exactly when the CPU lacks VNNI
 
     def describe(self) -> str:
+        """One line for reports, e.g. 'int8 static, per-channel, QDQ, minmax calibration, 3 node(s) kept in float'."""
         parts = [
             f"int8 {self.mode}",
             "per-channel" if self.per_channel else "per-tensor",
@@ -70,9 +77,11 @@ class QuantConfig:
         return ", ".join(parts)
 
     def with_exclude(self, nodes: Sequence[str]) -> QuantConfig:
+        """This config with ``nodes`` kept in float (replacing the exclusions)."""
         return dataclasses.replace(self, exclude=tuple(nodes))
 
     def resolved_op_types(self) -> tuple[str, ...]:
+        """The op types that will be quantized: ``op_types``, or the mode's default set."""
         if self.op_types is not None:
             return self.op_types
         if self.mode == "static":
@@ -84,6 +93,9 @@ class QuantConfig:
 
 @dataclasses.dataclass
 class QuantizedModel:
+    """A quantized model written to ``path``: its config, the candidate nodes that run in int8 and those left in float,
+    which kernels ran the calibration (static), whether weights use 7 bits (reduce_range) and how long it took."""
+
     path: Path
     config: QuantConfig
     quantized_nodes: list[str]  # candidate nodes that now run in int8
@@ -94,10 +106,13 @@ class QuantizedModel:
 
     @property
     def size_bytes(self) -> int:
+        """The model file's size in bytes."""
         return self.path.stat().st_size
 
 
 def cpu_has_vnni() -> bool:
+    """Whether this CPU has VNNI (AVX512-VNNI or AVX-VNNI), read from /proc/cpuinfo (False where it is unreadable):
+    without it onnxruntime's u8s8 products can saturate, so weights are quantized to 7 bits."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:

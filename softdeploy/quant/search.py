@@ -43,6 +43,9 @@ Evaluate = Callable[[Path], float]  # model path -> task metric (higher is bette
 
 @dataclasses.dataclass(frozen=True)
 class NodeSensitivity:
+    """How much quantizing one node alone moves the outputs: the mean output cosine to fp32 with only that node in int8,
+    its rank (1 = most sensitive) and the torch module it came from when the exporter recorded it."""
+
     node: str
     op_type: str
     cosine_alone: float  # mean output cosine to fp32 when only this node is quantized
@@ -51,11 +54,15 @@ class NodeSensitivity:
 
     @property
     def drop_alone(self) -> float:
+        """1 - cosine_alone: the output drift this node causes by itself."""
         return 1.0 - self.cosine_alone
 
 
 @dataclasses.dataclass(frozen=True)
 class Trial:
+    """One step of the budget search: with the ``kept_float`` most sensitive nodes in float, the metric, its drop from
+    fp32 and whether that is within budget."""
+
     kept_float: int  # how many of the most sensitive nodes stayed in float
     metric: float
     drop: float
@@ -64,6 +71,9 @@ class Trial:
 
 @dataclasses.dataclass
 class BudgetResult:
+    """The outcome of ``budget_search``: the metric and budget, the metric at fp32, fully int8 and as written, the nodes
+    kept in float (most sensitive first) and why (every candidate's sensitivity), the trials and the written model."""
+
     metric_name: str
     max_drop: float
     fp32_metric: float
@@ -76,6 +86,7 @@ class BudgetResult:
 
     @property
     def met(self) -> bool:
+        """Whether the written model's metric drop from fp32 is within ``max_drop``."""
         return self.fp32_metric - self.final_metric <= self.max_drop
 
     def explain(self) -> list[str]:
@@ -109,6 +120,8 @@ class BudgetResult:
         return lines
 
     def to_json(self) -> dict[str, Any]:
+        """The ``<output>.json`` report of ``--max-drop``: budget, metrics, kept nodes, sensitivities, trials and the
+        model."""
         return {
             "metric": self.metric_name,
             "max_drop": self.max_drop,

@@ -159,6 +159,7 @@ def quantize_case(
 
 
 def report_json(result: QuantizedModel | BudgetResult) -> dict[str, Any]:
+    """The JSON report of a quantization: BudgetResult.to_json(), or a plain QuantizedModel's settings and nodes."""
     if isinstance(result, BudgetResult):
         return result.to_json()
     return {
@@ -174,6 +175,7 @@ def report_json(result: QuantizedModel | BudgetResult) -> dict[str, Any]:
 
 
 def write_report(result: QuantizedModel | BudgetResult, path: str | os.PathLike[str]) -> Path:
+    """Writes report_json(result) to ``path`` (the ``<output>.json`` next to a quantized model) and returns it."""
     path = Path(path)
     path.write_text(json.dumps(report_json(result), indent=1, default=str))
     return path

@@ -196,6 +196,7 @@ class LibraryStatus:
 
     @property
     def ok(self) -> bool:
+        """Whether a usable kernel library was found."""
         return self.path is not None
 
 

@@ -57,7 +57,24 @@ def _session_options(threads: int, spin: bool) -> Any:
 
 
 class Session:
-    """An onnxruntime InferenceSession with softdeploy's kernels (or their portable bodies)."""
+    """An onnxruntime InferenceSession with softdeploy's kernels (or their portable bodies).
+
+    ``model``: a path, serialized bytes or an ``onnx.ModelProto``. Options and their defaults:
+
+    * ``kernels="native"``: softdeploy's kernel library is registered (an error when it cannot be
+      loaded); ``"portable"`` never registers it (onnxruntime runs the function bodies); ``"auto"``
+      uses it when it loads and registers every softdeploy op of the model. ``Session.kernels`` says
+      which ran.
+    * ``threads=1``: onnxruntime's intra-op threads. One thread by default, unlike onnxruntime's own
+      default of one per core: pass ``threads=N`` (e.g. the physical cores) to use more. Results do not
+      depend on the count (kernels split rows, never a row).
+    * ``spin=False``: idle workers sleep instead of spinning (a spinning worker steals its core from
+      whatever runs next).
+    * ``optimization="all"``: onnxruntime's graph optimization level (``"all"``, ``"basic"``, ``"none"``).
+
+    ``run(feeds)`` maps input names to numpy arrays and returns the outputs as a list; ``bind(feeds)``
+    repeats one shape on fixed buffers (:class:`BoundRun`).
+    """
 
     def __init__(
         self,
@@ -140,13 +157,17 @@ class Session:
 
     @property
     def input_names(self) -> list[str]:
+        """The model's input names, in graph order (the keys ``run`` expects)."""
         return [i.name for i in self._sess.get_inputs()]
 
     @property
     def output_names(self) -> list[str]:
+        """The model's output names, in graph order (the order ``run`` returns them in)."""
         return [o.name for o in self._sess.get_outputs()]
 
     def run(self, feeds: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None) -> list[np.ndarray]:
+        """Runs the model on ``feeds`` (input name -> array) and returns ``outputs`` (default: all, in
+        graph order). Feeds that do not fit are an InputError listing the model's inputs."""
         arrays = {k: np.asarray(v) for k, v in feeds.items()}
         names = list(outputs) if outputs else self._outputs
         try:
@@ -163,6 +184,7 @@ class Session:
 
     @property
     def ort_session(self) -> Any:
+        """The underlying ``onnxruntime.InferenceSession`` (for what this class does not wrap)."""
         return self._sess
 
 

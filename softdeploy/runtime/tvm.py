@@ -162,18 +162,22 @@ class TVMSession:
 
     @property
     def input_names(self) -> list[str]:
+        """The compiled model's input names, in order."""
         return [name for name, _, _ in self._signature.inputs]
 
     @property
     def output_names(self) -> list[str]:
+        """The compiled model's output names, in order."""
         return list(self._signature.outputs)
 
     @property
     def input_dtypes(self) -> list[str]:
+        """The numpy dtype name of each input, in input order."""
         return [dtype for _, _, dtype in self._signature.inputs]
 
     @property
     def input_shapes(self) -> dict[str, list[int]]:
+        """The static shape of each input (TVM builds are compiled for fixed shapes), by name."""
         return {name: list(shape) for name, shape, _ in self._signature.inputs}
 
     def _arguments(self, feeds: Mapping[str, np.ndarray]) -> list[Any]:
@@ -223,6 +227,9 @@ class TVMSession:
         return self._from_dlpack(staged, require_alignment=_TVM_ALIGNMENT)
 
     def run(self, feeds: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None) -> list[np.ndarray]:
+        """Runs the compiled model on ``feeds`` (input name -> array, read in place when aligned) and returns
+        ``outputs`` (default: all); fresh outputs are views of TVM's memory, copied only when they would alias an input,
+        a constant or another output."""
         args, sizes = self._arguments_and_sizes(feeds)
         result = self._main(*args)
         if hasattr(result, "numpy"):  # one output

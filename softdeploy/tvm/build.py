@@ -3,12 +3,15 @@
 ``untuned``: TVM's default pipeline and nothing else (TVM's naive loop nests; what a user gets
 from ``tvm.compile`` alone). ``tuned``: the module is lowered to PrimFuncs (legalize + fuse), every
 PrimFunc found in the tuning databases (the records shipped in ``softdeploy/tvm/records/`` and the
-user's own) gets its tuned schedule, the rest get dlight's CPU default schedules, then it is built.
+user's own) gets its tuned schedule, the rest our ops' hand schedules or dlight's CPU default
+schedules, then it is built. :class:`BuildReport` says which kernel got which schedule, and why any
+kernel got none (a rule that raises is reported and warned about, never taken for "does not apply").
 """
 
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -20,6 +23,9 @@ RECORDS_DIR = Path(__file__).resolve().parent / "records"
 
 @dataclasses.dataclass
 class BuildReport:
+    """What a TVM build used: the target, whether tuning records applied, the databases read, how many kernels took a
+    schedule, how many came from a record and which did not, and how many were written scheduled."""
+
     target: dict[str, Any]
     tuned: bool
     databases: list[str]
@@ -30,15 +36,34 @@ class BuildReport:
     # every kernel reads its parameters at any element-aligned address (_element_aligned_params), so a
     # session can pass numpy inputs in place instead of copying them to 64-byte-aligned memory
     any_alignment: bool = False
+    # kernel -> how it was scheduled: "tuning record", "written", "hand (<SCHEDULES rule>)" or "dlight"
+    schedules: dict[str, str] = dataclasses.field(default_factory=dict)
+    # kernel -> why it got NO schedule and runs TVM's default loop nest (correct, but a broken hand
+    # schedule measured 30-77x slower): the dlight error, or that no rule applies
+    unscheduled: dict[str, str] = dataclasses.field(default_factory=dict)
+    # kernel -> {hand schedule rule -> its error}: rules that raised (a broken schedule, never "does not
+    # apply": a rule that does not recognise a kernel returns False); each is also warned about
+    schedule_errors: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
+    # kernel -> why its parameters kept TVM's 64-byte alignment (see _element_aligned_params)
+    alignment_kept: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def summary(self) -> str:
+        """One line: tuned or not, kernels from tuning records out of all, the databases."""
         if not self.tuned:
             return f"untuned build for {self.target}"
-        return (
+        hand = sum(v.startswith("hand") for v in self.schedules.values())
+        text = (
             f"tuned build for {self.target}: {self.from_database}/{self.tasks} kernels from tuning records "
-            f"({', '.join(self.databases) or 'no database'}); dlight defaults for the rest"
+            f"({', '.join(self.databases) or 'no database'}); {hand} hand-scheduled, dlight defaults for the rest"
             + (f"; {self.written} written scheduled" if self.written else "")
         )
+        problems = [f"  {k}: NO schedule ({why})" for k, why in sorted(self.unscheduled.items())]
+        problems += [
+            f"  {k}: hand schedule {rule} failed: {why}"
+            for k, errors in sorted(self.schedule_errors.items())
+            for rule, why in sorted(errors.items())
+        ]
+        return "\n".join([text, *problems])
 
 
 def open_database(path: str | Path) -> Any:
@@ -81,29 +106,40 @@ def is_scheduled(func: Any) -> bool:
     return any(k in attrs and bool(attrs[k]) for k in ("tirx.is_scheduled", "tir.is_scheduled"))
 
 
-def _default_schedules(mod: Any, target: Any) -> Any:
-    """Our ops' hand schedules, then dlight's CPU rules, for every kernel without a tuned schedule, one
-    kernel at a time: a rule that
-    fails on one kernel (e.g. zero-extent loops of an empty tensor) leaves that kernel unscheduled
-    (TVM's default loop nest, still correct) instead of failing the build."""
+def _default_schedules(mod: Any, report: BuildReport) -> Any:
+    """Our ops' hand schedules, then dlight's CPU rules, for every kernel without a schedule, one kernel
+    at a time, recorded in ``report`` (``schedules``, ``unscheduled``, ``schedule_errors``). A kernel no
+    rule schedules (e.g. dlight refusing the zero-extent loops of an empty tensor) keeps TVM's default
+    loop nest -- still correct -- and is listed with the reason; a hand rule that raises is listed
+    and warned about (ScheduleWarning), never taken for "does not apply"."""
     tvm = import_tvm()
     from tvm.s_tir import dlight as dl
 
-    from softdeploy.tvm.ops import apply_schedules
+    from softdeploy.tvm.ops import error_line, try_schedules
 
     rules = dl.ApplyDefaultSchedule(dl.cpu.GEMV(), dl.cpu.Reduction())
     for gv, func in list(mod.functions.items()):
         if not isinstance(func, tvm.tirx.PrimFunc) or is_scheduled(func):
             continue
-        ours = apply_schedules(func)
+        name = gv.name_hint
+        ours, rule, errors = try_schedules(func)
+        if errors:
+            report.schedule_errors[name] = errors
         if ours is not None:
             mod[gv] = ours.with_attr("tirx.is_scheduled", True)
+            report.schedules[name] = f"hand ({rule})"
             continue
+        failed = "; ".join(f"hand schedule {r} raised {why}" for r, why in sorted(errors.items()))
         try:
             scheduled = rules(tvm.IRModule({gv: func}))
-        except Exception:  # a dlight rule that does not apply to this kernel's shape
+        except Exception as e:  # reported below: the kernel keeps TVM's default loop nest
+            report.unscheduled[name] = "; ".join(filter(None, [failed, f"dlight raised {error_line(e)}"]))
+            continue
+        if not is_scheduled(scheduled[gv]):
+            report.unscheduled[name] = failed or "no hand schedule or dlight rule applies"
             continue
         mod[gv] = scheduled[gv]
+        report.schedules[name] = "dlight"
     return mod
 
 
@@ -132,7 +168,7 @@ def _largest_buffer(func: Any) -> int:
     return largest
 
 
-def _element_aligned_params(mod: Any) -> tuple[Any, bool]:
+def _element_aligned_params(mod: Any, kept: dict[str, str] | None = None) -> tuple[Any, bool]:
     """Every PrimFunc of ``mod`` with its parameter buffers declared aligned to their element size
     instead of TVM's 64 bytes, and whether that held for all of them.
 
@@ -142,20 +178,26 @@ def _element_aligned_params(mod: Any) -> tuple[Any, bool]:
     LLVM emits unaligned loads, which cost the same on aligned data on x86-64 (measured:
     TwoPassSoftmax 4 x 32000, 42.8 us aligned, 43.5 us at +4 bytes). TVM 0.27 has no option or
     public constructor for this, so the signature is rewritten in TVMScript and parsed back; a kernel
-    whose round trip fails (or does not show the new alignment) keeps 64 and the result says False.
+    whose round trip fails (or does not show the new alignment) keeps 64 and the result says False;
+    ``kept`` (when given) gets each such kernel and why.
     The same round trip makes a small kernel's parallel loops serial (:data:`PARALLEL_MIN_ELEMENTS`)."""
     tvm = import_tvm()
+    from softdeploy.tvm.ops import error_line
+
     ok = True
     for gv, func in list(mod.functions.items()):
         if not isinstance(func, tvm.tirx.PrimFunc):
             continue
         serial = _largest_buffer(func) < PARALLEL_MIN_ELEMENTS
+        why = "the round trip lost the declared alignment"
         try:
             rewritten = _parse_with_element_alignment(func, serial=serial)
-        except Exception:  # TVMScript that does not parse back: leave the kernel as it was
-            rewritten = None
+        except Exception as e:  # TVMScript that does not parse back: the kernel stays as it was, reported
+            rewritten, why = None, f"its TVMScript does not parse back: {error_line(e)}"
         if rewritten is None:
             ok = False
+            if kept is not None:
+                kept[gv.name_hint] = why
             continue
         mod[gv] = rewritten
     return mod, ok
@@ -188,26 +230,25 @@ def _parse_with_element_alignment(func: Any, *, serial: bool = False) -> Any | N
     return parsed
 
 
-def build(
+def schedule(
     mod: Any,
     *,
     target: dict[str, Any] | None = None,
-    tuned: bool = True,
     databases: Sequence[str | Path] = (),
+    shipped_records: bool = True,
 ) -> tuple[Any, BuildReport]:
-    """(executable, report). ``databases``: user tuning folders, applied over the shipped records."""
+    """(scheduled module, report): the tuned build up to, not including, code generation.
+    ``shipped_records=False`` leaves out softdeploy/tvm/records (so that the hand schedules show)."""
     tvm = import_tvm()
     from tvm import relax
     from tvm.s_tir import meta_schedule as ms
 
+    from softdeploy.tvm.errors import ScheduleWarning
     from softdeploy.tvm.target import host_target
 
     spec = dict(target or host_target())
     tgt = make_target(spec)
-    if not tuned:
-        mod = relax.transform.DecomposeOpsForInference()(mod)
-        return tvm.compile(mod, target=tgt), BuildReport(spec, False, [])
-    folders = record_folders(databases)
+    folders = record_folders(databases) if shipped_records else [Path(p) for p in databases]
     mod = lower(mod)
     dbs = [open_database(p) for p in folders]
     report = BuildReport(spec, True, [str(p) for p in folders])
@@ -225,6 +266,37 @@ def build(
         report.tasks, report.written = len(prims), len(written)
         report.from_database = sum(is_scheduled(f) for f in prims.values())
         report.names_untuned = sorted(n for n, f in prims.items() if not is_scheduled(f))
-        mod = _default_schedules(mod, tgt)
-        mod, report.any_alignment = _element_aligned_params(mod)
+        report.schedules = {n: "written" for n in written} | {
+            n: "tuning record" for n, f in prims.items() if is_scheduled(f)
+        }
+        mod = _default_schedules(mod, report)
+        mod, report.any_alignment = _element_aligned_params(mod, report.alignment_kept)
+    for kernel, errors in sorted(report.schedule_errors.items()):
+        rules = "; ".join(f"{rule}: {why}" for rule, why in sorted(errors.items()))
+        how = report.schedules.get(kernel) or f"NO schedule ({report.unscheduled.get(kernel, '')})"
+        warnings.warn(ScheduleWarning(f"hand schedule failed on kernel {kernel} ({rules}); it got {how}"), stacklevel=3)
+    return mod, report
+
+
+def build(
+    mod: Any,
+    *,
+    target: dict[str, Any] | None = None,
+    tuned: bool = True,
+    databases: Sequence[str | Path] = (),
+    shipped_records: bool = True,
+) -> tuple[Any, BuildReport]:
+    """(executable, report). ``databases``: user tuning folders, applied over the shipped records
+    (``shipped_records=False``: without them)."""
+    tvm = import_tvm()
+    from tvm import relax
+
+    from softdeploy.tvm.target import host_target
+
+    spec = dict(target or host_target())
+    tgt = make_target(spec)
+    if not tuned:
+        mod = relax.transform.DecomposeOpsForInference()(mod)
+        return tvm.compile(mod, target=tgt), BuildReport(spec, False, [])
+    mod, report = schedule(mod, target=spec, databases=databases, shipped_records=shipped_records)
     return tvm.compile(mod, target=tgt), report

@@ -130,6 +130,9 @@ def check_importable(model: Any) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class Prepared:
+    """A model ready for TVM's importer: standard ops plus the com.softdeploy nodes that have a TIR compute (the others
+    inlined from their function bodies), static input shapes and dtypes, and which op types took which path."""
+
     model: Any  # onnx.ModelProto: standard ops + TIR-compute com.softdeploy nodes, static shapes
     shapes: dict[str, list[int]]
     dtypes: dict[str, str]
@@ -266,7 +269,7 @@ def _our_converters() -> Iterator[None]:
     def extended() -> dict[str, Any]:
         table = original()
         clash = sorted(set(TIR_OPS) & set(table))
-        if clash:  # OPS.md: our op names never collide with standard ones; the importer is domain-blind
+        if clash:  # docs/ops/index.md: our op names never collide with standard ones; the importer is domain-blind
             raise RuntimeError(f"softdeploy op names {clash} collide with TVM converters")
         table.update({name: _converter_class(name) for name in TIR_OPS})
         return table

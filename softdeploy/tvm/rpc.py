@@ -51,6 +51,7 @@ class LocalCluster:
 
     @property
     def spec(self) -> RPCSpec:
+        """The RPCSpec (127.0.0.1, port, key) that reaches this local tracker."""
         return RPCSpec("127.0.0.1", self.port, self.key)
 
     def __enter__(self) -> LocalCluster:

@@ -36,6 +36,8 @@ def import_tvm() -> Any:
 
 
 def physical_cores() -> int:
+    """Physical cores (psutil; all logical CPUs where it is missing): the size of TVM's thread pool unless
+    TVM_NUM_THREADS or OMP_NUM_THREADS says otherwise (TVM's own default ran kernels ~1.8x slower on a 2-core host)."""
     try:
         import psutil
 
@@ -63,5 +65,6 @@ def host_target(mcpu: str | None = None, num_cores: int | None = None) -> dict[s
 
 
 def make_target(spec: dict[str, Any] | None = None) -> Any:
+    """A tvm.target.Target from ``spec`` (default: this host's CPU, see host_target)."""
     tvm = import_tvm()
     return tvm.target.Target(spec or host_target())

@@ -1,6 +1,14 @@
 """MetaSchedule tuning into a persistent JSON database.
 
-Two traps of TVM 0.27 on small machines are handled here:
+Three traps of TVM 0.27 are handled here:
+  * MetaSchedule configures logging (``logging.config.dictConfig``) for every tuning run and lists the
+    handlers already on its logger ``tvm.s_tir.meta_schedule`` by name: a handler without a name
+    made it fail with ``AttributeError: 'NoneType' object has no attribute 'format'``, a named one of
+    the user's with ``Unable to add handler``. pytest 9.2 attaches its (unnamed) LogCaptureHandler to
+    every logger that does not propagate during each test, and the first tuning run of a process makes
+    MetaSchedule's logger non-propagating: every later tuning test failed in a full run.
+    :func:`_metaschedule_logging` takes such handlers off that logger while MetaSchedule configures
+    it, and puts them back;
   * TVM's default build function imports ``tvm.s_tir.tensor_intrin`` in every fresh builder worker
     (LocalBuilder restarts its pool for each batch): ~30 s on 2 idle cores, minutes on busy ones,
     which hits the default 30 s timeout: every candidate then "fails to build" and tuning returns
@@ -16,11 +24,13 @@ kept: MetaSchedule appends to the JSON files.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import logging
 import math
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +101,7 @@ class RPCSpec:
 
     @classmethod
     def parse(cls, address: str, key: str) -> RPCSpec:
+        """An RPCSpec from ``--rpc HOST:PORT`` and ``--key``; ValueError naming the expected form otherwise."""
         host, sep, port = address.rpartition(":")
         if not sep or not host or not port.isdigit():
             raise ValueError(f"--rpc wants HOST:PORT of a TVM RPC tracker, got {address!r}")
@@ -99,6 +110,9 @@ class RPCSpec:
 
 @dataclasses.dataclass
 class TaskResult:
+    """One tuning task: its name and weight, the successful trials, the best time found and, for our own kernels, the
+    hand schedule's time (measured first, so the search keeps only what beats it)."""
+
     name: str
     weight: float
     trials: int  # successful measurements
@@ -108,15 +122,20 @@ class TaskResult:
 
 @dataclasses.dataclass
 class TuneReport:
+    """A tuning run: the database written, one TaskResult per task and the seconds it took."""
+
     database: str
     tasks: list[TaskResult]
     seconds: float
 
     @property
     def trials(self) -> int:
+        """Successful trials over all tasks (zero is an error for the caller)."""
         return sum(t.trials for t in self.tasks)
 
     def summary(self) -> str:
+        """A few lines: tasks tuned, trials, time, the records' folder, and each task's best time against its hand
+        schedule."""
         tuned = sum(t.trials > 0 for t in self.tasks)
         lines = [
             f"tuned {tuned}/{len(self.tasks)} tasks, {self.trials} successful trials in {self.seconds:.0f} s; "
@@ -150,6 +169,27 @@ def _builder_runner(rpc: RPCSpec | None, workers: int) -> tuple[Any, Any]:
     return builder, runner
 
 
+_MS_LOGGER = "tvm.s_tir.meta_schedule"
+_MS_HANDLERS = (f"{_MS_LOGGER}.console", f"{_MS_LOGGER}.file")  # the handlers MetaSchedule's config defines
+
+
+@contextlib.contextmanager
+def _metaschedule_logging() -> Iterator[None]:
+    """While MetaSchedule sets up its loggers (tvm.s_tir.meta_schedule.logging.create_loggers), the
+    handlers on its logger that its own configuration does not define are taken off (it formats each
+    handler's name, which is None for an unnamed one, and dictConfig resolves only the names it
+    defines), then put back, so the user's (or pytest's) handlers keep receiving MetaSchedule's records."""
+    logger = logging.getLogger(_MS_LOGGER)
+    foreign = [h for h in logger.handlers if h.get_name() not in _MS_HANDLERS]
+    for handler in foreign:
+        logger.removeHandler(handler)
+    try:
+        yield
+    finally:
+        for handler in foreign:
+            logger.addHandler(handler)
+
+
 def _search_strategy() -> Any:
     """Evolutionary search sized for a few dozen trials per task: TVM's defaults (population 512,
     4 genetic iterations, 50 fresh samples) spend minutes per round of 16 candidates on 2 cores
@@ -175,7 +215,7 @@ def _is_ours(task: Any) -> bool:
     """The task is a kernel of one of our ops (a hand schedule applies to it)."""
     from softdeploy.tvm.ops import apply_schedules
 
-    return apply_schedules(task.dispatched[0]["main"]) is not None
+    return apply_schedules(task.dispatched[0]["main"], task.task_name) is not None
 
 
 def _design_space(ours: bool) -> Any:
@@ -270,20 +310,21 @@ def tune(
         extracted = [t for t in extracted if any(s in t.task_name for s in only)]
     if not extracted:
         raise TuningError("no tunable kernels in the module" + (f" matching {list(only)}" if only else ""))
+    ours = [_is_ours(task) for task in extracted]  # first: a broken hand schedule raises before any worker starts
     db = open_database(database)
     builder, runner = _builder_runner(rpc, workers)
     per_task = trials_per_task or max(8, trials)
     start = time.perf_counter()
-    ours = [_is_ours(task) for task in extracted]
     hand = [
         _measure_hand_schedule(t, tgt, builder, runner, db) if o else None for t, o in zip(extracted, ours, strict=True)
     ]
     with tempfile.TemporaryDirectory(prefix="softdeploy-tune-") as logs:
         contexts, weights = [], []
         for task, is_ours in zip(extracted, ours, strict=True):  # a search strategy per task: they hold state
-            ctx, weight = ms.relax_integration.extracted_tasks_to_tune_contexts(
-                [task], work_dir=logs, space=_design_space(is_ours), strategy=_search_strategy(), seed=seed
-            )
+            with _metaschedule_logging():
+                ctx, weight = ms.relax_integration.extracted_tasks_to_tune_contexts(
+                    [task], work_dir=logs, space=_design_space(is_ours), strategy=_search_strategy(), seed=seed
+                )
             contexts += ctx
             weights += weight
         ms.tune.tune_tasks(

@@ -46,6 +46,7 @@ class WorkflowCase:
 
     @property
     def primary_metric(self) -> str:
+        """The metric of the plot and the accuracy budget: the workflow's ``primary``, else the first metric."""
         labels = [m.label for m in self.metrics]
         want = self.workflow.primary
         if want is not None and want not in labels:
@@ -54,14 +55,17 @@ class WorkflowCase:
 
     @property
     def metric_names(self) -> tuple[str, ...]:
+        """The column labels of the workflow's metrics, in the file's order."""
         return tuple(m.label for m in self.metrics)
 
     @property
     def cosine_name(self) -> str:
+        """'<first float output> cosine', the agreement column of the plot."""
         return f"{self._first_float()} cosine"
 
     @property
     def metrics(self) -> list[Metric]:
+        """The resolved metrics (available after prepare(), which checks them against the model's outputs)."""
         if not self._metrics:
             raise WorkflowError("call prepare() first")
         return self._metrics
@@ -104,6 +108,7 @@ class WorkflowCase:
         _ = self.primary_metric  # a wrong `primary` fails here, before any work
 
     def describe(self) -> dict[str, Any]:
+        """Model (and its inputs), data, metrics and int8 settings, for the report."""
         wf = self.workflow
         return {
             "model": f"{'torch factory ' if wf.factory else ''}{wf.model}; inputs "
@@ -122,12 +127,14 @@ class WorkflowCase:
         return fingerprint(self._model, self._data.batches, self._data.labels, self.describe())
 
     def export_fp32(self, path: Path) -> None:
+        """Writes the fp32 ONNX model (exported from the factory, or the given file) to ``path``."""
         import onnx
 
         onnx.save(self._model, path)
         self._fp32_path = Path(path)
 
     def torch_runner(self, threads: int) -> Runner:
+        """The torch module as a runner over the same feeds (WorkflowError for an ONNX-file model, which has none)."""
         if self._module is None:
             raise WorkflowError(
                 f"variant torch-fp32 needs a torch model: {self.workflow.model} is an ONNX file (give model: "
@@ -146,10 +153,12 @@ class WorkflowCase:
         return run
 
     def calibration_feeds(self) -> list[dict[str, np.ndarray]]:
+        """Batches for static calibration: ``data.calibration`` when given, else the evaluation batches."""
         assert self._data is not None
         return self._data.calibration
 
     def probe_feeds(self) -> list[dict[str, np.ndarray]]:
+        """The first four evaluation batches, for the per-node sensitivity probe."""
         assert self._data is not None
         return self._data.batches[:4]
 
@@ -176,6 +185,8 @@ class WorkflowCase:
         return {m.label: m(outputs, self._data.labels, ref) for m in self._metrics}
 
     def evaluate(self, runner: Runner, kernels: str, progress: Progress, label: str) -> Evaluation:
+        """Runs every batch through ``runner`` and scores the workflow's metrics; float outputs also feed the cosine and
+        top-k agreement with the reference."""
         assert self._data is not None
         with progress.step(f"{label}: {len(self._data.batches)} batches"):
             outputs = self.outputs_of(runner)
@@ -186,6 +197,7 @@ class WorkflowCase:
         return Evaluation(metrics=self.score(outputs), rows=rows, scores=scores, notes={"softdeploy ops": kernels})
 
     def timed(self, runner: Runner, kernels: str, threads: int) -> dict[str, Timed]:
+        """One latency measurement, 'infer': the first batch through the model (items = its batch size)."""
         assert self._data is not None
         feeds = self._data.batches[0]
         batched = [i.name for i in self._inputs if i.name not in self.workflow.data.constant]
@@ -193,6 +205,8 @@ class WorkflowCase:
         return {"infer": Timed(lambda: runner(feeds), items)}
 
     def floors(self, rows: list[dict[str, Any]]) -> list[Floor]:
+        """With ``quantize.max_drop``: the budget metric's drop from ort-fp32 to the workflow's int8 variant, held to
+        the budget."""
         q = self.workflow.quantize
         if q.max_drop is None:
             return []
@@ -217,12 +231,15 @@ class WorkflowCase:
         )
 
     def static_config(self, fp32: Path) -> Any:
+        """The static-quantization settings: the workflow's own when its mode is static, else the defaults."""
         return self.quant_config() if self.workflow.quantize.mode == "static" else _default("static")
 
     def dynamic_config(self, fp32: Path) -> Any:
+        """The dynamic-quantization settings: the workflow's own when its mode is dynamic, else the defaults."""
         return self.quant_config() if self.workflow.quantize.mode == "dynamic" else _default("dynamic")
 
     def torch_size_bytes(self) -> int | None:
+        """The torch module's parameter bytes (None for an ONNX-file model)."""
         if self._module is None:
             return None
         return sum(p.numel() * p.element_size() for p in self._module.parameters())

@@ -1,4 +1,4 @@
-"""Every error rule of OPS.md: each backend refuses the input with a message that names the op,
+"""Every error rule of docs/ops/: each backend refuses the input with a message that names the op,
 the value and the rule -- the kernel through an onnxruntime error status (raised by Session as
 OpContractError), the reference and the torch op as OpContractError."""
 

@@ -22,7 +22,7 @@ METHOD_CODE = {"hard": 0, "linear": 1, "gaussian": 2}
 
 # ---- oracle: bharatsingh430/soft-nms lib/nms/cpu_nms.pyx::cpu_soft_nms, transcribed line by line ----
 # Every cdef float of the Cython source is an np.float32 here; np.exp receives a Python float (double)
-# as in the Cython code. Two generalisations, both named in OPS.md: the "+ 1" of the pixel-inclusive
+# as in the Cython code. Two generalisations, both named in docs/ops/SoftNMS.md: the "+ 1" of the pixel-inclusive
 # areas is `offset` (1 = the original), and `original_index` rides along in the rows.
 
 
@@ -391,3 +391,32 @@ def test_torch_export_runs_with_kernel_and_function_body():
     # the exported graph is shape-polymorphic in the number of selections (a new dynamic size)
     out_dim = model.graph.output[0].type.tensor_type.shape.dim[0]
     assert out_dim.dim_param and not out_dim.HasField("dim_value")
+
+
+def test_no_boxes_in_a_huge_batch_returns_at_once():
+    """Boxes [2^40, 0, 4] holds no data: every backend returns empty outputs at once instead of visiting
+    2^40 (batch, class) pairs (~13 h in the kernel). Run in a child process, so that a regression fails
+    on the timeout instead of hanging the suite."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(
+        """
+        import numpy as np
+        from softdeploy import conformance
+        from softdeploy.ops import REGISTRY, Sample
+        op = REGISTRY["SoftNMS"]
+        huge = 2**40
+        sample = Sample("t", (np.zeros((huge, 0, 4), np.float32), np.zeros((huge, 3, 0), np.float32)))
+        runs = [("reference", None), ("function", None), ("torch", None)]
+        runs += [("kernel", isa) for isa in conformance.available_isas()]
+        for backend, isa in runs:
+            rows, scores = conformance.run(op, sample, backend, isa=isa)
+            assert rows.shape == (0, 3) and rows.dtype == np.int64, (backend, isa, rows.shape, rows.dtype)
+            assert scores.shape == (0,) and scores.dtype == np.float32, (backend, isa, scores.shape)
+        print("ok")
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]

@@ -1,4 +1,4 @@
-"""Softpick: properties the generic conformance tests cannot know (OPS.md "Softpick";
+"""Softpick: properties the generic conformance tests cannot know (docs/ops/Softpick.md;
 softdeploy/ops/softpick.py; ops/softpick.cc).
 
 Kernel runs go through onnxruntime with our library, in every ISA variant this CPU has."""
@@ -230,3 +230,16 @@ def test_torch_module_exports_and_runs_with_and_without_the_library(tmp_path):
         got = Session(tmp_path / "softpick.onnx", kernels=kernels).run(feeds)[0]
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7, err_msg=kernels)
     assert np.all(want[..., np.triu_indices(5, 1)[0], np.triu_indices(5, 1)[1]] == 0)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("eps", [0.388, 10.0])
+@pytest.mark.parametrize("m", [70.5, 1000.25, 2.77e4, 6.5e4])
+def test_significant_eps_keeps_precision_as_the_max_grows(isa, eps, m):
+    """The eps term eps * e^m is formed at the row's scale 2^-R as e^(m - R ln2); m and R ln2 cancel, so
+    evaluating that exponent in float32 lost ~ulp(m) / 2 (2.0e-4 relative in y portable, 2.1e-5 AVX2 at
+    eps = 0.388, m = 2.77e4). The contract's 1e-6 holds at every magnitude up to the fast path's 2^16."""
+    rng = np.random.default_rng(7)
+    x = np.concatenate([np.full((2, 1), m), m + rng.standard_normal((2, 63)) * 3], axis=1).astype(np.float32)
+    x[1, 1:] = rng.standard_normal(63)  # one large logit among small ones: y_0 = 1 / (1 + eps) almost
+    np.testing.assert_allclose(kernel(x, isa, eps=eps), reference(x, eps=eps), rtol=RTOL, atol=ATOL)

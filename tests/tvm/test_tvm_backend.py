@@ -389,6 +389,42 @@ def test_tuning_measures_kernels_that_gather_at_indices(tmp_path):
     assert task.name == "softmax_topk_values" and task.trials >= 1 and task.best_us is not None
 
 
+def test_tuning_survives_unnamed_and_foreign_log_handlers(tmp_path):
+    """MetaSchedule formats the names of the handlers on its logger: an unnamed one (here, and on the
+    root and tvm loggers; pytest 9.2 puts its LogCaptureHandler on that logger once a first tune()
+    made it non-propagating) made every later tune() in a process fail with AttributeError:
+    'NoneType' object has no attribute 'format'. The handlers stay attached."""
+    import io
+    import logging
+
+    from tvm.s_tir.meta_schedule.logging import get_loggers_from_work_dir
+
+    from softdeploy.tvm.tuning import tune
+
+    unnamed, named = logging.StreamHandler(io.StringIO()), logging.StreamHandler(io.StringIO())
+    named.set_name("a.user.handler")
+    ms_logger = logging.getLogger("tvm.s_tir.meta_schedule")
+    attached = [
+        (ms_logger, unnamed),
+        (ms_logger, named),
+        (logging.getLogger(), unnamed),
+        (logging.getLogger("tvm"), unnamed),
+    ]
+    for logger, handler in attached:
+        logger.addHandler(handler)
+    try:
+        # what MetaSchedule itself does with such a handler on its logger (the failure being fixed)
+        with pytest.raises(AttributeError, match="'NoneType' object has no attribute 'format'"):
+            get_loggers_from_work_dir(str(tmp_path / "probe"), ["probe"])
+        _, _, mod = _softmax_module()
+        report = tune(mod, tmp_path / "db", trials=1)
+        assert report.trials >= 1
+        assert unnamed in ms_logger.handlers and named in ms_logger.handlers
+    finally:
+        for logger, handler in attached:
+            logger.removeHandler(handler)
+
+
 def test_zero_successful_trials_is_an_error(tmp_path):
     from softdeploy.tvm.rpc import _free_port
     from softdeploy.tvm.tuning import RPCSpec, tune

@@ -38,6 +38,10 @@ def _is_last_two_swap(node: ir.Node | None, r: int) -> bool:
 
 
 class MaxSimRule(SoftRule):
+    """MatMul -> ReduceMax -> ReduceSum => MaxSim: late-interaction scoring written with standard ops becomes one MaxSim
+    node, which never materialises the similarity matrix. Rewritten only when the layout is MaxSim's (max over document
+    tokens, sum over query tokens) and the intermediates are used nowhere else."""
+
     name_ = "maxsim"
     target_op = "MaxSim"
     anchor_op = "ReduceSum"
@@ -45,6 +49,7 @@ class MaxSimRule(SoftRule):
     shared_intermediate = "the similarity matrix or its row maxima are also used elsewhere (they would still be needed)"
 
     def pattern(self, op: Any, a: ir.Value, b: ir.Value) -> Any:
+        """MatMul(a, b) -> ReduceMax -> ReduceSum, the shape of late-interaction scoring."""
         sim = op.MatMul(a, b, _outputs=["sim"])
         best = op.ReduceMax(sim, _allow_other_inputs=True, _outputs=["best"])
         return op.ReduceSum(best, _allow_other_inputs=True, _outputs=["scores"])
@@ -84,6 +89,8 @@ class MaxSimRule(SoftRule):
         return f"query rank {q_rank} with document rank {d_rank} is not a MaxSim layout MaxSimRule covers"
 
     def check(self, context: Any, a: ir.Value, b: ir.Value, best: ir.Value, scores: ir.Value, **_: Any) -> Any:
+        """Accepts float32/float16 operands whose reduction axes are MaxSim's layout; otherwise records why not (the
+        optimize report lists it)."""
         dtype = dtype_name(a)
         if dtype not in ("float32", "float16") or dtype_name(b) != dtype:
             return self.reject(f"MatMul dtypes {dtype}, {dtype_name(b)} (the rule handles float32/float16)")
@@ -93,6 +100,8 @@ class MaxSimRule(SoftRule):
         return True
 
     def rewrite(self, op: Any, a: ir.Value, b: ir.Value, best: ir.Value, scores: ir.Value, **_: Any) -> Any:
+        """One MaxSim node on (query tokens, document tokens), transposing the operand that holds the documents when
+        needed (or reusing the tensor an existing last-two-axes Transpose came from)."""
         layout = self._layout(a, b, best, scores)
         assert not isinstance(layout, str)
         doc, kind = layout

@@ -36,12 +36,16 @@ VERIFY_TOLERANCE = {"float32": (1e-4, 1e-6), "float16": (1e-2, 1e-3)}
 
 @dataclasses.dataclass(frozen=True)
 class Rejection:
+    """A candidate a rule matched but did not rewrite, and why (shown by ``softdeploy optimize``)."""
+
     node: str  # the candidate node, e.g. "TopK 'topk_3'"
     reason: str
 
 
 @dataclasses.dataclass(frozen=True)
 class RuleReport:
+    """One rule's outcome: how often it fired and the candidates it rejected, with reasons."""
+
     name: str
     summary: str
     applied: int
@@ -50,16 +54,23 @@ class RuleReport:
 
 @dataclasses.dataclass(frozen=True)
 class VerifyCheck:
+    """The rewritten model, run in one onnxruntime configuration, compared output by output with the original."""
+
     backend: str  # the rewritten model's onnxruntime configuration, compared with the original
     outputs: tuple[OutputCheck, ...]
 
     @property
     def ok(self) -> bool:
+        """Whether every output agrees within its tolerance."""
         return all(o.ok for o in self.outputs)
 
 
 @dataclasses.dataclass(frozen=True)
 class OptimizeResult:
+    """What ``optimize`` produced: the rewritten model (function bodies attached), a report per rule, the verification
+    against the original (empty when ``verify=False``) and notes (e.g. that random inputs were not valid for the model).
+    """
+
     model: Any  # the rewritten onnx.ModelProto (function bodies attached, checker clean)
     rules: tuple[RuleReport, ...]
     verification: tuple[VerifyCheck, ...]  # empty when verify=False
@@ -67,13 +78,17 @@ class OptimizeResult:
 
     @property
     def counts(self) -> dict[str, int]:
+        """How often each rule fired, by rule name."""
         return {r.name: r.applied for r in self.rules}
 
     @property
     def ok(self) -> bool:
+        """Whether every verification agrees (True when nothing was verified)."""
         return all(v.ok for v in self.verification)
 
     def to_text(self) -> str:
+        """The report ``softdeploy optimize`` prints: per rule how often it fired and why each other candidate was not
+        rewritten, then the notes and the verification."""
         lines = ["rule                 fired  candidates not rewritten"]
         for r in self.rules:
             lines.append(f"{r.name:<20} {r.applied:>5}  {len(r.rejected)}    ({r.summary})")

@@ -3,7 +3,7 @@
 Hard SoftNMS is classic NMS: a box whose IoU with a selected box is ``> iou_threshold`` (strict, as
 in onnxruntime) gets score 0 and, being below the score threshold, is removed. The translation:
 - ``max_output_boxes_per_class``: absent or 0 means *no output* in NonMaxSuppression but *no limit*
-  in SoftNMS (OPS.md), so 0 becomes an empty ``[0, 3]`` constant; a positive constant passes through.
+  in SoftNMS (docs/ops/SoftNMS.md), so 0 becomes an empty ``[0, 3]`` constant; a positive constant passes through.
   A graph input (any non-constant value) is passed as ``max(m, 0)`` and the selection is cut to no
   rows when ``m <= 0`` (onnxruntime's NonMaxSuppression returns nothing for a negative value too).
 - ``score_threshold``: NonMaxSuppression keeps ``score > t``, SoftNMS keeps ``score >= T``. A constant
@@ -66,12 +66,17 @@ class _Builder:
 
 
 class NmsToSoftNmsRule(SoftRule):
+    """NonMaxSuppression => SoftNMS(method=hard), on request (``--nms-to-softnms``): hard SoftNMS selects the same set
+    of boxes (the module docstring says when the order can differ). Thresholds and max-boxes that are graph inputs are
+    handled (see the module docstring)."""
+
     name_ = "nms-to-softnms"
     target_op = "SoftNMS"
     anchor_op = "NonMaxSuppression"
     summary = "NonMaxSuppression => SoftNMS(method=hard) (on request)"
 
     def pattern(self, op: Any, boxes: ir.Value, scores: ir.Value) -> Any:
+        """Any NonMaxSuppression node (its optional inputs included)."""
         return op.NonMaxSuppression(boxes, scores, _allow_other_inputs=True, _outputs=["selected"])
 
     def _settings(self, selected: ir.Value) -> _Settings | str:
@@ -114,6 +119,7 @@ class NmsToSoftNmsRule(SoftRule):
         return _Settings(max_out, iou, score)
 
     def check(self, context: Any, boxes: ir.Value, scores: ir.Value, selected: ir.Value, **_: Any) -> Any:
+        """Accepts float32 boxes and scores whose settings SoftNMS can express exactly; otherwise records why not."""
         producer = selected.producer()
         if producer is not None and (producer.name or "").endswith(_FALLBACK):
             return self.reject("the fallback of a rewrite for a negative score_threshold")  # not again
@@ -125,6 +131,8 @@ class NmsToSoftNmsRule(SoftRule):
         return True
 
     def rewrite(self, op: Any, boxes: ir.Value, scores: ir.Value, selected: ir.Value, **_: Any) -> Any:
+        """The SoftNMS node with the NonMaxSuppression's settings (an empty [0, 3] constant when it selects nothing; for
+        a graph-input score threshold, SoftNMS where the threshold is >= 0 and the original op otherwise)."""
         settings = self._settings(selected)
         assert not isinstance(settings, str)
         node = selected.producer()

@@ -19,6 +19,10 @@ from softdeploy.export.rewrites._base import SoftRule, const_ints, dtype_name, i
 
 
 class SoftmaxTopKRule(SoftRule):
+    """Softmax -> TopK => SoftmaxTopK: the k largest probabilities without forming the probability row. Rewritten only
+    when both act on the same axis, k is a constant, the TopK selects the largest sorted values and the probabilities
+    are used nowhere else."""
+
     name_ = "softmax-topk"
     target_op = "SoftmaxTopK"
     anchor_op = "TopK"
@@ -26,10 +30,13 @@ class SoftmaxTopKRule(SoftRule):
     shared_intermediate = "the Softmax output is also used elsewhere (the probabilities would still be needed)"
 
     def pattern(self, op: Any, x: ir.Value, k: ir.Value) -> Any:
+        """Softmax(x) -> TopK(probs, k)."""
         probs = op.Softmax(x, _outputs=["probs"])
         return op.TopK(probs, k, _outputs=["values", "indices"])
 
     def check(self, context: Any, x: ir.Value, k: ir.Value, probs: ir.Value, values: ir.Value, **_: Any) -> Any:
+        """Accepts float32/float16 input with Softmax and TopK on the same axis (opset-aware default axis) and a
+        constant k; otherwise records why not."""
         softmax, topk = probs.producer(), values.producer()
         assert softmax is not None and topk is not None
         dtype = dtype_name(x)
@@ -64,6 +71,7 @@ class SoftmaxTopKRule(SoftRule):
         return True
 
     def rewrite(self, op: Any, x: ir.Value, k: ir.Value, probs: ir.Value, values: ir.Value, **_: Any) -> Any:
+        """One SoftmaxTopK node (k and axis from the TopK) giving the values and indices."""
         topk = values.producer()
         assert topk is not None
         axis = int_attr(topk, "axis", -1)

@@ -46,16 +46,19 @@ SCHEDULES: dict[str, Scheduler] = {
 }
 
 
-def apply_schedules(func: Any) -> Any | None:
-    """``func`` scheduled by the first of SCHEDULES that recognises it (after inlining the elementwise
-    neighbours the fusion pass put into the same kernel), or None."""
+def try_schedules(func: Any) -> tuple[Any | None, str | None, dict[str, str]]:
+    """(``func`` scheduled, the SCHEDULES entry that did it, errors) -- (None, None, errors) when no
+    rule recognises the kernel. ``errors`` maps each rule that RAISED to its message: a rule that does
+    not recognise a kernel returns False, so an exception is a broken schedule (the kernel then falls
+    back to dlight's or TVM's loop nests, measured 30-77x slower), never "not applicable"."""
     from tvm.s_tir import Schedule
 
     from softdeploy.tvm.build import is_scheduled
 
+    errors: dict[str, str] = {}
     if is_scheduled(func):  # written scheduled already (SoftmaxTopK's block maxima and selection)
-        return None
-    for rule in SCHEDULES.values():
+        return None, None, errors
+    for name, rule in SCHEDULES.items():
         sch = Schedule(func)
         try:
             inline_neighbours(sch)
@@ -63,10 +66,36 @@ def apply_schedules(func: Any) -> Any | None:
             return None
         try:
             if rule(sch):
-                return sch.mod["main"]
-        except Exception:  # a schedule primitive refused this kernel: not applicable
-            continue
-    return None
+                return sch.mod["main"], name, errors
+        except Exception as e:  # reported: see the docstring
+            errors[name] = error_line(e)
+    return None, None, errors
+
+
+def apply_schedules(func: Any, kernel: str | None = None) -> Any | None:
+    """``func`` scheduled by the first of SCHEDULES that recognises it (after inlining the elementwise
+    neighbours the fusion pass put into the same kernel), or None when none does. Raises
+    :class:`~softdeploy.tvm.errors.ScheduleError` naming ``kernel`` (default: the function's symbol)
+    when a rule raised (see :func:`try_schedules`)."""
+    from softdeploy.tvm.errors import ScheduleError
+
+    scheduled, _, errors = try_schedules(func)
+    if errors:
+        attrs = func.attrs or {}
+        raise ScheduleError(kernel or str(attrs.get("global_symbol", "a kernel")), errors)
+    return scheduled
+
+
+def error_line(e: BaseException, limit: int = 400) -> str:
+    """``Type: message`` of an exception on one line, at most ``limit`` characters. A TVM ScheduleError
+    prints the whole module between its first line and its reason ("Error message: ..."): those two
+    are kept."""
+    text = str(e)
+    head = text.strip().splitlines()[0] if text.strip() else ""
+    if "Error message:" in text:
+        head += " " + text.rsplit("Error message:", 1)[1]
+    line = " ".join(f"{type(e).__name__}: {head}".split()) if head else type(e).__name__
+    return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 # Blocks of our computes that are kept on purpose: a layout change (an inlined transpose would make the
@@ -89,6 +118,9 @@ KEEP_BLOCKS = frozenset(
 
 
 def inline_neighbours(sch: Any) -> None:
+    """Inlines the elementwise blocks that the fusion pass put next to our kernels, except KEEP_BLOCKS (layout changes,
+    per-row scalars and row stages that must stay stored), so that the hand schedules see the kernel they were written
+    for."""
     root = sch.get_sblock("root")
     for block in sch.get_child_blocks(root):
         if sch.get(block).name_hint in KEEP_BLOCKS:
@@ -126,5 +158,7 @@ __all__ = [
     "Converter",
     "Scheduler",
     "apply_schedules",
+    "error_line",
     "inline_neighbours",
+    "try_schedules",
 ]

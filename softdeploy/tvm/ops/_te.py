@@ -203,9 +203,11 @@ LANES = 16  # float32 lanes of an AVX-512 register
 
 
 def lane_split_ok(shape: Sequence[Any], axis: int) -> bool:
-    """The row is the contiguous last axis and a nonzero multiple of LANES long (the vector form)."""
+    """The row is the contiguous last axis and a multiple of LANES long, at least two vectors (the
+    vector form). One vector is not: its reduction loop has extent 1, which compute_at drops, and
+    schedule_rows (which indexes the loops it expects) raised on it (TwoPassSoftmax [3, 16])."""
     n = shape[axis]
-    return axis == len(shape) - 1 and isinstance(n, tirx.IntImm) and int(n) > 0 and int(n) % LANES == 0
+    return axis == len(shape) - 1 and isinstance(n, tirx.IntImm) and int(n) >= 2 * LANES and int(n) % LANES == 0
 
 
 # vectors per float32 block of a float64 lane_reduce (at most): the C++ kernels' kFold is 16
@@ -237,7 +239,9 @@ def lane_reduce(
     if not lane_split_ok(shape, axis):
         return row_reduce(shape, axis, lambda i: body(i).astype(dtype), reducer, name)
     rows, vectors = list(shape[:-1]), int(shape[-1]) // LANES
-    block = max(d for d in range(1, min(vectors, MAX_BLOCK_VECTORS) + 1) if vectors % d == 0)
+    # at least two blocks: a single one leaves a block loop of extent 1, which compute_at drops (as
+    # above; AdaptiveTemperatureSoftmax [3, 48] and [3, 256], SoftmaxTopK [3, 64] and [3, 512] raised)
+    block = max(d for d in range(1, min(vectors // 2, MAX_BLOCK_VECTORS) + 1) if vectors % d == 0)
     if dtype == "float64" and block > 1:
         kk = te.reduce_axis((0, block), name=f"{name}_kk")
         blocks = te.compute(

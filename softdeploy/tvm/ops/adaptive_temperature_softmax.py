@@ -47,6 +47,8 @@ STAGES = [
 
 
 def compute(x: te.Tensor, axis: int) -> te.Tensor:
+    """AdaptiveTemperatureSoftmax as a TE compute along ``axis``: row max, entropy of softmax(x), beta(H), then
+    softmax(beta x), in float32."""
     shape = list(x.shape)
     xf = as_f32(x)
 
@@ -89,10 +91,12 @@ def compute(x: te.Tensor, axis: int) -> te.Tensor:
 
 
 def schedule(sch: Any) -> bool:
+    """The hand schedule of the compute's row stages; False when ``sch`` is not this kernel."""
     return schedule_rows(sch, "adaptive_softmax", STAGES)
 
 
 def convert(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
+    """Relax converter: checks the contract on the node's static shapes and emits the TE compute as one PrimFunc."""
     x = inputs[0]
     axis = op.validate(shape_proxy(x), int(attrs["axis"]))
     return bb.emit_te(compute, x, axis, primfunc_name_hint="adaptive_temperature_softmax")

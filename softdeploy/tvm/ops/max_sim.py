@@ -90,6 +90,8 @@ def _zeros(b: Any, n: Any) -> te.Tensor:
 
 
 def max_sim(q: Any, d: Any, q_mask: Any, d_mask: Any, q_scale: Any, d_scale: Any) -> te.Tensor:
+    """MaxSim as a TE compute: similarities (scaled for int8), max over valid document tokens, sum over valid query
+    tokens; zeros for empty token axes."""
     b, lq, _ = q.shape
     n, ld, _ = d.shape
     if int(lq) == 0 or int(ld) == 0:
@@ -111,6 +113,8 @@ def max_sim(q: Any, d: Any, q_mask: Any, d_mask: Any, q_scale: Any, d_scale: Any
 
 
 def signed_max_sim(q: Any, q_sign: Any, d: Any, d_sign: Any, q_mask: Any, d_mask: Any) -> te.Tensor:
+    """SignedMaxSim as a TE compute: per query token the best document token by similarity (ties to the lowest j),
+    signed and summed over valid query tokens."""
     b, lq, _ = q.shape
     n, ld, _ = d.shape
     if int(lq) == 0 or int(ld) == 0:
@@ -177,6 +181,12 @@ def schedule(sch: Any) -> bool:
         best_j = sch.get_sblock("best_j")
     except Exception:  # MaxSim (SignedMaxSim has it)
         best_j = None
+    extents = {str(iv.var): iv.dom.extent for iv in sch.get(blocks["sim"]).iter_vars}
+    sizes = [int(e) if isinstance(e, tirx.IntImm) else 2 for e in extents.values()]  # (B, N, Ld, Lq[, dim])
+    if 0 in sizes[:2] or 1 in sizes[2:]:
+        # Nothing to compute (B or N = 0), or token/dim loops of extent 1, which compute_at drops
+        # below: the loop indexing here raised on them (tile_lq1_ld1_dim1). dlight takes these.
+        return False
     score = blocks["score"]
     loops = sch.get_loops(score)
     if len(loops) != 3:
@@ -216,12 +226,15 @@ def schedule(sch: Any) -> bool:
 
 
 def convert_max_sim(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
+    """Relax converter for MaxSim: checks the contract on the static shapes (omitted inputs as None) and emits one
+    PrimFunc."""
     args = (list(inputs) + [None] * 6)[:6]
     max_sim_op.validate(*(shape_proxy(a) for a in args))
     return bb.emit_te(max_sim, *args, primfunc_name_hint="max_sim")
 
 
 def convert_signed_max_sim(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
+    """Relax converter for SignedMaxSim: checks the shape rules (no values at compile time) and emits one PrimFunc."""
     args = (list(inputs) + [None] * 6)[:6]
     signed_op.validate(*(shape_proxy(a) for a in args), values=False)
     return bb.emit_te(signed_max_sim, *args, primfunc_name_hint="signed_max_sim")

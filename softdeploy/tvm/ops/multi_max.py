@@ -40,6 +40,8 @@ def _limits(rf: Any, tf: Any, c: Any) -> Any:
 
 
 def compute(x: te.Tensor, ranges: te.Tensor, ts: te.Tensor, mask: te.Tensor | None, axis: int) -> te.Tensor:
+    """MultiMax as a TE compute: softmax(sigma(x) + mask) along ``axis``, sigma's limits and NaN poison computed once
+    per call in their own block."""
     shape = list(x.shape)
     xf, rf, tf = as_f32(x), as_f32(ranges), as_f32(ts)
     mf = None if mask is None else as_f32(mask)
@@ -67,6 +69,7 @@ def compute(x: te.Tensor, ranges: te.Tensor, ts: te.Tensor, mask: te.Tensor | No
 
 
 def convert(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
+    """Relax converter for MultiMax (optional mask): checks the contract on the static shapes and emits one PrimFunc."""
     x, ranges, ts = inputs[:3]
     mask = inputs[3] if len(inputs) > 3 else None
     axis = op.validate(shape_proxy(x), shape_proxy(ranges), shape_proxy(ts), shape_proxy(mask), int(attrs["axis"]))

@@ -392,6 +392,9 @@ def select_top_k(shape: list[int], k: int, dtype: str) -> Any:
 
 
 def convert(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
+    """Relax converter for SoftmaxTopK: the indices from the block-maxima and heap-selection kernels along the
+    contiguous last axis (TVM's TopK on an int32 rank key along another axis), then the sums and the values and
+    LogSumExp kernels."""
     x = inputs[0]
     k, temperature = int(attrs["k"]), float(attrs["temperature"])
     axis = op.validate(shape_proxy(x), k, int(attrs["axis"]), temperature)

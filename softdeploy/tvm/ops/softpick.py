@@ -81,6 +81,8 @@ def _term(w: Any, unit: Any) -> Any:
 
 
 def compute(x: te.Tensor, axis: int, eps: float) -> te.Tensor:
+    """Softpick as a TE compute along ``axis``: finite max, the rectified terms and their absolute sum, then the
+    quotient, in float32."""
     shape = list(x.shape)
     xf = as_f32(x)
 
@@ -121,10 +123,12 @@ def compute(x: te.Tensor, axis: int, eps: float) -> te.Tensor:
 
 
 def schedule(sch: Any) -> bool:
+    """The hand schedule of Softpick's row stages; False when ``sch`` is not this kernel."""
     return schedule_rows(sch, "softpick", STAGES)
 
 
 def convert(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
+    """Relax converter for Softpick: checks axis and eps and emits one PrimFunc."""
     x = inputs[0]
     eps = float(attrs["eps"])
     axis = op.validate(shape_proxy(x), int(attrs["axis"]), eps)

@@ -58,6 +58,7 @@ def softmax_of(shape: list[Any], axis: int, z: Any, out_dtype: str, exp: Any = e
 
 
 def compute(x: te.Tensor, axis: int) -> te.Tensor:
+    """TwoPassSoftmax as a TE compute: softmax along ``axis`` in float32, returned in the input's type."""
     return softmax_of(list(x.shape), axis, as_f32(x), x.dtype)
 
 
@@ -68,6 +69,7 @@ def schedule(sch: Any) -> bool:
 
 
 def convert(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
+    """Relax converter for TwoPassSoftmax: checks the rank and axis and emits one PrimFunc."""
     x = inputs[0]
     rank = len(x.ty.shape)
     if rank == 0:

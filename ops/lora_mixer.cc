@@ -373,6 +373,57 @@ inline bool Route(const float* l, int64_t e, int64_t k, int32_t* sel, float* gat
   return true;
 }
 
+// ---- finiteness of the weights ----------------------------------------------------------------------
+
+inline bool AllFinitePortable(const float* p, int64_t n) {
+  uint32_t bad = 0;  // exponent all ones: NaN or +-inf (a loop gcc vectorises)
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t b;
+    std::memcpy(&b, p + i, 4);
+    bad |= static_cast<uint32_t>((b & 0x7f800000u) == 0x7f800000u);
+  }
+  return bad == 0;
+}
+
+SD_TARGET_AVX512 bool AllFiniteAvx512(const float* p, int64_t n) {
+  __mmask16 bad = 0;
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) bad |= _mm512_fpclass_ps_mask(_mm512_loadu_ps(p + i), 0x99);  // NaN, +-inf
+  if (i < n) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
+    bad |= _mm512_mask_fpclass_ps_mask(m, _mm512_maskz_loadu_ps(m, p + i), 0x99);
+  }
+  return bad == 0;
+}
+
+SD_TARGET_AVX2 bool AllFiniteAvx2(const float* p, int64_t n) {
+  const __m256 inf = _mm256_set1_ps(INFINITY), sign = _mm256_set1_ps(-0.0f);
+  __m256 bad = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {  // not (|x| < inf): NaN and +-inf
+    bad = _mm256_or_ps(bad, _mm256_cmp_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(p + i)), inf, _CMP_NLT_UQ));
+  }
+  return _mm256_movemask_ps(bad) == 0 && AllFinitePortable(p + i, n - i);
+}
+
+// Fails naming the first non-finite entry of a weight input (the error path: a plain scan).
+inline void RequireFinite(Isa isa, const char* name, const float* p, const std::vector<int64_t>& shape) {
+  const int64_t n = NumElements(shape);
+  const bool ok = isa == Isa::kAvx512 ? AllFiniteAvx512(p, n)
+                  : isa == Isa::kAvx2 ? AllFiniteAvx2(p, n)
+                                      : AllFinitePortable(p, n);
+  if (ok) return;
+  int64_t at = 0;
+  while (at < n && std::isfinite(p[at])) ++at;
+  std::vector<int64_t> index(shape.size());
+  for (int64_t d = static_cast<int64_t>(shape.size()) - 1, rest = at; d >= 0; --d) {
+    index[d] = rest % shape[d];
+    rest /= shape[d];
+  }
+  Fail(kOp, name, " holds a non-finite value (NaN or +-inf) at ", ShapeStr(index),
+       " (rule: the experts' factors A, Bm and the Router are finite)");
+}
+
 struct LoRAMixerKernel {
   static constexpr const char* kName = kOp;
   static constexpr Port kInputs[] = {{Elem::kT}, {Elem::kT}, {Elem::kT}, {Elem::kT}};
@@ -417,6 +468,10 @@ struct LoRAMixerKernel {
       Fail(kOp, "Router has in = ", router.shape[1], " features, A has in = ", n_in, " (", in_rule, ")");
     }
     if (top_k < 1 || top_k > e) Fail(kOp, "top_k ", top_k, " is out of range for E = ", e, " experts (rule: 1 <= top_k <= E)");
+    if (!std::isfinite(scaling)) {
+      Fail(kOp, "scaling ", std::isnan(scaling) ? "nan" : (scaling > 0 ? "inf" : "-inf"),
+           " is not finite (rule: scaling is a finite number)");
+    }
 
     const int64_t k = top_k;
     std::vector<int64_t> d_shape(x.shape.begin(), x.shape.end() - 1), k_shape = d_shape;
@@ -435,13 +490,16 @@ struct LoRAMixerKernel {
       if (static_cast<OrtValue*>(v) != nullptr) gates_out = v.GetTensorMutableData<T>();
     }
     const int64_t n_tok = NumElements(std::vector<int64_t>(x.shape.begin(), x.shape.end() - 1));
-    if (n_tok == 0) return;
-
     std::vector<float> xb, ab, bb, rb;
     const float* xf = AsFloat(x, xb);
     const float* af = AsFloat(a, ab);
     const float* bf = AsFloat(bm, bb);
     const float* rf = AsFloat(router, rb);
+    // Every expert, selected or not (see the op's docstring: a NaN must not depend on the routing).
+    RequireFinite(isa, "A", af, a.shape);
+    RequireFinite(isa, "Bm", bf, bm.shape);
+    RequireFinite(isa, "Router", rf, router.shape);
+    if (n_tok == 0) return;
 
     DotTileFn dot = DotTilePortable;
     AxpyFn axpy = AxpyPortable;

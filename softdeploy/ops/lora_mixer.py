@@ -15,7 +15,7 @@ A routed LoRA-Mixer projection is ``MatMul(X, W^T) + bias + Delta``: the base Ma
 op (so onnxruntime's int8 MatMuls quantize it) and the experts stay float in this op. The kernel
 (ops/lora_mixer.cc, same equation in its header comment) groups the tokens of a call by selected
 expert (SGMV-style) and computes ``A_e . x`` and ``Bm_e . u`` for those tokens only: the unselected
-experts are never read.
+experts are never computed (only the finiteness check below reads them).
 
 Rules (OPS.md, "LoRAMixer"):
 
@@ -28,10 +28,11 @@ Rules (OPS.md, "LoRAMixer"):
 * Per-token special values: a token whose logits are not all finite (X holds NaN or +-inf, or a
   logit overflows) gets ``Delta`` all NaN and ``Gates`` all NaN, ``Experts`` = 0, 1, ..., top_k-1;
   the other tokens are not affected.
-* A, Bm and Router are trained parameters and must be finite: the kernel never reads an unselected
-  expert, so a NaN there cannot reach the output, while the dense function body and torch op
-  multiply it by a gate of 0 (NaN). This precondition is not checked (a check would read all E
-  experts, which the kernel is built to avoid).
+* ``scaling`` must be finite, and so must A, Bm and Router (trained parameters): a non-finite entry is
+  an error naming the input and the entry's index. The kernel checks all E experts (one vectorised
+  pass, ~2% of a call at the benchmark shape) although it computes only the selected ones: without the
+  check, a NaN in an unselected expert would vanish in the kernel but reach every token through the
+  dense function body (0 * NaN).
 * An empty batch (X of shape [0, in], or any zero leading dimension) gives empty outputs.
 
 Numerics (tolerances in DEF.tolerance, derived from the conditioning): the kernels compute in float32
@@ -46,6 +47,7 @@ factors (cancellation) are tested with an elementwise bound in tests/ops/test_lo
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -65,8 +67,11 @@ def _shape(s: Any) -> str:
     return "[" + ", ".join(str(int(d)) for d in s) + "]"
 
 
-def validate(x_shape: Any, a_shape: Any, b_shape: Any, r_shape: Any, top_k: int) -> tuple[int, int, int, int]:
-    """Checks the contract on the shapes; returns (E, r, in, out). Messages match ops/lora_mixer.cc."""
+def validate(
+    x_shape: Any, a_shape: Any, b_shape: Any, r_shape: Any, top_k: int, scaling: float = 1.0
+) -> tuple[int, int, int, int]:
+    """Checks the contract on the shapes and attributes; returns (E, r, in, out). Messages match
+    ops/lora_mixer.cc."""
     x_shape, a_shape, b_shape, r_shape = (tuple(int(d) for d in s) for s in (x_shape, a_shape, b_shape, r_shape))
     if len(x_shape) == 0:
         raise OpContractError(f"{NAME}: X must have rank >= 1 ([..., in]), got a scalar")
@@ -93,13 +98,28 @@ def validate(x_shape: Any, a_shape: Any, b_shape: Any, r_shape: Any, top_k: int)
         raise OpContractError(f"{NAME}: Router has in = {r_shape[1]} features, A has in = {n_in} ({in_rule})")
     if not 1 <= top_k <= e:
         raise OpContractError(f"{NAME}: top_k {top_k} is out of range for E = {e} experts (rule: 1 <= top_k <= E)")
+    if not math.isfinite(scaling):
+        raise OpContractError(f"{NAME}: scaling {scaling:g} is not finite (rule: scaling is a finite number)")
     return e, r, n_in, b_shape[1]
+
+
+WEIGHT_RULE = "rule: the experts' factors A, Bm and the Router are finite"
+
+
+def check_finite(name: str, values: Any) -> None:
+    """Raises OpContractError naming the first non-finite entry of a weight input (the kernel's message)."""
+    v = np.asarray(values)
+    if v.size and not np.isfinite(v).all():
+        where = ", ".join(str(int(i)) for i in np.argwhere(~np.isfinite(v))[0])
+        raise OpContractError(f"{NAME}: {name} holds a non-finite value (NaN or +-inf) at [{where}] ({WEIGHT_RULE})")
 
 
 def reference(
     x: np.ndarray, a: np.ndarray, bm: np.ndarray, router: np.ndarray, *, top_k: int = 1, scaling: float = 1.0
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    _, _, n_in, n_out = validate(np.shape(x), np.shape(a), np.shape(bm), np.shape(router), top_k)
+    _, _, n_in, n_out = validate(np.shape(x), np.shape(a), np.shape(bm), np.shape(router), top_k, scaling)
+    for name, w in (("A", a), ("Bm", bm), ("Router", router)):
+        check_finite(name, w)
     lead = np.shape(x)[:-1]
     x2 = np.asarray(x).astype(np.float64).reshape(-1, n_in)
     a64, b64, r64 = (np.asarray(t).astype(np.float64) for t in (a, bm, router))
@@ -180,7 +200,10 @@ def torch_impl(x: Any, a: Any, bm: Any, router: Any, top_k: int = 1, scaling: fl
     router)."""
     import torch
 
-    e, r, n_in, n_out = validate(x.shape, a.shape, bm.shape, router.shape, top_k)
+    e, r, n_in, n_out = validate(x.shape, a.shape, bm.shape, router.shape, top_k, scaling)
+    for name, w in (("A", a), ("Bm", bm), ("Router", router)):
+        if w.numel() and not bool(torch.isfinite(w).all()):
+            check_finite(name, w.detach().float().numpy())
     lead = tuple(x.shape[:-1])
     x2 = x.float().reshape(-1, n_in)
     logits = x2 @ router.float().t()
@@ -206,7 +229,7 @@ def torch_impl(x: Any, a: Any, bm: Any, router: Any, top_k: int = 1, scaling: fl
 def torch_fake(x: Any, a: Any, bm: Any, router: Any, top_k: int = 1, scaling: float = 1.0) -> Any:
     import torch
 
-    _, _, _, n_out = validate(x.shape, a.shape, bm.shape, router.shape, top_k)
+    _, _, _, n_out = validate(x.shape, a.shape, bm.shape, router.shape, top_k, scaling)
     lead = list(x.shape[:-1])
     return (
         x.new_empty([*lead, n_out]),
@@ -323,6 +346,19 @@ def errors() -> Iterator[ErrorCase]:
     yield ErrorCase("router_E_mismatch", (x, a, bm, router[:2]), {}, "Router has E = 2 experts, A has E = 4 (rule:")
     yield ErrorCase("r_mismatch", (x, a, bm[:, :, :1], router), {}, "Bm has r = 1, A has r = 2 (rule:")
     yield ErrorCase("x_in_mismatch", (x[:, :5], a, bm, router), {}, "X has in = 5 features, A has in = 6 (rule:")
+    yield ErrorCase("scaling_inf", ok, {"scaling": float("inf")}, "scaling inf is not finite (rule: scaling is a")
+    yield ErrorCase("scaling_nan", ok, {"scaling": float("nan")}, "scaling nan is not finite")
+    a_nan = a.copy()
+    a_nan[2, 1, 4] = np.nan
+    yield ErrorCase(
+        "a_nan", (x, a_nan, bm, router), {}, "A holds a non-finite value (NaN or +-inf) at [2, 1, 4] (rule:"
+    )
+    bm_inf = bm.copy()
+    bm_inf[3, 0, 1] = -np.inf
+    yield ErrorCase("bm_inf", (x, a, bm_inf, router), {}, "Bm holds a non-finite value (NaN or +-inf) at [3, 0, 1]")
+    r_inf = router.copy()
+    r_inf[0, 5] = np.inf
+    yield ErrorCase("router_inf", (x, a, bm, r_inf), {}, "Router holds a non-finite value (NaN or +-inf) at [0, 5]")
     yield ErrorCase("router_in_mismatch", (x, a, bm, router[:, :4]), {}, "Router has in = 4 features, A has in = 6")
 
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from softdeploy import conformance
+from softdeploy import OpContractError, conformance
 from softdeploy.ops import REGISTRY, Sample
 from softdeploy.ops.lora_mixer import make_case
 from softdeploy.runtime import Session
@@ -77,21 +77,37 @@ def test_signed_factors_within_the_conditioning_bound(isa, n_in, n_out, e, r, to
     np.testing.assert_allclose(gates, want[2], rtol=2 * U * n_in * 8, atol=0)
 
 
-def test_unselected_experts_are_never_read():
-    """NaN in the factors of an expert that no token selects cannot reach the kernel's output: the
-    kernel never reads it (the dense function body would multiply it by a gate of 0, giving NaN)."""
+def test_unselected_experts_are_never_computed():
+    """Factors of an expert that no token selects, finite but so large that any product with them
+    overflows float32, cannot reach the kernel's output: it never computes with them. The dense
+    function body, which does (times a gate of 0), gets inf * 0 = NaN there."""
     rng = np.random.default_rng(4)
     x, a, bm, router = make_case(rng, (40,), 64, 32, 6, 8)
     router[3] = -np.abs(router[3]) - 10.0  # expert 3: logit far below the others (x >= 0)
-    a_nan, bm_nan = a.copy(), bm.copy()
-    a_nan[3] = np.nan
-    bm_nan[3] = np.inf
+    a_big, bm_big = a.copy(), bm.copy()
+    a_big[3] = 3e38
+    bm_big[3] = -3e38
+    big = Sample("huge_expert", (x, a_big, bm_big, router), {"top_k": 2})
+    clean = Sample("clean", (x, a, bm, router), {"top_k": 2})
     for isa in ISAS:
-        got = kernel(Sample("nan_expert", (x, a_nan, bm_nan, router), {"top_k": 2}), isa)
+        got = kernel(big, isa)
         assert not np.isin(3, got[1])
-        want = kernel(Sample("clean", (x, a, bm, router), {"top_k": 2}), isa)
-        for g, w in zip(got, want, strict=True):
+        for g, w in zip(got, kernel(clean, isa), strict=True):
             np.testing.assert_array_equal(g, w, err_msg=isa)
+    body = conformance.run(OP, big, "function")[0]
+    assert np.isnan(body).all()  # what computing the unselected expert does
+
+
+def test_non_finite_weights_are_refused_even_when_unselected():
+    rng = np.random.default_rng(4)
+    x, a, bm, router = make_case(rng, (8,), 16, 8, 4, 2)
+    router[3] = -np.abs(router[3]) - 10.0  # expert 3 is never selected
+    a[3, 1, 2] = np.nan
+    for isa in ISAS:
+        with pytest.raises(
+            OpContractError, match=r"LoRAMixer: A holds a non-finite value \(NaN or \+-inf\) at \[3, 1, 2\]"
+        ):
+            kernel(Sample("nan", (x, a, bm, router), {"top_k": 1}), isa)
 
 
 def test_omitted_optional_outputs():

@@ -58,12 +58,13 @@ def try_schedules(func: Any) -> tuple[Any | None, str | None, dict[str, str]]:
     errors: dict[str, str] = {}
     if is_scheduled(func):  # written scheduled already (SoftmaxTopK's block maxima and selection)
         return None, None, errors
+    try:
+        Schedule(func).get_sblock("root")
+    except Exception:  # no "root" block: a PrimFunc not built of blocks (TOPI's TopK, ScatterElements), not ours
+        return None, None, errors
     for name, rule in SCHEDULES.items():
         sch = Schedule(func)
-        try:
-            inline_neighbours(sch)
-        except Exception:  # no "root" block: a PrimFunc not built of blocks (e.g. TOPI's TopK, scatter)
-            return None
+        inline_neighbours(sch)
         try:
             if rule(sch):
                 return sch.mod["main"], name, errors

@@ -1,5 +1,5 @@
 // LoRAMixer: the routed low-rank delta of a LoRA-Mixer projection (equation and rules:
-// softdeploy/ops/lora_mixer.py and OPS.md "LoRAMixer").
+// softdeploy/ops/lora_mixer.py, rendered in docs/ops/LoRAMixer.md).
 //
 //   per token x:  l = Router . x;  S = top_k by l (ties -> lower index);
 //                 w_e = exp(l_e - max l) / sum_{S} exp(l_e' - max l);

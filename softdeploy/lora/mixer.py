@@ -1,6 +1,6 @@
 """LoRA-Mixer projections: a frozen ``nn.Linear`` plus E routed low-rank experts (arXiv 2507.00029).
 
-    y = x W^T + b + Delta,   Delta = LoRAMixer(x, A, Bm, Router; top_k, scaling)   (OPS.md "LoRAMixer")
+    y = x W^T + b + Delta,   Delta = LoRAMixer(x, A, Bm, Router; top_k, scaling)   (docs/ops/LoRAMixer.md)
 
 Forward calls the registry's torch op ``softdeploy::lora_mixer``, so :func:`softdeploy.export` turns
 each projection into ``MatMul + Add`` (the base Linear) plus one ``LoRAMixer`` node: the routed

@@ -17,7 +17,7 @@ op (so onnxruntime's int8 MatMuls quantize it) and the experts stay float in thi
 expert (SGMV-style) and computes ``A_e . x`` and ``Bm_e . u`` for those tokens only: the unselected
 experts are never computed (only the finiteness check below reads them).
 
-Rules (OPS.md, "LoRAMixer"):
+Rules (the contract; docs/ops/LoRAMixer.md renders it):
 
 * ``1 <= top_k <= E``; A, Bm and Router must agree on E, A and Bm on r, X, A and Router on in (an
   error names the op, the value and the rule). ``out`` is given by Bm alone; the export pass checks

@@ -129,19 +129,22 @@ SD_TARGET_AVX2 inline __m256 Reduce8(__m256 v[8]) {
                        _mm256_castpd_ps(_mm256_unpackhi_pd(_mm256_castps_pd(y[0]), _mm256_castps_pd(y[1]))));
 }
 
-#define SD_LM_STEP256(LOAD)                                                           \
-  do {                                                                                \
-    const __m256 xa = LOAD(x);                                                        \
-    a0 = _mm256_fmadd_ps(LOAD(r0), xa, a0); a1 = _mm256_fmadd_ps(LOAD(r1), xa, a1);   \
-    a2 = _mm256_fmadd_ps(LOAD(r2), xa, a2); a3 = _mm256_fmadd_ps(LOAD(r3), xa, a3);   \
-    a4 = _mm256_fmadd_ps(LOAD(r4), xa, a4); a5 = _mm256_fmadd_ps(LOAD(r5), xa, a5);   \
-    a6 = _mm256_fmadd_ps(LOAD(r6), xa, a6); a7 = _mm256_fmadd_ps(LOAD(r7), xa, a7);   \
+// Two tokens x 4 rows per pass (8 accumulators, 6 loads per 8 fmas: the fma units, not the loads,
+// bound the loop), two passes for the 8 rows of a tile.
+#define SD_LM_STEP256(LOAD)                                                                       \
+  do {                                                                                            \
+    const __m256 xa = LOAD(x0), xb = LOAD(x1);                                                    \
+    __m256 w;                                                                                     \
+    w = LOAD(q0); __asm__("" : "+x"(w)); a0 = _mm256_fmadd_ps(w, xa, a0); b0 = _mm256_fmadd_ps(w, xb, b0);               \
+    w = LOAD(q1); __asm__("" : "+x"(w)); a1 = _mm256_fmadd_ps(w, xa, a1); b1 = _mm256_fmadd_ps(w, xb, b1);               \
+    w = LOAD(q2); __asm__("" : "+x"(w)); a2 = _mm256_fmadd_ps(w, xa, a2); b2 = _mm256_fmadd_ps(w, xb, b2);               \
+    w = LOAD(q3); __asm__("" : "+x"(w)); a3 = _mm256_fmadd_ps(w, xa, a3); b3 = _mm256_fmadd_ps(w, xb, b3);               \
   } while (0)
 
-SD_TARGET_AVX2 void DotRowAvx2(const float* x, const float* const* rows, int64_t n, float* out) {
-  const float *r0 = rows[0], *r1 = rows[1], *r2 = rows[2], *r3 = rows[3];
-  const float *r4 = rows[4], *r5 = rows[5], *r6 = rows[6], *r7 = rows[7];
-  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+SD_TARGET_AVX2 void DotQuadAvx2(const float* x0, const float* x1, const float* const* rows, int64_t n, float* out0,
+                                float* out1) {
+  const float *q0 = rows[0], *q1 = rows[1], *q2 = rows[2], *q3 = rows[3];
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
   int64_t i = 0;
 #define SD_LM_FULL(p) _mm256_loadu_ps((p) + i)
   for (; i + 8 <= n; i += 8) SD_LM_STEP256(SD_LM_FULL);
@@ -154,17 +157,20 @@ SD_TARGET_AVX2 void DotRowAvx2(const float* x, const float* const* rows, int64_t
     SD_LM_STEP256(SD_LM_TAIL);
 #undef SD_LM_TAIL
   }
-  __m256 acc[8] = {a0, a1, a2, a3, a4, a5, a6, a7};
+  __m256 acc[8] = {a0, a1, a2, a3, b0, b1, b2, b3};
   alignas(32) float s[8];
-  _mm256_store_ps(s, Reduce8(acc));
-  for (int k = 0; k < 8; ++k) out[k] = s[4 * (k % 2) + k / 2];
+  _mm256_store_ps(s, Reduce8(acc));  // lane 4q + l holds the sum of acc[2l + q]
+  for (int k = 0; k < 4; ++k) {
+    out0[k] = s[4 * (k % 2) + k / 2];
+    out1[k] = s[4 * ((k + 4) % 2) + (k + 4) / 2];
+  }
 }
 #undef SD_LM_STEP256
 
 SD_TARGET_AVX2 void DotTileAvx2(const float* x0, const float* x1, const float* const* rows, int64_t n, float* out0,
                                 float* out1) {
-  DotRowAvx2(x0, rows, n, out0);
-  DotRowAvx2(x1, rows, n, out1);
+  DotQuadAvx2(x0, x1, rows, n, out0, out1);
+  DotQuadAvx2(x0, x1, rows + 4, n, out0 + 4, out1 + 4);
 }
 
 using DotTileFn = void (*)(const float*, const float*, const float* const*, int64_t, float*, float*);

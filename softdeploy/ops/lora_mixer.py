@@ -121,7 +121,7 @@ def reference(
     for name, w in (("A", a), ("Bm", bm), ("Router", router)):
         check_finite(name, w)
     lead = np.shape(x)[:-1]
-    x2 = np.asarray(x).astype(np.float64).reshape(-1, n_in)
+    x2 = np.asarray(x).astype(np.float64).reshape(math.prod(lead), n_in)  # not -1: in may be 0
     a64, b64, r64 = (np.asarray(t).astype(np.float64) for t in (a, bm, router))
     s = np.float64(np.float32(scaling))  # ONNX FLOAT attributes are float32
     with np.errstate(invalid="ignore", over="ignore"):
@@ -180,10 +180,10 @@ def LoRAMixer(X, A, Bm, Router, top_k: int = 1, scaling: float = 1.0):
     ex = op.Exp(op.Sub(top, op.ReduceMax(top, axis1, keepdims=1)))
     gates = op.Div(ex, op.ReduceSum(ex, axis1, keepdims=1))  # [N, top_k]
     dense = op.ScatterElements(op.Mul(safe, zero), idx, gates, axis=1)  # [N, E], 0 where unselected
-    a_all = op.Transpose(op.Reshape(af, op.Concat(e_r, in_dim, axis=0)), perm=[1, 0])  # [in, E*r]
+    a_all = op.Transpose(op.Reshape(af, op.Concat(e_r, in_dim, axis=0), allowzero=1), perm=[1, 0])  # [in, E*r]
     u = op.Reshape(op.MatMul(x2, a_all), op.Concat(n, e_dim, r_dim, axis=0), allowzero=1)  # [N, E, r]
     uw = op.Reshape(op.Mul(u, op.Unsqueeze(dense, op.Constant(value_ints=[2]))), op.Concat(n, e_r, axis=0), allowzero=1)
-    b_all = op.Reshape(op.Transpose(bf, perm=[0, 2, 1]), op.Concat(e_r, out_dim, axis=0))  # [E*r, out]
+    b_all = op.Reshape(op.Transpose(bf, perm=[0, 2, 1]), op.Concat(e_r, out_dim, axis=0), allowzero=1)  # [E*r, out]
     d = op.Mul(op.MatMul(uw, b_all), op.Constant(value_float=scaling))
     d = op.Where(bad, nan, d)
     Delta = op.CastLike(op.Reshape(d, op.Concat(lead, out_dim, axis=0), allowzero=1), X)
@@ -205,7 +205,7 @@ def torch_impl(x: Any, a: Any, bm: Any, router: Any, top_k: int = 1, scaling: fl
         if w.numel() and not bool(torch.isfinite(w).all()):
             check_finite(name, w.detach().float().numpy())
     lead = tuple(x.shape[:-1])
-    x2 = x.float().reshape(-1, n_in)
+    x2 = x.float().reshape(math.prod(lead), n_in)  # not -1: in may be 0
     logits = x2 @ router.float().t()
     ok = torch.isfinite(logits).all(dim=-1, keepdim=True)
     safe = torch.where(ok, logits, 0.0)
@@ -213,8 +213,8 @@ def torch_impl(x: Any, a: Any, bm: Any, router: Any, top_k: int = 1, scaling: fl
     order = torch.sort(safe, dim=-1, descending=True, stable=True).indices[:, :top_k]
     gates = torch.softmax(torch.gather(safe, 1, order), dim=-1)
     dense = torch.zeros_like(safe).scatter(1, order, gates)
-    u = (x2 @ a.float().reshape(e * r, n_in).t()).reshape(-1, e, r)
-    uw = (u * dense.unsqueeze(-1)).reshape(-1, e * r)
+    u = (x2 @ a.float().reshape(e * r, n_in).t()).reshape(x2.shape[0], e, r)
+    uw = (u * dense.unsqueeze(-1)).reshape(x2.shape[0], e * r)
     delta = (uw @ bm.float().transpose(1, 2).reshape(e * r, n_out)) * scaling
     delta = torch.where(ok, delta, float("nan"))
     gates = torch.where(ok, gates, float("nan"))
@@ -288,6 +288,8 @@ def samples(rng: np.random.Generator) -> Iterator[Sample]:
     yield Sample("r1", case((7,), 40, 20, 3, 1), {"top_k": 2}, kind="edge")
     yield Sample("empty_batch", case((0,), 32, 16, 4, 8), {"top_k": 2}, kind="edge")
     yield Sample("empty_middle_dim", case((3, 0), 32, 16, 4, 8), {"top_k": 1}, kind="edge")
+    yield Sample("in0_all_tied", case((3,), 0, 5, 3, 4), {"top_k": 2}, kind="edge")  # logits 0, Delta 0
+    yield Sample("r0", case((3,), 8, 5, 3, 0), {"top_k": 2}, kind="edge")  # Delta 0
     for n_in in (1, 7, 15, 16, 17, 33):
         yield Sample(f"in{n_in}", case((3,), n_in, 19, 3, 5), {"top_k": 2}, kind="edge")
     for n_out in (1, 15, 17, 33):

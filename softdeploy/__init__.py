@@ -16,6 +16,7 @@ from softdeploy.errors import (
     OverwriteError,
     RuntimeFailure,
     SoftdeployError,
+    SoftdeployWarning,
 )
 
 __version__ = "0.1.0"
@@ -45,6 +46,7 @@ __all__ = [
     "OverwriteError",
     "RuntimeFailure",
     "SoftdeployError",
+    "SoftdeployWarning",
     "__version__",
     "export",
 ]

@@ -24,31 +24,60 @@ from collections.abc import Sequence
 def _console() -> object:
     from rich.console import Console
 
-    return Console()
+    from softdeploy import terminal
+
+    return Console(file=terminal.stdout())  # the terminal, also while a library call's output is captured
 
 
 def cmd_ops(args: argparse.Namespace) -> int:
     """``softdeploy ops``: the registry's operators with inputs and typed attributes, and the kernel variant the library
     says it runs."""
-    from rich.table import Table
-
     from softdeploy import OPSET_VERSION
-    from softdeploy.ops import REGISTRY
     from softdeploy.runtime import library_status
 
     status = library_status()
     # What the library says runs (SOFTDEPLOY_ISA included), not a guess from the CPU's flags.
     variant = status.info.isa_summary() if status.info is not None else "none (library not found)"
-    table = Table(title=f"softdeploy ops (domain com.softdeploy, opset {OPSET_VERSION}) -- kernel variant: {variant}")
-    for col in ("op", "inputs", "outputs", "attributes", "types"):
-        table.add_column(col)
+    console = _console()
+    title = f"softdeploy ops (domain com.softdeploy, opset {OPSET_VERSION}) -- kernel variant: {variant}"
+    console.print(_ops_table(title, console.width))  # type: ignore[attr-defined]
+    return 0
+
+
+def _ops_table(title: str, width: int) -> object:
+    """The registry as a table that fits ``width`` columns without truncating anything: one column per
+    field where the longest word of each fits, else op | its fields one per line (80 columns). Op names
+    never wrap; other cells wrap between their items (", "-separated)."""
+    from rich.table import Table
+
+    from softdeploy.ops import REGISTRY
+
+    heads = ("op", "inputs", "outputs", "attributes", "types")
+    rows = []
     for d in REGISTRY.values():
         ins = ", ".join(p.name + ("?" if p.optional else "") for p in d.inputs)
         outs = ", ".join(p.name + ("?" if p.optional else "") for p in d.outputs)
-        attrs = ", ".join(f"{a.name}:{a.onnx_type}={'REQUIRED' if a.required else a.default!r}" for a in d.attrs)
-        table.add_row(d.name, ins, outs, attrs, "/".join(d.float_types))
-    _console().print(table)  # type: ignore[attr-defined]
-    return 0
+        attrs = ", ".join(
+            f"{a.name}:{a.onnx_type}" + (" (required)" if a.required else f"={a.default!r}") for a in d.attrs
+        )
+        rows.append((d.name, ins, outs, attrs, ", ".join(d.float_types)))
+    # each column at least as wide as its longest word (the op column: its longest name); per cell 3
+    # characters of border and padding, one more for the last border
+    longest = [max(len(r[0]) for r in rows)] + [max(len(w) for r in rows for w in r[i].split()) for i in range(1, 5)]
+    if sum(max(n, len(h)) for n, h in zip(longest, heads, strict=True)) + 3 * len(heads) + 1 <= width:
+        table = Table(title=title)
+        table.add_column("op", no_wrap=True)
+        for h in heads[1:]:
+            table.add_column(h, overflow="fold")
+        for r in rows:
+            table.add_row(*r)
+        return table
+    table = Table(title=title, show_lines=True)
+    table.add_column("op", no_wrap=True)
+    table.add_column("inputs / outputs / attributes / types", overflow="fold")
+    for name, *fields in rows:
+        table.add_row(name, "\n".join(f"{h}: {v or '-'}" for h, v in zip(heads[1:], fields, strict=True)))
+    return table
 
 
 def doctor_report() -> tuple[list[tuple[str, str]], list[str], list[str]]:
@@ -163,6 +192,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     from softdeploy.quant import BudgetResult, candidate_nodes
     from softdeploy.quant.quantize import load_named
     from softdeploy.quant.workflow import quantize_case, quantize_file, write_report
+    from softdeploy.terminal import captured
 
     console = _console()
     config = _quant_config(args)
@@ -200,7 +230,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         if args.metric:  # NAME or NAME=OUTPUT (NAME: a built-in, or pkg.mod:fn)
             name, _, out_name = args.metric.partition("=")
             metric = MetricSpec(name, output=out_name or None)
-        with RichProgress(console) as progress, progress.step("quantize") as advance:
+        with RichProgress(console) as progress, progress.step("quantize") as advance, captured("quantize"):
             result = quantize_file(
                 args.model,
                 output,
@@ -218,7 +248,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         fp32 = output.with_name(output.stem + ".fp32.onnx")  # quantize_case exports the case's model there
         _refuse_overwrite([output, output.with_suffix(".json"), fp32], args.overwrite)
         output.parent.mkdir(parents=True, exist_ok=True)
-        with RichProgress(console) as progress:
+        with RichProgress(console) as progress, captured("quantize"):
             _, result = quantize_case(
                 get_case(args.case),
                 output,
@@ -253,6 +283,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from softdeploy.compare.report import write_reports
     from softdeploy.errors import ArgumentError
     from softdeploy.models import DEFAULT_CASE
+    from softdeploy.terminal import captured
 
     console = _wide_console()
     variants = [v for v in args.variants.split(",") if v] if args.variants else None
@@ -262,7 +293,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         return _run_workflow(_compare_workflow(args), console, variants=variants, quick=args.quick)
     case = _load_case(args.case or DEFAULT_CASE, quick=args.quick)
     out = Path(args.out) / case.name
-    with RichProgress(console) as progress:
+    with RichProgress(console) as progress, captured("compare"):
         result = run_compare(
             case,
             out,
@@ -282,9 +313,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def _wide_console() -> object:
     from rich.console import Console
 
-    console = Console()
+    from softdeploy import terminal
+
+    console = Console(file=terminal.stdout())
     if not console.is_terminal:  # a log file: don't squeeze the wide table into 80 columns
-        console = Console(width=240)
+        console = Console(file=terminal.stdout(), width=240)
     return console
 
 
@@ -353,11 +386,12 @@ def _run_workflow(workflow: object, console: object, *, variants: list[str] | No
     import dataclasses
 
     from softdeploy.compare.progress import RichProgress
+    from softdeploy.terminal import captured
     from softdeploy.workflow.run import run_workflow
 
     if variants:
         workflow = dataclasses.replace(workflow, variants=tuple(variants))  # type: ignore[type-var]
-    with RichProgress(console) as progress:
+    with RichProgress(console) as progress, captured("run"):
         result = run_workflow(workflow, progress, quick=quick)  # type: ignore[arg-type]
     if result.budget is not None:
         for line in result.budget.explain():
@@ -393,21 +427,23 @@ def cmd_export(args: argparse.Namespace) -> int:
     """``softdeploy export FACTORY OUT``: exports the factory's module and validates it against torch."""
     from softdeploy.export.api import export
     from softdeploy.export.factory import load_factory
+    from softdeploy.terminal import captured
 
     _refuse_overwrite([args.out], args.overwrite)
     spec = load_factory(args.factory)
     tolerance = tuple(float(v) for v in args.tolerance.split(",")) if args.tolerance else None
-    result = export(
-        spec.module,
-        spec.example_inputs,
-        args.out,
-        dynamic_shapes=spec.dynamic_shapes,
-        opset=args.opset,
-        validate=not args.no_validate,
-        tolerance=tolerance,  # type: ignore[arg-type]
-        strict=not args.keep_failed,
-        overwrite=args.overwrite,
-    )
+    with captured("export"):
+        result = export(
+            spec.module,
+            spec.example_inputs,
+            args.out,
+            dynamic_shapes=spec.dynamic_shapes,
+            opset=args.opset,
+            validate=not args.no_validate,
+            tolerance=tolerance,  # type: ignore[arg-type]
+            strict=not args.keep_failed,
+            overwrite=args.overwrite,
+        )
     print(f"wrote {args.out}: com.softdeploy ops {result.custom_ops or 'none'}")
     if result.validation is not None:
         print(result.validation.to_markdown())
@@ -422,20 +458,22 @@ def cmd_optimize(args: argparse.Namespace) -> int:
 
     from softdeploy.export.rewrites import DEFAULT_RULES, optimize
     from softdeploy.files import load_model, load_npz
+    from softdeploy.terminal import captured
 
     _refuse_overwrite([args.out], args.overwrite, sources=[args.input])
     dims = dict(_dim(d) for d in args.dim)
     model = load_model(args.input)
     feeds = load_npz(args.feeds, "--feeds") if args.feeds else None
-    result = optimize(
-        model,
-        rules=args.rules.split(",") if args.rules else list(DEFAULT_RULES),
-        nms_to_softnms=args.nms_to_softnms,
-        two_pass_min_row=args.two_pass_min_row,
-        verify=not args.no_verify,
-        feeds=feeds,
-        dims=dims,
-    )
+    with captured("optimize"):
+        result = optimize(
+            model,
+            rules=args.rules.split(",") if args.rules else list(DEFAULT_RULES),
+            nms_to_softnms=args.nms_to_softnms,
+            two_pass_min_row=args.two_pass_min_row,
+            verify=not args.no_verify,
+            feeds=feeds,
+            dims=dims,
+        )
     onnx.save(result.model, args.out)
     print(result.to_text())
     print(f"wrote {args.out}")
@@ -506,6 +544,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     check_importable(model)  # every op TVM cannot take, all at once, before any work
 
     from softdeploy.runtime.tvm import TVMSession
+    from softdeploy.terminal import captured
     from softdeploy.tvm.frontend import import_model, prepare
     from softdeploy.tvm.target import host_target
     from softdeploy.tvm.tuning import RPCSpec, tune
@@ -516,10 +555,12 @@ def cmd_compile(args: argparse.Namespace) -> int:
     if args.tune_trials:
         folder = args.records or "tvm-records"
         records = [folder]
-        report = tune(import_model(prepare(model, shapes)), folder, trials=args.tune_trials, target=target, rpc=rpc)
+        with _TuningProgress(folder, args.tune_trials), captured("tune"):
+            report = tune(import_model(prepare(model, shapes)), folder, trials=args.tune_trials, target=target, rpc=rpc)
         print(report.summary())
-    sess = TVMSession(model, shapes=shapes, tuned=not args.untuned, databases=records, target=target, rpc=rpc)
-    sess.save(out)
+    with captured("build"):
+        sess = TVMSession(model, shapes=shapes, tuned=not args.untuned, databases=records, target=target, rpc=rpc)
+        sess.save(out)
     print(sess.report.summary())
     if sess.tir_ops or sess.inlined_ops:
         print(f"softdeploy ops as TIR kernels: {list(sess.tir_ops)}; from function bodies: {list(sess.inlined_ops)}")
@@ -533,7 +574,138 @@ def cmd_compile(args: argparse.Namespace) -> int:
         }
         secs = sorted(sess.benchmark(feeds))
         print(f"latency on the RPC device {rpc.key}: median {secs[len(secs) // 2] * 1e3:.3f} ms")
+    else:
+        note = _tvm_vs_onnxruntime(model, sess)
+        if note:
+            print(note)
     return 0
+
+
+# A model this small per call is dominated by per-call overhead, which onnxruntime keeps lower than
+# TVM's VM: worth measuring even when tuned. Bytes of initializers.
+_SMALL_MODEL_BYTES = 16 * 2**20
+
+
+def _tvm_vs_onnxruntime(model: object, sess: object, *, runs: int = 20) -> str | None:
+    """One line comparing the compiled model with onnxruntime (softdeploy's kernels), one thread each,
+    when it may well be slower: kernels without tuning records for this CPU, or a small model. Why and
+    what to do, when TVM is the slower one. None when not measured."""
+    import time
+
+    import numpy as np
+
+    from softdeploy.runtime import Session, library_status
+    from softdeploy.runtime.tvm import set_threads
+    from softdeploy.terminal import captured
+
+    report = sess.report  # type: ignore[attr-defined]
+    # kernels on TVM's default schedules: all of them in an --untuned build (which counts no tasks)
+    untuned = report.tasks - report.from_database if report.tuned else -1
+    size = sum(len(t.raw_data) or 4 * int(np.prod(t.dims)) for t in model.graph.initializer)  # type: ignore[attr-defined]
+    if not untuned and size >= _SMALL_MODEL_BYTES and report.tuned:
+        return None
+    rng = np.random.default_rng(0)
+    feeds = {
+        n: (rng.standard_normal(s).astype(d) if np.dtype(d).kind == "f" else np.zeros(s, d))
+        for n, s, d in zip(sess.input_names, sess.input_shapes.values(), sess.input_dtypes, strict=True)  # type: ignore[attr-defined]
+    }
+
+    def median_ms(run: object) -> float:
+        run()  # type: ignore[operator]
+        secs = []
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            run()  # type: ignore[operator]
+            secs.append(time.perf_counter() - t0)
+        return sorted(secs)[len(secs) // 2] * 1e3
+
+    # softdeploy's kernels where the library loads, else their function bodies (stock onnxruntime)
+    kernels = "native" if library_status().info is not None else "portable"
+    try:
+        with captured("latency check"):
+            set_threads(1)
+            tvm_ms = median_ms(lambda: sess.run(feeds))  # type: ignore[attr-defined]
+            ort = Session(model, kernels=kernels, threads=1)
+            ort_ms = median_ms(lambda: ort.run(feeds))
+    except Exception as e:  # the library is written; the comparison is a note, and says why it is missing
+        first = next((s for s in str(e).splitlines() if s.strip()), "")
+        return f"latency check against onnxruntime not done: {type(e).__name__}: {first}"
+    ratio = tvm_ms / ort_ms
+    line = f"latency (1 thread, median of {runs}): TVM {tvm_ms:.3f} ms, onnxruntime {ort_ms:.3f} ms"
+    if kernels == "portable":
+        line += " (stock, function bodies)"
+    if ratio <= 1.1:
+        return f"{line}: TVM {1 / ratio:.1f}x as fast"
+    why = []
+    if untuned < 0:
+        why.append("an --untuned build: TVM's default schedules, untuned for this CPU")
+    elif untuned:
+        why.append(f"{untuned} of {report.tasks} kernels untuned for this CPU (TVM's default schedules)")
+    if size < _SMALL_MODEL_BYTES:
+        why.append(f"a small model ({size / 2**10:.0f} KiB of weights): per-call overhead dominates")
+    if untuned < 0:
+        todo = "build without --untuned, tuned with --tune-trials N (about 64 per kernel)"
+    elif untuned:
+        todo = "tune with --tune-trials N (about 64 per kernel; the records are reused by later builds)"
+    else:
+        todo = "for a model this small, onnxruntime is the faster backend"
+    return f"note: TVM is {ratio:.1f}x slower than onnxruntime here ({line}): {'; '.join(why)}; {todo}"
+
+
+class _TuningProgress:
+    """A progress line while MetaSchedule tunes: trials recorded in the database folder (MetaSchedule
+    appends a record per measured candidate), polled once a second; its own logs go to the log file."""
+
+    def __init__(self, folder: str, trials: int) -> None:
+        from pathlib import Path
+
+        self.file = Path(folder) / "database_tuning_record.json"
+        self.trials = trials
+
+    def _count(self) -> int:
+        try:
+            with open(self.file, "rb") as f:
+                return sum(1 for _ in f)
+        except OSError:
+            return 0
+
+    def __enter__(self) -> _TuningProgress:
+        import threading
+
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.start = self._count()
+        self.stop = threading.Event()
+        self.progress = Progress(
+            TextColumn("tune (MetaSchedule) trials measured"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=_console(),  # type: ignore[arg-type]
+            transient=False,
+        )
+        self.task = self.progress.add_task("tune", total=self.trials)
+        self.progress.start()
+
+        def poll() -> None:
+            while not self.stop.wait(1.0):
+                self._update()
+
+        self.thread = threading.Thread(target=poll, daemon=True)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join()
+        self._update()
+        self.progress.stop()
+
+    def _update(self) -> None:
+        # MetaSchedule measures whole batches (and softdeploy's hand schedules first): it may measure
+        # more candidates than --tune-trials asked for, and the bar says so rather than stopping at 100%
+        done = self._count() - self.start
+        self.progress.update(self.task, completed=done, total=max(self.trials, done))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -583,7 +755,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _add_verbose(parser: argparse.ArgumentParser, sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """``--verbose`` before or after the verb: on the main parser, and on every verb's parser with a
     suppressed default (so that a verb's parse does not reset a --verbose given before it)."""
-    help_ = "on an error, also print the Python traceback"
+    help_ = (
+        "show the libraries' warnings and output (torch, onnxruntime, TVM) instead of keeping them in a log "
+        "file; on an error, also print the Python traceback"
+    )
     parser.add_argument("--verbose", "-v", action="store_true", help=help_)
     for verb in sub.choices.values():
         verb.add_argument("--verbose", "-v", action="store_true", default=argparse.SUPPRESS, help=help_)
@@ -591,13 +766,16 @@ def _add_verbose(parser: argparse.ArgumentParser, sub: argparse._SubParsersActio
 
 def _run(args: argparse.Namespace) -> int:
     """Runs the verb. A softdeploy error (bad input: a file, an argument, a model) is one line and exit
-    code 2; any other exception is one line with its type and exit code 1; --verbose adds the traceback."""
+    code 2; any other exception is one line with its type and exit code 1; --verbose adds the traceback.
+    Without --verbose the libraries' warnings and output go to a log file (softdeploy.terminal)."""
     import traceback
 
     from softdeploy.errors import SoftdeployError
+    from softdeploy.terminal import cli_session
 
     try:
-        return int(args.fn(args))
+        with cli_session(args.command, verbose=args.verbose):
+            return int(args.fn(args))
     except KeyboardInterrupt:
         print("softdeploy: interrupted", file=sys.stderr)
         return 130

@@ -79,7 +79,7 @@ def train(model: Any, tokens: np.ndarray, labels: np.ndarray, steps: int = 400) 
         opt.zero_grad()
         loss.backward()
         opt.step()
-    return float(loss)
+    return float(loss.detach())  # float() of a tensor needing grad warns
 
 
 def _latency_ms(fn: Any, repeats: int = 50) -> float:

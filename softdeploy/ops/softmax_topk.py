@@ -127,7 +127,11 @@ def torch_impl(x: Any, k: int, axis: int = -1, temperature: float = 1.0) -> Any:
     torch.ops.softdeploy.softmax_topk; it checks the contract first, like every backend."""
     import torch
 
-    validate(x, k, axis, temperature)
+    a = validate(x, k, axis, temperature)
+    if x.numel() == 0:  # nothing to select; X [0, 2^40] would make torch's sort allocate along the axis
+        shape, lse_shape = list(x.shape), list(x.shape)
+        shape[a], lse_shape[a] = k, 1
+        return x.new_empty(shape), torch.empty(shape, dtype=torch.int64), x.new_empty(lse_shape)
     xf = x.float()
     # A stable descending sort puts NaN first and keeps lower indices first on ties (torch.topk
     # guarantees neither tie order); the logits' order is the probabilities' order.

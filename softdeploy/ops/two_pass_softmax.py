@@ -100,6 +100,14 @@ def samples(rng: np.random.Generator) -> Iterator[Sample]:
         lone[row, col] = value
     yield Sample("one_finite_entry_far_below_zero", (lone,), kind="special")
     yield Sample("one_element_minus_89", (np.array([[-89.0]], np.float32),), kind="special")
+    # Beyond |x| ~ 2.9e6 a float range reduction of x log2(e) is off by more than ln2/2: every variant
+    # must take its exact path (the portable one once returned 9.5e-2 relative error at 5.6e7).
+    far = logits(4, 33)
+    far[0] += 5.6e7
+    far[1] -= 5.6e7
+    far[2] += 3e6
+    far[3, ::2] -= 1e9
+    yield Sample("beyond_float_range_reduction", (far,), kind="special")
 
 
 def errors() -> Iterator[ErrorCase]:

@@ -327,18 +327,23 @@ def tune(
                 )
             contexts += ctx
             weights += weight
-        ms.tune.tune_tasks(
-            tasks=contexts,
-            task_weights=weights,
-            work_dir=logs,
-            max_trials_global=trials,
-            max_trials_per_task=per_task,
-            num_trials_per_iter=min(16, per_task),
-            builder=builder,
-            runner=runner,
-            database=db,
-            cost_model="random",  # xgboost is not a dependency; evolutionary search still mutates the best
-        )
+        try:
+            ms.tune.tune_tasks(
+                tasks=contexts,
+                task_weights=weights,
+                work_dir=logs,
+                max_trials_global=trials,
+                max_trials_per_task=per_task,
+                num_trials_per_iter=min(16, per_task),
+                builder=builder,
+                runner=runner,
+                database=db,
+                cost_model="random",  # xgboost is not a dependency; evolutionary search still mutates the best
+            )
+        finally:  # MetaSchedule's per-task logs, before the folder goes: into the CLI's log file (if any)
+            from softdeploy.terminal import keep_files
+
+            keep_files(list((Path(logs) / "logs").glob("*.log")), "MetaSchedule log")
     seconds = time.perf_counter() - start
     results = []
     for task, hand_secs in zip(extracted, hand, strict=True):

@@ -168,3 +168,13 @@ def test_torch_module_exports_to_a_softmax_topk_node(with_lse, tmp_path):
         got = Session(model, kernels=kernels).run(feeds)
         assert len(got) == len(want)
         conformance.compare(OP, Sample("export", (x.numpy(),)), tuple(got), want, 1e-5, 1e-30)
+
+
+def test_torch_op_on_a_huge_but_empty_input_returns_at_once():
+    """X [0, 2^40]: nothing to select; torch's sort once tried to allocate along the 2^40 axis."""
+    import torch
+
+    from softdeploy.ops._torch import torch_op
+
+    values, indices, lse = torch_op(OP)(torch.empty(0, 2**40), k=1)
+    assert values.shape == indices.shape == (0, 1) and lse.shape == (0, 1) and indices.dtype == torch.int64

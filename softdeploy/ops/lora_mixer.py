@@ -72,7 +72,9 @@ def validate(
 ) -> tuple[int, int, int, int]:
     """Checks the contract on the shapes and attributes; returns (E, r, in, out). Messages match
     ops/lora_mixer.cc."""
-    x_shape, a_shape, b_shape, r_shape = (tuple(int(d) for d in s) for s in (x_shape, a_shape, b_shape, r_shape))
+    # X's leading dims are left as they are (no int()): under torch.export they are symbolic and must stay so.
+    x_shape = tuple(x_shape)
+    a_shape, b_shape, r_shape = (tuple(int(d) for d in s) for s in (a_shape, b_shape, r_shape))
     if len(x_shape) == 0:
         raise OpContractError(f"{NAME}: X must have rank >= 1 ([..., in]), got a scalar")
     if len(a_shape) != 3:

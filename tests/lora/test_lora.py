@@ -241,6 +241,14 @@ def test_routed_quantized_keeps_lora_mixer_in_float(adapter_dirs, tmp_path):
     ref = Session(src, kernels="native").run(feeds)[0]
     got = Session(q.path, kernels="native").run(feeds)[0]
     assert output_cosine([ref], [got]) > 0.99
+    # a merged model (per task) quantizes like any model: no custom op left, base MatMuls int8
+    merged_src = tmp_path / "merged.onnx"
+    export(merge(model, [0.0, 1.0, 0.0]), (x,), merged_src)
+    qm = quantize(merged_src, tmp_path / "qm.onnx", QuantConfig("dynamic"))
+    ops_m = count_ops(onnx.load(qm.path))
+    assert "LoRAMixer" not in ops_m and "MatMulInteger" in ops_m
+    ref_m = Session(merged_src, kernels="native").run(feeds)[0]
+    assert output_cosine([ref_m], [Session(qm.path, kernels="native").run(feeds)[0]]) > 0.99
 
 
 def _write_adapter(d: Path, tensors: dict[str, torch.Tensor], **cfg: object) -> Path:

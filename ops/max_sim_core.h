@@ -174,6 +174,7 @@ inline bool HasVnni() noexcept {
 // that makes this machine detect like an AVX2-only or plain x86-64 CPU, ops/common/cpu.h) hides it:
 // the CPUs it stands for (Zen 1-3, Intel before Alder Lake) have none, and the vpmaddwd path is then
 // the one tested and benchmarked.
+// Read once per kernel instance, at session creation, like the ISA (MaxSimKernel).
 inline bool HasAvxVnni() {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avxvnni") && ChooseIsa().cpu_limit.empty();
@@ -189,11 +190,12 @@ inline bool HasF16c() noexcept {
 enum class Path { kPortable, kAvx2, kAvx2Vnni, kAvx512, kAvx512Vnni };
 
 // int8 on an AVX-512 CPU without AVX-512 VNNI takes the best AVX2 int8 path.
-inline Path ChoosePath(Isa isa, bool int8) {
+// avx_vnni: HasAvxVnni() as the kernel instance saw it.
+inline Path ChoosePath(Isa isa, bool int8, bool avx_vnni) {
   if (isa == Isa::kPortable) return Path::kPortable;
   if (!int8) return isa == Isa::kAvx512 ? Path::kAvx512 : Path::kAvx2;
   if (isa == Isa::kAvx512 && HasVnni()) return Path::kAvx512Vnni;
-  return HasAvxVnni() ? Path::kAvx2Vnni : Path::kAvx2;
+  return avx_vnni ? Path::kAvx2Vnni : Path::kAvx2;
 }
 
 inline int64_t LanesOf(Path path) {
@@ -208,12 +210,12 @@ inline int64_t LanesOf(Path path) {
 
 // T: float, Ort::Float16_t or int8_t. `scores` is [B, N]. Validation is the caller's, done before.
 template <class T>
-void Run(Ort::KernelContext& ctx, const Problem& p, const T* q, const T* d, Isa isa, float* scores) {
+void Run(Ort::KernelContext& ctx, const Problem& p, const T* q, const T* d, Isa isa, bool avx_vnni, float* scores) {
   constexpr bool kInt8 = std::is_same_v<T, int8_t>;
   constexpr bool kHalf = std::is_same_v<T, Ort::Float16_t>;
   using E = std::conditional_t<kInt8, int8_t, float>;  // element type the tiles read
   if (p.B == 0 || p.N == 0) return;
-  const Path path = ChoosePath(isa, kInt8);
+  const Path path = ChoosePath(isa, kInt8, avx_vnni);
   const int64_t lanes = LanesOf(path);
   const int64_t tiles = (p.Lq + lanes - 1) / lanes;
   const bool half_simd = kHalf && path != Path::kPortable && HasF16c();
@@ -293,6 +295,7 @@ void Run(Ort::KernelContext& ctx, const Problem& p, const T* q, const T* d, Isa 
     uint8_t* v = valid.data() + task * p.Ld;
     uint8_t* work = d_work.data() + task * scratch;
     TileResult res;
+    std::vector<TileResult> results(static_cast<size_t>(tiles));
     for (int64_t n = n0; n < n1; ++n) {
       Doc doc;
       doc.first_valid = -1;
@@ -324,20 +327,36 @@ void Run(Ort::KernelContext& ctx, const Problem& p, const T* q, const T* d, Isa 
       }
       for (int64_t b = 0; b < p.B; ++b) {
         float sum = 0.0f;
+        const float* qs_b = p.q_scale == nullptr ? nullptr : p.q_scale + b * p.Lq;
+        if (!kInt8 && (path == Path::kAvx512 || path == Path::kAvx2)) {
+          // float32: all tiles of the query in one pass over the document (max_sim_kernels.h)
+          TileArgs a;
+          a.Ld = p.Ld;
+          a.dim = p.dim;
+          a.qp = qpack.data() + static_cast<size_t>(b * tiles) * tile_bytes;
+          a.qscale = qs_b;
+          a.count = p.Lq;
+          a.tiles = tiles;
+          a.tile_stride = tile_bytes;
+          if (path == Path::kAvx512) TileF32Avx512(a, p.signed_max, doc, results.data());
+          else TileF32Avx2(a, p.signed_max, doc, results.data());
+          for (int64_t t = 0; t < tiles; ++t) {
+            sum = SumTile(p, results[t], b, n, t * lanes, std::min(lanes, p.Lq - t * lanes), sum);
+          }
+          scores[b * p.N + n] = sum;
+          continue;
+        }
         for (int64_t t = 0; t < tiles; ++t) {
           const int64_t i0 = t * lanes, count = std::min(lanes, p.Lq - i0);
-          const float* qs = p.q_scale == nullptr ? nullptr : p.q_scale + b * p.Lq + i0;
+          const float* qs = qs_b == nullptr ? nullptr : qs_b + i0;
           const size_t pack = static_cast<size_t>(b * tiles + t);
           TileArgs a;
           a.Ld = p.Ld;
           a.dim = p.dim;
           a.qp = qpack.data() + pack * tile_bytes;
           a.qscale = qs;
-          a.count = static_cast<int>(count);
+          a.count = count;
           switch (path) {
-            case Path::kAvx512:
-              if constexpr (!kInt8) TileF32Avx512(a, p.signed_max, doc, &res);
-              break;
             case Path::kAvx512Vnni:
               a.bias = dsum128.data() + task * p.Ld;
               if constexpr (kInt8) TileI8Avx512Vnni(a, doc, &res);
@@ -348,7 +367,6 @@ void Run(Ort::KernelContext& ctx, const Problem& p, const T* q, const T* d, Isa 
               break;
             case Path::kAvx2:
               if constexpr (kInt8) TileI8Avx2I16(a, doc, &res);
-              else TileF32Avx2(a, p.signed_max, doc, &res);
               break;
             default:
               TilePortable<E>(p, qe + (b * p.Lq + i0) * p.dim, qs == nullptr ? 1.0f : qs[0], doc, &res);

@@ -35,17 +35,20 @@ struct Doc {
   int64_t stride = 0;      // elements from this document to the next in the input (prefetch distance)
 };
 
-// One query tile. qscale: this tile's `count` query scales (null: 1); lanes past `count` are padding
-// whose results the caller ignores.
+// One query tile (float32: `tiles` consecutive tiles, `tile_stride` bytes apart, results to
+// out[0 .. tiles)). qscale: the `count` query scales of these tiles (null: 1); lanes past `count` are
+// padding whose results the caller ignores.
 struct TileArgs {
   int64_t Ld = 0, dim = 0;
   const void* qp = nullptr;
   const float* qscale = nullptr;
-  int count = 0;
+  int64_t count = 0;
+  int64_t tiles = 1, tile_stride = 0;
   const int32_t* bias = nullptr;  // VNNI-512: [Ld] 128 * sum_k D[j, k]; AVX-VNNI: [lanes] 128 * sum_k Q[i, k]
 };
 
-// float32 (argmax: SignedMaxSim also tracks the lowest j reaching the max).
+// float32, all a.tiles tiles in one pass over the document (argmax: SignedMaxSim also tracks the
+// lowest j reaching the max).
 void TileF32Avx512(const TileArgs& a, bool argmax, const Doc& doc, TileResult* out);
 void TileF32Avx2(const TileArgs& a, bool argmax, const Doc& doc, TileResult* out);
 

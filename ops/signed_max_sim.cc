@@ -36,7 +36,7 @@ struct SignedMaxSimKernel {
   static constexpr Port kOutputs[] = {{Elem::kFloat}};
 
   Isa isa;
-  explicit SignedMaxSimKernel(const Attrs&) : isa(SelectIsa()) {}
+  explicit SignedMaxSimKernel(const Attrs&) : isa(SelectIsa()) {}  // float only: no int8 variant to pick
 
   template <class T>
   void Compute(Ort::KernelContext& ctx) const {
@@ -55,7 +55,7 @@ struct SignedMaxSimKernel {
     p.d_sign = ds.data();
     p.signed_max = true;
     float* scores = AllocOutput<float>(ctx, 0, {p.B, p.N});
-    maxsim::Run<T>(ctx, p, q.data, d.data, isa, scores);
+    maxsim::Run<T>(ctx, p, q.data, d.data, isa, false, scores);  // float only: no int8 variant
   }
 };
 

@@ -27,6 +27,9 @@ namespace sd {
 namespace vec {
 namespace {
 
+// 4 bytes read as one int32 whatever their alignment or declared type (the int8 broadcast groups).
+typedef int32_t Word __attribute__((may_alias, aligned(1)));
+
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__)
 struct Avx512 {
   using F = __m512;
@@ -50,6 +53,7 @@ struct Avx512 {
   static SD_VEC_INLINE F max(F a, F b) { return _mm512_max_ps(a, b); }
   static SD_VEC_INLINE F cvt(I x) { return _mm512_cvtepi32_ps(x); }
   static SD_VEC_INLINE I set1i(int32_t x) { return _mm512_set1_epi32(x); }
+  static SD_VEC_INLINE I broadcast4(const void* p) { return _mm512_set1_epi32(*static_cast<const Word*>(p)); }
   static SD_VEC_INLINE I zeroi() { return _mm512_setzero_si512(); }
   static SD_VEC_INLINE I loadi(const void* p) { return _mm512_load_si512(p); }
   static SD_VEC_INLINE I loadui(const void* p) { return _mm512_loadu_si512(p); }
@@ -89,6 +93,8 @@ struct Avx2 {
   static SD_VEC_INLINE F max(F a, F b) { return _mm256_max_ps(a, b); }
   static SD_VEC_INLINE F cvt(I x) { return _mm256_cvtepi32_ps(x); }
   static SD_VEC_INLINE I set1i(int32_t x) { return _mm256_set1_epi32(x); }
+  // The 4 bytes at p (any alignment) in every 32-bit lane: vpbroadcastd from memory.
+  static SD_VEC_INLINE I broadcast4(const void* p) { return _mm256_set1_epi32(*static_cast<const Word*>(p)); }
   static SD_VEC_INLINE I zeroi() { return _mm256_setzero_si256(); }
   static SD_VEC_INLINE I loadi(const void* p) { return _mm256_load_si256(static_cast<const __m256i*>(p)); }
   static SD_VEC_INLINE I loadui(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }

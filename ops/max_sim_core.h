@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <vector>
 
 #include "common/kernel.h"
@@ -284,8 +285,6 @@ void Run(Ort::KernelContext& ctx, const Problem& p, const T* q, const T* d, Isa 
   if (kHalf) scratch = doc_elems * 4;
   if (kInt8 && path == Path::kAvx2) scratch = p.Ld * dim2 * 2 * 2;
   if (kInt8 && path == Path::kAvx2Vnni) scratch = p.Ld * dim4 * 4;
-  scratch = (scratch + 63) / 64 * 64;
-  std::vector<uint8_t, AlignedAllocator<uint8_t>> d_work(tasks * static_cast<size_t>(scratch));
   std::vector<uint8_t> valid(tasks * static_cast<size_t>(p.Ld));
   std::vector<int32_t> dsum128(path == Path::kAvx512Vnni ? tasks * static_cast<size_t>(p.Ld) : 0);
 
@@ -293,7 +292,11 @@ void Run(Ort::KernelContext& ctx, const Problem& p, const T* q, const T* d, Isa 
     int64_t n0, n1;
     TaskRange(task, tasks, p.N, &n0, &n1);
     uint8_t* v = valid.data() + task * p.Ld;
-    uint8_t* work = d_work.data() + task * scratch;
+    // Allocated per task, uninitialised (every byte a tile reads is written first): one buffer for
+    // all tasks, zero-filled by std::vector, cost 256 tasks x 92 KB of page faults per call
+    // (float16, N = 100: 11 ms for 2.4 ms of compute).
+    std::unique_ptr<uint8_t[]> work_mem(scratch > 0 ? new uint8_t[static_cast<size_t>(scratch) + 64] : nullptr);
+    uint8_t* work = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(work_mem.get()) + 63) / 64 * 64);
     TileResult res;
     std::vector<TileResult> results(static_cast<size_t>(tiles));
     for (int64_t n = n0; n < n1; ++n) {

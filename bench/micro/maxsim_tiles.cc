@@ -7,7 +7,9 @@
 //   g++ $F -mavx2 -mfma -mavxvnni -c ops/max_sim_avxvnni.cc -o $B/vn.o
 //   g++ $F -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx2 -mfma -c ops/max_sim_avx512.cc -o $B/a5.o
 //   g++ -O2 -std=c++17 -Iops bench/micro/maxsim_tiles.cc bench/micro/fma_peak.cc $B/*.o -o $B/maxsim_tiles
-//   $B/maxsim_tiles [N docs (default 1: one hot document)] [reps] [Lq] [Ld] [dim]
+//   $B/maxsim_tiles [N docs (default 1: one hot document)] [reps] [Lq] [Ld] [dim] [peak iterations]
+// Instruction counts (load-independent; valgrind runs the AVX2 variants only, it has no AVX-512):
+//   valgrind --tool=callgrind $B/maxsim_tiles 1 1 32 180 128 1000 && callgrind_annotate callgrind.out.*
 #include <time.h>
 
 #include <cstdio>
@@ -71,7 +73,7 @@ int main(int argc, char** argv) {
   for (auto& v : d8) v = static_cast<int8_t>(ui(rng));
   std::vector<uint8_t> valid(Ld, 1);
   const double ops = 2.0 * Lq * Ld * dim * N;
-  const int64_t iters = 20'000'000;
+  const int64_t iters = argc > 6 ? std::atoll(argv[6]) : 20'000'000;  // peak loop iterations
   auto peak = [&](int kind) { double o = 0; const double t = MinTime(5, [&] { o = sd_peak(kind, iters); }); return o / t / 1e9; };
 
   // 64-byte aligned arenas for packed Q (kind 0 float32, 1 int16 pairs, 2 s8 quads, 3 u8 = Q + 128 quads).

@@ -4,7 +4,8 @@
 //   Scores[b, n] = sum_{i: QMask[b,i]} QSign[b,i] * DSign[n,j*] * <Q[b,i], D[n,j*]>
 //
 // Python half, the contract and the float64 oracle: softdeploy/ops/signed_max_sim.py; OPS.md.
-// The tiled GEMM with a running max AND argmax per query lane is in max_sim_core.h.
+// The tiled GEMM with a running max AND argmax per query lane: max_sim_core.h (driver) and
+// max_sim_kernels.h (the micro-kernels, per ISA).
 #include <cmath>
 
 #include "max_sim_core.h"

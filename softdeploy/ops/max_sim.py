@@ -16,7 +16,9 @@ Q ``[B, Lq, dim]``, D ``[N, Ld, dim]``; optional QMask ``[B, Lq]`` and DMask ``[
 * a dim mismatch, a Q/D element-type mismatch, wrong mask/scale shapes, int8 inputs without
   both scales, or an int8 dim above 65536 (exact int32 sums) are errors.
 
-The kernel (ops/max_sim.cc, tile code in ops/max_sim_core.h) never materialises the
+The kernel (ops/max_sim.cc; driver ops/max_sim_core.h; micro-kernels written once over the vector
+traits of ops/common/vec.h in ops/max_sim_kernels.h, compiled per ISA in ops/max_sim_avx2.cc,
+ops/max_sim_avxvnni.cc and ops/max_sim_avx512.cc) never materialises the
 ``[Lq, N * Ld]`` similarity matrix: it is a tiled GEMM that keeps a running max per (query token,
 document) in registers. :func:`quantize_tokens` gives the per-token symmetric int8 encoding
 (scale = max|x| / 127) the int8 path is meant for.

@@ -14,7 +14,8 @@ plain MaxSim cannot do that.
 
 Errors: a dim or element-type mismatch, wrong sign/mask shapes, a sign outside [-1, 1].
 
-Kernel: ops/signed_max_sim.cc, sharing the tiled running-max GEMM of MaxSim (ops/max_sim_core.h),
+Kernel: ops/signed_max_sim.cc, sharing the tiled running-max GEMM of MaxSim (ops/max_sim_core.h,
+ops/max_sim_kernels.h),
 which here also carries the index of the running max. The portable function body gets an omitted
 mask as an all-true mask of its shape (``Port.body_fill``, as in softdeploy/ops/max_sim.py).
 """

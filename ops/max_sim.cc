@@ -28,7 +28,8 @@ struct MaxSimKernel {
   static constexpr Port kOutputs[] = {{Elem::kFloat}};
 
   Isa isa;
-  explicit MaxSimKernel(const Attrs&) : isa(SelectIsa()) {}
+  bool avx_vnni;  // int8 on AVX2: vpdpbusd ymm (max_sim_core.h HasAvxVnni)
+  explicit MaxSimKernel(const Attrs&) : isa(SelectIsa()), avx_vnni(maxsim::HasAvxVnni()) {}
 
   template <class T>
   void Compute(Ort::KernelContext& ctx) const {
@@ -53,7 +54,7 @@ struct MaxSimKernel {
     p.q_scale = q_scale.present ? q_scale.data : nullptr;
     p.d_scale = d_scale.present ? d_scale.data : nullptr;
     float* scores = AllocOutput<float>(ctx, 0, {p.B, p.N});
-    maxsim::Run<T>(ctx, p, q.data, d.data, isa, scores);
+    maxsim::Run<T>(ctx, p, q.data, d.data, isa, avx_vnni, scores);
   }
 };
 

@@ -4,7 +4,8 @@
 //   Scores[b, n] = sum_{i: QMask[b,i]} QSign[b,i] * DSign[n,j*] * <Q[b,i], D[n,j*]>
 //
 // Python half, the contract and the float64 oracle: softdeploy/ops/signed_max_sim.py; docs/ops/SignedMaxSim.md.
-// The tiled GEMM with a running max AND argmax per query lane is in max_sim_core.h.
+// The tiled GEMM with a running max AND argmax per query lane: max_sim_core.h (driver) and
+// max_sim_kernels.h (the micro-kernels, per ISA).
 #include <cmath>
 
 #include "max_sim_core.h"
@@ -36,7 +37,7 @@ struct SignedMaxSimKernel {
   static constexpr Port kOutputs[] = {{Elem::kFloat}};
 
   Isa isa;
-  explicit SignedMaxSimKernel(const Attrs&) : isa(SelectIsa()) {}
+  explicit SignedMaxSimKernel(const Attrs&) : isa(SelectIsa()) {}  // float only: no int8 variant to pick
 
   template <class T>
   void Compute(Ort::KernelContext& ctx) const {
@@ -55,7 +56,7 @@ struct SignedMaxSimKernel {
     p.d_sign = ds.data();
     p.signed_max = true;
     float* scores = AllocOutput<float>(ctx, 0, {p.B, p.N});
-    maxsim::Run<T>(ctx, p, q.data, d.data, isa, scores);
+    maxsim::Run<T>(ctx, p, q.data, d.data, isa, false, scores);  // float only: no int8 variant
   }
 };
 

@@ -16,7 +16,9 @@ Q ``[B, Lq, dim]``, D ``[N, Ld, dim]``; optional QMask ``[B, Lq]`` and DMask ``[
 * a dim mismatch, a Q/D element-type mismatch, wrong mask/scale shapes, int8 inputs without
   both scales, or an int8 dim above 65536 (exact int32 sums) are errors.
 
-The kernel (ops/max_sim.cc, tile code in ops/max_sim_core.h) never materialises the
+The kernel (ops/max_sim.cc; driver ops/max_sim_core.h; micro-kernels written once over the vector
+traits of ops/common/vec.h in ops/max_sim_kernels.h, compiled per ISA in ops/max_sim_avx2.cc,
+ops/max_sim_avxvnni.cc and ops/max_sim_avx512.cc) never materialises the
 ``[Lq, N * Ld]`` similarity matrix: it is a tiled GEMM that keeps a running max per (query token,
 document) in registers. :func:`quantize_tokens` gives the per-token symmetric int8 encoding
 (scale = max|x| / 127) the int8 path is meant for.
@@ -310,8 +312,21 @@ def samples(rng: np.random.Generator) -> Iterator[Sample]:
             rng.uniform(0.5, 2, (4, 6)).astype(np.float32),
         ),
     )
-    # register-tile edges: 16/32 query lanes, 1..8 document tokens per tile, 4/8/16-wide dims
-    for lq, ld, dim in ((1, 1, 1), (15, 7, 3), (16, 8, 16), (17, 9, 17), (31, 5, 32), (33, 13, 65), (48, 24, 7)):
+    # register-tile edges: 16 (AVX2) / 32 (AVX-512) query lanes; blocks of 6 (AVX2) / 8 (AVX-512)
+    # document tokens and their tails; float32 passes of up to 4 tiles (AVX2 Lq > 64, AVX-512 Lq > 128)
+    for lq, ld, dim in (
+        (1, 1, 1),
+        (15, 7, 3),
+        (16, 8, 16),
+        (17, 9, 17),
+        (31, 5, 32),
+        (33, 13, 65),
+        (48, 24, 7),
+        (16, 6, 2),
+        (47, 12, 5),
+        (65, 11, 4),
+        (129, 13, 3),
+    ):
         yield Sample(f"tile_lq{lq}_ld{ld}_dim{dim}", case(2, lq, 3, ld, dim, p_valid=0.9), kind="edge")
     yield Sample("empty_batch", case(0, 4, 3, 5, 8), kind="edge")
     yield Sample("no_documents", case(2, 4, 0, 5, 8), kind="edge")
@@ -330,7 +345,9 @@ def samples(rng: np.random.Generator) -> Iterator[Sample]:
     d8[0, 0, :] = -128
     d8[1, 0, :] = 127
     yield Sample("int8_2x33_vs_5x19_d128", (q8, d8, all_valid(2, 33), random_mask(rng, 5, 19), qs, ds))
-    for lq, ld, dim in ((1, 1, 1), (17, 9, 63), (32, 16, 64), (5, 3, 130)):
+    # int8 tiles: 16 (AVX2 vpmaddwd / AVX-VNNI) or 32 (AVX-512 VNNI) lanes, 6- or 8-token blocks,
+    # dim % 2 (int16 pairs) and dim % 4 (VNNI quads) tails
+    for lq, ld, dim in ((1, 1, 1), (17, 9, 63), (32, 16, 64), (5, 3, 130), (16, 6, 2), (33, 12, 6), (47, 13, 7)):
         q8, qs = quantize_tokens(unit_tokens(rng, 2, lq, dim))
         d8, ds = quantize_tokens(unit_tokens(rng, 3, ld, dim))
         yield Sample(f"int8_lq{lq}_ld{ld}_dim{dim}", (q8, d8, all_valid(2, lq), all_valid(3, ld), qs, ds), kind="edge")

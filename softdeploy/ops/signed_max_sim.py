@@ -14,7 +14,8 @@ plain MaxSim cannot do that.
 
 Errors: a dim or element-type mismatch, wrong sign/mask shapes, a sign outside [-1, 1].
 
-Kernel: ops/signed_max_sim.cc, sharing the tiled running-max GEMM of MaxSim (ops/max_sim_core.h),
+Kernel: ops/signed_max_sim.cc, sharing the tiled running-max GEMM of MaxSim (ops/max_sim_core.h,
+ops/max_sim_kernels.h),
 which here also carries the index of the running max. The portable function body gets an omitted
 mask as an all-true mask of its shape (``Port.body_fill``, as in softdeploy/ops/max_sim.py).
 """
@@ -211,7 +212,17 @@ def samples(rng: np.random.Generator) -> Iterator[Sample]:
 
     yield Sample("colbert_2x32_vs_9x40_d128", case(2, 32, 9, 40, 128))
     yield Sample("soft_signs_padded_3x20_vs_7x33_d64", case(3, 20, 7, 33, 64, p_valid=0.7, kind="soft"))
-    for lq, ld, dim in ((1, 1, 1), (15, 7, 3), (16, 8, 16), (17, 9, 17), (33, 13, 65)):
+    # tile edges: 16 / 32 query lanes, 6- / 8-token blocks, passes of up to 4 float32 tiles
+    for lq, ld, dim in (
+        (1, 1, 1),
+        (15, 7, 3),
+        (16, 8, 16),
+        (17, 9, 17),
+        (33, 13, 65),
+        (16, 6, 2),
+        (65, 11, 4),
+        (129, 13, 3),
+    ):
         yield Sample(f"tile_lq{lq}_ld{ld}_dim{dim}", case(2, lq, 3, ld, dim, p_valid=0.9), kind="edge")
     yield Sample("empty_batch", case(0, 4, 3, 5, 8), kind="edge")
     yield Sample("no_documents", case(2, 4, 0, 5, 8), kind="edge")

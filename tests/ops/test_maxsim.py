@@ -169,6 +169,28 @@ def test_int8_matches_the_integer_reference_exactly(isa, dim):
     np.testing.assert_array_equal(got.astype(np.int64), want)
 
 
+@pytest.mark.parametrize("dim", [1, 2, 6, 7, 48])
+@pytest.mark.parametrize("ld", [5, 6, 13])
+def test_int8_is_exact_on_an_avx2_cpu_without_vnni(monkeypatch, ld, dim):
+    """SOFTDEPLOY_TEST_CPU=avx2 detects like a Zen 3 (AVX2, no AVX-512, no AVX-VNNI): the vpmaddwd
+    path on D widened to int16 once per document. Extreme codes (-128 x -128 and -128 x 127 in every
+    pair) around its 16-lane tile and 6-token block; the integer reference is exact (every score
+    <= 17 * 48 * 128^2 < 2^24, exact in float32)."""
+    monkeypatch.setenv("SOFTDEPLOY_TEST_CPU", "avx2")
+    if "avx2" not in conformance.available_isas():
+        pytest.skip("this CPU has no AVX2")
+    rng = np.random.default_rng(ld * 1000 + dim)
+    q8 = rng.choice(np.array([-128, -127, 127, 0, 1], np.int8), (2, 17, dim))
+    d8 = rng.choice(np.array([-128, 127, -1], np.int8), (3, ld, dim))
+    q8[0, 0], d8[0, 0] = -128, -128
+    dm = rng.random((3, ld)) < 0.8
+    dm[:, 0] = True
+    dots = np.einsum("bik,njk->bnij", q8.astype(np.int64), d8.astype(np.int64))
+    want = np.where(dm[None, :, None, :], dots, np.iinfo(np.int64).min).max(axis=3).sum(axis=2)
+    got = kernel(q8, d8, None, dm, np.ones((2, 17), np.float32), np.ones((3, ld), np.float32), isa="avx2")
+    np.testing.assert_array_equal(got.astype(np.int64), want)
+
+
 def test_quantize_tokens_is_per_token_symmetric():
     rng = np.random.default_rng(2)
     x = rng.standard_normal((3, 5, 16)).astype(np.float32)

@@ -1,0 +1,118 @@
+// Vector traits: one struct per ISA with the vector types and the operations the micro-kernels use,
+// so that a kernel is written once as a template over V (ops/max_sim_kernels.h) and instantiated per
+// ISA. A NEON traits class (float32x4_t, uint32x4_t as the mask) fits the same shape.
+//
+//   F / I / M       float vector, int32 vector, comparison mask (AVX-512: __mmask16; AVX2: a float
+//                   vector whose lanes are all-ones or zero)
+//   kLanes          float lanes per vector
+//   kBlockF32       document tokens per float32 register block (2 * kBlockF32 accumulators plus two
+//                   Q vectors and one broadcast must fit the register file: 16 of 32 zmm on AVX-512,
+//                   12 + 3 = 15 of 16 ymm on AVX2)
+//
+// Only a translation unit compiled for the ISA sees its struct (ops/max_sim_avx2.cc is built with
+// -mavx2 -mfma, ops/max_sim_avx512.cc with the AVX-512 flags; see CMakeLists.txt). Everything here
+// sits in an anonymous namespace ON PURPOSE: an inline function with external linkage compiled in
+// two translation units with different -m flags is one COMDAT symbol, and the linker may keep the
+// AVX-512 encoding for the AVX2 caller (SIGILL on an AVX2-only CPU). Internal linkage gives every
+// translation unit its own copy.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+
+#define SD_VEC_INLINE __attribute__((always_inline)) inline
+
+namespace sd {
+namespace vec {
+namespace {
+
+// 4 bytes read as one int32 whatever their alignment or declared type (the int8 broadcast groups).
+typedef int32_t Word __attribute__((may_alias, aligned(1)));
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__)
+struct Avx512 {
+  using F = __m512;
+  using I = __m512i;
+  using M = __mmask16;
+  static constexpr int kLanes = 16;
+  static constexpr int kBlockF32 = 8;
+
+  static SD_VEC_INLINE F zero() { return _mm512_setzero_ps(); }
+  static SD_VEC_INLINE F set1(float x) { return _mm512_set1_ps(x); }
+  static SD_VEC_INLINE F broadcast(const float* p) { return _mm512_set1_ps(*p); }  // embedded {1to16}
+  static SD_VEC_INLINE F load(const float* p) { return _mm512_load_ps(p); }          // 64-byte aligned
+  static SD_VEC_INLINE F loadu(const float* p) { return _mm512_loadu_ps(p); }
+  // The first n lanes of p (0 <= n <= kLanes), the rest 0; never reads past p + n.
+  static SD_VEC_INLINE F loadu_tail(const float* p, int n) {
+    return _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << n) - 1u), p);
+  }
+  static SD_VEC_INLINE void storeu(float* p, F x) { _mm512_storeu_ps(p, x); }
+  static SD_VEC_INLINE F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }  // a * b + c, one rounding
+  static SD_VEC_INLINE F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  static SD_VEC_INLINE F max(F a, F b) { return _mm512_max_ps(a, b); }
+  static SD_VEC_INLINE F cvt(I x) { return _mm512_cvtepi32_ps(x); }
+  static SD_VEC_INLINE I set1i(int32_t x) { return _mm512_set1_epi32(x); }
+  static SD_VEC_INLINE I broadcast4(const void* p) { return _mm512_set1_epi32(*static_cast<const Word*>(p)); }
+  static SD_VEC_INLINE I zeroi() { return _mm512_setzero_si512(); }
+  static SD_VEC_INLINE I loadi(const void* p) { return _mm512_load_si512(p); }
+  static SD_VEC_INLINE I loadui(const void* p) { return _mm512_loadu_si512(p); }
+  static SD_VEC_INLINE I addi(I a, I b) { return _mm512_add_epi32(a, b); }
+  static SD_VEC_INLINE I subi(I a, I b) { return _mm512_sub_epi32(a, b); }
+  static SD_VEC_INLINE void storeui(int32_t* p, I x) { _mm512_storeu_si512(p, x); }
+  static SD_VEC_INLINE M none() { return 0; }
+  static SD_VEC_INLINE M gt(F a, F b) { return _mm512_cmp_ps_mask(a, b, _CMP_GT_OQ); }
+  static SD_VEC_INLINE M isnan(F a) { return _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q); }
+  static SD_VEC_INLINE M mask_or(M a, M b) { return static_cast<M>(a | b); }
+  static SD_VEC_INLINE F select(M m, F a, F b) { return _mm512_mask_blend_ps(m, a, b); }  // m ? b : a
+  static SD_VEC_INLINE I selecti(M m, I a, I b) { return _mm512_mask_blend_epi32(m, a, b); }
+  static SD_VEC_INLINE unsigned bits(M m) { return m; }  // lane l -> bit l
+};
+#endif
+
+#if defined(__AVX2__) && defined(__FMA__)
+struct Avx2 {
+  using F = __m256;
+  using I = __m256i;
+  using M = __m256;
+  static constexpr int kLanes = 8;
+  static constexpr int kBlockF32 = 6;
+
+  static SD_VEC_INLINE F zero() { return _mm256_setzero_ps(); }
+  static SD_VEC_INLINE F set1(float x) { return _mm256_set1_ps(x); }
+  static SD_VEC_INLINE F broadcast(const float* p) { return _mm256_broadcast_ss(p); }  // a load-port uop
+  static SD_VEC_INLINE F load(const float* p) { return _mm256_load_ps(p); }              // 32-byte aligned
+  static SD_VEC_INLINE F loadu(const float* p) { return _mm256_loadu_ps(p); }
+  static SD_VEC_INLINE F loadu_tail(const float* p, int n) {
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    return _mm256_maskload_ps(p, _mm256_cmpgt_epi32(_mm256_set1_epi32(n), lane));
+  }
+  static SD_VEC_INLINE void storeu(float* p, F x) { _mm256_storeu_ps(p, x); }
+  static SD_VEC_INLINE F fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+  static SD_VEC_INLINE F mul(F a, F b) { return _mm256_mul_ps(a, b); }
+  static SD_VEC_INLINE F max(F a, F b) { return _mm256_max_ps(a, b); }
+  static SD_VEC_INLINE F cvt(I x) { return _mm256_cvtepi32_ps(x); }
+  static SD_VEC_INLINE I set1i(int32_t x) { return _mm256_set1_epi32(x); }
+  // The 4 bytes at p (any alignment) in every 32-bit lane: vpbroadcastd from memory.
+  static SD_VEC_INLINE I broadcast4(const void* p) { return _mm256_set1_epi32(*static_cast<const Word*>(p)); }
+  static SD_VEC_INLINE I zeroi() { return _mm256_setzero_si256(); }
+  static SD_VEC_INLINE I loadi(const void* p) { return _mm256_load_si256(static_cast<const __m256i*>(p)); }
+  static SD_VEC_INLINE I loadui(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+  static SD_VEC_INLINE I addi(I a, I b) { return _mm256_add_epi32(a, b); }
+  static SD_VEC_INLINE I subi(I a, I b) { return _mm256_sub_epi32(a, b); }
+  static SD_VEC_INLINE void storeui(int32_t* p, I x) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), x); }
+  static SD_VEC_INLINE M none() { return _mm256_setzero_ps(); }
+  static SD_VEC_INLINE M gt(F a, F b) { return _mm256_cmp_ps(a, b, _CMP_GT_OQ); }
+  static SD_VEC_INLINE M isnan(F a) { return _mm256_cmp_ps(a, a, _CMP_UNORD_Q); }
+  static SD_VEC_INLINE M mask_or(M a, M b) { return _mm256_or_ps(a, b); }
+  static SD_VEC_INLINE F select(M m, F a, F b) { return _mm256_blendv_ps(a, b, m); }
+  static SD_VEC_INLINE I selecti(M m, I a, I b) {
+    return _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(a), _mm256_castsi256_ps(b), m));
+  }
+  static SD_VEC_INLINE unsigned bits(M m) { return static_cast<unsigned>(_mm256_movemask_ps(m)); }
+};
+#endif
+
+}  // namespace
+}  // namespace vec
+}  // namespace sd

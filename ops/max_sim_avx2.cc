@@ -1,0 +1,76 @@
+// MaxSim / SignedMaxSim tiles for AVX2 + FMA (and AVX-VNNI where the CPU has it). This translation
+// unit is compiled with -mavx2 -mfma -ffp-contract=off (CMakeLists.txt) and only ever called after
+// the run-time check in ops/max_sim_core.h; it includes no onnxruntime and no std containers (see
+// ops/common/vec.h on why).
+//
+// int8 without VNNI (Zen 1-3, Intel before Alder Lake): Q and D as int16 pairs and vpmaddwd, whose
+// two int16 x int16 products and their sum are exact in int32 for any int8 values. vpmaddubsw
+// (u8 x s8 -> saturating int16 pair sums) is not used: with Q + 128 in u8 a pair reaches
+// 2 * 255 * 128 = 65280 > 32767 and saturates, and the sign-transfer form (|q| x sign(q) * d) is
+// exact only without -128 yet costs the same three p0/p1 uops per 32 products as vpmaddwd's two.
+// D is widened to int16 once per document (into L1/L2 scratch), so the inner loop broadcasts an
+// int16 pair straight from memory.
+//
+// int8 with AVX-VNNI: ops/max_sim_avxvnni.cc (its own -mavxvnni translation unit).
+#include "max_sim_kernels.h"
+
+namespace sd {
+namespace maxsim {
+namespace {
+
+using V = vec::Avx2;
+
+struct StepI16 {  // two int16 products per 32-bit lane
+  // 12 accumulators + 2 Q + broadcast + the product's temporary = all 16 ymm (vpmaddwd does not
+  // accumulate); GCC keeps them in registers only with -fno-tree-pre (CMakeLists.txt).
+  static constexpr int kBlock = 6;
+  static SD_VEC_INLINE __m256i dot(__m256i acc, __m256i q, __m256i b) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(q, b));
+  }
+};
+
+}  // namespace
+
+void TileF32Avx2(const TileArgs& a, bool argmax, const Doc& doc, TileResult* out) {
+  if (argmax) TileF32<V, true>(a, doc, out);
+  else TileF32<V, false>(a, doc, out);
+}
+
+void TileI8Avx2I16(const TileArgs& a, const Doc& doc, TileResult* out) {
+  const __m256i init[2] = {V::zeroi(), V::zeroi()};
+  TileInt<V, StepI16>(a, (a.dim + 1) / 2, init, doc, out);
+}
+
+void WidenI8Avx2(const int8_t* d, int64_t Ld, int64_t dim, int16_t* out) {
+  const int64_t row = (dim + 1) / 2 * 2;
+  for (int64_t j = 0; j < Ld; ++j) {
+    const int8_t* src = d + j * dim;
+    int16_t* dst = out + j * row;
+    int64_t k = 0;
+    for (; k + 16 <= dim; k += 16) {
+      const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + k));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + k), _mm256_cvtepi8_epi16(x));
+    }
+    for (; k < dim; ++k) dst[k] = src[k];
+    for (; k < row; ++k) dst[k] = 0;  // the odd k's partner: 0 x q adds nothing
+  }
+}
+
+void BiasI8Avx2(const int8_t* d, int64_t Ld, int64_t dim, uint8_t* out) {
+  const int64_t row = (dim + 3) / 4 * 4;
+  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+  for (int64_t j = 0; j < Ld; ++j) {
+    const int8_t* src = d + j * dim;
+    uint8_t* dst = out + j * row;
+    int64_t k = 0;
+    for (; k + 32 <= dim; k += 32) {
+      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + k));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + k), _mm256_xor_si256(x, flip));
+    }
+    for (; k < dim; ++k) dst[k] = static_cast<uint8_t>(src[k] ^ 0x80);  // two's complement: d + 128
+    for (; k < row; ++k) dst[k] = 0;  // Q is 0 past dim: the product is 0 whatever this byte is
+  }
+}
+
+}  // namespace maxsim
+}  // namespace sd

@@ -32,9 +32,6 @@ _PREFIX = "base_model.model."
 
 @dataclasses.dataclass(frozen=True)
 class Adapter:
-    """One PEFT LoRA adapter as read from its folder: rank, scaling (lora_alpha / r) and the (A, B) factors
-    of every module it adapts."""
-
     path: Path
     r: int
     scaling: float

@@ -79,21 +79,16 @@ class LoRAMixerLinear(nn.Module):
 
     @property
     def num_experts(self) -> int:
-        """E, the number of LoRA experts."""
         return int(self.A.shape[0])
 
     @property
     def rank(self) -> int:
-        """r, the rank of every expert (adapters of lower rank are zero-padded)."""
         return int(self.A.shape[1])
 
     def extra_repr(self) -> str:
-        """The settings shown in the module's repr."""
         return f"experts={self.num_experts}, rank={self.rank}, top_k={self.top_k}, scaling={self.scaling:g}"
 
     def forward(self, x: Tensor) -> Tensor:
-        """base(x) + LoRAMixer(x, A, Bm, Router): the hard top-k routed delta (soft straight-through gradient
-        in training, which also records the selected experts for routing_loss)."""
         delta, experts, _ = _op()(x, self.A, self.Bm, self.router, top_k=self.top_k, scaling=self.scaling)
         if self.training and torch.is_grad_enabled():
             self.last_experts = experts.detach()

@@ -119,7 +119,6 @@ def check_finite(name: str, values: Any) -> None:
 def reference(
     x: np.ndarray, a: np.ndarray, bm: np.ndarray, router: np.ndarray, *, top_k: int = 1, scaling: float = 1.0
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The float64 oracle: ``(Delta, Experts, Gates)`` from the equation of the module docstring."""
     _, _, n_in, n_out = validate(np.shape(x), np.shape(a), np.shape(bm), np.shape(router), top_k, scaling)
     for name, w in (("A", a), ("Bm", bm), ("Router", router)):
         check_finite(name, w)
@@ -230,7 +229,6 @@ def torch_impl(x: Any, a: Any, bm: Any, router: Any, top_k: int = 1, scaling: fl
 
 
 def torch_fake(x: Any, a: Any, bm: Any, router: Any, top_k: int = 1, scaling: float = 1.0) -> Any:
-    """LoRAMixer on torch's fake tensors (export tracing): the shape checks, then empty outputs of the right shapes."""
     import torch
 
     _, _, _, n_out = validate(x.shape, a.shape, bm.shape, router.shape, top_k, scaling)
@@ -243,7 +241,6 @@ def torch_fake(x: Any, a: Any, bm: Any, router: Any, top_k: int = 1, scaling: fl
 
 
 def infer_shapes(ctx: Any) -> None:
-    """ONNX shape inference: Delta [..., out] in X's type, Experts [..., top_k] int64, Gates [..., top_k]."""
     from onnx import TensorProto, helper
 
     elem = ctx.get_input_type(0).tensor_type.elem_type
@@ -276,9 +273,6 @@ def make_case(
 
 
 def samples(rng: np.random.Generator) -> Iterator[Sample]:
-    """Typical, edge (1 token, E = 1, top_k = E, r = 0/1, in = 0, empty batch, tile edges) and special samples
-    (router ties, NaN / inf tokens) on which every backend must agree."""
-
     def case(*args: Any, **kw: Any) -> tuple[np.ndarray, ...]:
         return make_case(rng, *args, **kw)
 
@@ -337,7 +331,6 @@ def _special(rng: np.random.Generator) -> Iterator[Sample]:
 
 
 def errors() -> Iterator[ErrorCase]:
-    """Inputs that break a rule of the contract (top_k, E / r / in / out mismatches, non-finite weights)."""
     x = np.zeros((3, 6), np.float32)
     a = np.zeros((4, 2, 6), np.float32)
     bm = np.zeros((4, 5, 2), np.float32)

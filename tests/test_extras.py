@@ -33,11 +33,10 @@ ROOT = Path(__file__).resolve().parent.parent
 # a new lazy import of a third-party package in a feature belongs here.
 FEATURES: dict[str, list[str]] = {
     # export (torch, onnxscript), optimize, quantize (onnxruntime.quantization), compare and its report
-    # (rich, matplotlib), run: workflow files validated with jsonschema, YAML ones read with PyYAML;
-    # softdeploy.lora reads PEFT adapters with safetensors.
+    # (rich, matplotlib), run: workflow files validated with jsonschema, YAML ones read with PyYAML.
     "": [
         *("numpy", "onnx", "google.protobuf", "onnxruntime", "onnxscript", "torch", "rich", "tqdm", "matplotlib"),
-        *("jsonschema", "yaml", "safetensors"),
+        *("jsonschema", "yaml"),
     ],
     # the built-in cases: all-MiniLM-L6-v2 (transformers, through the weights package), chatterbot-corpus
     # (YAML), the detection case's images (scikit-image).

@@ -10,12 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from softdeploy.quant.quantize import QuantConfig, QuantizationError, QuantizedModel, quantize
 from softdeploy.quant.search import BudgetResult, budget_search
-
-OUTPUT_COSINE = "output cosine"
 
 
 def quantize_file(
@@ -38,7 +34,7 @@ def quantize_file(
     node in int8 is a QuantizationError: the file would be a float model under an int8 name."""
     from softdeploy.files import load_model
     from softdeploy.quant.quantize import check_softdeploy_ops
-    from softdeploy.workflow.data import collect_outputs, load_dataset, model_inputs
+    from softdeploy.workflow.data import collect_outputs, load_dataset, model_inputs, model_outputs
     from softdeploy.workflow.metrics import resolve
     from softdeploy.workflow.spec import MetricSpec
 
@@ -53,14 +49,9 @@ def quantize_file(
     else:
         if dataset is None:
             raise QuantizationError("--max-drop needs data to measure the metric on (--data)")
-        from onnx import helper
-
         from softdeploy.runtime import Session
 
-        outputs = {
-            o.name: np.dtype(helper.tensor_dtype_to_np_dtype(o.type.tensor_type.elem_type)).name
-            for o in proto.graph.output
-        }
+        outputs = model_outputs(proto)
         chosen = resolve(metric or MetricSpec("cosine"), outputs, dataset.labels is not None)
         names = list(outputs)
         reference = collect_outputs(Session(model, kernels="auto", threads=threads).run, dataset.batches, names)

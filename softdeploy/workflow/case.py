@@ -10,7 +10,14 @@ from typing import Any
 import numpy as np
 
 from softdeploy.compare.case import Evaluation, Floor, Progress, Runner, Timed
-from softdeploy.workflow.data import Dataset, ModelInput, collect_outputs, load_dataset, model_inputs
+from softdeploy.workflow.data import (
+    Dataset,
+    ModelInput,
+    collect_outputs,
+    load_dataset,
+    model_inputs,
+    model_outputs,
+)
 from softdeploy.workflow.metrics import Metric, resolve
 from softdeploy.workflow.spec import MetricSpec, Workflow, WorkflowError
 
@@ -74,7 +81,6 @@ class WorkflowCase:
         """Loads (or exports) the model, checks the data against its inputs, resolves the metrics."""
         if self._model is not None:
             return
-        import onnx
 
         from softdeploy.files import load_model
 
@@ -92,10 +98,7 @@ class WorkflowCase:
         else:
             self._model = load_model(wf.model)
         self._inputs = model_inputs(self._model)
-        self._outputs = {
-            o.name: np.dtype(onnx.helper.tensor_dtype_to_np_dtype(o.type.tensor_type.elem_type)).name
-            for o in self._model.graph.output
-        }
+        self._outputs = model_outputs(self._model)
         with progress.step(f"read and check data {wf.data.inputs}"):
             self._data = load_dataset(wf.data, self._inputs)
         specs = wf.metrics or (MetricSpec("cosine"),)

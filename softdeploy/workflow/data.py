@@ -47,6 +47,15 @@ def model_inputs(model: Any) -> list[ModelInput]:
     return out
 
 
+def model_outputs(model: Any) -> dict[str, str]:
+    """The graph outputs of an onnx.ModelProto: name -> numpy dtype name, in graph order."""
+    from onnx import helper
+
+    return {
+        o.name: np.dtype(helper.tensor_dtype_to_np_dtype(o.type.tensor_type.elem_type)).name for o in model.graph.output
+    }
+
+
 @dataclasses.dataclass
 class Dataset:
     """Evaluation batches (feeds of every model input), labels aligned with their samples, and the

@@ -23,8 +23,6 @@ import pytest
 from softdeploy import SoftdeployError
 
 ROOT = Path(__file__).resolve().parents[2]
-CLI_ONE_LINE = "CLI one-line errors (h-cli)"
-OVERWRITE = "issue 11 defect 4: refuse to overwrite without --overwrite (h-cli)"
 
 
 class _Unpickled:
@@ -124,9 +122,6 @@ def _cases() -> dict[str, tuple[str, ...]]:
 
 
 CASES = _cases()
-# Where today's CLI still prints a traceback (the CLI helper is making these one-line errors).
-# Cases that printed a traceback before the CLI's one-line errors (issue 11 item 7): none left.
-TRACEBACK_TODAY: set[str] = set()
 
 
 def _cli(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
@@ -156,13 +151,7 @@ def assert_one_line_error(result: subprocess.CompletedProcess) -> None:
     assert len(lines) == 1 and "error" in lines[0].lower(), result.stderr[-3000:]
 
 
-@pytest.mark.parametrize(
-    "case",
-    [
-        pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=CLI_ONE_LINE)) if c in TRACEBACK_TODAY else c
-        for c in CASES
-    ],
-)
+@pytest.mark.parametrize("case", list(CASES))
 def test_cli_refuses_hostile_file_in_one_line(case, cli_results, files):
     assert_one_line_error(cli_results[case])
     assert not files["marker"].exists(), "a pickled object array was unpickled"
@@ -200,27 +189,21 @@ def test_session_refuses_hostile_bytes(kind, files):
 
 
 OVERWRITE_CASES = {
-    "quantize-existing-output": (("quantize", "{good}", "-o", "{existing}"), False),
-    "quantize-onto-its-source": (("quantize", "{model}", "-o", "{model}"), False),
-    "optimize-existing-output": (("optimize", "{good}", "{existing}"), False),
-    "compile-existing-output": (("compile", "{good}", "--shape", "X=2x8", "-o", "{existing}"), False),
+    "quantize-existing-output": ("quantize", "{good}", "-o", "{existing}"),
+    "quantize-onto-its-source": ("quantize", "{model}", "-o", "{model}"),
+    "optimize-existing-output": ("optimize", "{good}", "{existing}"),
+    "compile-existing-output": ("compile", "{good}", "--shape", "X=2x8", "-o", "{existing}"),
 }
 
 
-@pytest.mark.parametrize(
-    "case",
-    [
-        pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=OVERWRITE)) if today else c
-        for c, (_, today) in OVERWRITE_CASES.items()
-    ],
-)
+@pytest.mark.parametrize("case", list(OVERWRITE_CASES))
 def test_cli_refuses_to_overwrite(case, files, tmp_path):
     existing = tmp_path / "existing.onnx"
     existing.write_bytes(b"precious")
     model = tmp_path / "model.onnx"
     model.write_bytes(files["good"].read_bytes())
     subs = {"good": str(files["good"]), "existing": str(existing), "model": str(model)}
-    argv, _ = OVERWRITE_CASES[case]
+    argv = OVERWRITE_CASES[case]
     result = _cli([a.format(**subs) for a in argv], tmp_path)
     assert existing.read_bytes() == b"precious", "the existing output was overwritten"
     assert model.read_bytes() == files["good"].read_bytes(), "the source model was overwritten"

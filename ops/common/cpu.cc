@@ -72,7 +72,7 @@ IsaChoice ChooseIsa() {
 
 Isa SelectIsa() {
   IsaChoice c = ChooseIsa();
-  if (!c.valid) throw std::invalid_argument(c.note);
+  if (!c.valid) throw EnvironmentError(c.note);
   return c.selected;
 }
 

@@ -8,6 +8,7 @@
 // is reported by the exported SoftdeployLibraryInfo() (ops/register.cc), never guessed elsewhere.
 #pragma once
 
+#include <stdexcept>
 #include <string>
 
 namespace sd {
@@ -33,8 +34,17 @@ struct IsaChoice {
 };
 IsaChoice ChooseIsa();
 
+// The library's environment refuses (a setting of this process, not the model or its inputs). Guard
+// (common/kernel.h) reports it as "softdeploy kernel library: ..." -- never "<Op>: ...", the form of
+// an op-contract error -- so that callers tell the two apart by the message's form alone (onnxruntime
+// keeps no status code of a kernel that fails at session creation).
+class EnvironmentError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 // The variant a kernel instance runs: ChooseIsa().selected. A value of SOFTDEPLOY_ISA or
-// SOFTDEPLOY_TEST_CPU that names no variant throws std::invalid_argument (kernel creation then fails
+// SOFTDEPLOY_TEST_CPU that names no variant throws EnvironmentError (kernel creation then fails
 // naming the op): an ignored typo would silently test or benchmark another variant than the one
 // asked for.
 Isa SelectIsa();

@@ -79,6 +79,8 @@ OrtStatusPtr Guard(const char* op, F&& f) noexcept {
     return nullptr;
   } catch (const OpError& e) {
     return api.CreateStatus(ORT_INVALID_ARGUMENT, e.what());
+  } catch (const EnvironmentError& e) {
+    return api.CreateStatus(ORT_FAIL, StrCat("softdeploy kernel library: cannot create ", op, ": ", e.what()).c_str());
   } catch (const Ort::Exception& e) {
     return api.CreateStatus(e.GetOrtErrorCode(), StrCat(op, ": ", e.what()).c_str());
   } catch (const std::bad_alloc&) {

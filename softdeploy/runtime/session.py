@@ -404,9 +404,9 @@ def _translate(e: Exception) -> Exception:
     if op is not None and _is_our_op(op):
         given = f"; given {typed.group(2)}: {_element_type(typed.group(1))}" if typed and typed.group(1) else ""
         return OpContractError(_type_rule(op) + given)
-    # A kernel refusing the environment (an SOFTDEPLOY_ISA naming no variant) is not the model's fault.
-    environment = re.search(r"SOFTDEPLOY_(ISA|TEST_CPU)=", message) is not None
-    if _names_our_op(message) and not environment:
+    # A kernel refusing the environment (an SOFTDEPLOY_ISA naming no variant) writes "softdeploy kernel
+    # library: ..." (ops/common/cpu.h EnvironmentError), not "<Op>: ...": a RuntimeFailure below.
+    if _names_our_op(message):
         return OpContractError(message)
     return RuntimeFailure(message)
 

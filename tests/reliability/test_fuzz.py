@@ -52,6 +52,8 @@ def _beyond_dot_product_domain(case: Case) -> bool:
     cancellation, not the kernel (an overflowing sum is inf, or NaN after inf - inf)."""
     op = REGISTRY[case.op]
     values = dict(zip((p.name for p in op.inputs), case.sample.inputs, strict=False))
+    if case.op == "LoRAMixer":
+        return _beyond_lora_mixer_domain(values, case.sample.attrs)
     if values.get("Q") is None or values.get("D") is None:
         return False
     q, d = np.asarray(values["Q"], np.float64), np.asarray(values["D"], np.float64)
@@ -68,6 +70,27 @@ def _beyond_dot_product_domain(case: Case) -> bool:
         bound = q.shape[-1] * 2.0**-24 * mag
         atol = op.tolerance[case.dtype][1]
         return bool(np.any(~np.isfinite(bound)) or np.nanmax(bound) > atol)
+
+
+def _beyond_lora_mixer_domain(values: dict, attrs: dict) -> bool:
+    """LoRAMixer (ops/lora_mixer.cc) sums in float32: the router logits sum_i R_ei x_i, u = A_e x and
+    Delta = scaling sum_e w_e Bm_e u. Where a sum of magnitudes of those terms (computed in float64 for
+    the finite tokens) exceeds float32's range, an intermediate may overflow to inf (NaN after
+    inf - inf, or a token taken as non-finite) where the float64 reference stays finite: a case of
+    float32's range, not of the kernel. Non-finite weights and scalings are refused by both."""
+    x, a, bm, router = (np.asarray(values[k], np.float64) for k in ("X", "A", "Bm", "Router"))
+    if x.size == 0 or a.size == 0 or not (np.isfinite(a).all() and np.isfinite(bm).all() and np.isfinite(router).all()):
+        return False
+    x2 = x.reshape(-1, x.shape[-1])
+    x2 = np.abs(x2[np.isfinite(x2).all(axis=-1)])
+    if x2.size == 0:
+        return False
+    limit = float(np.finfo(np.float32).max) / 4  # margin: partial sums and rounding
+    with np.errstate(all="ignore"):
+        rx = x2 @ np.abs(router).T
+        ax = np.einsum("ni,eri->ner", x2, np.abs(a))
+        m = abs(float(attrs.get("scaling", 1.0))) * np.einsum("ner,eor->neo", ax, np.abs(bm))
+    return bool(max(rx.max(initial=0.0), ax.max(initial=0.0), m.max(initial=0.0)) > limit)
 
 
 @dataclasses.dataclass

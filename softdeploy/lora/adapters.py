@@ -32,6 +32,9 @@ _PREFIX = "base_model.model."
 
 @dataclasses.dataclass(frozen=True)
 class Adapter:
+    """One PEFT LoRA adapter as read from its folder: rank r, scaling (lora_alpha / r, or / sqrt(r) with
+    use_rslora) and per target module its factors (lora_A [r, in], lora_B [out, r])."""
+
     path: Path
     r: int
     scaling: float

@@ -79,16 +79,22 @@ class LoRAMixerLinear(nn.Module):
 
     @property
     def num_experts(self) -> int:
+        """E, the number of LoRA experts."""
         return int(self.A.shape[0])
 
     @property
     def rank(self) -> int:
+        """r, the rank of each expert's factors."""
         return int(self.A.shape[1])
 
     def extra_repr(self) -> str:
+        """The experts, rank, top_k and scaling, as printed inside the module's repr."""
         return f"experts={self.num_experts}, rank={self.rank}, top_k={self.top_k}, scaling={self.scaling:g}"
 
     def forward(self, x: Tensor) -> Tensor:
+        """``base(x) + LoRAMixer(x)``. In training (with grad) the forward stays hard (the top-k experts only)
+        and the backward is soft: the gradient is that of the dense mixture softmax(Router x) over all
+        experts (straight-through); the routing probabilities and the chosen experts are kept for the loss."""
         delta, experts, _ = _op()(x, self.A, self.Bm, self.router, top_k=self.top_k, scaling=self.scaling)
         if self.training and torch.is_grad_enabled():
             self.last_experts = experts.detach()

@@ -24,7 +24,9 @@ Rules (the contract; docs/ops/LoRAMixer.md renders it):
   it against the base projection it is added to. r = 0 is allowed (Delta = 0).
 * Ranking is by the logits ``l`` (the order of the exact probabilities: softmax is strictly
   increasing), so probabilities that underflow to 0 still rank by logit, and exactly equal logits
-  rank the lower expert index first.
+  rank the lower expert index first. The kernels rank float32 logits, each good to about
+  ``(in + 1) * u * sum_i |Router_ei x_i|`` (u = 2^-24): logits closer than that may rank either way
+  (identical router rows always give equal logits, so the lower index first).
 * Per-token special values: a token whose logits are not all finite (X holds NaN or +-inf, or a
   logit overflows) gets ``Delta`` all NaN and ``Gates`` all NaN, ``Experts`` = 0, 1, ..., top_k-1;
   the other tokens are not affected.
@@ -119,6 +121,9 @@ def check_finite(name: str, values: Any) -> None:
 def reference(
     x: np.ndarray, a: np.ndarray, bm: np.ndarray, router: np.ndarray, *, top_k: int = 1, scaling: float = 1.0
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The float64 NumPy oracle of LoRAMixer: every backend (kernel, function body, torch, TVM) is held to it
+    within OpDef.tolerance; it checks the contract first (shapes, top_k, scaling, finite weights), so a bad input
+    raises the same OpContractError as the kernel."""
     _, _, n_in, n_out = validate(np.shape(x), np.shape(a), np.shape(bm), np.shape(router), top_k, scaling)
     for name, w in (("A", a), ("Bm", bm), ("Router", router)):
         check_finite(name, w)
@@ -229,6 +234,8 @@ def torch_impl(x: Any, a: Any, bm: Any, router: Any, top_k: int = 1, scaling: fl
 
 
 def torch_fake(x: Any, a: Any, bm: Any, router: Any, top_k: int = 1, scaling: float = 1.0) -> Any:
+    """LoRAMixer on torch's fake tensors (export tracing): the shape checks, then empty Delta [..., out],
+    Experts int64 [..., top_k] and Gates [..., top_k]."""
     import torch
 
     _, _, _, n_out = validate(x.shape, a.shape, bm.shape, router.shape, top_k, scaling)
@@ -241,6 +248,8 @@ def torch_fake(x: Any, a: Any, bm: Any, router: Any, top_k: int = 1, scaling: fl
 
 
 def infer_shapes(ctx: Any) -> None:
+    """ONNX shape inference for LoRAMixer: Delta [..., out] of X's type, Experts int64 and Gates of X's type
+    [..., top_k]."""
     from onnx import TensorProto, helper
 
     elem = ctx.get_input_type(0).tensor_type.elem_type
@@ -273,6 +282,9 @@ def make_case(
 
 
 def samples(rng: np.random.Generator) -> Iterator[Sample]:
+    """The conformance inputs of LoRAMixer, drawn from ``rng``: the MiniLM benchmark shape, r = 0, empty batches,
+    one expert, ties between identical router rows, non-finite and tiny tokens, on which every backend must agree."""
+
     def case(*args: Any, **kw: Any) -> tuple[np.ndarray, ...]:
         return make_case(rng, *args, **kw)
 
@@ -331,6 +343,8 @@ def _special(rng: np.random.Generator) -> Iterator[Sample]:
 
 
 def errors() -> Iterator[ErrorCase]:
+    """Inputs that break each rule of LoRAMixer (shapes that disagree on E, r or in, top_k out of range, non-finite
+    scaling or weights); every backend must refuse them with a message containing ``match``."""
     x = np.zeros((3, 6), np.float32)
     a = np.zeros((4, 2, 6), np.float32)
     bm = np.zeros((4, 5, 2), np.float32)

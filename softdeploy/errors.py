@@ -47,6 +47,12 @@ class OverwriteError(SoftdeployError, FileExistsError):
     """A command would replace an existing file without being asked to (or replace its own input)."""
 
 
+class AdapterError(SoftdeployError, ValueError):
+    """A LoRA adapter (PEFT's adapter_config.json + adapter_model.safetensors) cannot be used: missing,
+    not safetensors, a config softdeploy does not read, or a tensor of the wrong name or shape. The
+    message names the file, the value and the rule."""
+
+
 class SoftdeployWarning(UserWarning):
     """A warning softdeploy itself raises. The CLI shows these on the terminal; every other Python
     warning (torch's, onnxruntime's, ...) goes to its log file unless ``--verbose``."""

@@ -33,10 +33,11 @@ ROOT = Path(__file__).resolve().parent.parent
 # a new lazy import of a third-party package in a feature belongs here.
 FEATURES: dict[str, list[str]] = {
     # export (torch, onnxscript), optimize, quantize (onnxruntime.quantization), compare and its report
-    # (rich, matplotlib), run: workflow files validated with jsonschema, YAML ones read with PyYAML.
+    # (rich, matplotlib), run: workflow files validated with jsonschema, YAML ones read with PyYAML; LoRA
+    # adapters read with safetensors.
     "": [
         *("numpy", "onnx", "google.protobuf", "onnxruntime", "onnxscript", "torch", "rich", "tqdm", "matplotlib"),
-        *("jsonschema", "yaml"),
+        *("jsonschema", "yaml", "safetensors"),
     ],
     # the built-in cases: all-MiniLM-L6-v2 (transformers, through the weights package), chatterbot-corpus
     # (YAML), the detection case's images (scikit-image).

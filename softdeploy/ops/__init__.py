@@ -10,6 +10,7 @@ from __future__ import annotations
 # One op per line, sorted by op name (merge-friendly; test_registry.py checks it against ops.inc).
 from softdeploy.ops import (
     adaptive_temperature_softmax,
+    lora_mixer,
     max_sim,
     multi_max,
     signed_max_sim,
@@ -22,6 +23,7 @@ from softdeploy.ops._schema import ErrorCase, OpDef, Sample
 
 _DEFS = (
     adaptive_temperature_softmax.DEF,
+    lora_mixer.DEF,
     max_sim.DEF,
     multi_max.DEF,
     signed_max_sim.DEF,

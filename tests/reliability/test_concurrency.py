@@ -46,6 +46,9 @@ def expected_tasks(op: OpDef, sample: Sample) -> int:
         b, lq, dim = np.shape(ports["Q"])
         n, ld, _ = np.shape(ports["D"])
         return num_tasks(n, b * lq * ld * max(dim, 1))
+    if {"A", "Bm", "Router"} <= set(ports):  # ops/lora_mixer.cc: fixed blocks of 64 tokens (not NumTasks)
+        x = np.asarray(ports["X"])
+        return -(-math.prod(x.shape[:-1]) // 64)
     if set(ports) <= {"X", "Ranges", "Ts", "Mask"}:  # MapRows / rows of the axis (MultiMax costs 4n: >= n)
         x = np.asarray(ports["X"])
         axis = sample.attrs.get("axis", -1) % x.ndim

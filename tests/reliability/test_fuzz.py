@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+import itertools
 from collections.abc import Callable
 
 import numpy as np
@@ -52,6 +53,8 @@ def _beyond_dot_product_domain(case: Case) -> bool:
     cancellation, not the kernel (an overflowing sum is inf, or NaN after inf - inf)."""
     op = REGISTRY[case.op]
     values = dict(zip((p.name for p in op.inputs), case.sample.inputs, strict=False))
+    if case.op == "LoRAMixer":
+        return _beyond_lora_mixer_domain(values, case.sample.attrs)
     if values.get("Q") is None or values.get("D") is None:
         return False
     q, d = np.asarray(values["Q"], np.float64), np.asarray(values["D"], np.float64)
@@ -68,6 +71,53 @@ def _beyond_dot_product_domain(case: Case) -> bool:
         bound = q.shape[-1] * 2.0**-24 * mag
         atol = op.tolerance[case.dtype][1]
         return bool(np.any(~np.isfinite(bound)) or np.nanmax(bound) > atol)
+
+
+def _beyond_lora_mixer_domain(values: dict, attrs: dict) -> bool:
+    """LoRAMixer (ops/lora_mixer.cc) sums in float32: the router logits sum_i R_ei x_i, u = A_e x and
+    Delta = scaling sum_e w_e Bm_e u. Where a sum of magnitudes of those terms (computed in float64 for
+    the finite tokens) exceeds float32's range, an intermediate may overflow to inf (NaN after
+    inf - inf, or a token taken as non-finite) where the float64 reference stays finite: a case of
+    float32's range, not of the kernel. Non-finite weights and scalings are refused by both."""
+    x, a, bm, router = (np.asarray(values[k], np.float64) for k in ("X", "A", "Bm", "Router"))
+    if x.size == 0 or a.size == 0 or not (np.isfinite(a).all() and np.isfinite(bm).all() and np.isfinite(router).all()):
+        return False
+    x2 = x.reshape(-1, x.shape[-1])
+    x2 = np.abs(x2[np.isfinite(x2).all(axis=-1)])
+    if x2.size == 0:
+        return False
+    limit = float(np.finfo(np.float32).max) / 4  # margin: partial sums and rounding
+    with np.errstate(all="ignore"):
+        rx = x2 @ np.abs(router).T
+        ax = np.einsum("ni,eri->ner", x2, np.abs(a))
+        m = abs(float(attrs.get("scaling", 1.0))) * np.einsum("ner,eor->neo", ax, np.abs(bm))
+    if max(rx.max(initial=0.0), ax.max(initial=0.0), m.max(initial=0.0)) > limit:
+        return True
+    return _lora_mixer_routing_within_rounding(values, attrs)
+
+
+def _lora_mixer_routing_within_rounding(values: dict, attrs: dict) -> bool:
+    """The kernel ranks float32 logits l_e = sum_i R_ei x_i, each good to (in + 1) u sum_i |R_ei x_i|
+    (u = 2^-24). Where two of the first top_k + 1 ranks of the float64 logits are closer than twice that
+    bound, rounding decides their order (e.g. router rows one float16 subnormal apart: 12 and 12 + 1.2e-7
+    are one float32 value), so Experts may differ from the reference without a defect. Exactly equal
+    logits of identical router rows stay in the domain: the kernel promises them equal (lower index first)."""
+    x, router = np.asarray(values["X"], np.float64), np.asarray(values["Router"], np.float64)
+    x2 = x.reshape(-1, x.shape[-1])
+    x2 = x2[np.isfinite(x2).all(axis=-1)]
+    k, e = int(attrs.get("top_k", 1)), router.shape[0]
+    with np.errstate(all="ignore"):
+        logits = x2 @ router.T
+        bound = 2 * (x2.shape[-1] + 1) * 2.0**-24 * (np.abs(x2) @ np.abs(router).T).max(axis=-1, initial=0.0)
+    for lt, b in zip(logits, bound, strict=True):
+        if not np.isfinite(lt).all():
+            continue  # a logit that overflows: the token is non-finite on both sides
+        order = np.argsort(-lt, kind="stable")[: min(k + 1, e)]
+        for p, q in itertools.pairwise(order):
+            gap = lt[p] - lt[q]
+            if gap <= b and not (gap == 0 and np.array_equal(router[p], router[q])):
+                return True
+    return False
 
 
 @dataclasses.dataclass

@@ -104,22 +104,30 @@ struct Candidates {
     }
     __syncthreads();
   }
-  // Sort, keep the best min(count, k), update the threshold. Called by the whole block.
+  // Sort, keep the best min(count, k), update the threshold. Called by the whole block. Only the
+  // smallest power of two >= count is sorted (entries beyond count are stale and padded with 0, which
+  // ranks below every real key), so the last compaction of a row -- typically a few hundred
+  // candidates -- costs a small fraction of a full-capacity sort.
   __device__ void Compact() {
     const int c = *count;
-    for (int i = c + threadIdx.x; i < cap; i += blockDim.x) buf[i] = 0;
+    int size = 2;
+    while (size < c) size <<= 1;
+    for (int i = c + threadIdx.x; i < size; i += blockDim.x) buf[i] = 0;
     __syncthreads();
-    BlockSortDesc(buf, cap);
+    BlockSortDesc(buf, size);
     if (threadIdx.x == 0) {
       *count = c < k ? c : k;
       *thr = c < k ? 0ull : buf[k - 1];
     }
     __syncthreads();
   }
-  // Before a wave of up to kWave offers (whole block).
+  // Before a wave of up to kWave offers (whole block): compact when the wave could overflow the
+  // buffer, and as soon as the first k candidates are in (threshold still 0), so that the filter
+  // starts working after one wave instead of after a full buffer.
   __device__ void BeginWave() {
     __syncthreads();
-    if (*count + kWave > cap) Compact();
+    const int c = *count;
+    if (c + kWave > cap || (*thr == 0 && c >= k)) Compact();
   }
   __device__ __forceinline__ void Offer(uint64_t key, uint64_t t) {
     if (key > t) buf[atomicAdd(count, 1)] = key;
@@ -174,15 +182,24 @@ __global__ void __launch_bounds__(kThreads) ChunkKernel(const T* __restrict__ x,
     c.Reset();
     Online st;
     unsigned flags = 0;
+    // Loads of wave w + 1 are issued before wave w is processed (software pipelining): twice the
+    // bytes in flight per thread, which a bandwidth-bound pass needs to cover the memory latency.
+    float next[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t j = j0 + u * kThreads + threadIdx.x;
+      next[u] = j < j1 ? ToF(x[base + j * inner]) : 0.0f;
+    }
     for (int64_t w = j0; w < j1; w += kWave) {
-      c.BeginWave();
-      const uint64_t th = *c.thr;
       float xs[kUnroll];
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
-        const int64_t j = w + u * kThreads + threadIdx.x;
-        xs[u] = j < j1 ? ToF(x[base + j * inner]) : 0.0f;
+        xs[u] = next[u];
+        const int64_t j = w + kWave + u * kThreads + threadIdx.x;
+        next[u] = j < j1 ? ToF(x[base + j * inner]) : 0.0f;
       }
+      c.BeginWave();
+      const uint64_t th = *c.thr;
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const int64_t j = w + u * kThreads + threadIdx.x;

@@ -58,6 +58,27 @@ size_t TensorCoreSmem(int64_t Lq, int64_t dim, size_t elem) {
          (sizeof(float) + sizeof(unsigned)) * kWarps * lq_pad;
 }
 
+// Copies rows [0, rows) of src (row stride dim) into dst [rows_pad, dim_pad], zero-padding columns
+// >= dim and rows >= rows (whole block).
+template <class T>
+__device__ inline void StageRows(T* dst, const T* src, int64_t rows, int rows_pad, int64_t dim, int dim_pad, bool vec) {
+  if (vec) {
+    const int per_row = dim_pad / 8;
+    for (int ch = threadIdx.x; ch < rows_pad * per_row; ch += blockDim.x) {
+      const int r = ch / per_row, k = (ch % per_row) * 8;
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (r < rows && k < dim) v = *reinterpret_cast<const uint4*>(src + r * dim + k);
+      *reinterpret_cast<uint4*>(dst + r * dim_pad + k) = v;
+    }
+    return;
+  }
+  const T zero = FromF<T>(0.0f);
+  for (int e = threadIdx.x; e < rows_pad * dim_pad; e += blockDim.x) {
+    const int r = e / dim_pad, k = e % dim_pad;
+    dst[e] = r < rows && k < dim ? src[r * dim + k] : zero;
+  }
+}
+
 template <class T>
 __global__ void __launch_bounds__(32 * kWarps) TensorCoreKernel(const T* __restrict__ q, const T* __restrict__ d,
                                                                const uint8_t* __restrict__ q_mask,
@@ -76,11 +97,9 @@ __global__ void __launch_bounds__(32 * kWarps) TensorCoreKernel(const T* __restr
   unsigned* nan = reinterpret_cast<unsigned*>(best + kWarps * lq_pad);
   const int64_t b = blockIdx.x;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const T zero = FromF<T>(0.0f);
-  for (int e = threadIdx.x; e < lq_pad * dim_pad; e += blockDim.x) {
-    const int i = e / dim_pad, k = e % dim_pad;
-    qs[e] = i < Lq && k < dim ? q[(b * Lq + i) * dim + k] : zero;
-  }
+  // 16-byte loads (8 elements) where every row starts 16-byte aligned: dim % 8 == 0 and aligned bases.
+  const bool vec = dim % 8 == 0 && (reinterpret_cast<uintptr_t>(q) | reinterpret_cast<uintptr_t>(d)) % 16 == 0;
+  StageRows(qs, q + b * Lq * dim, Lq, lq_pad, dim, dim_pad, vec);
   const int64_t n0 = static_cast<int64_t>(blockIdx.y) * kDocsPerBlock;
   for (int64_t n = n0; n < min(N, n0 + kDocsPerBlock); ++n) {
     for (int i = lane; i < lq_pad; i += 32) {
@@ -90,11 +109,7 @@ __global__ void __launch_bounds__(32 * kWarps) TensorCoreKernel(const T* __restr
     bool any_valid = false;
     for (int64_t j0 = 0; j0 < Ld; j0 += kTileJ) {
       __syncthreads();  // previous tile consumed (and qs written, on the first)
-      for (int e = threadIdx.x; e < kTileJ * dim_pad; e += blockDim.x) {
-        const int jj = e / dim_pad, k = e % dim_pad;
-        const int64_t j = j0 + jj;
-        ds[e] = j < Ld && k < dim ? d[(n * Ld + j) * dim + k] : zero;
-      }
+      StageRows(ds, d + (n * Ld + j0) * dim, (Ld - j0 < kTileJ ? Ld - j0 : int64_t{kTileJ}), kTileJ, dim, dim_pad, vec);
       __syncthreads();
       wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[kMaxLqPad / 16];
       const int row_tiles = lq_pad / 16;
@@ -118,20 +133,31 @@ __global__ void __launch_bounds__(32 * kWarps) TensorCoreKernel(const T* __restr
       for (int r = 0; r < kMaxLqPad / 16; ++r)
         if (r < row_tiles) wmma::store_matrix_sync(my + r * 16 * 16, acc[r], 16, wmma::mem_row_major);
       __syncwarp();
-      for (int i = lane; i < Lq; i += 32) {
-        float m = best[warp * lq_pad + i];
-        unsigned has_nan = nan[warp * lq_pad + i];
-        const float qsc = q_scale != nullptr ? q_scale[b * Lq + i] : 1.0f;
-        for (int c = 0; c < 16; ++c) {
-          const int64_t j = j0 + warp * 16 + c;
-          if (j >= Ld || !Valid(d_mask, n * Ld + j)) continue;
-          float v = my[i * 16 + c];
-          if (q_scale != nullptr || d_scale != nullptr) v = qsc * (d_scale != nullptr ? d_scale[n * Ld + j] : 1.0f) * v;
-          if (v != v) has_nan = 1;
-          else m = fmaxf(m, v);
+      // Fold the warp's [lq_pad, 16] tile into its running row maxima: lane reads element e0 + lane
+      // (consecutive words: no bank conflicts), each half-warp holds one row, reduced by shuffles.
+      for (int e0 = 0; e0 < lq_pad * 16; e0 += 32) {
+        const int e = e0 + lane, i = e >> 4, c = e & 15;
+        const int64_t j = j0 + warp * 16 + c;
+        float v = -__int_as_float(0x7F800000);
+        unsigned has_nan = 0;
+        if (i < Lq && j < Ld && Valid(d_mask, n * Ld + j)) {
+          v = my[e];
+          if (q_scale != nullptr || d_scale != nullptr) {
+            v = (q_scale != nullptr ? q_scale[b * Lq + i] : 1.0f) * (d_scale != nullptr ? d_scale[n * Ld + j] : 1.0f) * v;
+          }
+          if (v != v) {
+            has_nan = 1;
+            v = -__int_as_float(0x7F800000);
+          }
         }
-        best[warp * lq_pad + i] = m;
-        nan[warp * lq_pad + i] = has_nan;
+        for (int o = 8; o > 0; o >>= 1) {
+          v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
+          has_nan |= __shfl_xor_sync(0xFFFFFFFFu, has_nan, o);
+        }
+        if (c == 0 && i < Lq) {
+          best[warp * lq_pad + i] = fmaxf(best[warp * lq_pad + i], v);
+          nan[warp * lq_pad + i] |= has_nan;
+        }
       }
       if (threadIdx.x == 0) {
         for (int64_t j = j0; j < min(Ld, j0 + kTileJ) && !any_valid; ++j) any_valid = Valid(d_mask, n * Ld + j);

@@ -16,6 +16,8 @@
 # session ignores them, which the CPU tests cover), but not executed on a GPU. The kernels they launch are
 # the same launch functions the C ABI calls, which this script does test.
 #
+# Python side: softdeploy's base dependencies must import there (numpy, onnx, onnxscript, onnxruntime CPU;
+# the ops registry and the references need them) -- env.txt records which do.
 # Needs onnxruntime's C/C++ headers for the build and has no network: set ONNXRUNTIME_INCLUDE_DIR, or
 # copy the headers to .ort-headers/ in the tree beforehand and carry that path (e.g.
 #   cp -r ~/.cache/softdeploy/onnxruntime-headers-*/usr/include/onnxruntime .ort-headers).
@@ -33,6 +35,7 @@ fi
   python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" || true
   python -c "import cupy; print('cupy', cupy.__version__)" || true
   python -c "import onnxruntime; print('onnxruntime', onnxruntime.__version__, onnxruntime.get_available_providers())" || true
+  python -c "import numpy, onnx, onnxscript; print('numpy', numpy.__version__, 'onnx', onnx.__version__, 'onnxscript', onnxscript.__version__)" || true
 } > "$OUT_DIR/env.txt" 2>&1
 cat "$OUT_DIR/env.txt"
 

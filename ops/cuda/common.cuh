@@ -115,16 +115,18 @@ __device__ __forceinline__ float Exp2Split(double t) {
 // Online normalizer state (Milakov & Gimelshein): m = running max of the finite-or--inf logits in
 // x units (so the exponent (x - m) * s is formed in double from the exact difference), d = sum of
 // 2^((x - m)*s), s = log2(e)/T. Terms with x == m are exactly 1 (also when s is +inf); -inf terms 0.
+// d is accumulated in double: a float sum of 10^5 terms per row would spend most of the contract's
+// 1e-6 (TwoPassSoftmax) on rounding; the double adds cost little beside the loads.
 struct Online {
   float m = -__builtin_huge_valf();
-  float d = 0.0f;
+  double d = 0.0;
 };
 __device__ __forceinline__ float Term(float x, float m, double s) {
   return x == m ? 1.0f : Exp2Split((static_cast<double>(x) - static_cast<double>(m)) * s);
 }
 __device__ __forceinline__ void OnlineAdd(Online& st, float x, double s) {
   if (x > st.m) {
-    st.d = st.d * Term(st.m, x, s) + 1.0f;
+    st.d = st.d * Term(st.m, x, s) + 1.0;
     st.m = x;
   } else if (x > -__int_as_float(0x7F800000)) {
     st.d += Term(x, st.m, s);
@@ -140,7 +142,8 @@ __device__ __forceinline__ Online OnlineMerge(Online a, Online b, double s) {
   return a;
 }
 __device__ inline Online BlockOnline(Online st, double s) {
-  __shared__ float ms[32], ds[32];
+  __shared__ float ms[32];
+  __shared__ double ds[32];
   for (int o = 16; o > 0; o >>= 1) {
     Online other{__shfl_xor_sync(0xFFFFFFFFu, st.m, o), __shfl_xor_sync(0xFFFFFFFFu, st.d, o)};
     st = OnlineMerge(st, other, s);

@@ -49,7 +49,7 @@ __global__ void __launch_bounds__(kThreads) TwoPassKernel(const T* __restrict__ 
     for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
       const float v = ToF(x[base + j * inner]);
       // term / d, not term * (1/d): the reciprocal would add a rounding.
-      const float out = special ? __uint_as_float(0x7FC00000u) : Term(v, st.m, kLog2e) / st.d;
+      const float out = special ? __uint_as_float(0x7FC00000u) : static_cast<float>(Term(v, st.m, kLog2e) / st.d);
       y[base + j * inner] = FromF<T>(out);
     }
   }

@@ -221,7 +221,7 @@ __global__ void __launch_bounds__(kThreads) ChunkKernel(const T* __restrict__ x,
       for (int q = threadIdx.x; q < k; q += blockDim.x) part_keys[item * k + q] = c.buf[q];
       if (threadIdx.x == 0) {
         part_state[3 * item] = st.m;
-        part_state[3 * item + 1] = st.d;
+        part_state[3 * item + 1] = static_cast<float>(st.d);  // one rounding per chunk
         part_state[3 * item + 2] = __uint_as_float(flags);
       }
     }

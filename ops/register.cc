@@ -16,6 +16,9 @@ namespace sd {
 #define SD_OP(OpType, stem) void Register##OpType(Ort::CustomOpDomain& domain);
 #include "ops.inc"
 #undef SD_OP
+#ifdef SD_WITH_CUDA
+void RegisterCudaOps(Ort::CustomOpDomain& domain);  // ops/cuda/ort_cuda.cc
+#endif
 }  // namespace sd
 
 namespace {
@@ -27,6 +30,10 @@ Ort::CustomOpDomain* Domain() {
 #define SD_OP(OpType, stem) sd::Register##OpType(*d);
 #include "ops.inc"
 #undef SD_OP
+#ifdef SD_WITH_CUDA
+    // The same op names for onnxruntime's CUDAExecutionProvider; a CPU-only session never creates them.
+    sd::RegisterCudaOps(*d);
+#endif
     return d;
   }();
   return domain;
@@ -72,6 +79,16 @@ std::string JsonString(const std::string& v) {
   return out + "\"";
 }
 
+// What of the GPU path this library holds (decided at build time; nothing CUDA runs to answer).
+#ifdef SD_WITH_CUDA
+constexpr const char* kCudaJson =
+    "{\"compiled\": true, \"architectures\": \"" SD_CUDA_ARCHS "\", \"cuda_version\": \"" SD_CUDA_VERSION
+    "\", \"ops\": [\"MaxSim\", \"SoftmaxTopK\", \"Softpick\", \"TwoPassSoftmax\"], "
+    "\"execution_provider\": \"CUDAExecutionProvider\", \"c_abi\": \"sd_cuda_*\"}";
+#else
+constexpr const char* kCudaJson = "{\"compiled\": false}";
+#endif
+
 #if defined(__clang__)
 constexpr const char* kCompiler = "clang " __clang_version__;
 #elif defined(__GNUC__)
@@ -96,7 +113,7 @@ std::string LibraryInfoJson() {
       ", \"isa_selected\": ", isa.valid ? JsonString(sd::IsaName(isa.selected)) : std::string("null"),
       ", \"isa_note\": ", isa.note.empty() ? std::string("null") : JsonString(isa.note),
       ", \"isa_cpu_limit\": ", isa.cpu_limit.empty() ? std::string("null") : JsonString(isa.cpu_limit),
-      ", \"compiler\": ", JsonString(kCompiler), "}");
+      ", \"compiler\": ", JsonString(kCompiler), ", \"cuda\": ", kCudaJson, "}");
 }
 
 }  // namespace
@@ -107,7 +124,9 @@ std::string LibraryInfoJson() {
 // ops, isa_detected, isa_requested (SOFTDEPLOY_ISA or null), isa_request_valid, isa_selected (what a
 // kernel created now runs; null when the request is invalid and kernel creation fails), isa_note
 // (why selected differs from requested, or null), isa_cpu_limit (SOFTDEPLOY_TEST_CPU, a test setting
-// capping isa_detected, or null), compiler. Computed at each call: the ISA fields follow
+// capping isa_detected, or null), compiler, cuda ({"compiled": false}, or compiled true with
+// architectures (CMAKE_CUDA_ARCHITECTURES, e.g. "80-real,90"), cuda_version, ops, execution_provider and
+// c_abi). Computed at each call: the ISA fields follow
 // SOFTDEPLOY_ISA and SOFTDEPLOY_TEST_CPU as kernels created at that moment would.
 extern "C" __attribute__((visibility("default"))) size_t SoftdeployLibraryInfo(char* out, size_t capacity) {
   try {

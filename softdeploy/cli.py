@@ -120,7 +120,12 @@ def doctor_report() -> tuple[list[tuple[str, str]], list[str], list[str]]:
             f"onnxruntime C API version {info.ort_api_version} headers; compiled by {info.compiler or 'unknown'}",
         ),
         ("kernel variant", info.isa_summary()),
+        ("cuda kernels", info.cuda_summary()),
     ]
+    if info.cuda_compiled:
+        from softdeploy.runtime.library import cuda_device_count
+
+        rows.append(("cuda devices", f"{cuda_device_count(info)} visible"))
     if info.version != softdeploy.__version__:
         failures.append(f"library version {info.version} is not this package's {softdeploy.__version__}: rebuild it")
     if info.isa_requested is not None and info.isa_request_valid and not info.isa_honoured:

@@ -50,8 +50,10 @@ FEATURES: dict[str, list[str]] = {
     "docs": ["mkdocs", "mkdocstrings", "mkdocstrings_handlers", "griffe"],
 }
 # Imported by softdeploy/ but deliberately in no extra: facenet-pytorch pins torch<2.3 in its metadata
-# and is installed with --no-deps by hand (see pyproject.toml).
-NOT_AN_EXTRA = {"facenet_pytorch"}
+# and is installed with --no-deps by hand (see pyproject.toml). CuPy (softdeploy/runtime/cuda.py: device
+# buffers when torch has no CUDA) ships one wheel per CUDA major (cupy-cuda12x, cupy-cuda13x, ...), so only
+# the GPU machine's owner can pick it; torch's CUDA build is the default buffer library there.
+NOT_AN_EXTRA = {"facenet_pytorch", "cupy"}
 
 
 def _project() -> dict:

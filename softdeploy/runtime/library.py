@@ -80,6 +80,21 @@ class LibraryInfo:
     isa_note: str | None
     compiler: str
     isa_cpu_limit: str | None = None  # SOFTDEPLOY_TEST_CPU: a test setting that caps isa_detected
+    # The GPU path (docs/guide/gpu.md): whether the CUDA kernels (C ABI sd_cuda_*, CUDAExecutionProvider
+    # ops) are compiled into the library, for which architectures ("sm_80", ...) and with which CUDA.
+    cuda_compiled: bool = False
+    cuda_architectures: tuple[str, ...] = ()
+    cuda_version: str | None = None
+    cuda_ops: tuple[str, ...] = ()
+
+    def cuda_summary(self) -> str:
+        """One line: whether the library holds CUDA kernels, which ops, for which architectures."""
+        if not self.cuda_compiled:
+            return "not compiled in (built without nvcc or with SOFTDEPLOY_CUDA=OFF)"
+        return (
+            f"{', '.join(self.cuda_ops)} for {', '.join(self.cuda_architectures)} (CUDA {self.cuda_version}; "
+            "CUDAExecutionProvider ops and the sd_cuda_* C ABI)"
+        )
 
     @property
     def isa_honoured(self) -> bool:
@@ -102,6 +117,30 @@ class LibraryInfo:
 @functools.lru_cache(maxsize=8)
 def _load(path: str) -> ctypes.CDLL:
     return ctypes.CDLL(path)
+
+
+def _cuda_fields(cuda: dict) -> dict:
+    """LibraryInfo's cuda_* fields from SoftdeployLibraryInfo's "cuda" object; CMake's architecture list
+    ("80-real,90") becomes ("sm_80", "sm_90")."""
+    if not cuda.get("compiled"):
+        return {"cuda_compiled": False}
+    archs = tuple(f"sm_{a.split('-')[0]}" for a in str(cuda["architectures"]).split(",") if a)
+    return {
+        "cuda_compiled": True,
+        "cuda_architectures": archs,
+        "cuda_version": str(cuda["cuda_version"]),
+        "cuda_ops": tuple(str(o) for o in cuda["ops"]),
+    }
+
+
+def cuda_device_count(info: LibraryInfo) -> int:
+    """CUDA devices the library's runtime sees (0 without a driver or GPU, or when no CUDA is compiled in)."""
+    if not info.cuda_compiled:
+        return 0
+    fn = _load(str(info.path)).sd_cuda_device_count
+    fn.restype = ctypes.c_int
+    fn.argtypes = []
+    return int(fn())
 
 
 def _query(path: Path) -> LibraryInfo:
@@ -145,6 +184,7 @@ def _query(path: Path) -> LibraryInfo:
             isa_note=raw["isa_note"],
             compiler=str(raw.get("compiler", "")),
             isa_cpu_limit=raw.get("isa_cpu_limit"),
+            **_cuda_fields(raw.get("cuda") or {"compiled": False}),
         )
     except (ValueError, KeyError, TypeError) as e:
         raise LibraryNotFoundError(f"{path} (SoftdeployLibraryInfo answered no valid description: {e})") from None

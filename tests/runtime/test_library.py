@@ -170,15 +170,20 @@ def test_cpu_limit_naming_no_variant_fails_kernel_creation(monkeypatch):
 
 
 def test_library_exports_exactly_its_two_symbols():
+    """RegisterCustomOps and SoftdeployLibraryInfo, plus the CUDA C ABI (sd_cuda_*) exactly when the library
+    says it holds CUDA kernels."""
     import shutil
     import subprocess
+
+    from softdeploy.runtime.cuda import SYMBOLS
 
     nm = shutil.which("nm")
     if nm is None:
         pytest.skip("nm (binutils) is not installed")
     out = subprocess.run([nm, "-D", "--defined-only", str(library_path())], capture_output=True, text=True, check=True)
     symbols = {line.split()[-1] for line in out.stdout.splitlines() if line.split()[1:2] == ["T"]}
-    assert symbols == {"RegisterCustomOps", "SoftdeployLibraryInfo"}
+    cuda = set(SYMBOLS) if library_info().cuda_compiled else set()
+    assert symbols == {"RegisterCustomOps", "SoftdeployLibraryInfo"} | cuda
 
 
 def test_library_version_is_the_packages():

@@ -1,0 +1,143 @@
+// The C ABI of the CUDA kernels: plain functions on device pointers and a cudaStream_t (passed as
+// void*), for drivers without onnxruntime (tests/ops/test_cuda.py through ctypes, bench/gpu/).
+// Exported by ops/exports.map only in a library built with CUDA (SoftdeployLibraryInfo's "cuda"
+// says so).
+//
+// Every function returns 0 on success, 1 for a contract violation (nothing launched) and 2 for a
+// CUDA error; sd_cuda_last_error copies the calling thread's last message (snprintf-like). dtype:
+// 0 float32, 1 float16, 2 bfloat16 (sd::cuda::Dtype). Launches are asynchronous on `stream`.
+//
+// What must stay true: no exception crosses the ABI, and nothing CUDA runs at library load.
+#include <cuda_runtime_api.h>
+
+#include <cstring>
+#include <string>
+
+#include "cuda/kernels.h"
+
+namespace sd {
+namespace cuda {
+
+const char* DtypeName(Dtype t) {
+  switch (t) {
+    case Dtype::kFloat32: return "float32";
+    case Dtype::kFloat16: return "float16";
+    case Dtype::kBFloat16: return "bfloat16";
+  }
+  return "unknown";
+}
+
+int SmCount() {
+  int device = 0, sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  // Cached per device: the attribute query is cheap but not free on every launch.
+  static int cache[64] = {0};
+  if (device >= 0 && device < 64 && cache[device] > 0) return cache[device];
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  if (device >= 0 && device < 64) cache[device] = sms;
+  return sms;
+}
+
+}  // namespace cuda
+}  // namespace sd
+
+namespace {
+
+thread_local std::string last_error;
+
+template <class F>
+int Call(F&& f) noexcept {
+  try {
+    const sd::cuda::Result r = f();
+    last_error = r.message;
+    return static_cast<int>(r.status);
+  } catch (const std::exception& e) {
+    last_error = e.what();
+    return 2;
+  } catch (...) {
+    last_error = "unknown error";
+    return 2;
+  }
+}
+
+sd::cuda::Dtype AsDtype(int dtype) { return static_cast<sd::cuda::Dtype>(dtype); }
+
+bool ValidDtype(int dtype) { return dtype >= 0 && dtype <= 2; }
+
+sd::cuda::Result BadDtype(const char* op, int dtype) {
+  return {sd::cuda::Status::kInvalid, std::string(op) + ": dtype code " + std::to_string(dtype) +
+                                          " names no element type (rule: 0 float32, 1 float16, 2 bfloat16)"};
+}
+
+}  // namespace
+
+#define SD_CUDA_API extern "C" __attribute__((visibility("default")))
+
+SD_CUDA_API size_t sd_cuda_last_error(char* out, size_t capacity) {
+  if (out != nullptr && capacity > 0) {
+    const size_t n = std::min(last_error.size(), capacity - 1);
+    std::memcpy(out, last_error.data(), n);
+    out[n] = '\0';
+  }
+  return last_error.size();
+}
+
+// Number of CUDA devices the runtime sees (0 without a driver or device; never fails).
+SD_CUDA_API int sd_cuda_device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+SD_CUDA_API size_t sd_cuda_softmax_topk_workspace_size(int64_t outer, int64_t n, int64_t inner, int64_t k) {
+  try {
+    return sd::cuda::SoftmaxTopKWorkspace(outer, n, inner, k);
+  } catch (...) {
+    return 0;
+  }
+}
+
+SD_CUDA_API int sd_cuda_softmax_topk(int dtype, const void* x, int64_t outer, int64_t n, int64_t inner, int64_t k,
+                                     float temperature, void* values, int64_t* indices, void* lse, void* workspace,
+                                     size_t workspace_bytes, void* stream) {
+  return Call([&] {
+    if (!ValidDtype(dtype)) return BadDtype("SoftmaxTopK", dtype);
+    return sd::cuda::SoftmaxTopK(AsDtype(dtype), x, outer, n, inner, k, temperature, values, indices, lse, workspace,
+                                 workspace_bytes, static_cast<cudaStream_t>(stream));
+  });
+}
+
+SD_CUDA_API int sd_cuda_two_pass_softmax(int dtype, const void* x, int64_t outer, int64_t n, int64_t inner, void* y,
+                                         void* stream) {
+  return Call([&] {
+    if (!ValidDtype(dtype)) return BadDtype("TwoPassSoftmax", dtype);
+    return sd::cuda::TwoPassSoftmax(AsDtype(dtype), x, outer, n, inner, y, static_cast<cudaStream_t>(stream));
+  });
+}
+
+SD_CUDA_API int sd_cuda_softpick(int dtype, const void* x, int64_t outer, int64_t n, int64_t inner, float eps, void* y,
+                                 void* stream) {
+  return Call([&] {
+    if (!ValidDtype(dtype)) return BadDtype("Softpick", dtype);
+    return sd::cuda::Softpick(AsDtype(dtype), x, outer, n, inner, eps, y, static_cast<cudaStream_t>(stream));
+  });
+}
+
+SD_CUDA_API int sd_cuda_max_sim(int dtype, const void* q, const void* d, const uint8_t* q_mask, const uint8_t* d_mask,
+                                const float* q_scale, const float* d_scale, int64_t B, int64_t Lq, int64_t N,
+                                int64_t Ld, int64_t dim, float* scores, void* stream) {
+  return Call([&] {
+    if (!ValidDtype(dtype)) return BadDtype("MaxSim", dtype);
+    return sd::cuda::MaxSim(AsDtype(dtype), q, d, q_mask, d_mask, q_scale, d_scale, B, Lq, N, Ld, dim, scores,
+                            static_cast<cudaStream_t>(stream));
+  });
+}

@@ -4,6 +4,8 @@ does not import this package)."""
 
 from __future__ import annotations
 
+from softdeploy.distill.bloop import Bloop
+from softdeploy.distill.dice import dice_semimetric_loss
 from softdeploy.distill.softening import (
     SOFTENING,
     PowerSoftening,
@@ -17,9 +19,11 @@ from softdeploy.distill.softening import (
 
 __all__ = [
     "SOFTENING",
+    "Bloop",
     "PowerSoftening",
     "SofteningOperator",
     "UniformMixing",
+    "dice_semimetric_loss",
     "entropy",
     "get_softening",
     "register_softening",

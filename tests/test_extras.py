@@ -37,6 +37,8 @@ FEATURES: dict[str, list[str]] = {
     "": [
         *("numpy", "onnx", "google.protobuf", "onnxruntime", "onnxscript", "torch", "rich", "tqdm", "matplotlib"),
         *("jsonschema", "yaml"),
+        # distill: resumable checkpoints
+        "safetensors",
     ],
     # the built-in cases: all-MiniLM-L6-v2 (transformers, through the weights package), chatterbot-corpus
     # (YAML), the detection case's images (scikit-image).

@@ -16,16 +16,36 @@ from softdeploy.distill.softening import (
     register_softening,
     truncate_topk,
 )
+from softdeploy.distill.students import (
+    SentenceEncoder,
+    check_compatible,
+    evenly_spaced_layers,
+    layer_reduce,
+    load_paraphrase_l3,
+    load_teacher,
+)
+from softdeploy.distill.train import DistillConfig, DistillResult, distill, distill_stages, kd_loss
 
 __all__ = [
     "SOFTENING",
     "Bloop",
+    "DistillConfig",
+    "DistillResult",
     "PowerSoftening",
+    "SentenceEncoder",
     "SofteningOperator",
     "UniformMixing",
+    "check_compatible",
     "dice_semimetric_loss",
+    "distill",
+    "distill_stages",
     "entropy",
+    "evenly_spaced_layers",
     "get_softening",
+    "kd_loss",
+    "layer_reduce",
+    "load_paraphrase_l3",
+    "load_teacher",
     "register_softening",
     "truncate_topk",
 ]

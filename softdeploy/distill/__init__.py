@@ -5,6 +5,7 @@ does not import this package)."""
 from __future__ import annotations
 
 from softdeploy.distill.bloop import Bloop
+from softdeploy.distill.data import distillation_texts
 from softdeploy.distill.dice import dice_semimetric_loss
 from softdeploy.distill.softening import (
     SOFTENING,
@@ -22,7 +23,9 @@ from softdeploy.distill.students import (
     evenly_spaced_layers,
     layer_reduce,
     load_paraphrase_l3,
+    load_student,
     load_teacher,
+    save_student,
 )
 from softdeploy.distill.train import DistillConfig, DistillResult, distill, distill_stages, kd_loss
 
@@ -39,13 +42,16 @@ __all__ = [
     "dice_semimetric_loss",
     "distill",
     "distill_stages",
+    "distillation_texts",
     "entropy",
     "evenly_spaced_layers",
     "get_softening",
     "kd_loss",
     "layer_reduce",
     "load_paraphrase_l3",
+    "load_student",
     "load_teacher",
     "register_softening",
+    "save_student",
     "truncate_topk",
 ]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -170,3 +171,48 @@ def check_compatible(
             f"distill: teacher and student tokenizers differ ({len(t)} vs {len(s)} tokens; e.g. {diff}) "
             "(rule: one tokenizer feeds both)"
         )
+
+
+STUDENT_FORMAT = "softdeploy-student-1"
+
+
+def save_student(student: SentenceEncoder, path: str | Path, **metadata: str) -> Path:
+    """Writes ``student``'s weights to a safetensors file whose metadata holds its BertConfig (so
+    :func:`load_student` rebuilds it without the code that made it) and ``metadata`` (strings)."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().contiguous().clone() for k, v in student.bert.state_dict().items()}
+    meta = {**metadata, "format": STUDENT_FORMAT, "config": student.bert.config.to_json_string()}  # type: ignore[union-attr]
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    save_file(tensors, str(tmp), metadata=meta)
+    tmp.replace(path)
+    return path
+
+
+def load_student(path: str | Path) -> tuple[SentenceEncoder, dict[str, str]]:
+    """A student written by :func:`save_student` (eval mode) and its metadata; DistillError for any other file."""
+    import json
+
+    from safetensors import SafetensorError, safe_open
+    from transformers import BertConfig, BertModel
+
+    path = Path(path)
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = dict(f.metadata() or {})
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+    except (SafetensorError, OSError) as e:
+        raise DistillError(f"{path}: not a readable safetensors file ({e})") from None
+    if meta.get("format") != STUDENT_FORMAT:
+        raise DistillError(f"{path}: not a softdeploy student (format {meta.get('format')!r})")
+    config = BertConfig.from_dict(json.loads(meta["config"]))
+    config._attn_implementation = "eager"
+    # layer reductions of the teacher keep its (unused) pooler; paraphrase-MiniLM-L3 has none
+    bert = BertModel(config, add_pooling_layer="pooler.dense.weight" in tensors)
+    try:
+        bert.load_state_dict(tensors, strict=True)
+    except RuntimeError as e:
+        raise DistillError(f"{path}: weights do not fit the config it records ({str(e).splitlines()[0]})") from None
+    return SentenceEncoder(bert.eval()).eval(), meta

@@ -268,7 +268,9 @@ def distill(
         raise ArgumentError(f"distill: {len(texts)} texts for batch_size {cfg.batch_size} (rule: texts >= batch_size)")
     progress = progress or SilentProgress()
     key = run_key(cfg, texts, student)
-    params = [p for p in student.parameters() if p.requires_grad]
+    for p in student.parameters():  # a layer reduction of a frozen teacher starts frozen too
+        p.requires_grad_(True)
+    params = list(student.parameters())
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     bloop = Bloop(opt, lam=cfg.lam, ema=cfg.ema, combine=cfg.combine, params=params) if cfg.aux else None
     ckpt = Path(checkpoint) if checkpoint is not None else None

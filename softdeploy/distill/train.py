@@ -124,7 +124,7 @@ def kd_loss(
     return kl.sum(-1).mean() * temperature**2
 
 
-def _fake_quant_int8(w: Tensor) -> Tensor:
+def fake_quant_int8(w: Tensor) -> Tensor:
     """Symmetric per-output-channel int8 fake quantisation with a straight-through gradient."""
     scale = w.detach().abs().amax(dim=1, keepdim=True).clamp_min(1e-12) / 127.0
     q = torch.clamp(torch.round(w / scale), -127, 127) * scale
@@ -158,7 +158,7 @@ class _Objective:
         from torch.func import functional_call
 
         params = {
-            name: (_fake_quant_int8(p) if p.dim() == 2 and name.endswith(".weight") and "embeddings" not in name else p)
+            name: (fake_quant_int8(p) if p.dim() == 2 and name.endswith(".weight") and "embeddings" not in name else p)
             for name, p in student.named_parameters()
         }
         q_tok, q_sent = functional_call(student, params, (ids, mask))

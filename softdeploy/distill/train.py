@@ -321,26 +321,40 @@ def distill_stages(
     *,
     tokenizer: Any,
     layers: Sequence[int],
+    final_layers: Sequence[int] | None = None,
     config: DistillConfig | None = None,
     stage_teacher: Literal["previous", "original"] = "previous",
     checkpoint_dir: str | Path | None = None,
     progress: Any = None,
 ) -> list[DistillResult]:
     """Multi-stage layer reduction: for each layer count in ``layers`` (decreasing, e.g. 5, 4, 3), the
-    previous model (the teacher first) reduced to that many evenly spaced layers and distilled from the
-    previous model (``stage_teacher="previous"``) or from ``teacher``, each stage ``config.steps //
-    len(layers)`` steps (the same total budget as one-shot ``distill`` with ``config.steps``)."""
+    previous model (the teacher first) loses layers and is distilled from the previous model
+    (``stage_teacher="previous"``) or from ``teacher``, each stage ``config.steps // len(layers)`` steps
+    (the same total budget as one-shot ``distill`` with ``config.steps``). The last stage keeps the
+    teacher's ``final_layers`` (default: evenly spaced, 0, 2, 4 for 6 -> 3, as one-shot), so both end on
+    the same layers: each stage drops the not-kept teacher layers from the last one down (6 -> 5 -> 4 -> 3:
+    drops layer 5, then 3, then 1)."""
     cfg = config or DistillConfig()
     counts = list(layers)
     if not counts or any(b >= a for a, b in zip([teacher.num_layers, *counts], counts, strict=False)):
         raise ArgumentError(
             f"distill stages: layer counts {counts} must decrease from the teacher's {teacher.num_layers}"
         )
+    final = list(final_layers) if final_layers is not None else evenly_spaced_layers(teacher.num_layers, counts[-1])
+    if len(final) != counts[-1] or sorted(set(final)) != final or final[0] < 0 or final[-1] >= teacher.num_layers:
+        raise ArgumentError(
+            f"distill stages: final layers {final} are not {counts[-1]} distinct increasing teacher layer indices"
+        )
+    drop_order = [i for i in reversed(range(teacher.num_layers)) if i not in final]
     per_stage = dataclasses.replace(cfg, steps=max(1, cfg.steps // len(counts)))
     results: list[DistillResult] = []
     current = teacher
+    origin = list(range(teacher.num_layers))  # the teacher layer each layer of `current` started as
     for i, m in enumerate(counts):
-        student = layer_reduce(current, evenly_spaced_layers(current.num_layers, m))
+        dropped = set(drop_order[: teacher.num_layers - m])
+        keep = [j for j, o in enumerate(origin) if o not in dropped]
+        origin = [origin[j] for j in keep]
+        student = layer_reduce(current, keep)
         ckpt = None if checkpoint_dir is None else Path(checkpoint_dir) / f"stage{i + 1}-{m}layers.safetensors"
         source = current if stage_teacher == "previous" else teacher
         r = distill(

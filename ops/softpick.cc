@@ -39,36 +39,21 @@
 
 #include "common/kernel.h"
 #include "common/simd_math.h"
+#include "softpick_row.h"
 
 namespace sd {
-namespace {
-
-constexpr const char* kOp = "Softpick";
-
-constexpr int64_t kBlock = 1024;          // elements per block of the two-level summation
-constexpr float kMaxTermExponent = 100;   // terms stay below 2^(kMaxTermExponent + 1) at scale 2^-R
-constexpr float kFastMaxLogit = 65536.0f;  // finite max above this -> RowExact
-constexpr float kMinX = -104.0f;          // exp(-104) is 0 in float: expm1(x) = -1 below
-constexpr float kLn2 = 0x1.62E430p-1f;
-constexpr double kLn2Double = 0x1.62E42FEFA39EFp-1;
-
-// expm1(t) = t + t^2 * (k0 + t*(k1 + t*(k2 + t*(k3 + t*k4)))) on |t| <= 0.4: relative error 1.0e-7
-// in float32 (coefficients fitted for relative error of expm1, not of exp, so small t stays exact).
-constexpr float kQ0 = 0x1.fffffep-2f;
-constexpr float kQ1 = 0x1.55543p-3f;
-constexpr float kQ2 = 0x1.55575p-5f;
-constexpr float kQ3 = 0x1.1283d6p-7f;
-constexpr float kQ4 = 0x1.6bddfep-10f;
+namespace softpick {
 
 // ---- the exact fallback, and the end of a row (all variants) -------------------------------------
+
+float Pow2(float e) { return simd::Scale2(1.0f, e); }
 
 // |e_j| * e^m = exp(max(x, 0) - m) * -expm1(-|x|), in double.
 double MagnitudeExact(double x, double m) { return std::exp(std::max(x, 0.0) - m) * -std::expm1(-std::fabs(x)); }
 
 // Output of a non-finite entry in a row that has a finite one: -inf -> 0, NaN and +inf -> themselves.
-inline float NonFiniteOutput(float x) { return x == -INFINITY ? 0.0f : x; }
+float NonFiniteOutput(float x) { return x == -INFINITY ? 0.0f : x; }
 
-// The shifted formula in double precision for rows beyond the float32 fast path (|logits| > 2^16).
 void RowExact(const float* x, float* y, int64_t n, float eps) {
   double m = -INFINITY;
   for (int64_t j = 0; j < n; ++j) {
@@ -88,21 +73,12 @@ void RowExact(const float* x, float* y, int64_t n, float eps) {
   }
 }
 
-// Multiplies the staged prefix y[0, count) by 2^shift (shift < 0) after R grew; non-finite staged
-// values (NaN, +inf) must not meet a factor that underflows to 0.
 void RescaleStaged(float* y, int64_t count, float shift) {
   const double f = std::ldexp(1.0, static_cast<int>(std::max(shift, -1100.0f)));
   for (int64_t j = 0; j < count; ++j) {
     if (std::isfinite(y[j])) y[j] = static_cast<float>(y[j] * f);
   }
 }
-
-// What pass 2 must do with a row whose pass 1 found finite max m, total T * 2^-R and scale R.
-struct Finish {
-  enum Kind { kZeros, kDone, kScale, kDivide } kind;
-  float inv = 0.0f;  // kScale: y *= inv
-  double d = 0.0;    // kDivide: y = y / d in double (denominator below the float normal range)
-};
 
 Finish PlanFinish(float m, double total, float r, float eps) {
   if (m == -INFINITY) return {Finish::kZeros};
@@ -118,7 +94,6 @@ Finish PlanFinish(float m, double total, float r, float eps) {
   return {Finish::kDivide, 0.0f, d};
 }
 
-// Pass 2 for the cases without a vector loop (and the tails of the vector ones).
 void FinishScalar(const Finish& f, float* y, int64_t n) {
   switch (f.kind) {
     case Finish::kZeros: std::memset(y, 0, static_cast<size_t>(n) * sizeof(float)); break;
@@ -131,6 +106,14 @@ void FinishScalar(const Finish& f, float* y, int64_t n) {
       break;
   }
 }
+
+}  // namespace softpick
+
+namespace {
+
+using namespace softpick;  // NOLINT: this file's own helpers
+
+constexpr const char* kOp = "Softpick";
 
 // ---- portable -----------------------------------------------------------------------------------
 
@@ -175,187 +158,6 @@ void RowPortable(const float* x, float* y, int64_t n, float eps) {
     y[j] = v > 0.0f ? term : 0.0f;
   }
   FinishScalar(PlanFinish(m, total, r, eps), y, n);
-}
-
-// ---- AVX-512 ------------------------------------------------------------------------------------
-
-SD_TARGET_AVX512 inline __m512 Term512(__m512 x, __m512 minus_r, __m512 c) {
-  const __m512 xc = _mm512_max_ps(x, _mm512_set1_ps(kMinX));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(simd::kLog2e)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 t = _mm512_fmadd_ps(n, _mm512_set1_ps(simd::kMinusLn2Hi), xc);
-  t = _mm512_fmadd_ps(n, _mm512_set1_ps(simd::kMinusLn2Lo), t);
-  __m512 p = _mm512_set1_ps(kQ4);
-  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(kQ3));
-  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(kQ2));
-  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(kQ1));
-  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(kQ0));
-  const __m512 q = _mm512_fmadd_ps(_mm512_mul_ps(t, t), p, t);
-  const __m512 s = _mm512_scalef_ps(_mm512_set1_ps(1.0f), _mm512_add_ps(n, minus_r));
-  return _mm512_fmadd_ps(s, q, _mm512_sub_ps(s, c));  // 2^-r * (2^n * (1 + q) - 1)
-}
-
-// fpclass categories: QNaN 0x01, +inf 0x08, -inf 0x10, SNaN 0x80.
-constexpr int kNonFinite = 0x01 | 0x08 | 0x10 | 0x80;
-constexpr int kNanOrPosInf = 0x01 | 0x08 | 0x80;
-
-// One vector of pass 1 on the lanes in `valid`: stages numerators at y, adds |term| of finite lanes
-// to acc, folds finite lanes into the running max.
-SD_TARGET_AVX512 inline void Stage512(const float* x, float* y, __mmask16 valid, __m512 minus_r, __m512 c,
-                                      __m512& acc, __m512& vmax) {
-  const __m512 v = _mm512_maskz_loadu_ps(valid, x);
-  const __mmask16 finite = _mm512_kandn(_mm512_fpclass_ps_mask(v, kNonFinite), valid);
-  const __mmask16 keep = _mm512_fpclass_ps_mask(v, kNanOrPosInf) & valid;
-  const __mmask16 pos = _mm512_mask_cmp_ps_mask(finite, v, _mm512_setzero_ps(), _CMP_GT_OQ);
-  const __m512 term = Term512(v, minus_r, c);
-  acc = _mm512_mask_add_ps(acc, finite, acc, _mm512_abs_ps(term));
-  vmax = _mm512_mask_max_ps(vmax, finite, vmax, v);
-  _mm512_mask_storeu_ps(y, valid, _mm512_mask_mov_ps(_mm512_maskz_mov_ps(pos, term), keep, v));
-}
-
-SD_TARGET_AVX512 void RowAvx512(const float* x, float* y, int64_t n, float eps) {
-  float r = 0.0f;
-  float limit = kMaxTermExponent * kLn2;
-  __m512d total_lo = _mm512_setzero_pd(), total_hi = _mm512_setzero_pd();
-  __m512 vmax = _mm512_set1_ps(-INFINITY);
-  float m = -INFINITY;
-  for (int64_t b = 0; b < n;) {
-    const int64_t block_end = std::min(n, b + kBlock);
-    const __m512 minus_r = _mm512_set1_ps(-r), c = _mm512_set1_ps(simd::Scale2(1.0f, -r));
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    __m512 bmax = vmax;
-    int64_t j = b;
-    for (; j + 64 <= block_end; j += 64) {
-      Stage512(x + j, y + j, 0xFFFF, minus_r, c, a0, bmax);
-      Stage512(x + j + 16, y + j + 16, 0xFFFF, minus_r, c, a1, bmax);
-      Stage512(x + j + 32, y + j + 32, 0xFFFF, minus_r, c, a2, bmax);
-      Stage512(x + j + 48, y + j + 48, 0xFFFF, minus_r, c, a3, bmax);
-    }
-    for (; j < block_end; j += 16) {
-      const __mmask16 valid = simd::TailMask16(block_end - j);
-      Stage512(x + j, y + j, valid, minus_r, c, a0, bmax);
-    }
-    const float block_max = _mm512_reduce_max_ps(bmax);
-    if (block_max > limit) {  // terms may have reached 2^(kMaxTermExponent + 1): raise R, redo
-      if (block_max > kFastMaxLogit) return RowExact(x, y, n, eps);
-      const float r_new = std::nearbyint(block_max * simd::kLog2e);
-      const __m512d f = _mm512_set1_pd(std::ldexp(1.0, static_cast<int>(std::max(r - r_new, -1100.0f))));
-      total_lo = _mm512_mul_pd(total_lo, f);
-      total_hi = _mm512_mul_pd(total_hi, f);
-      RescaleStaged(y, b, r - r_new);
-      r = r_new;
-      limit = (r + kMaxTermExponent) * kLn2;
-      continue;  // same b
-    }
-    vmax = bmax;
-    m = block_max;
-    const __m512 sum = _mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3));
-    total_lo = _mm512_add_pd(total_lo, _mm512_cvtps_pd(_mm512_castps512_ps256(sum)));
-    total_hi = _mm512_add_pd(total_hi, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(sum), 1))));
-    b = block_end;
-  }
-  const Finish f = PlanFinish(m, _mm512_reduce_add_pd(_mm512_add_pd(total_lo, total_hi)), r, eps);
-  if (f.kind != Finish::kScale) return FinishScalar(f, y, n);
-  const __m512 inv = _mm512_set1_ps(f.inv);
-  int64_t j = 0;
-  for (; j + 16 <= n; j += 16) _mm512_storeu_ps(y + j, _mm512_mul_ps(_mm512_loadu_ps(y + j), inv));
-  if (j < n) {
-    const __mmask16 k = static_cast<__mmask16>((1u << (n - j)) - 1);
-    _mm512_mask_storeu_ps(y + j, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, y + j), inv));
-  }
-}
-
-// ---- AVX2 ---------------------------------------------------------------------------------------
-
-// 2^e for integer-valued e, clamped to [-127, 127]; e <= -127 gives 0 (terms that small are below
-// the float range relative to the row's largest term).
-SD_TARGET_AVX2 inline __m256 Pow2Clamped(__m256 e) {
-  const __m256 ec = _mm256_min_ps(_mm256_max_ps(e, _mm256_set1_ps(-127.0f)), _mm256_set1_ps(127.0f));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtps_epi32(_mm256_add_ps(ec, _mm256_set1_ps(127.0f))), 23));
-}
-
-SD_TARGET_AVX2 inline __m256 Term256(__m256 x, __m256 minus_r, __m256 c) {
-  const __m256 xc = _mm256_max_ps(x, _mm256_set1_ps(kMinX));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(simd::kLog2e)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 t = _mm256_fmadd_ps(n, _mm256_set1_ps(simd::kMinusLn2Hi), xc);
-  t = _mm256_fmadd_ps(n, _mm256_set1_ps(simd::kMinusLn2Lo), t);
-  __m256 p = _mm256_set1_ps(kQ4);
-  p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(kQ3));
-  p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(kQ2));
-  p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(kQ1));
-  p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(kQ0));
-  const __m256 q = _mm256_fmadd_ps(_mm256_mul_ps(t, t), p, t);
-  const __m256 s = Pow2Clamped(_mm256_add_ps(n, minus_r));
-  return _mm256_fmadd_ps(s, q, _mm256_sub_ps(s, c));
-}
-
-SD_TARGET_AVX2 inline void Stage256(const float* x, float* y, int64_t count, __m256 minus_r, __m256 c, __m256& acc,
-                                    __m256& vmax) {
-  const __m256 inf = _mm256_set1_ps(INFINITY);
-  const bool full = count >= 8;
-  const __m256i lanes = simd::TailMask8(count);
-  const __m256 v = full ? _mm256_loadu_ps(x) : _mm256_maskload_ps(x, lanes);
-  const __m256 abs_v = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v);
-  // Lanes past the tail load as 0 (finite): `valid` removes them.
-  const __m256 valid = _mm256_castsi256_ps(lanes);
-  const __m256 finite = _mm256_and_ps(_mm256_cmp_ps(abs_v, inf, _CMP_LT_OQ), valid);
-  const __m256 keep = _mm256_or_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q), _mm256_cmp_ps(v, inf, _CMP_EQ_OQ));
-  const __m256 pos = _mm256_and_ps(_mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_GT_OQ), finite);
-  const __m256 term = Term256(v, minus_r, c);
-  acc = _mm256_add_ps(acc, _mm256_and_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.0f), term), finite));
-  vmax = _mm256_max_ps(vmax, _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), v, finite));
-  const __m256 out = _mm256_blendv_ps(_mm256_and_ps(term, pos), v, keep);
-  if (full) _mm256_storeu_ps(y, out);
-  else _mm256_maskstore_ps(y, lanes, out);
-}
-
-SD_TARGET_AVX2 void RowAvx2(const float* x, float* y, int64_t n, float eps) {
-  float r = 0.0f;
-  float limit = kMaxTermExponent * kLn2;
-  __m256d total_lo = _mm256_setzero_pd(), total_hi = _mm256_setzero_pd();
-  __m256 vmax = _mm256_set1_ps(-INFINITY);
-  float m = -INFINITY;
-  for (int64_t b = 0; b < n;) {
-    const int64_t block_end = std::min(n, b + kBlock);
-    const __m256 minus_r = _mm256_set1_ps(-r), c = _mm256_set1_ps(simd::Scale2(1.0f, -r));
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    __m256 bmax = vmax;
-    int64_t j = b;
-    for (; j + 32 <= block_end; j += 32) {
-      Stage256(x + j, y + j, 8, minus_r, c, a0, bmax);
-      Stage256(x + j + 8, y + j + 8, 8, minus_r, c, a1, bmax);
-      Stage256(x + j + 16, y + j + 16, 8, minus_r, c, a2, bmax);
-      Stage256(x + j + 24, y + j + 24, 8, minus_r, c, a3, bmax);
-    }
-    for (; j < block_end; j += 8) Stage256(x + j, y + j, block_end - j, minus_r, c, a0, bmax);
-    const float block_max = simd::ReduceMax8(bmax);
-    if (block_max > limit) {
-      if (block_max > kFastMaxLogit) return RowExact(x, y, n, eps);
-      const float r_new = std::nearbyint(block_max * simd::kLog2e);
-      const __m256d f = _mm256_set1_pd(std::ldexp(1.0, static_cast<int>(std::max(r - r_new, -1100.0f))));
-      total_lo = _mm256_mul_pd(total_lo, f);
-      total_hi = _mm256_mul_pd(total_hi, f);
-      RescaleStaged(y, b, r - r_new);
-      r = r_new;
-      limit = (r + kMaxTermExponent) * kLn2;
-      continue;
-    }
-    vmax = bmax;
-    m = block_max;
-    const __m256 sum = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
-    total_lo = _mm256_add_pd(total_lo, _mm256_cvtps_pd(_mm256_castps256_ps128(sum)));
-    total_hi = _mm256_add_pd(total_hi, _mm256_cvtps_pd(_mm256_extractf128_ps(sum, 1)));
-    b = block_end;
-  }
-  alignas(32) double lanes[4];
-  _mm256_store_pd(lanes, _mm256_add_pd(total_lo, total_hi));
-  const Finish f = PlanFinish(m, (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]), r, eps);
-  if (f.kind != Finish::kScale) return FinishScalar(f, y, n);
-  const __m256 inv = _mm256_set1_ps(f.inv);
-  int64_t j = 0;
-  for (; j + 8 <= n; j += 8) _mm256_storeu_ps(y + j, _mm256_mul_ps(_mm256_loadu_ps(y + j), inv));
-  for (; j < n; ++j) y[j] *= f.inv;
 }
 
 struct SoftpickKernel {

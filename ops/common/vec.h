@@ -95,6 +95,27 @@ struct Avx512 {
   static SD_VEC_INLINE I andi(I a, I b) { return _mm512_and_si512(a, b); }
   static SD_VEC_INLINE I xori(I a, I b) { return _mm512_xor_si512(a, b); }
   static SD_VEC_INLINE I maxi(I a, I b) { return _mm512_max_epi32(a, b); }
+  static SD_VEC_INLINE F min(F a, F b) { return _mm512_min_ps(a, b); }
+  static SD_VEC_INLINE F abs(F a) { return _mm512_abs_ps(a); }
+  static SD_VEC_INLINE F round(F a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  // 2^e for integer-valued e, exactly as vscalefps gives it (subnormal down to 2^-149, then 0).
+  static SD_VEC_INLINE F pow2i(F e) { return _mm512_scalef_ps(_mm512_set1_ps(1.0f), e); }
+  static SD_VEC_INLINE M lt(F a, F b) { return _mm512_cmp_ps_mask(a, b, _CMP_LT_OQ); }
+  static SD_VEC_INLINE M eq(F a, F b) { return _mm512_cmp_ps_mask(a, b, _CMP_EQ_OQ); }
+  static SD_VEC_INLINE float reduce_max(F a) { return _mm512_reduce_max_ps(a); }
+  // The first n lanes of x to p (0 <= n <= kLanes); never writes past p + n.
+  static SD_VEC_INLINE void storeu_tail(float* p, int n, F x) { _mm512_mask_storeu_ps(p, tail_mask(n), x); }
+  // Double vectors of kLanes / 2 lanes: a float vector's low and high halves widened.
+  using D = __m512d;
+  static SD_VEC_INLINE D zerod() { return _mm512_setzero_pd(); }
+  static SD_VEC_INLINE D set1d(double x) { return _mm512_set1_pd(x); }
+  static SD_VEC_INLINE D addd(D a, D b) { return _mm512_add_pd(a, b); }
+  static SD_VEC_INLINE D muld(D a, D b) { return _mm512_mul_pd(a, b); }
+  static SD_VEC_INLINE D cvt_lo(F x) { return _mm512_cvtps_pd(_mm512_castps512_ps256(x)); }
+  static SD_VEC_INLINE D cvt_hi(F x) {
+    return _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)));
+  }
+  static SD_VEC_INLINE double reduce_addd(D x) { return _mm512_reduce_add_pd(x); }  // its own order
   static SD_VEC_INLINE M mask_and(M a, M b) { return static_cast<M>(a & b); }
   static SD_VEC_INLINE I lane_index() { return _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15); }
   // The lanes of m, in lane order, to p[0 .. popcount) (writes kLanes entries); returns the count.
@@ -188,6 +209,37 @@ struct Avx2 {
   static SD_VEC_INLINE I andi(I a, I b) { return _mm256_and_si256(a, b); }
   static SD_VEC_INLINE I xori(I a, I b) { return _mm256_xor_si256(a, b); }
   static SD_VEC_INLINE I maxi(I a, I b) { return _mm256_max_epi32(a, b); }
+  static SD_VEC_INLINE F min(F a, F b) { return _mm256_min_ps(a, b); }
+  static SD_VEC_INLINE F abs(F a) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), a); }
+  static SD_VEC_INLINE F round(F a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  // 2^e for integer-valued e, clamped to [-127, 127]: e <= -127 gives 0 (no subnormals, unlike
+  // AVX-512's vscalefps; each variant keeps its own results).
+  static SD_VEC_INLINE F pow2i(F e) {
+    const __m256 ec = _mm256_min_ps(_mm256_max_ps(e, _mm256_set1_ps(-127.0f)), _mm256_set1_ps(127.0f));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtps_epi32(_mm256_add_ps(ec, _mm256_set1_ps(127.0f))), 23));
+  }
+  static SD_VEC_INLINE M lt(F a, F b) { return _mm256_cmp_ps(a, b, _CMP_LT_OQ); }
+  static SD_VEC_INLINE M eq(F a, F b) { return _mm256_cmp_ps(a, b, _CMP_EQ_OQ); }
+  static SD_VEC_INLINE float reduce_max(F a) {
+    const __m128 h = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    const __m128 q = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    return _mm_cvtss_f32(_mm_max_ss(q, _mm_shuffle_ps(q, q, 1)));
+  }
+  static SD_VEC_INLINE void storeu_tail(float* p, int n, F x) {
+    _mm256_maskstore_ps(p, _mm256_castps_si256(tail_mask(n)), x);
+  }
+  using D = __m256d;
+  static SD_VEC_INLINE D zerod() { return _mm256_setzero_pd(); }
+  static SD_VEC_INLINE D set1d(double x) { return _mm256_set1_pd(x); }
+  static SD_VEC_INLINE D addd(D a, D b) { return _mm256_add_pd(a, b); }
+  static SD_VEC_INLINE D muld(D a, D b) { return _mm256_mul_pd(a, b); }
+  static SD_VEC_INLINE D cvt_lo(F x) { return _mm256_cvtps_pd(_mm256_castps256_ps128(x)); }
+  static SD_VEC_INLINE D cvt_hi(F x) { return _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1)); }
+  static SD_VEC_INLINE double reduce_addd(D x) {  // (l0 + l1) + (l2 + l3)
+    alignas(32) double l[4];
+    _mm256_store_pd(l, x);
+    return (l[0] + l[1]) + (l[2] + l[3]);
+  }
   static SD_VEC_INLINE M mask_and(M a, M b) { return _mm256_and_ps(a, b); }
   static SD_VEC_INLINE I lane_index() { return _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7); }
   // No compress on AVX2: a permutation from a 256-entry table (8 KB) by the mask's bits.

@@ -1,7 +1,7 @@
 // Softpick's pieces shared by ops/softpick.cc (portable row, binding) and the per-ISA translation
 // units of the vector row (ops/softpick_kernels.h, compiled in ops/softpick_avx2.cc and
 // ops/softpick_avx512.cc with their own flags). The functions are defined, out of line, in
-// ops/softpick.cc (baseline x86-64 code: safe to call from any variant).
+// ops/softpick_common.cc (baseline x86-64 code: safe to call from any variant).
 #pragma once
 
 #include <cstdint>
@@ -36,6 +36,8 @@ void RowExact(const float* x, float* y, int64_t n, float eps);
 void RescaleStaged(float* y, int64_t count, float shift);
 // 2^e for an integer-valued e (simd::Scale2(1, e)).
 float Pow2(float e);
+// Output of a non-finite entry in a row that has a finite one: -inf -> 0, NaN and +inf -> themselves.
+float NonFiniteOutput(float x);
 
 // What pass 2 must do with a row whose pass 1 found finite max m, total T * 2^-R and scale R.
 struct Finish {

@@ -103,6 +103,9 @@ struct Avx512 {
   static SD_VEC_INLINE M lt(F a, F b) { return _mm512_cmp_ps_mask(a, b, _CMP_LT_OQ); }
   static SD_VEC_INLINE M eq(F a, F b) { return _mm512_cmp_ps_mask(a, b, _CMP_EQ_OQ); }
   static SD_VEC_INLINE float reduce_max(F a) { return _mm512_reduce_max_ps(a); }
+  static SD_VEC_INLINE float reduce_add(F a) { return _mm512_reduce_add_ps(a); }  // its own order
+  static SD_VEC_INLINE M neq(F a, F b) { return _mm512_cmp_ps_mask(a, b, _CMP_NEQ_OQ); }
+  static SD_VEC_INLINE M unord(F a, F b) { return _mm512_cmp_ps_mask(a, b, _CMP_UNORD_Q); }  // a or b NaN
   // The first n lanes of x to p (0 <= n <= kLanes); never writes past p + n.
   static SD_VEC_INLINE void storeu_tail(float* p, int n, F x) { _mm512_mask_storeu_ps(p, tail_mask(n), x); }
   // Double vectors of kLanes / 2 lanes: a float vector's low and high halves widened.
@@ -225,6 +228,15 @@ struct Avx2 {
     const __m128 q = _mm_max_ps(h, _mm_movehl_ps(h, h));
     return _mm_cvtss_f32(_mm_max_ss(q, _mm_shuffle_ps(q, q, 1)));
   }
+  // (h0 + h1) pairwise down to one lane: the order of simd::ReduceAdd8.
+  static SD_VEC_INLINE float reduce_add(F a) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
+  static SD_VEC_INLINE M neq(F a, F b) { return _mm256_cmp_ps(a, b, _CMP_NEQ_OQ); }
+  static SD_VEC_INLINE M unord(F a, F b) { return _mm256_cmp_ps(a, b, _CMP_UNORD_Q); }
   static SD_VEC_INLINE void storeu_tail(float* p, int n, F x) {
     _mm256_maskstore_ps(p, _mm256_castps_si256(tail_mask(n)), x);
   }

@@ -3,12 +3,15 @@
 // CPU runs (SOFTDEPLOY_TEST_CPU lowers it, as for the library) it sweeps row lengths n = 1 .. 3W + 1
 // around the variant's vector width and group (W = 4 vectors per loop iteration), and the sizes around
 // each kernel's tiles (SoftmaxTopK: the 512-entry partial sums, the candidate buffer's cut at k + 48;
-// Softpick: the 1024-entry blocks), over several kinds of rows, against float64 references computed
+// Softpick and TwoPassSoftmax: the 1024-entry blocks), over several kinds of rows, against float64 references computed
 // here from the operators' equations -- not from another kernel. Generated sizes, not hand-listed
 // samples. Prints one line per failure and a summary; exit status 1 on any failure.
 //
 //   SoftmaxTopK fast row (AVX2): the top k by the contract's order (larger value, then lower index),
 //     exactly; sum_j 2^((x_j - M) s) to 2e-6 relative (float partial sums, the 8.6e-8 exp).
+//   TwoPassSoftmax row (AVX2, AVX-512 with and without the x prefetch hint): y_i = exp(x_i - m) /
+//     sum_j exp(x_j - m) to 1e-6 relative + 1e-37 absolute; rows with NaN, +inf or no finite entry,
+//     and only those, refused (RowSafe's).
 //   Softpick row (AVX2, AVX-512): y_i = max(e_i, 0) / (sum_{finite j} |e_j| + eps),
 //     e_j = exp(x_j - m) - exp(-m); -inf -> 0, NaN -> NaN, +inf -> +inf, a row without a finite entry
 //     all 0; to 2e-6 relative + 1e-37 absolute (the contract's tolerance; AVX2 flushes terms below
@@ -24,6 +27,7 @@
 #include "common/cpu.h"
 #include "softmax_topk_row.h"
 #include "softpick_row.h"
+#include "two_pass_softmax_row.h"
 
 namespace {
 
@@ -183,6 +187,53 @@ void SweepSoftpick(const char* variant, SoftpickRow row, int lanes) {
   }
 }
 
+// ---- TwoPassSoftmax ----------------------------------------------------------------------------
+
+using TwoPassRow = bool (*)(const float*, float*, int64_t, float*);
+
+bool TwoPassAvx512(const float* x, float* y, int64_t n, float* scratch) {
+  return sd::two_pass::RowAvx512(x, y, n, scratch, false);
+}
+bool TwoPassAvx512Hinted(const float* x, float* y, int64_t n, float* scratch) {
+  return sd::two_pass::RowAvx512(x, y, n, scratch, true);
+}
+
+void SweepTwoPass(const char* variant, TwoPassRow row, int lanes) {
+  std::mt19937 rng(3);
+  for (int64_t n : Sizes(lanes, {1024})) {
+    for (int kind = 0; kind < kKinds; ++kind) {
+      const std::vector<float> x = MakeRow(n, static_cast<Kind>(kind), rng, true);
+      std::vector<float> y(static_cast<size_t>(n), -1.0f);
+      std::vector<float> scratch(static_cast<size_t>((n + sd::two_pass::kBlock - 1) / sd::two_pass::kBlock *
+                                                     sd::two_pass::kMaxLanes));
+      ++g_checks;
+      const std::string at = std::string("TwoPassSoftmax ") + variant + " n=" + std::to_string(n) + " " + kKindName[kind];
+      double m = -INFINITY;
+      bool special = false;
+      for (float v : x) {
+        special |= std::isnan(v) || v == INFINITY;
+        m = std::max<double>(m, v);
+      }
+      special |= m == -INFINITY;
+      const bool done = row(x.data(), y.data(), n, scratch.data());
+      if (done == special) {  // the special rows, and only they, belong to RowSafe
+        Fail(at + (done ? ": a row with NaN, +inf or no finite entry was computed" : ": refused"));
+        continue;
+      }
+      if (!done) continue;
+      double d = 0.0;
+      for (float v : x) d += std::exp(v - m);
+      for (int64_t j = 0; j < n; ++j) {
+        const double want = std::exp(x[j] - m) / d, got = y[j];
+        if (!(std::fabs(got - want) <= 1e-6 * want + 1e-37)) {
+          Fail(at + " j=" + std::to_string(j) + ": " + std::to_string(got) + ", want " + std::to_string(want));
+          break;
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -191,10 +242,13 @@ int main() {
   if (isa >= sd::Isa::kAvx2) {
     SweepSoftmaxTopK("avx2", sd::softmax_topk::FastRowAvx2, 8);
     SweepSoftpick("avx2", sd::softpick::RowAvx2, 8);
+    SweepTwoPass("avx2", sd::two_pass::RowAvx2, 8);
     ran.push_back("avx2");
   }
   if (isa >= sd::Isa::kAvx512) {
     SweepSoftpick("avx512", sd::softpick::RowAvx512, 16);
+    SweepTwoPass("avx512", TwoPassAvx512, 16);
+    SweepTwoPass("avx512 (prefetchnta)", TwoPassAvx512Hinted, 16);
     ran.push_back("avx512");
   }
   std::string list;

@@ -22,6 +22,8 @@
 #include <cstdint>
 
 #define SD_VEC_INLINE __attribute__((always_inline)) inline
+// For lambdas in kernels over the traits (a lambda left out of line keeps its captures in memory).
+#define SD_VEC_LAMBDA __attribute__((always_inline))
 
 namespace sd {
 namespace vec {
@@ -106,6 +108,9 @@ struct Avx512 {
   static SD_VEC_INLINE float reduce_add(F a) { return _mm512_reduce_add_ps(a); }  // its own order
   static SD_VEC_INLINE M neq(F a, F b) { return _mm512_cmp_ps_mask(a, b, _CMP_NEQ_OQ); }
   static SD_VEC_INLINE M unord(F a, F b) { return _mm512_cmp_ps_mask(a, b, _CMP_UNORD_Q); }  // a or b NaN
+  static SD_VEC_INLINE F div(F a, F b) { return _mm512_div_ps(a, b); }
+  static SD_VEC_INLINE F neg_abs(F a) { return _mm512_or_ps(a, _mm512_set1_ps(-0.0f)); }  // -|a|
+  static SD_VEC_INLINE void stream(float* p, F x) { _mm512_stream_ps(p, x); }  // 64-byte aligned p
   // The first n lanes of x to p (0 <= n <= kLanes); never writes past p + n.
   static SD_VEC_INLINE void storeu_tail(float* p, int n, F x) { _mm512_mask_storeu_ps(p, tail_mask(n), x); }
   // Double vectors of kLanes / 2 lanes: a float vector's low and high halves widened.
@@ -114,11 +119,11 @@ struct Avx512 {
   static SD_VEC_INLINE D set1d(double x) { return _mm512_set1_pd(x); }
   static SD_VEC_INLINE D addd(D a, D b) { return _mm512_add_pd(a, b); }
   static SD_VEC_INLINE D muld(D a, D b) { return _mm512_mul_pd(a, b); }
-  static SD_VEC_INLINE D cvt_lo(F x) { return _mm512_cvtps_pd(_mm512_castps512_ps256(x)); }
-  static SD_VEC_INLINE D cvt_hi(F x) {
-    return _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)));
-  }
+  // (maskz forms: the plain ones trip GCC 12's -Wuninitialized inside its own headers)
+  static SD_VEC_INLINE D cvt_lo(F x) { return _mm512_maskz_cvtps_pd(0xFF, _mm512_maskz_extractf32x8_ps(0xFF, x, 0)); }
+  static SD_VEC_INLINE D cvt_hi(F x) { return _mm512_maskz_cvtps_pd(0xFF, _mm512_maskz_extractf32x8_ps(0xFF, x, 1)); }
   static SD_VEC_INLINE double reduce_addd(D x) { return _mm512_reduce_add_pd(x); }  // its own order
+  static SD_VEC_INLINE D fmad(D a, D b, D c) { return _mm512_fmadd_pd(a, b, c); }
   static SD_VEC_INLINE M mask_and(M a, M b) { return static_cast<M>(a & b); }
   static SD_VEC_INLINE I lane_index() { return _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15); }
   // The lanes of m, in lane order, to p[0 .. popcount) (writes kLanes entries); returns the count.
@@ -237,6 +242,9 @@ struct Avx2 {
   }
   static SD_VEC_INLINE M neq(F a, F b) { return _mm256_cmp_ps(a, b, _CMP_NEQ_OQ); }
   static SD_VEC_INLINE M unord(F a, F b) { return _mm256_cmp_ps(a, b, _CMP_UNORD_Q); }
+  static SD_VEC_INLINE F div(F a, F b) { return _mm256_div_ps(a, b); }
+  static SD_VEC_INLINE F neg_abs(F a) { return _mm256_or_ps(a, _mm256_set1_ps(-0.0f)); }
+  static SD_VEC_INLINE void stream(float* p, F x) { _mm256_stream_ps(p, x); }  // 32-byte aligned p
   static SD_VEC_INLINE void storeu_tail(float* p, int n, F x) {
     _mm256_maskstore_ps(p, _mm256_castps_si256(tail_mask(n)), x);
   }
@@ -247,6 +255,7 @@ struct Avx2 {
   static SD_VEC_INLINE D muld(D a, D b) { return _mm256_mul_pd(a, b); }
   static SD_VEC_INLINE D cvt_lo(F x) { return _mm256_cvtps_pd(_mm256_castps256_ps128(x)); }
   static SD_VEC_INLINE D cvt_hi(F x) { return _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1)); }
+  static SD_VEC_INLINE D fmad(D a, D b, D c) { return _mm256_fmadd_pd(a, b, c); }
   static SD_VEC_INLINE double reduce_addd(D x) {  // (l0 + l1) + (l2 + l3)
     alignas(32) double l[4];
     _mm256_store_pd(l, x);

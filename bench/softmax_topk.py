@@ -4,7 +4,10 @@
 
 Started from shared/notes/perf/softmax_topk.py. All produce the k largest probabilities + int64 indices:
   softdeploy        com.softdeploy SoftmaxTopK kernel (best ISA of this CPU) in onnxruntime, 2 outputs
-  softdeploy_avx2   the same kernel forced to its AVX2 variant
+  softdeploy_avx2   the same kernel forced to its AVX2 variant (SOFTDEPLOY_ISA=avx2; the variant it
+                    runs is printed in the header)
+  ort_body          SoftmaxTopK's standard-ONNX function body in stock onnxruntime (library not
+                    registered): what a user without the native kernel gets
   ort_sm_topk       ONNX Softmax(axis=-1) -> TopK
   ort_topk_lse      ONNX TopK(x) ; ReduceLogSumExp(x) ; Exp(vals - lse)
   ort_topk_gather   ONNX TopK(x) ; Softmax(x) ; GatherElements(P, idx)
@@ -13,7 +16,9 @@ Started from shared/notes/perf/softmax_topk.py. All produce the k largest probab
   numpy             max, exp, sum + argpartition/argsort (argmax for k=1)
 Floors in the same run: floor_amax = torch.amax (read the input once), floor_ort_rmax = ORT ReduceMax
 (read once + the cost of an onnxruntime session.run call, which our kernel pays too).
-GB/s = B*V*4 bytes / time; %DRAM against the in-run DRAM read bandwidth (torch.amax on 256 MB).
+GB/s = B*V*4 bytes / time; %DRAM against the in-run DRAM read bandwidth (torch.amax on 256 MB); the
+same for softdeploy_avx2, with its ratio to the read-once floor and its speedup over ort_body (the issue 13
+floors: >= 70% of DRAM read at 64 x 256000, <= 3x floor_amax at 64 x 32000, never slower than the body).
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ from harness import (
 )
 
 OPSET = 18
-PEERS = ["ort_sm_topk", "ort_topk_lse", "ort_topk_gather", "torch_sm_topk", "torch_topk_lse", "numpy"]
+PEERS = ["ort_body", "ort_sm_topk", "ort_topk_lse", "ort_topk_gather", "torch_sm_topk", "torch_topk_lse", "numpy"]
 OURS = ["softdeploy", "softdeploy_avx2"]
 FLOORS = ["floor_amax", "floor_ort_rmax"]
 
@@ -99,14 +104,29 @@ def numpy_softmax_topk(x: np.ndarray, k: int):
     return np.take_along_axis(e, idx, axis=-1) / s, idx
 
 
+def ours_model(x: np.ndarray, k: int):
+    """The SoftmaxTopK model, function body attached (the native kernel replaces it where registered)."""
+    from softdeploy.ops import REGISTRY, Sample
+
+    return REGISTRY["SoftmaxTopK"].make_model(Sample("bench", (x,), {"k": k}), outputs=2)
+
+
 def ours_session(x: np.ndarray, k: int, nt: int, isa: str | None):
     from softdeploy.conformance import forced_isa
-    from softdeploy.ops import REGISTRY, Sample
     from softdeploy.runtime import Session
 
-    op = REGISTRY["SoftmaxTopK"]
     with forced_isa(isa):
-        return Session(op.make_model(Sample("bench", (x,), {"k": k}), outputs=2), kernels="native", threads=nt)
+        return Session(ours_model(x, k), kernels="native", threads=nt)
+
+
+def avx2_variant() -> str:
+    """What the library runs when SOFTDEPLOY_ISA=avx2 (it may be lower on a CPU without AVX2)."""
+    from softdeploy.conformance import forced_isa
+    from softdeploy.runtime import library_status
+
+    with forced_isa("avx2"):
+        info = library_status().info
+    return info.isa_summary() if info else "no library"
 
 
 def make_peers(x_np: np.ndarray, k: int, nt: int, models: dict):
@@ -119,6 +139,7 @@ def make_peers(x_np: np.ndarray, k: int, nt: int, models: dict):
     sess = {name: Session(mb, kernels="portable", threads=nt) for name, mb in models.items()}
     ours = ours_session(x_np, k, nt, None)
     ours_avx2 = ours_session(x_np, k, nt, "avx2")
+    body = Session(ours_model(x_np, k), kernels="portable", threads=nt)
     feeds = {"X": x_np}
 
     def torch_topk_lse():
@@ -128,6 +149,7 @@ def make_peers(x_np: np.ndarray, k: int, nt: int, models: dict):
     return {
         "softdeploy": lambda: ours.run(feeds),
         "softdeploy_avx2": lambda: ours_avx2.run(feeds),
+        "ort_body": lambda: body.run(feeds),
         "ort_sm_topk": lambda: sess["ort_sm_topk"].run(feeds),
         "ort_topk_lse": lambda: sess["ort_topk_lse"].run(feeds),
         "ort_topk_gather": lambda: sess["ort_topk_gather"].run(feeds),
@@ -169,6 +191,7 @@ def main() -> None:
     args = p.parse_args()
     rounds = 5 if args.quick else args.rounds
     header("SoftmaxTopK vs Softmax + TopK peers")
+    sync_print(f"- softdeploy_avx2 kernel variant: {avx2_variant()}")
     rng = np.random.default_rng(0)
     rows = []
     for nt in args.threads:
@@ -195,6 +218,8 @@ def main() -> None:
                     best = min(PEERS, key=lambda n: t[n].median)
                     ours = t["softdeploy"].median
                     gbs = b * v * 4 / ours / 1e9
+                    avx2 = t["softdeploy_avx2"].median
+                    gbs2 = b * v * 4 / avx2 / 1e9
                     rows.append(
                         [nt, b, v, k]
                         + [fmt_num(t[n].median * 1e6) for n in OURS + PEERS + FLOORS]
@@ -205,6 +230,9 @@ def main() -> None:
                             f"{ours / t['floor_ort_rmax'].median:.2f}",
                             fmt_num(gbs),
                             f"{gbs / ys['read_GBs']:.0%}",
+                            f"{gbs2 / ys['read_GBs']:.0%}",
+                            f"{avx2 / t['floor_amax'].median:.2f}",
+                            f"{t['ort_body'].median / avx2:.1f}x",
                             f"{max(t[n].spread for n in OURS + PEERS):.0%}",
                             f"{bgc:.1f}",
                             "; ".join(bad) if bad else "ok",
@@ -234,6 +262,9 @@ def main() -> None:
                 "x floor_ort_rmax",
                 "GB/s",
                 "%DRAM rd",
+                "avx2 %DRAM rd",
+                "avx2 x floor_amax",
+                "avx2 vs body",
                 "max spread",
                 "bg load",
                 "check",

@@ -8,7 +8,8 @@ drift from what softdeploy does:
 * the error rules by running each ``OpDef.errors()`` case through the op's float64 reference, which
   raises the same message every backend gives;
 * the kernel variants from ``ops/<stem>.cc`` (and the local headers it includes): a variant exists
-  where the source has functions compiled for it (``SD_TARGET_AVX512`` / ``SD_TARGET_AVX2``, VNNI
+  where the source has functions compiled for it (``SD_TARGET_AVX512`` / ``SD_TARGET_AVX2``, or a
+  per-ISA translation unit ``ops/<stem>_avx2.cc`` / ``_avx512.cc`` of kernels over the vector traits; VNNI
   where ``avx512vnni`` is targeted); the portable variant always exists. The kernel notes are the
   source file's leading comment;
 * the TVM path from ``softdeploy/tvm/ops/__init__.py`` (``TIR_OPS``, ``FUNCTION_BODY_ONLY``,
@@ -62,13 +63,28 @@ def kernel_sources(stem: str) -> list[Path]:
     return found
 
 
+def isa_units(stem: str) -> set[str]:
+    """The ISAs of the per-ISA translation units the kernel calls: ``ops/<prefix>_<isa>.cc`` (kernels
+    written over ops/common/vec.h, compiled with their own flags) where ``<prefix>`` is the stem or the
+    stem of a local header it includes (max_sim_core.h -> ops/max_sim_avx2.cc)."""
+    prefixes = {stem}
+    for path in kernel_sources(stem)[1:]:
+        name = path.stem
+        for suffix in ("_core", "_row", "_kernels", "_tile"):
+            name = name.removesuffix(suffix)
+        prefixes.add(name)
+    return {isa for isa in ("avx2", "avx512") for prefix in prefixes if (ROOT / "ops" / f"{prefix}_{isa}.cc").exists()}
+
+
 def kernel_variants(stem: str) -> dict[str, bool]:
-    """Which variants the kernel's sources compile code for (portable: always)."""
+    """Which variants the kernel's sources compile code for (portable: always): functions compiled for
+    the ISA in the kernel's own sources (SD_TARGET_*), or a per-ISA translation unit (isa_units)."""
     text = "\n".join(p.read_text() for p in kernel_sources(stem))
+    units = isa_units(stem)
     return {
-        "avx512": "SD_TARGET_AVX512" in text,
+        "avx512": "SD_TARGET_AVX512" in text or "avx512" in units,
         "avx512vnni": '"avx512vnni"' in text,
-        "avx2": "SD_TARGET_AVX2" in text,
+        "avx2": "SD_TARGET_AVX2" in text or "avx2" in units,
         "portable": True,
     }
 

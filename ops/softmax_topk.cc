@@ -12,25 +12,19 @@
 //  * AVX-512 (RowAvx512, the fast path; described at its section): one pass per row -- a candidate
 //    buffer filled by compress and cut back exactly, and the normaliser against ONE reference per
 //    row with a table-based exp, about 11 vector ops per 16 entries.
-//  * AVX2 and portable: selection by a heap of the k best (logit, index) pairs seen so far; an entry
-//    enters only when it ranks above the heap's worst (AVX2 tests a whole vector against that
-//    threshold with one compare, so only candidates, about k*ln(n/k) per row on random data, take
-//    the scalar path). The heap's order is a strict total order (value, then index), and x is
-//    scanned in index order, so an entry equal to the threshold never enters: ties keep the lower
-//    index. Normaliser (AVX2): the online recurrence m' = max(m, z), d' = d*e^(m-m') + e^(z-m'),
-//    run per SIMD lane and amortised per block: a block's lane maxima are taken first (pass A, the
-//    same loads as the threshold test), the lane sums rescaled once if a maximum grew, then the
-//    block's exps summed against the new maxima (pass B, from L1). exps are taken in base 2,
-//    u = x*s - C with s = log2(e)/T and C = fl(m*s) exactly known, so the final step can undo every
-//    rounding of C.
+//  * AVX2 (ops/softmax_topk_kernels.h, written over the vector traits and compiled in its own
+//    translation unit, ops/softmax_topk_avx2.cc): the same one-pass design with an L-entry table
+//    (L = 8 lanes) in one register, a degree-3 polynomial, and scalar appends of the (rare) candidates
+//    where AVX-512 compresses; the cut is an nth_element by the contract's order.
+//  * portable: RowGeneric, in double, with a heap of the k best (logit, index) pairs.
 //
 // What must stay true:
 //  * The fast variants (AVX-512, AVX2) handle rows of finite and -inf entries. A NaN or +inf entry is
 //    always a candidate (the compare is NLE_UQ: NaN passes), and the candidate path hands the row to
 //    RowGeneric, which implements every special row of the contract in double. So does a row whose
 //    scaled logits leave the supported range (tiny temperatures, huge logits).
-//  * -inf entries contribute 0: exactly in AVX2 (the clamped exp2); in AVX-512 less than 2^-120 of
-//    the row's largest term each (they are clamped there), far below float resolution.
+//  * -inf entries contribute 0 in RowGeneric; in the fast variants less than 2^-120 of the row's
+//    largest term each (they are clamped there), far below float resolution.
 //  * Rows are independent: threads split rows, never a row; results do not depend on the thread
 //    count.
 #include <algorithm>
@@ -40,6 +34,7 @@
 
 #include "common/kernel.h"
 #include "common/simd_math.h"
+#include "softmax_topk_row.h"
 
 namespace sd {
 namespace {
@@ -75,8 +70,6 @@ class Selection {
   explicit Selection(int64_t k) : k_(static_cast<size_t>(k)) { heap_.reserve(k_); }
   void Reset() { heap_.clear(); }
   bool full() const { return heap_.size() == k_; }
-  // Value of the worst kept entry; meaningful once full().
-  float worst() const { return heap_.front().value; }
   // Offers entry (v, i), any value; i must be larger than every index offered before.
   void Offer(float v, int64_t i) {
     const Entry e{v, i};
@@ -88,22 +81,6 @@ class Selection {
       heap_.back() = e;
       std::push_heap(heap_.begin(), heap_.end(), RanksAbove());
     }
-  }
-  // Replaces the worst entry by (v, i), which ranks above it; neither the heap nor v holds NaN.
-  // One sift-down: the hot path of the candidates, ~k*ln(n/k) times per row.
-  void ReplaceWorstNoNan(float v, int64_t i) {
-    const Entry e{v, i};
-    const size_t n = heap_.size();
-    size_t at = 0;
-    for (;;) {
-      size_t child = 2 * at + 1;
-      if (child >= n) break;
-      if (child + 1 < n && RanksAboveNoNan(heap_[child], heap_[child + 1])) ++child;  // the worse child
-      if (!RanksAboveNoNan(e, heap_[child])) break;
-      heap_[at] = heap_[child];
-      at = child;
-    }
-    heap_[at] = e;
   }
   // The kept entries, best first (destroys the heap).
   const std::vector<Entry>& Sorted() {
@@ -174,60 +151,6 @@ void RowGeneric(const float* x, int64_t n, double t, Selection& sel, RowOut& out
     out.indices[i] = top[i].index;
   }
   out.lse = static_cast<float>(m + std::log(d));
-}
-
-// Offers the candidates x[base + b] (bits b of mask, ascending). Returns false at a NaN or +inf
-// entry: the row then belongs to RowGeneric.
-inline bool OfferCandidates(const float* x, int64_t base, uint32_t mask, Selection& sel) {
-  while (mask != 0) {
-    const int64_t j = base + __builtin_ctz(mask);
-    mask &= mask - 1;
-    const float v = x[j];
-    if (!(v < INFINITY)) return false;
-    if (!sel.full()) {
-      sel.Offer(v, j);
-    } else if (v > sel.worst()) {  // equal values stay out: the kept one has the lower index
-      sel.ReplaceWorstNoNan(v, j);
-    }
-  }
-  return true;
-}
-
-// 2^f for f in [-1/2, 1/2]: the exp polynomial of common/simd_math.h in the variable t = f*ln2,
-// with ln2^i folded into its coefficients.
-constexpr double kLn2 = 0.6931471805599453;
-constexpr float kP1 = static_cast<float>(simd::kC1 * kLn2);
-constexpr float kP2 = static_cast<float>(simd::kC2 * kLn2 * kLn2);
-constexpr float kP3 = static_cast<float>(simd::kC3 * kLn2 * kLn2 * kLn2);
-constexpr float kP4 = static_cast<float>(simd::kC4 * kLn2 * kLn2 * kLn2 * kLn2);
-constexpr float kP5 = static_cast<float>(simd::kC5 * kLn2 * kLn2 * kLn2 * kLn2 * kLn2);
-
-// Elements per block: the block is read twice (lane maxima, then exps), the second time from L1.
-constexpr int64_t kBlock = 512;
-
-// Final lane reduction shared by the SIMD variants: lane l holds max m_l, C_l = fl(m_l * s) and
-// d_l = sum over its elements of 2^(x*s - C_l). Returns false when the scaled maxima left the float
-// range (the row then goes to RowGeneric).
-bool FinishLanes(const float* m, const float* c, const float* d, int lanes, float s, double t, Selection& sel,
-                 RowOut& out) {
-  float row_max = -INFINITY;
-  for (int l = 0; l < lanes; ++l) row_max = std::max(row_max, m[l]);
-  if (row_max == -INFINITY) {
-    EmitSpecial(sel, -INFINITY, out);
-    return true;
-  }
-  double sum = 0.0;
-  const double ms = static_cast<double>(row_max) * s;
-  for (int l = 0; l < lanes; ++l) {
-    if (m[l] == -INFINITY) continue;
-    if (!std::isfinite(c[l]) || !std::isfinite(d[l])) return false;
-    sum += static_cast<double>(d[l]) * std::exp2(static_cast<double>(c[l]) - ms);
-  }
-  if (!(sum > 0.0) || !std::isfinite(sum)) return false;
-  // sum = sum_j 2^((x_j - M) * s); s = log2(e)/T up to one rounding, which the ratio of the k
-  // values to it and LogSumExp see only as a relative error of ~1e-8 * E|z - M|.
-  EmitFinite(sel.Sorted(), row_max, sum, t, out);
-  return true;
 }
 
 // ---- AVX-512 ------------------------------------------------------------------------------------
@@ -566,73 +489,6 @@ SD_TARGET_AVX512 RowResult RowAvx512(const float* x, int64_t n, float s, double 
   return RowResult::kDone;
 }
 
-// ---- AVX2 ---------------------------------------------------------------------------------------
-
-// 2^u for u <= ~1; -inf and NaN give 0 (max_ps(NaN, c) = c), u < -127 flushes to 0.
-SD_TARGET_AVX2 inline __m256 Exp2Avx2(__m256 u) {
-  const __m256 uc = _mm256_max_ps(u, _mm256_set1_ps(-127.0f));
-  const __m256 n = _mm256_round_ps(uc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m256 f = _mm256_sub_ps(uc, n);
-  __m256 p = _mm256_fmadd_ps(_mm256_set1_ps(kP5), f, _mm256_set1_ps(kP4));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kP3));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kP2));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kP1));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
-  return _mm256_mul_ps(p, simd::Exp2NonPositive(n));
-}
-
-SD_TARGET_AVX2 bool RowAvx2(const float* x, int64_t n, float s, double t, Selection& sel, RowOut& out) {
-  sel.Reset();
-  const __m256 vs = _mm256_set1_ps(s), minus_s = _mm256_set1_ps(-s);
-  __m256 m = _mm256_set1_ps(-INFINITY), neg_c = _mm256_set1_ps(INFINITY), d = _mm256_setzero_ps();
-  __m256 thr = _mm256_set1_ps(-INFINITY);
-  alignas(32) float tail[8];
-  // Elements [i, i + 8) as a vector; the row's last partial vector is padded with -inf.
-  auto load = [&](int64_t i, int64_t end) SD_TARGET_AVX2 {
-    if (i + 8 <= end) return _mm256_loadu_ps(x + i);
-    for (int l = 0; l < 8; ++l) tail[l] = i + l < end ? x[i + l] : -INFINITY;
-    return _mm256_load_ps(tail);
-  };
-  for (int64_t j = 0; j < n;) {
-    const int64_t end = std::min(n, j + kBlock);
-    __m256 b0 = _mm256_set1_ps(-INFINITY), b1 = b0;
-    for (int64_t i = j; i < end; i += 8) {
-      const __m256 v = load(i, end);
-      if ((i & 8) == 0) b0 = _mm256_max_ps(v, b0);
-      else b1 = _mm256_max_ps(v, b1);
-      const uint32_t valid = end - i >= 8 ? 0xFFu : (1u << (end - i)) - 1;
-      const uint32_t c = sel.full() ? static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(v, thr, _CMP_NLE_UQ))) & valid
-                                    : valid;
-      if (c != 0) {
-        if (!OfferCandidates(x, i, c, sel)) return false;
-        if (sel.full()) thr = _mm256_set1_ps(sel.worst());
-      }
-    }
-    const __m256 new_m = _mm256_max_ps(_mm256_max_ps(b0, b1), m);
-    const __m256 grew = _mm256_cmp_ps(new_m, m, _CMP_GT_OQ);
-    if (_mm256_movemask_ps(grew) != 0) {
-      const __m256 new_neg_c = _mm256_mul_ps(new_m, minus_s);
-      d = _mm256_blendv_ps(d, _mm256_mul_ps(d, Exp2Avx2(_mm256_sub_ps(new_neg_c, neg_c))), grew);
-      neg_c = _mm256_blendv_ps(neg_c, new_neg_c, grew);
-      m = new_m;
-    }
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0;
-    int64_t i = j;
-    for (; i + 16 <= end; i += 16) {
-      a0 = _mm256_add_ps(a0, Exp2Avx2(_mm256_fmadd_ps(_mm256_loadu_ps(x + i), vs, neg_c)));
-      a1 = _mm256_add_ps(a1, Exp2Avx2(_mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8), vs, neg_c)));
-    }
-    for (; i < end; i += 8) a0 = _mm256_add_ps(a0, Exp2Avx2(_mm256_fmadd_ps(load(i, end), vs, neg_c)));
-    d = _mm256_add_ps(d, _mm256_add_ps(a0, a1));
-    j = end;
-  }
-  alignas(32) float lm[8], lc[8], ld[8];
-  _mm256_store_ps(lm, m);
-  _mm256_store_ps(lc, _mm256_sub_ps(_mm256_setzero_ps(), neg_c));
-  _mm256_store_ps(ld, d);
-  return FinishLanes(lm, lc, ld, 8, s, t, sel, out);
-}
-
 // ---- kernel -------------------------------------------------------------------------------------
 
 struct SoftmaxTopKKernel {
@@ -690,6 +546,11 @@ struct SoftmaxTopKKernel {
       std::vector<int64_t> idx_buf(static_cast<size_t>(k));
       Selection sel(k);
       CandidateBuffer cand(row_isa == Isa::kAvx512 ? k : 0);
+      const size_t cap2 = row_isa == Isa::kAvx2 ? static_cast<size_t>(softmax_topk::CandidateCapacity(k)) : 0;
+      std::vector<float> cand2_values(cap2);
+      std::vector<int32_t> cand2_indices(cap2), cand2_keys(cap2);
+      const softmax_topk::Candidates cand2{cand2_values.data(), cand2_indices.data(), cand2_keys.data()};
+      std::vector<Entry> top;
       for (int64_t r = r0; r < r1; ++r) {
         const int64_t o = r / l.inner, i = r % l.inner;
         const int64_t base = o * n * l.inner + i;
@@ -707,7 +568,19 @@ struct SoftmaxTopKKernel {
           if (res == RowResult::kWide) res = RowAvx512<true>(row, n, s, t, cand, out);
           done = res == RowResult::kDone;
         }
-        else if (row_isa == Isa::kAvx2) done = RowAvx2(row, n, s, t, sel, out);
+        else if (row_isa == Isa::kAvx2) {
+          double sum;
+          int64_t count;
+          done = softmax_topk::FastRowAvx2(row, n, k, s, cand2, &sum, &count);
+          if (done) {
+            top.clear();
+            for (int64_t j = 0; j < count; ++j) top.push_back(Entry{cand2.values[j], cand2.indices[j]});
+            auto order = [](const Entry& p, const Entry& q) { return RanksAboveNoNan(p, q); };
+            std::partial_sort(top.begin(), top.begin() + k, top.end(), order);
+            top.resize(static_cast<size_t>(k));
+            EmitFinite(top, top.front().value, sum, t, out);
+          }
+        }
         if (!done) RowGeneric(row, n, t, sel, out);
         const int64_t out_base = o * k * l.inner + i;
         for (int64_t j = 0; j < k; ++j) {

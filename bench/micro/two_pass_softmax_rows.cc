@@ -1,6 +1,9 @@
 // Micro-benchmark of the TwoPassSoftmax row functions without onnxruntime in the loop.
+//   for isa in avx2:"-mavx2 -mfma" avx512:"-mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx2 -mfma"; do
+//     g++ -O3 ${isa#*:} -ffp-contract=off -std=c++17 -Iops -c ops/two_pass_softmax_${isa%%:*}.cc -o /tmp/tps_${isa%%:*}.o; done
 //   g++ -O3 -march=x86-64-v4 -std=c++17 -DORT_API_MANUAL_INIT -Iops -I$ORT_HEADERS bench/micro/two_pass_softmax_rows.cc \
-//       ops/common/cpu.cc -o /tmp/tps
+//       ops/common/cpu.cc /tmp/tps_avx2.o /tmp/tps_avx512.o -o /tmp/tps
+// (the vector rows live in their own translation units, built with the flags CMakeLists.txt gives them)
 //   /tmp/tps                      one row, minimum over repetitions (the row stays in cache)
 //   /tmp/tps --rows64 VARIANT N   64 rows of N entries (N = 128000: 31 MiB, from DRAM), median of 31
 //                                 rounds; VARIANT: avx512, avx512_hint (the non-temporal hint on x,
@@ -34,8 +37,8 @@ static void OneRow() {
       }
       return best;
     };
-    double a512 = time([&] { sd::RowAvx512<false>(x.data(), y.data(), n); });
-    double a2 = time([&] { sd::RowAvx2(x.data(), y.data(), n); });
+    double a512 = time([&] { sd::two_pass::RowAvx512(x.data(), y.data(), n, sd::LaneExponents(n), false); });
+    double a2 = time([&] { sd::two_pass::RowAvx2(x.data(), y.data(), n, sd::LaneExponents(n)); });
     std::printf("n=%7lld avx512 %.3f ns/elem  avx2 %.3f ns/elem\n", (long long)n, a512 / n * 1e9, a2 / n * 1e9);
   }
 }
@@ -57,9 +60,9 @@ static int SixtyFourRows(const char* variant, int64_t n) {
   for (int round = 0; round < 31; ++round) {
     auto t0 = clk::now();
     for (int64_t r = 0; r < rows && v < 3; ++r) {
-      if (v == 0) sd::RowAvx512<false>(x + r * n, y + r * n, n);
-      if (v == 1) sd::RowAvx512<true>(x + r * n, y + r * n, n);
-      if (v == 2) sd::RowAvx2(x + r * n, y + r * n, n);
+      if (v == 0) sd::two_pass::RowAvx512(x + r * n, y + r * n, n, sd::LaneExponents(n), false);
+      if (v == 1) sd::two_pass::RowAvx512(x + r * n, y + r * n, n, sd::LaneExponents(n), true);
+      if (v == 2) sd::two_pass::RowAvx2(x + r * n, y + r * n, n, sd::LaneExponents(n));
     }
     if (v == 3)
       for (int64_t i = 0; i < total; i += 16) _mm512_store_ps(y + i, _mm512_load_ps(x + i));

@@ -22,6 +22,8 @@
 #include <cstdint>
 
 #define SD_VEC_INLINE __attribute__((always_inline)) inline
+// For lambdas in kernels over the traits (a lambda left out of line keeps its captures in memory).
+#define SD_VEC_LAMBDA __attribute__((always_inline))
 
 namespace sd {
 namespace vec {
@@ -67,8 +69,87 @@ struct Avx512 {
   static SD_VEC_INLINE F select(M m, F a, F b) { return _mm512_mask_blend_ps(m, a, b); }  // m ? b : a
   static SD_VEC_INLINE I selecti(M m, I a, I b) { return _mm512_mask_blend_epi32(m, a, b); }
   static SD_VEC_INLINE unsigned bits(M m) { return m; }  // lane l -> bit l
+  // Softmax-family additions (ops/softmax_topk_kernels.h).
+  static SD_VEC_INLINE F add(F a, F b) { return _mm512_add_ps(a, b); }
+  static SD_VEC_INLINE F sub(F a, F b) { return _mm512_sub_ps(a, b); }
+  static SD_VEC_INLINE F fms(F a, F b, F c) { return _mm512_fmsub_ps(a, b, c); }  // a * b - c, one rounding
+  static SD_VEC_INLINE M nle(F a, F b) { return _mm512_cmp_ps_mask(a, b, _CMP_NLE_UQ); }  // !(a <= b): NaN passes
+  static SD_VEC_INLINE M tail_mask(int n) { return static_cast<__mmask16>((1u << n) - 1u); }  // lanes < n
+  // The first n lanes of p, the rest `fill`; never reads past p + n.
+  static SD_VEC_INLINE F loadu_fill(const float* p, int n, float fill) {
+    return _mm512_mask_loadu_ps(_mm512_set1_ps(fill), tail_mask(n), p);
+  }
+  static SD_VEC_INLINE I as_int(F x) { return _mm512_castps_si512(x); }
+  static SD_VEC_INLINE F as_float(I x) { return _mm512_castsi512_ps(x); }
+  template <int kShift>
+  static SD_VEC_INLINE I slli(I x) { return _mm512_slli_epi32(x, kShift); }
+  // table[idx & (kLanes - 1)] per lane: a kLanes-entry table held in one register.
+  static SD_VEC_INLINE F lookup(F table, I idx) { return _mm512_permutexvar_ps(idx, table); }
+  // acc + 1 in the lanes where a > b (int32, signed).
+  static SD_VEC_INLINE I count_gt(I acc, I a, I b) {
+    return _mm512_mask_sub_epi32(acc, _mm512_cmpgt_epi32_mask(a, b), acc, _mm512_set1_epi32(-1));
+  }
+  static SD_VEC_INLINE int64_t reduce_addi(I x) { return _mm512_reduce_add_epi32(x); }
+  static SD_VEC_INLINE M nlt(F a, F b) { return _mm512_cmp_ps_mask(a, b, _CMP_NLT_UQ); }  // !(a < b)
+  static SD_VEC_INLINE M gti(I a, I b) { return _mm512_cmpgt_epi32_mask(a, b); }  // int32, signed
+  template <int kShift>
+  static SD_VEC_INLINE I srai(I x) { return _mm512_srai_epi32(x, kShift); }
+  static SD_VEC_INLINE I andi(I a, I b) { return _mm512_and_si512(a, b); }
+  static SD_VEC_INLINE I xori(I a, I b) { return _mm512_xor_si512(a, b); }
+  static SD_VEC_INLINE I maxi(I a, I b) { return _mm512_max_epi32(a, b); }
+  static SD_VEC_INLINE F min(F a, F b) { return _mm512_min_ps(a, b); }
+  static SD_VEC_INLINE F abs(F a) { return _mm512_abs_ps(a); }
+  static SD_VEC_INLINE F round(F a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  // 2^e for integer-valued e, exactly as vscalefps gives it (subnormal down to 2^-149, then 0).
+  static SD_VEC_INLINE F pow2i(F e) { return _mm512_scalef_ps(_mm512_set1_ps(1.0f), e); }
+  static SD_VEC_INLINE M lt(F a, F b) { return _mm512_cmp_ps_mask(a, b, _CMP_LT_OQ); }
+  static SD_VEC_INLINE M eq(F a, F b) { return _mm512_cmp_ps_mask(a, b, _CMP_EQ_OQ); }
+  static SD_VEC_INLINE float reduce_max(F a) { return _mm512_reduce_max_ps(a); }
+  static SD_VEC_INLINE float reduce_add(F a) { return _mm512_reduce_add_ps(a); }  // its own order
+  static SD_VEC_INLINE M neq(F a, F b) { return _mm512_cmp_ps_mask(a, b, _CMP_NEQ_OQ); }
+  static SD_VEC_INLINE M unord(F a, F b) { return _mm512_cmp_ps_mask(a, b, _CMP_UNORD_Q); }  // a or b NaN
+  static SD_VEC_INLINE F div(F a, F b) { return _mm512_div_ps(a, b); }
+  static SD_VEC_INLINE F neg_abs(F a) { return _mm512_or_ps(a, _mm512_set1_ps(-0.0f)); }  // -|a|
+  static SD_VEC_INLINE void stream(float* p, F x) { _mm512_stream_ps(p, x); }  // 64-byte aligned p
+  // The first n lanes of x to p (0 <= n <= kLanes); never writes past p + n.
+  static SD_VEC_INLINE void storeu_tail(float* p, int n, F x) { _mm512_mask_storeu_ps(p, tail_mask(n), x); }
+  // Double vectors of kLanes / 2 lanes: a float vector's low and high halves widened.
+  using D = __m512d;
+  static SD_VEC_INLINE D zerod() { return _mm512_setzero_pd(); }
+  static SD_VEC_INLINE D set1d(double x) { return _mm512_set1_pd(x); }
+  static SD_VEC_INLINE D addd(D a, D b) { return _mm512_add_pd(a, b); }
+  static SD_VEC_INLINE D muld(D a, D b) { return _mm512_mul_pd(a, b); }
+  // (maskz forms: the plain ones trip GCC 12's -Wuninitialized inside its own headers)
+  static SD_VEC_INLINE D cvt_lo(F x) { return _mm512_maskz_cvtps_pd(0xFF, _mm512_maskz_extractf32x8_ps(0xFF, x, 0)); }
+  static SD_VEC_INLINE D cvt_hi(F x) { return _mm512_maskz_cvtps_pd(0xFF, _mm512_maskz_extractf32x8_ps(0xFF, x, 1)); }
+  static SD_VEC_INLINE double reduce_addd(D x) { return _mm512_reduce_add_pd(x); }  // its own order
+  static SD_VEC_INLINE D fmad(D a, D b, D c) { return _mm512_fmadd_pd(a, b, c); }
+  static SD_VEC_INLINE M mask_and(M a, M b) { return static_cast<M>(a & b); }
+  static SD_VEC_INLINE I lane_index() { return _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15); }
+  // The lanes of m, in lane order, to p[0 .. popcount) (writes kLanes entries); returns the count.
+  static SD_VEC_INLINE int compress_storeu(float* p, F v, M m) {
+    _mm512_storeu_ps(p, _mm512_maskz_compress_ps(m, v));
+    return __builtin_popcount(m);
+  }
+  static SD_VEC_INLINE int compress_storeui(int32_t* p, I v, M m) {
+    _mm512_storeu_si512(p, _mm512_maskz_compress_epi32(m, v));
+    return __builtin_popcount(m);
+  }
 };
 #endif
+
+// For compress on 8 lanes: row m lists the set lanes of m in order (the rest 0).
+struct LeftPack8 {
+  alignas(32) int32_t idx[256][8];
+  constexpr LeftPack8() : idx{} {
+    for (int m = 0; m < 256; ++m) {
+      int w = 0;
+      for (int l = 0; l < 8; ++l)
+        if ((m >> l) & 1) idx[m][w++] = l;
+    }
+  }
+};
+constexpr LeftPack8 kLeftPack8{};
 
 #if defined(__AVX2__) && defined(__FMA__)
 struct Avx2 {
@@ -110,6 +191,96 @@ struct Avx2 {
     return _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(a), _mm256_castsi256_ps(b), m));
   }
   static SD_VEC_INLINE unsigned bits(M m) { return static_cast<unsigned>(_mm256_movemask_ps(m)); }
+  // Softmax-family additions (ops/softmax_topk_kernels.h).
+  static SD_VEC_INLINE F add(F a, F b) { return _mm256_add_ps(a, b); }
+  static SD_VEC_INLINE F sub(F a, F b) { return _mm256_sub_ps(a, b); }
+  static SD_VEC_INLINE F fms(F a, F b, F c) { return _mm256_fmsub_ps(a, b, c); }
+  static SD_VEC_INLINE M nle(F a, F b) { return _mm256_cmp_ps(a, b, _CMP_NLE_UQ); }
+  static SD_VEC_INLINE M tail_mask(int n) {
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(n), lane));
+  }
+  static SD_VEC_INLINE F loadu_fill(const float* p, int n, float fill) {
+    const M m = tail_mask(n);
+    return _mm256_blendv_ps(_mm256_set1_ps(fill), _mm256_maskload_ps(p, _mm256_castps_si256(m)), m);
+  }
+  static SD_VEC_INLINE I as_int(F x) { return _mm256_castps_si256(x); }
+  static SD_VEC_INLINE F as_float(I x) { return _mm256_castsi256_ps(x); }
+  template <int kShift>
+  static SD_VEC_INLINE I slli(I x) { return _mm256_slli_epi32(x, kShift); }
+  static SD_VEC_INLINE F lookup(F table, I idx) { return _mm256_permutevar8x32_ps(table, idx); }  // low 3 bits
+  static SD_VEC_INLINE I count_gt(I acc, I a, I b) { return _mm256_sub_epi32(acc, _mm256_cmpgt_epi32(a, b)); }
+  static SD_VEC_INLINE M nlt(F a, F b) { return _mm256_cmp_ps(a, b, _CMP_NLT_UQ); }
+  static SD_VEC_INLINE M gti(I a, I b) { return _mm256_castsi256_ps(_mm256_cmpgt_epi32(a, b)); }
+  template <int kShift>
+  static SD_VEC_INLINE I srai(I x) { return _mm256_srai_epi32(x, kShift); }
+  static SD_VEC_INLINE I andi(I a, I b) { return _mm256_and_si256(a, b); }
+  static SD_VEC_INLINE I xori(I a, I b) { return _mm256_xor_si256(a, b); }
+  static SD_VEC_INLINE I maxi(I a, I b) { return _mm256_max_epi32(a, b); }
+  static SD_VEC_INLINE F min(F a, F b) { return _mm256_min_ps(a, b); }
+  static SD_VEC_INLINE F abs(F a) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), a); }
+  static SD_VEC_INLINE F round(F a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  // 2^e for integer-valued e, clamped to [-127, 127]: e <= -127 gives 0 (no subnormals, unlike
+  // AVX-512's vscalefps; each variant keeps its own results).
+  static SD_VEC_INLINE F pow2i(F e) {
+    const __m256 ec = _mm256_min_ps(_mm256_max_ps(e, _mm256_set1_ps(-127.0f)), _mm256_set1_ps(127.0f));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtps_epi32(_mm256_add_ps(ec, _mm256_set1_ps(127.0f))), 23));
+  }
+  static SD_VEC_INLINE M lt(F a, F b) { return _mm256_cmp_ps(a, b, _CMP_LT_OQ); }
+  static SD_VEC_INLINE M eq(F a, F b) { return _mm256_cmp_ps(a, b, _CMP_EQ_OQ); }
+  static SD_VEC_INLINE float reduce_max(F a) {
+    const __m128 h = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    const __m128 q = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    return _mm_cvtss_f32(_mm_max_ss(q, _mm_shuffle_ps(q, q, 1)));
+  }
+  // (h0 + h1) pairwise down to one lane: the order of simd::ReduceAdd8.
+  static SD_VEC_INLINE float reduce_add(F a) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
+  static SD_VEC_INLINE M neq(F a, F b) { return _mm256_cmp_ps(a, b, _CMP_NEQ_OQ); }
+  static SD_VEC_INLINE M unord(F a, F b) { return _mm256_cmp_ps(a, b, _CMP_UNORD_Q); }
+  static SD_VEC_INLINE F div(F a, F b) { return _mm256_div_ps(a, b); }
+  static SD_VEC_INLINE F neg_abs(F a) { return _mm256_or_ps(a, _mm256_set1_ps(-0.0f)); }
+  static SD_VEC_INLINE void stream(float* p, F x) { _mm256_stream_ps(p, x); }  // 32-byte aligned p
+  static SD_VEC_INLINE void storeu_tail(float* p, int n, F x) {
+    _mm256_maskstore_ps(p, _mm256_castps_si256(tail_mask(n)), x);
+  }
+  using D = __m256d;
+  static SD_VEC_INLINE D zerod() { return _mm256_setzero_pd(); }
+  static SD_VEC_INLINE D set1d(double x) { return _mm256_set1_pd(x); }
+  static SD_VEC_INLINE D addd(D a, D b) { return _mm256_add_pd(a, b); }
+  static SD_VEC_INLINE D muld(D a, D b) { return _mm256_mul_pd(a, b); }
+  static SD_VEC_INLINE D cvt_lo(F x) { return _mm256_cvtps_pd(_mm256_castps256_ps128(x)); }
+  static SD_VEC_INLINE D cvt_hi(F x) { return _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1)); }
+  static SD_VEC_INLINE D fmad(D a, D b, D c) { return _mm256_fmadd_pd(a, b, c); }
+  static SD_VEC_INLINE double reduce_addd(D x) {  // (l0 + l1) + (l2 + l3)
+    alignas(32) double l[4];
+    _mm256_store_pd(l, x);
+    return (l[0] + l[1]) + (l[2] + l[3]);
+  }
+  static SD_VEC_INLINE M mask_and(M a, M b) { return _mm256_and_ps(a, b); }
+  static SD_VEC_INLINE I lane_index() { return _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7); }
+  // No compress on AVX2: a permutation from a 256-entry table (8 KB) by the mask's bits.
+  static SD_VEC_INLINE int compress_storeu(float* p, F v, M m) {
+    const unsigned b = bits(m);
+    const __m256i perm = _mm256_load_si256(reinterpret_cast<const __m256i*>(kLeftPack8.idx[b]));
+    _mm256_storeu_ps(p, _mm256_permutevar8x32_ps(v, perm));
+    return __builtin_popcount(b);
+  }
+  static SD_VEC_INLINE int compress_storeui(int32_t* p, I v, M m) {
+    const unsigned b = bits(m);
+    const __m256i perm = _mm256_load_si256(reinterpret_cast<const __m256i*>(kLeftPack8.idx[b]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm256_permutevar8x32_epi32(v, perm));
+    return __builtin_popcount(b);
+  }
+  static SD_VEC_INLINE int64_t reduce_addi(I x) {
+    const __m128i h = _mm_add_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1));
+    const __m128i q = _mm_add_epi32(h, _mm_shuffle_epi32(h, _MM_SHUFFLE(1, 0, 3, 2)));
+    return _mm_cvtsi128_si32(_mm_add_epi32(q, _mm_shuffle_epi32(q, _MM_SHUFFLE(2, 3, 0, 1))));
+  }
 };
 #endif
 

@@ -23,10 +23,14 @@ Literally composing ai.onnx.Softmax -> TopK would tie every entry of such a row 
 logits instead keeps the indices informative (they point at the NaN / +inf) and is what this op and
 its function body do.
 
-The kernel (ops/softmax_topk.cc) reads X once per row: Milakov & Gimelshein's online normalizer
-``m' = max(m, z); d' = d*e^(m - m') + e^(z - m')`` (vectorised per SIMD lane, with one rescale per
-block of elements) fused with a size-k selection heap that only entries above the current k-th value
-enter. Values are formed for the k winners only. Relative error <= 2e-6 against the float64 reference.
+The kernel (ops/softmax_topk.cc) reads X once per row. The AVX-512 and AVX2 variants (the AVX2 one
+written over the vector traits in ops/softmax_topk_kernels.h, compiled in ops/softmax_topk_avx2.cc) sum
+the normaliser against one reference per row, raised when a larger logit comes (the online normalizer
+of Milakov & Gimelshein, ``m' = max(m, z); d' = d*e^(m - m') + e^(z - m')``, with m moved rarely),
+fused with a thresholded selection: only entries above the current k-th value enter a candidate
+buffer, cut back exactly to the k best when full. The portable variant runs the recurrence in double
+with a size-k heap. Values are formed for the k winners only. Relative error <= 2e-6 against the
+float64 reference.
 """
 
 from __future__ import annotations

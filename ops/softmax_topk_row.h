@@ -1,0 +1,35 @@
+// The SoftmaxTopK fast row written once over the vector traits (ops/softmax_topk_kernels.h) and
+// compiled per ISA translation unit (ops/softmax_topk_avx2.cc): its interface to ops/softmax_topk.cc.
+// Plain types only (no std containers cross it; see ops/common/vec.h on why).
+#pragma once
+
+#include <cstdint>
+
+namespace sd {
+namespace softmax_topk {
+
+// The candidate buffer, structure of arrays (the cut counts keys a vector at a time); each array holds
+// CandidateCapacity(k) entries. int32 indices: rows of 2^31 entries or more take the generic path.
+struct Candidates {
+  float* values;
+  int32_t* indices;
+  int32_t* keys;  // scratch of the cut
+};
+
+// The buffer is cut back to the k best (ops/softmax_topk_kernels.h) when it holds more than
+// k + kSlack; it is checked once per group of up to kGroup appends, and the cut reads whole vectors
+// of up to 16 lanes. kSlack 48 (micro-benchmark, AVX2, k = 50, V = 1000: 32 -> 1.14, 48 -> 0.96,
+// 64 -> 0.92 ns per entry; V >= 32000 and k <= 5 within noise).
+constexpr int64_t kSlack = 48;
+constexpr int64_t kGroup = 64;
+inline int64_t CandidateCapacity(int64_t k) { return k + kSlack + kGroup + 16; }
+
+// A finite row's top k among buf's first *count entries (k <= *count <= k + kSlack, in index order;
+// the top are the first k by the contract's order, larger value then lower index) and
+// *sum = sum_j 2^((x_j - M) * s), M the row's maximum. Returns false when the row is not one the fast
+// path handles (a NaN or +inf entry, no finite entry, scaled logits beyond its range): the caller then
+// computes it with the generic double-precision row. buf holds CandidateCapacity(k) entries.
+bool FastRowAvx2(const float* x, int64_t n, int64_t k, float s, const Candidates& buf, double* sum, int64_t* count);
+
+}  // namespace softmax_topk
+}  // namespace sd

@@ -1,0 +1,12 @@
+// Softpick's vector row for AVX512: ops/softpick_kernels.h instantiated with the Avx512 traits. Compiled
+// with the AVX512 flags and -ffp-contract=off (CMakeLists.txt); called only after the run-time ISA check
+// of ops/softpick.cc.
+#include "softpick_kernels.h"
+
+namespace sd {
+namespace softpick {
+
+void RowAvx512(const float* x, float* y, int64_t n, float eps) { Row<vec::Avx512>(x, y, n, eps); }
+
+}  // namespace softpick
+}  // namespace sd

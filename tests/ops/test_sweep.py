@@ -1,0 +1,53 @@
+"""The native size-sweep tester (tests/native/sweep.cc, CMake target softdeploy_sweep): every kernel
+written over the vector traits, for every variant the CPU runs, at generated sizes around its vector
+width and tiles, against float64 references from the equations. Built here from this source tree in a
+private build directory (never installed), then run as the CPU is and as an AVX2-only and a plain
+x86-64 CPU (SOFTDEPLOY_TEST_CPU)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from softdeploy import conformance
+
+ROOT = Path(__file__).resolve().parents[2]
+VECTOR_VARIANTS = ["avx2", "avx512"]
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    build = tmp_path_factory.mktemp("sweep-build")
+    generator = ["-G", "Ninja"] if shutil.which("ninja") else []
+    for cmd in (
+        ["cmake", "-S", str(ROOT), "-B", str(build), *generator, "-DCMAKE_BUILD_TYPE=Release"],
+        ["cmake", "--build", str(build), "--target", "softdeploy_sweep"],
+    ):
+        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        assert done.returncode == 0, f"{' '.join(cmd)} failed:\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
+    return build / "softdeploy_sweep"
+
+
+@pytest.mark.parametrize("cpu", [None, "avx2", "portable"])
+def test_sweep_matches_the_float64_references(sweep: Path, cpu: str | None) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "SOFTDEPLOY_TEST_CPU"}
+    if cpu is not None:
+        env["SOFTDEPLOY_TEST_CPU"] = cpu
+    done = subprocess.run([str(sweep)], capture_output=True, text=True, env=env, check=False, timeout=600)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    summary = re.search(r"sweep: variants \[([a-z0-9,]*)\] \(cpu: (\w+)\), (\d+) checks, 0 failures", done.stdout)
+    assert summary is not None, done.stdout[-2000:]
+    # Every vector variant the CPU (as limited) runs was swept, and nothing else.
+    isas = conformance.available_isas()
+    if cpu is not None:
+        isas = isas[: isas.index(cpu) + 1] if cpu in isas else isas
+    want = [v for v in VECTOR_VARIANTS if v in isas]
+    swept = summary.group(1).split(",") if summary.group(1) else []
+    assert swept == want
+    if want:
+        assert int(summary.group(3)) > 1000

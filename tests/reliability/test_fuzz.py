@@ -44,6 +44,65 @@ class Known:
 KNOWN: tuple[Known, ...] = ()
 
 
+def _nystrom_beyond_float32(op, values, attrs, dtype) -> bool:
+    """NystromGaussianAttention's kernel sums K1^T V, V_T (K1^T V) and K1 (...) in float32
+    (ops/nystrom_gaussian_attention.cc): where a sum of magnitudes of those products exceeds float32's
+    range (values near FLT_MAX), the float32 sum overflows (inf, or NaN after inf - inf) where the
+    float64 reference stays finite -- float32's range, not the kernel."""
+    q, v, lm = (np.asarray(values[k], np.float64) for k in ("Q", "V", "Landmarks"))
+    if q.size == 0 or v.size == 0 or lm.size == 0:
+        return False
+    with np.errstate(all="ignore"):
+        k1 = np.exp(-((q[..., :, None, :] - lm[..., None, :, :]) ** 2).sum(-1) / (2 * np.sqrt(q.shape[-1])))
+        k2 = np.exp(-((lm[..., :, None, :] - lm[..., None, :, :]) ** 2).sum(-1) / (2 * np.sqrt(q.shape[-1])))
+        a = dict(op.attr_defaults(), **attrs)
+        p = k2 + float(a["regularization"]) * np.eye(k2.shape[-1])
+        vt = 1.8 / np.max(k2.sum(-1), -1)[..., None, None] ** 2 * p
+        for _ in range(int(a["newton_iters"])):
+            vt = 2 * vt - vt @ p @ vt
+        m1 = np.swapaxes(np.abs(k1), -1, -2) @ np.abs(v)
+        m2 = np.abs(vt) @ m1
+        m3 = np.abs(k1) @ m2
+        big = float(np.finfo(np.float32).max)
+        if any(bool(np.any(np.nan_to_num(x, nan=0.0) >= big)) for x in (m1, m2, m3, np.abs(vt))):
+            return True
+        # float32 products are good to ~(n + 2m) u |K1| |V_T| |K1^T| |V| (magnitudes): where that bound
+        # exceeds the tolerance (an ill-conditioned P, e.g. regularization 0, with large V), the case
+        # tests float32's conditioning
+        bound = (q.shape[-2] + 2 * lm.shape[-2]) * 2.0**-24 * m3
+        want = op.reference(q, v, lm, **attrs)[0]
+    rtol, atol = op.tolerance[dtype]
+    return bool(np.any(np.nan_to_num(bound, nan=0.0) > atol + rtol * np.abs(np.nan_to_num(want))))
+
+
+def _softpick_attention_beyond_float32(op, values, attrs, dtype) -> bool:
+    """SoftpickAttention's fast path forms each score as a float32 dot product (ops/softpick_attention.cc):
+    an error ds_j <= D u sum_d |q_d k_jd| |scale| moves weight j by ~ds_j e^(s_j - m) / den (times e^m
+    scaling), so an output moves by sum_j ds_j e^(s_j - m) |V_j| / den. The op's tolerance holds only where
+    that bound is below atol + rtol |O|; beyond (huge logits, V near 1e20 on a weight of a tiny score), a
+    case tests float32's conditioning, not the kernel."""
+    q, k, v = (np.asarray(values[n], np.float64) for n in ("Q", "K", "V"))
+    if q.size == 0 or k.size == 0 or v.size == 0 or q.ndim != 4 or k.ndim != 4 or q.shape[1] % max(1, k.shape[1]):
+        return False
+    a = dict(op.attr_defaults(), **attrs)
+    scale = float(a["scale"]) or 1 / np.sqrt(q.shape[-1])
+    g = q.shape[1] // k.shape[1]
+    k, v = np.repeat(k, g, axis=1), np.repeat(v, g, axis=1)
+    with np.errstate(all="ignore"):
+        ds = q.shape[-1] * 2.0**-24 * np.einsum("bhqd,bhkd->bhqk", np.abs(q), np.abs(k)) * abs(scale)
+        s = np.einsum("bhqd,bhkd->bhqk", q, k) * scale
+        if values.get("Mask") is not None:
+            s = s + np.asarray(values["Mask"], np.float64)
+        fin = np.isfinite(s)
+        m = np.max(np.where(fin, s, -np.inf), axis=-1, keepdims=True)
+        e = np.where(fin, np.exp(s - m), 0.0)
+        den = np.sum(np.where(fin, np.abs(np.exp(s - m) - np.exp(-m)), 0.0), axis=-1, keepdims=True) + 1e-30
+        bound = np.einsum("bhqk,bhkd->bhqd", ds * e / den, np.abs(v))
+        want = op.reference(*[values.get(p.name) for p in op.inputs], **attrs)[0]
+    rtol, atol = op.tolerance[dtype]
+    return bool(np.any(np.nan_to_num(bound, nan=0.0, posinf=np.inf) > atol + rtol * np.abs(np.nan_to_num(want))))
+
+
 def _beyond_dot_product_domain(case: Case) -> bool:
     """Ops with token embeddings Q and D (MaxSim, SignedMaxSim) sum dim products in float32
     (ops/max_sim_core.h; their Scores are float32). Such a sum is good to dim * u * sum_k |q_k d_k|
@@ -54,6 +113,10 @@ def _beyond_dot_product_domain(case: Case) -> bool:
     values = dict(zip((p.name for p in op.inputs), case.sample.inputs, strict=False))
     if case.op == "LoRAMixer":
         return _beyond_lora_mixer_domain(values, case.sample.attrs)
+    if case.op == "NystromGaussianAttention":
+        return _nystrom_beyond_float32(op, values, case.sample.attrs, case.dtype)
+    if case.op == "SoftpickAttention":
+        return _softpick_attention_beyond_float32(op, values, case.sample.attrs, case.dtype)
     if values.get("Q") is None or values.get("D") is None:
         return False
     q, d = np.asarray(values["Q"], np.float64), np.asarray(values["D"], np.float64)

@@ -85,6 +85,28 @@ struct Problem {
   int64_t MaskOffset(int64_t b, int64_t h, int64_t i) const { return b * msB + h * msH + i * msQ; }
 };
 
+// max over x[0, n) of the magnitude's bit pattern (x & 0x7fffffff): an unsigned integer max, which the
+// compiler vectorises (a float max reduction it may not reorder); the result >= kInfBits iff an element
+// is +-inf or NaN, else its float is max |x|. The scalar float loops this replaced were ~6% of a call.
+constexpr uint32_t kInfBits = 0x7f800000u;
+
+inline uint32_t MaxAbsBits(const float* x, int64_t n) {
+  uint32_t m = 0;
+  for (int64_t e = 0; e < n; ++e) {
+    uint32_t b;
+    std::memcpy(&b, x + e, sizeof b);
+    b &= 0x7fffffffu;
+    m = b > m ? b : m;
+  }
+  return m;
+}
+
+inline float BitsToFloat(uint32_t b) {
+  float f;
+  std::memcpy(&f, &b, sizeof f);
+  return f;
+}
+
 // ---- the exact path -------------------------------------------------------------------------------
 
 // Row i of head h, batch b, in double: the composition of the contract evaluated literally.
@@ -171,52 +193,93 @@ float RowPortable(const float* s, float* pr, int64_t n, const float* mrow, int64
   return sum;
 }
 
-// kPlain: no mask and nothing hidden, so every lane in the row is a finite score (the common case).
-template <bool kPlain>
+// The softpick term of 16 scores, expm1(x) 2^-r (sc_base: 2^-r when kSmallR, else 1 with minus_r
+// folded into the exponent). kSmallR (r <= 126, 2^-r a normal float): 2^-r * 2^n by one scalef, which
+// equals scalef(1, n - r) exactly (both are the power of two 2^(n-r), rounded alike where subnormal).
+template <bool kClamp, bool kSmallR>
+SD_TARGET_AVX512 SD_INLINE inline __m512 Term512(__m512 x, __m512 sc_base, __m512 minus_r, __m512 c) {
+  // Clamped at kMinX: a Mask can push a finite score to -3e38, where x log2 e overflows to -inf and
+  // the range reduction would give NaN; below kMinX the term is -2^-r either way. Without a mask
+  // every score is bounded by kExactLimit (RunTask's bound), where the reduction is exact and the
+  // scalef underflows to 0, giving -2^-r as well: no clamp needed.
+  const __m512 xc = kClamp ? _mm512_max_ps(x, _mm512_set1_ps(kMinX)) : x;
+  const __m512 nn =
+      _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(simd::kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 t = _mm512_fmadd_ps(nn, _mm512_set1_ps(simd::kMinusLn2Hi), xc);
+  t = _mm512_fmadd_ps(nn, _mm512_set1_ps(simd::kMinusLn2Lo), t);
+  __m512 p = _mm512_set1_ps(kQ4);
+  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(kQ3));
+  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(kQ2));
+  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(kQ1));
+  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(kQ0));
+  const __m512 q = _mm512_fmadd_ps(_mm512_mul_ps(t, t), p, t);
+  const __m512 sc = kSmallR ? _mm512_scalef_ps(sc_base, nn) : _mm512_scalef_ps(sc_base, _mm512_add_ps(nn, minus_r));
+  return _mm512_fmadd_ps(sc, q, _mm512_sub_ps(sc, c));
+}
+
+// kPlain: no mask and nothing hidden, so every lane in the row is a finite score (the common case):
+// whole vectors go without lane masks, and sum |term| is 2 sum(positive terms) - sum(terms) (the
+// numerator P is the positive part anyway), one add in place of an abs and a masked add.
+template <bool kPlain, bool kSmallR>
 SD_TARGET_AVX512 SD_INLINE inline float RowAvx512T(const float* s, float* pr, int64_t n, const float* mrow,
                                                    int64_t msk, int64_t hidden, float r, float* block_max) {
   const __m512 minus_r = _mm512_set1_ps(-r), c = _mm512_set1_ps(simd::Scale2(1.0f, -r));
+  const __m512 sc_base = kSmallR ? c : _mm512_set1_ps(1.0f);
   const __m512 zero = _mm512_setzero_ps(), neg_inf = _mm512_set1_ps(-INFINITY);
-  const __m512 log2e = _mm512_set1_ps(simd::kLog2e);
   __m512 acc = zero, vmax = neg_inf;
-  for (int64_t j = 0; j < n; j += 16) {
-    const __mmask16 valid = simd::TailMask16(n - j);
-    __m512 x = _mm512_maskz_loadu_ps(valid, s + j);
-    __mmask16 seen = valid;
-    if constexpr (!kPlain) {
+  if constexpr (kPlain) {
+    __m512 acc_pos = zero;
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16) {
+      const __m512 x = _mm512_loadu_ps(s + j);
+      vmax = _mm512_max_ps(vmax, x);
+      const __m512 term = Term512<false, kSmallR>(x, sc_base, minus_r, c);
+      const __m512 pos = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, zero, _CMP_GT_OQ), term);
+      acc = _mm512_add_ps(acc, term);
+      acc_pos = _mm512_add_ps(acc_pos, pos);
+      _mm512_storeu_ps(pr + j, pos);
+    }
+    if (j < n) {
+      const __mmask16 valid = simd::TailMask16(n - j);
+      const __m512 x = _mm512_maskz_loadu_ps(valid, s + j);
+      vmax = _mm512_mask_max_ps(vmax, valid, vmax, x);
+      const __m512 term = _mm512_maskz_mov_ps(valid, Term512<false, kSmallR>(x, sc_base, minus_r, c));
+      const __m512 pos = _mm512_maskz_mov_ps(_mm512_mask_cmp_ps_mask(valid, x, zero, _CMP_GT_OQ), term);
+      acc = _mm512_add_ps(acc, term);
+      acc_pos = _mm512_add_ps(acc_pos, pos);
+      _mm512_mask_storeu_ps(pr + j, valid, pos);
+    }
+    *block_max = _mm512_reduce_max_ps(vmax);
+    return 2.0f * _mm512_reduce_add_ps(acc_pos) - _mm512_reduce_add_ps(acc);
+  } else {
+    for (int64_t j = 0; j < n; j += 16) {
+      const __mmask16 valid = simd::TailMask16(n - j);
+      __m512 x = _mm512_maskz_loadu_ps(valid, s + j);
       if (mrow != nullptr) {
         x = _mm512_add_ps(x, msk == 0 ? _mm512_set1_ps(mrow[0]) : _mm512_maskz_loadu_ps(valid, mrow + j));
       }
       const __mmask16 shown = valid & simd::TailMask16(std::max<int64_t>(0, hidden - j));
-      seen = _mm512_mask_cmp_ps_mask(shown, x, neg_inf, _CMP_NEQ_OQ);
+      const __mmask16 seen = _mm512_mask_cmp_ps_mask(shown, x, neg_inf, _CMP_NEQ_OQ);
+      vmax = _mm512_mask_max_ps(vmax, seen, vmax, x);
+      const __m512 term = Term512<true, kSmallR>(x, sc_base, minus_r, c);
+      acc = _mm512_mask_add_ps(acc, seen, acc, _mm512_abs_ps(term));
+      const __mmask16 pos = _mm512_mask_cmp_ps_mask(seen, x, zero, _CMP_GT_OQ);
+      _mm512_mask_storeu_ps(pr + j, valid, _mm512_maskz_mov_ps(pos, term));
     }
-    vmax = _mm512_mask_max_ps(vmax, seen, vmax, x);
-    // Clamped at kMinX: a Mask can push a finite score to -3e38, where x log2 e overflows to -inf and
-    // the range reduction would give NaN; below kMinX the term is -2^-r either way.
-    const __m512 xc = _mm512_max_ps(x, _mm512_set1_ps(kMinX));
-    const __m512 nn = _mm512_roundscale_ps(_mm512_mul_ps(xc, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 t = _mm512_fmadd_ps(nn, _mm512_set1_ps(simd::kMinusLn2Hi), xc);
-    t = _mm512_fmadd_ps(nn, _mm512_set1_ps(simd::kMinusLn2Lo), t);
-    __m512 p = _mm512_set1_ps(kQ4);
-    p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(kQ3));
-    p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(kQ2));
-    p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(kQ1));
-    p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(kQ0));
-    const __m512 q = _mm512_fmadd_ps(_mm512_mul_ps(t, t), p, t);
-    const __m512 sc = _mm512_scalef_ps(_mm512_set1_ps(1.0f), _mm512_add_ps(nn, minus_r));
-    const __m512 term = _mm512_fmadd_ps(sc, q, _mm512_sub_ps(sc, c));
-    acc = _mm512_mask_add_ps(acc, seen, acc, _mm512_abs_ps(term));
-    const __mmask16 pos = _mm512_mask_cmp_ps_mask(seen, x, zero, _CMP_GT_OQ);
-    _mm512_mask_storeu_ps(pr + j, valid, _mm512_maskz_mov_ps(pos, term));
+    *block_max = _mm512_reduce_max_ps(vmax);
+    return _mm512_reduce_add_ps(acc);
   }
-  *block_max = _mm512_reduce_max_ps(vmax);
-  return _mm512_reduce_add_ps(acc);
 }
 
 SD_TARGET_AVX512 float RowAvx512(const float* s, float* pr, int64_t n, const float* mrow, int64_t msk, int64_t hidden,
                                  float r, float* block_max) {
-  if (mrow == nullptr && hidden >= n) return RowAvx512T<true>(s, pr, n, mrow, msk, hidden, r, block_max);
-  return RowAvx512T<false>(s, pr, n, mrow, msk, hidden, r, block_max);
+  const bool plain = mrow == nullptr && hidden >= n, small_r = r <= 126.0f;
+  if (plain) {
+    return small_r ? RowAvx512T<true, true>(s, pr, n, mrow, msk, hidden, r, block_max)
+                   : RowAvx512T<true, false>(s, pr, n, mrow, msk, hidden, r, block_max);
+  }
+  return small_r ? RowAvx512T<false, true>(s, pr, n, mrow, msk, hidden, r, block_max)
+                 : RowAvx512T<false, false>(s, pr, n, mrow, msk, hidden, r, block_max);
 }
 
 SD_TARGET_AVX2 inline __m256 Pow2Clamped(__m256 e) {
@@ -290,14 +353,10 @@ void RunTask(const Problem& p, const Ops& ops, int64_t b, int64_t h, int64_t i0,
   const float kmax = p.kmax[b * p.Hk + hk];
   for (int64_t rr = 0; rr < rows; ++rr) {
     const float* q = p.q + ((b * p.H + h) * p.Tq + i0 + rr) * D;
-    float qmax = 0.0f;
-    bool finite = true;
-    for (int64_t d = 0; d < D; ++d) {
-      const float x = q[d] * p.scale;
-      qs[rr * D + d] = x;
-      finite = finite && std::isfinite(x);
-      qmax = std::max(qmax, std::fabs(x));
-    }
+    for (int64_t d = 0; d < D; ++d) qs[rr * D + d] = q[d] * p.scale;
+    const uint32_t qbits = MaxAbsBits(&qs[rr * D], D);
+    bool finite = qbits < kInfBits;
+    const float qmax = BitsToFloat(qbits);
     float mask_max = 0.0f;
     if (p.mask) {
       const int64_t row = p.MaskOffset(b, h, i0 + rr) / p.mask_row_len;
@@ -362,7 +421,10 @@ void RunTask(const Problem& p, const Ops& ops, int64_t b, int64_t h, int64_t i0,
       continue;
     }
     const double den = l[rr] + static_cast<double>(p.eps) * std::exp(static_cast<double>(m[rr]) - r[rr] * 0.6931471805599453);
-    for (int64_t c = 0; c < Dv; ++c) orow[c] = static_cast<float>(oacc[rr * Dv + c] / den);
+    // one division per row, not per element (Dv double divisions per row were ~2% of the call); the
+    // double product rounds once more, ~1e-16 relative, far below float32's rounding of the result
+    const double inv = 1.0 / den;
+    for (int64_t c = 0; c < Dv; ++c) orow[c] = static_cast<float>(oacc[rr * Dv + c] * inv);
   }
 }
 
@@ -372,23 +434,24 @@ void PrepareKv(Problem& p, int64_t bh) {
   const float* k = p.k + bh * p.Tk * p.D;
   const float* v = p.v + bh * p.Tk * p.Dv;
   float* kt = p.kt.data() + bh * p.nkb * p.D * kBlockK;
-  std::memset(kt, 0, static_cast<size_t>(p.nkb * p.D * kBlockK) * sizeof(float));
-  float kmax = 0.0f;
-  bool bad = false;
-  for (int64_t j = 0; j < p.Tk; ++j) {
-    float* blk = kt + (j / kBlockK) * p.D * kBlockK + (j % kBlockK);
+  // Transpose block by block with the key loop innermost: the writes are contiguous and the strided
+  // reads stay within one block of K (kBlockK x D floats, L1/L2-resident); column by column over the
+  // whole of K (the writes 512 bytes apart) cost ~4% of the call at T = 2048. Only the last block's
+  // padding columns need zeros (the GEMM reads them; their P entries are 0, their scores unused).
+  for (int64_t kb = 0; kb < p.nkb; ++kb) {
+    const int64_t j0 = kb * kBlockK, nk = std::min(kBlockK, p.Tk - j0);
+    float* blk = kt + kb * p.D * kBlockK;
+    const float* kr = k + j0 * p.D;
     for (int64_t d = 0; d < p.D; ++d) {
-      const float x = k[j * p.D + d];
-      blk[d * kBlockK] = x;
-      bad = bad || !std::isfinite(x);
-      kmax = std::max(kmax, std::fabs(x));
+      float* col = blk + d * kBlockK;
+      for (int64_t jj = 0; jj < nk; ++jj) col[jj] = kr[jj * p.D + d];
+      if (nk < kBlockK) std::memset(col + nk, 0, static_cast<size_t>(kBlockK - nk) * sizeof(float));
     }
   }
-  float vmax = 0.0f;
-  for (int64_t e = 0; e < p.Tk * p.Dv; ++e) {
-    bad = bad || !std::isfinite(v[e]);
-    vmax = std::max(vmax, std::fabs(v[e]));
-  }
+  // finiteness and max |K|, max |V|: contiguous scans of the magnitude bits (MaxAbsBits)
+  const uint32_t kbits = MaxAbsBits(k, p.Tk * p.D), vbits = MaxAbsBits(v, p.Tk * p.Dv);
+  bool bad = kbits >= kInfBits || vbits >= kInfBits;
+  const float kmax = BitsToFloat(kbits), vmax = BitsToFloat(vbits);
   // o sums Tk terms <= 2^kSlack times V: keep it far from float overflow, else the exact path
   bad = bad || static_cast<double>(vmax) * static_cast<double>(p.Tk) * std::ldexp(1.0, static_cast<int>(kSlack) + 1) > 1e37;
   p.kv_bad[bh] = bad;

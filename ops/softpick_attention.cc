@@ -561,7 +561,11 @@ struct SoftpickAttentionKernel {
       p.scale = scale == 0.0f ? static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.D))) : scale;
       p.eps = eps;
       p.causal = causal != 0;
-      if (mask.present) {
+      // A one-element zero Mask is no mask (x + 0 == x for every score): it is what
+      // softdeploy.export.attach_function_bodies feeds an omitted Mask (the function body needs a
+      // value), and dropping it keeps such models on the unmasked fast path.
+      const bool zero_mask = mask.present && mask.size() == 1 && ToFloat(mask.data[0]) == 0.0f;
+      if (mask.present && !zero_mask) {
         p.mask = AsFloat(mask, mb);
         // right-aligned mask dims [mB, mH, mQ, mK]; contiguous strides, 0 where broadcast
         int64_t md[4] = {1, 1, 1, 1};

@@ -34,6 +34,12 @@ class SoftRule(RewriteRuleClassBase):
     def rule_name(cls) -> str:
         return cls.__dict__.get("name_", cls.__name__)
 
+    @classmethod
+    def is_candidate(cls, node: ir.Node) -> bool:
+        """Whether a node the pattern did not match is reported as a candidate not rewritten: by default every
+        standard node of the anchor type (a rule whose anchor is a common op narrows this)."""
+        return node.op_type == cls.anchor_op and node.domain in ("", "ai.onnx")
+
     @staticmethod
     def reject(reason: str) -> MatchResult:
         return MatchResult().fail(reason)

@@ -20,16 +20,17 @@ from softdeploy.export.rewrites._base import SoftRule, describe
 from softdeploy.export.rewrites.maxsim import MaxSimRule
 from softdeploy.export.rewrites.soft_nms import NmsToSoftNmsRule
 from softdeploy.export.rewrites.softmax_topk import SoftmaxTopKRule
+from softdeploy.export.rewrites.softpick_attention import SoftpickAttentionRule
 from softdeploy.export.rewrites.two_pass_softmax import MIN_ROW_LENGTH, TwoPassSoftmaxRule
 from softdeploy.export.validate import OutputCheck, compare_output
 
 # In the order they run: fusions that consume a Softmax before the rule that replaces a lone one.
 RULES: dict[str, type[SoftRule]] = {
     r.name_: r  # type: ignore[attr-defined]
-    for r in (SoftmaxTopKRule, MaxSimRule, TwoPassSoftmaxRule, NmsToSoftNmsRule)
+    for r in (SoftmaxTopKRule, MaxSimRule, SoftpickAttentionRule, TwoPassSoftmaxRule, NmsToSoftNmsRule)
 }
 # nms-to-softnms only on request: it changes an op the user chose (same results, see its module).
-DEFAULT_RULES = ("softmax-topk", "maxsim", "two-pass-softmax")
+DEFAULT_RULES = ("softmax-topk", "maxsim", "softpick-attention", "two-pass-softmax")
 TARGET_OPSET = 18  # models below it are converted first (the function bodies need >= 18)
 VERIFY_TOLERANCE = {"float32": (1e-4, 1e-6), "float16": (1e-2, 1e-3)}
 
@@ -120,7 +121,7 @@ class _RejectionTracer(MatchingTracer):
     def log(self, rule: Any, container: Any, node: ir.Node, match_result: Any, status: MatchStatus) -> None:
         if status == MatchStatus.SUCCESS:
             return
-        if status == MatchStatus.NO_MATCH and not (node.op_type == self.anchor_op and node.domain in ("", "ai.onnx")):
+        if status == MatchStatus.NO_MATCH and not self.rule.is_candidate(node):
             return  # not a candidate: does not even end like the pattern
         reason = match_result.reason if match_result is not None and match_result.reason else "does not match"
         if reason == _MATCHER_SHARED_VALUE:  # the matcher's words; the rule's say which value and why

@@ -329,6 +329,17 @@ SD_TARGET_AVX2 float RowAvx2(const float* s, float* pr, int64_t n, const float* 
 
 // ---- one task: query rows [i0, i1) of head h, batch b ---------------------------------------------
 
+// One block of keys transposed: col[d * kBlockK + jj] = kr[jj * D + d] for jj < nk, zeros for nk <= jj <
+// kBlockK (the GEMM reads the padding columns; their P entries are 0, their scores unused).
+void PackPortable(const float* kr, int64_t nk, int64_t D, float* blk) {
+  // key loop innermost: the writes are contiguous and the strided reads stay within one block of K
+  for (int64_t d = 0; d < D; ++d) {
+    float* col = blk + d * kBlockK;
+    for (int64_t jj = 0; jj < nk; ++jj) col[jj] = kr[jj * D + d];
+    if (nk < kBlockK) std::memset(col + nk, 0, static_cast<size_t>(kBlockK - nk) * sizeof(float));
+  }
+}
+
 struct Ops {
   void (*gemm)(const float*, int64_t, const float*, int64_t, int64_t, float*, int64_t, int64_t, int64_t, bool);
   float (*row)(const float*, float*, int64_t, const float*, int64_t, int64_t, float, float*);
@@ -434,19 +445,11 @@ void PrepareKv(Problem& p, int64_t bh) {
   const float* k = p.k + bh * p.Tk * p.D;
   const float* v = p.v + bh * p.Tk * p.Dv;
   float* kt = p.kt.data() + bh * p.nkb * p.D * kBlockK;
-  // Transpose block by block with the key loop innermost: the writes are contiguous and the strided
-  // reads stay within one block of K (kBlockK x D floats, L1/L2-resident); column by column over the
-  // whole of K (the writes 512 bytes apart) cost ~4% of the call at T = 2048. Only the last block's
-  // padding columns need zeros (the GEMM reads them; their P entries are 0, their scores unused).
+  // Transposed block by block (column by column over the whole of K, the writes 512 bytes apart,
+  // cost ~4% of the call at T = 2048; an AVX-512 gather per 16 keys measured no faster than this).
   for (int64_t kb = 0; kb < p.nkb; ++kb) {
-    const int64_t j0 = kb * kBlockK, nk = std::min(kBlockK, p.Tk - j0);
-    float* blk = kt + kb * p.D * kBlockK;
-    const float* kr = k + j0 * p.D;
-    for (int64_t d = 0; d < p.D; ++d) {
-      float* col = blk + d * kBlockK;
-      for (int64_t jj = 0; jj < nk; ++jj) col[jj] = kr[jj * p.D + d];
-      if (nk < kBlockK) std::memset(col + nk, 0, static_cast<size_t>(kBlockK - nk) * sizeof(float));
-    }
+    const int64_t j0 = kb * kBlockK;
+    PackPortable(k + j0 * p.D, std::min(kBlockK, p.Tk - j0), p.D, kt + kb * p.D * kBlockK);
   }
   // finiteness and max |K|, max |V|: contiguous scans of the magnitude bits (MaxAbsBits)
   const uint32_t kbits = MaxAbsBits(k, p.Tk * p.D), vbits = MaxAbsBits(v, p.Tk * p.Dv);

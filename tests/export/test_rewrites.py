@@ -541,3 +541,98 @@ def test_softpick_attention_ignores_other_matmuls():
     model = make_model(nodes, [tensor("X", F, ["B", 8])], [tensor("Y", F, None)], 18, inits)
     result = optimize(model, dims={"B": 2})
     assert result.counts["softpick-attention"] == 0 and reasons(result, "softpick-attention") == []
+
+
+# ---- the softpick authors' expression ---------------------------------------------------------
+
+
+def authors_softpick_nodes(x, out, eps=True, where=True, sum_axis=-1):
+    """``softpick`` of zaydzuhri/softpick-attention as torch.onnx (dynamo) exports it."""
+    nodes = [
+        helper.make_node("ReduceMax", [x, "ax"], ["m"], keepdims=1),
+        helper.make_node("Neg", ["m"], ["nm"]),
+        helper.make_node("Exp", ["nm"], ["enm"]),
+        helper.make_node("Sub", [x, "m"], ["xm"]),
+        helper.make_node("Exp", ["xm"], ["exm"]),
+        helper.make_node("Sub", ["exm", "enm"], ["e"]),
+        helper.make_node("Relu", ["e"], ["r"]),
+        helper.make_node("IsInf", [x], ["inf"]),
+        helper.make_node("Not", ["inf"], ["ninf"]),
+        helper.make_node("IsNaN", [x], ["nan"]),
+        helper.make_node("Not", ["nan"], ["nnan"]),
+        helper.make_node("And", ["ninf", "nnan"], ["fin"]),
+        helper.make_node("Abs", ["e"], ["a"]),
+    ]
+    if where:
+        nodes.append(helper.make_node("Where", ["fin", "a", "zero"], ["wa"]))
+    nodes.append(helper.make_node("ReduceSum", ["wa" if where else "a", "sax"], ["tot"], keepdims=1))
+    if eps:
+        nodes.append(helper.make_node("Add", ["tot", "eps"], ["den"]))
+    nodes.append(helper.make_node("Div", ["r", "den" if eps else "tot"], [out]))
+    inits = [
+        ints("ax", [-1]),
+        ints("sax", [sum_axis]),
+        numpy_helper.from_array(np.array(0.0, np.float32), "zero"),
+        numpy_helper.from_array(np.array(1e-6, np.float32), "eps"),
+    ]
+    return nodes, inits
+
+
+@pytest.mark.parametrize("eps", [True, False])
+def test_authors_softpick_becomes_softpick(eps):
+    nodes, inits = authors_softpick_nodes("X", "Y", eps=eps)
+    model = make_model(nodes, [tensor("X", F, ["B", 40])], [tensor("Y", F, None)], 18, inits)
+    x = np.random.default_rng(0).standard_normal((3, 40)).astype(np.float32)
+    x[0, :5] = -np.inf  # masked entries: left out of the denominator on both sides
+    result = optimize(model, feeds={"X": x})
+    assert result.counts["softpick"] == 1 and custom_ops(result.model) == ["Softpick"]
+    node = next(n for n in result.model.graph.node if n.op_type == "Softpick")
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    assert attrs["axis"] == 1 and attrs["eps"] == pytest.approx(1e-6 if eps else 0.0)
+    assert result.ok
+
+
+@pytest.mark.parametrize(
+    "kwargs, reason",
+    [
+        ({"where": False}, "expected Where, got Abs"),
+        ({"sum_axis": 0}, "ReduceMax over axis -1 but ReduceSum over axis 0"),
+    ],
+)
+def test_authors_softpick_reports_why_it_did_not_fire(kwargs, reason):
+    nodes, inits = authors_softpick_nodes("X", "Y", **kwargs)
+    model = make_model(nodes, [tensor("X", F, [4, 40])], [tensor("Y", F, None)], 18, inits)
+    result = optimize(model, verify=False)
+    assert result.counts["softpick"] == 0
+    assert any(reason in r for r in reasons(result, "softpick")), reasons(result, "softpick")
+
+
+def test_naive_softpick_attn_becomes_one_softpick_attention():
+    """naive_softpick_attn (head_first, causal: masked_fill of tril == 0 with -inf) as exported: the softpick rule,
+    then softpick-attention with the masked_fill as an additive mask; nothing of the scores is left."""
+    t = 6
+    tril = np.tril(np.ones((t, t), np.float32))
+    nodes = [
+        helper.make_node("Transpose", ["K"], ["Kt"], perm=[0, 1, 3, 2]),
+        helper.make_node("MatMul", ["Q", "Kt"], ["S"]),
+        helper.make_node("Mul", ["S", "c"], ["S2"]),
+        helper.make_node("Equal", ["tril", "zerof"], ["hide"]),
+        helper.make_node("Where", ["hide", "minus_inf", "S2"], ["S3"]),
+    ]
+    sp, sp_inits = authors_softpick_nodes("S3", "W")
+    nodes += [*sp, helper.make_node("MatMul", ["W", "V"], ["O"])]
+    inits = [
+        *sp_inits,
+        numpy_helper.from_array(np.array(8 ** (-0.5), np.float32), "c"),
+        numpy_helper.from_array(tril, "tril"),
+        numpy_helper.from_array(np.array(0.0, np.float32), "zerof"),
+        numpy_helper.from_array(np.array(-np.inf, np.float32), "minus_inf"),
+    ]
+    inputs = [tensor(n, F, ["B", 2, t, 8]) for n in ("Q", "K", "V")]
+    model = make_model(nodes, inputs, [tensor("O", F, None)], 18, inits)
+    result = optimize(model, dims={"B": 2})
+    assert result.counts["softpick"] == 1 and result.counts["softpick-attention"] == 1
+    assert custom_ops(result.model) == ["SoftpickAttention"]
+    ops = [n.op_type for n in result.model.graph.node]
+    assert "MatMul" not in ops and "Mul" not in ops and "Transpose" not in ops  # the scores are gone
+    assert result.ok

@@ -43,11 +43,16 @@ def _float_attr(node: ir.Node, name: str, default: float) -> float:
     return default if attr is None else float(attr.as_float())
 
 
+def _dead(node: ir.Node) -> bool:
+    """A node none of whose outputs is used (left behind by an earlier rewrite until the graph is cleaned)."""
+    return all(not out.uses() and not out.is_graph_output() for out in node.outputs)
+
+
 def _only_use(value: ir.Value, consumer: ir.Node) -> bool:
-    """Whether ``consumer`` is the only user of ``value`` (and ``value`` is no graph output)."""
+    """Whether ``consumer`` is the only live user of ``value`` (and ``value`` is no graph output)."""
     if value.is_graph_output():
         return False
-    return all(user is consumer for user, _ in value.uses())
+    return all(user is consumer or _dead(user) for user, _ in value.uses())
 
 
 def _same_dim(a: Any, b: Any) -> bool:
@@ -60,8 +65,18 @@ def _same_dim(a: Any, b: Any) -> bool:
 class _Match:
     """The parts of a candidate: Q, Kt, V, the mask (or None), the scale, Softpick's eps."""
 
-    def __init__(self, q: ir.Value, kt: ir.Value, v: ir.Value, mask: ir.Value | None, scale: float, eps: float):
+    def __init__(
+        self,
+        q: ir.Value,
+        kt: ir.Value,
+        v: ir.Value,
+        mask: ir.Value | None,
+        scale: float,
+        eps: float,
+        fill: ir.Value | None = None,
+    ):
         self.q, self.kt, self.v, self.mask, self.scale, self.eps = q, kt, v, mask, scale, eps
+        self.fill = fill  # not None: mask is masked_fill's bool condition and fill its -inf
 
 
 class SoftpickAttentionRule(SoftRule):
@@ -73,11 +88,10 @@ class SoftpickAttentionRule(SoftRule):
     name_ = "softpick-attention"
     target_op = "SoftpickAttention"
     anchor_op = "MatMul"
-    summary = "MatMul -> (Mul/Div) -> (Add) -> Softpick -> MatMul => SoftpickAttention"
+    summary = "MatMul -> (Mul/Div) -> (Add | Where -inf) -> Softpick -> MatMul => SoftpickAttention"
     shared_intermediate = "the Softpick weights are also used elsewhere (they would still be needed)"
 
-    @staticmethod
-    def is_candidate(node: ir.Node) -> bool:
+    def is_candidate(self, node: ir.Node) -> bool:
         """A MatMul whose first input is a Softpick's output: only those are reported when not rewritten (every
         other MatMul of a model is no attention)."""
         if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx") or not node.inputs:
@@ -105,7 +119,17 @@ class SoftpickAttentionRule(SoftRule):
         mask: ir.Value | None = None
         node = s.producer()
         consumer = softpick
-        if node is not None and node.op_type == "Add" and node.domain in ("", "ai.onnx"):
+        fill: ir.Value | None = None  # masked_fill's condition: Where(cond, -inf, scores)
+        if node is not None and node.op_type == "Where" and node.domain in ("", "ai.onnx"):
+            if not _only_use(s, consumer):
+                return "the masked scores are also used elsewhere"
+            cond, filler, kept = node.inputs
+            value = const_floats(filler)
+            if value is None or len(value) != 1 or value[0] != -math.inf or kept is None:
+                return "Where before Softpick that does not fill -inf into the scores (masked_fill(mask, -inf))"
+            mask, fill = cond, filler
+            consumer, s, node = node, kept, kept.producer()
+        elif node is not None and node.op_type == "Add" and node.domain in ("", "ai.onnx"):
             if not _only_use(s, consumer):
                 return "the masked scores are also used elsewhere"
             a, b = node.inputs
@@ -153,7 +177,14 @@ class SoftpickAttentionRule(SoftRule):
         why = self._batch_dims(q, kt, v)
         if why:
             return why
-        if mask is not None:
+        if fill is not None:
+            assert mask is not None
+            if dtype_name(mask) != "bool":
+                return f"Where condition of type {dtype_name(mask)} (expected bool)"
+            why = self._mask_shape(mask, s)
+            if why:
+                return why
+        elif mask is not None:
             if dtype_name(mask) != dtype:
                 return f"mask dtype {dtype_name(mask)} differs from the scores' {dtype}"
             why = self._mask_shape(mask, s)
@@ -162,7 +193,7 @@ class SoftpickAttentionRule(SoftRule):
         float_scale = float(ir.tensor([scale], dtype=ir.DataType.FLOAT).numpy()[0])
         if not math.isfinite(float_scale) or float_scale == 0.0:
             return f"scale {scale} is not a finite non-zero float32"
-        return _Match(q, kt, v, mask, scale, eps)
+        return _Match(q, kt, v, mask, scale, eps, fill)
 
     @staticmethod
     def _batch_dims(q: ir.Value, kt: ir.Value, v: ir.Value) -> str | None:
@@ -218,6 +249,8 @@ class SoftpickAttentionRule(SoftRule):
         else:
             k = op.Transpose(parts.kt, perm=[*range(r - 2), r - 1, r - 2])
         q, v4, mask = parts.q, parts.v, parts.mask
+        if parts.fill is not None:  # masked_fill(cond, -inf) as the additive mask Where(cond, -inf, 0)
+            mask = op.Where(mask, parts.fill, op.CastLike(op.Constant(value_float=0.0), parts.fill))
         if r == 3:
             zero = op.Constant(value=ir.tensor([0], dtype=ir.DataType.INT64))
             q, k, v4 = (op.Unsqueeze(x, zero) for x in (q, k, v4))

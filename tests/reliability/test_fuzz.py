@@ -76,11 +76,16 @@ def _nystrom_beyond_float32(op, values, attrs, dtype) -> bool:
 
 
 def _softpick_attention_beyond_float32(op, values, attrs, dtype) -> bool:
-    """SoftpickAttention's fast path forms each score as a float32 dot product (ops/softpick_attention.cc):
-    an error ds_j <= D u sum_d |q_d k_jd| |scale| moves weight j by ~ds_j e^(s_j - m) / den (times e^m
-    scaling), so an output moves by sum_j ds_j e^(s_j - m) |V_j| / den. The op's tolerance holds only where
-    that bound is below atol + rtol |O|; beyond (huge logits, V near 1e20 on a weight of a tiny score), a
-    case tests float32's conditioning, not the kernel."""
+    """SoftpickAttention's fast path forms each score in float32 (ops/softpick_attention.cc): the dot product
+    (error <= D u sum_d |q_d k_jd| |scale|), then the Mask added, rounded once more (error <= u |s_j|, s_j the
+    masked score; u = 2^-24). So ds_j <= D u sum_d |q_d k_jd| |scale| + u |s_j|, which moves weight j by
+    ~ds_j e^(s_j - m) / den (times e^m scaling), and an output by sum_j ds_j e^(s_j - m) |V_j| / den. The op's
+    tolerance holds only where that bound is below atol + rtol |O|; beyond (huge logits, V near 1e20 on a weight
+    of a tiny score, or a large finite Mask: at |s| ~ 300 the rounding of s + Mask alone is 1.8e-5 absolute, a
+    2e-5 relative change of e^s, and an output of V's of both signs cancels to far below |V|), a case tests
+    float32's conditioning, not the kernel. (The u |s_j| term was missing: the fuzz found outputs ~4e14 off by
+    2e-5 relative with Mask values in the hundreds; a float32 kernel cannot do better:
+    test_softpick_attention_large_mask_is_float32_conditioning, on every ISA variant.)"""
     q, k, v = (np.asarray(values[n], np.float64) for n in ("Q", "K", "V"))
     if q.size == 0 or k.size == 0 or v.size == 0 or q.ndim != 4 or k.ndim != 4 or q.shape[1] % max(1, k.shape[1]):
         return False
@@ -94,6 +99,7 @@ def _softpick_attention_beyond_float32(op, values, attrs, dtype) -> bool:
         if values.get("Mask") is not None:
             s = s + np.asarray(values["Mask"], np.float64)
         fin = np.isfinite(s)
+        ds = ds + 2.0**-24 * np.where(fin, np.abs(s), 0.0)  # the float32 rounding of s + Mask
         m = np.max(np.where(fin, s, -np.inf), axis=-1, keepdims=True)
         e = np.where(fin, np.exp(s - m), 0.0)
         den = np.sum(np.where(fin, np.abs(np.exp(s - m) - np.exp(-m)), 0.0), axis=-1, keepdims=True) + 1e-30
@@ -154,6 +160,38 @@ def _beyond_lora_mixer_domain(values: dict, attrs: dict) -> bool:
         ax = np.einsum("ni,eri->ner", x2, np.abs(a))
         m = abs(float(attrs.get("scaling", 1.0))) * np.einsum("ner,eor->neo", ax, np.abs(bm))
     return bool(max(rx.max(initial=0.0), ax.max(initial=0.0), m.max(initial=0.0)) > limit)
+
+
+def test_softpick_attention_large_mask_is_float32_conditioning():
+    """A finite Mask in the hundreds: the kernel misses the op's tolerance on every ISA variant, and the domain
+    bound (with the rounding of s + Mask) says so, and does bound the error it sees."""
+    from softdeploy.ops import Sample
+    from softdeploy.runtime import Session
+
+    op = REGISTRY["SoftpickAttention"]
+    rng = np.random.default_rng(1)
+    q = rng.standard_normal((1, 2, 3, 8)).astype(np.float32)
+    k = rng.standard_normal((1, 2, 90, 8)).astype(np.float32)
+    v = (rng.standard_normal((1, 2, 90, 3)) * 4e14).astype(np.float32)
+    mask = rng.uniform(300, 330, (1, 1, 1, 90)).astype(np.float32)
+    values = {"Q": q, "K": k, "V": v, "Mask": mask}
+    assert _softpick_attention_beyond_float32(op, values, {}, "float32")
+    want = op.reference(q, k, v, mask)[0]
+    rtol, atol = op.tolerance["float32"]
+    model = op.make_model(Sample("large_mask", (q, k, v, mask), {}))
+    for isa in ISAS:
+        with conformance.forced_isa(isa):  # kernels read SOFTDEPLOY_ISA when the session is created
+            session = Session(model, kernels="native")
+        got = session.run(values)[0]
+        err = np.abs(got.astype(np.float64) - want)
+        assert np.any(err > atol + rtol * np.abs(want)), isa  # not within the tolerance: float32's conditioning
+        # the bound's own terms (without the tolerance): ds_j e^(s_j - m) |V_j| / den summed, times 2 for slack
+        s = np.einsum("bhqd,bhkd->bhqk", q.astype(np.float64), k.astype(np.float64)) / np.sqrt(8) + mask
+        ds = 8 * 2.0**-24 * np.einsum("bhqd,bhkd->bhqk", np.abs(q), np.abs(k)) / np.sqrt(8) + 2.0**-24 * np.abs(s)
+        m = s.max(-1, keepdims=True)
+        den = np.abs(np.exp(s - m) - np.exp(-m)).sum(-1, keepdims=True)
+        bound = np.einsum("bhqk,bhkd->bhqd", ds * np.exp(s - m) / den, np.abs(v.astype(np.float64)))
+        assert np.all(err <= 2 * bound + atol), isa
 
 
 @dataclasses.dataclass

@@ -32,6 +32,8 @@ _PREFIX = "base_model.model."
 
 @dataclasses.dataclass(frozen=True)
 class Adapter:
+    """One PEFT LoRA adapter as read from its folder: the path, its rank r, its scaling (lora_alpha / r, or / sqrt(r) with use_rslora) and per target module name the (lora_A [r, in], lora_B [out, r]) factors."""
+
     path: Path
     r: int
     scaling: float

@@ -79,16 +79,20 @@ class LoRAMixerLinear(nn.Module):
 
     @property
     def num_experts(self) -> int:
+        """The number of experts E (A's first dimension)."""
         return int(self.A.shape[0])
 
     @property
     def rank(self) -> int:
+        """The experts' rank r (A's second dimension)."""
         return int(self.A.shape[1])
 
     def extra_repr(self) -> str:
+        """Experts, rank, top_k and scaling, for the module's repr."""
         return f"experts={self.num_experts}, rank={self.rank}, top_k={self.top_k}, scaling={self.scaling:g}"
 
     def forward(self, x: Tensor) -> Tensor:
+        """The base projection plus the routed LoRAMixer delta; in training with gradients, the soft (all-expert, router-weighted) delta carries the gradient (straight-through) and the router probabilities and selected experts are kept for routing_loss."""
         delta, experts, _ = _op()(x, self.A, self.Bm, self.router, top_k=self.top_k, scaling=self.scaling)
         if self.training and torch.is_grad_enabled():
             self.last_experts = experts.detach()

@@ -119,6 +119,7 @@ def check_finite(name: str, values: Any) -> None:
 def reference(
     x: np.ndarray, a: np.ndarray, bm: np.ndarray, router: np.ndarray, *, top_k: int = 1, scaling: float = 1.0
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The float64 NumPy oracle of LoRAMixer (Delta, Experts, Gates); every backend is held to it within the op's tolerance."""
     _, _, n_in, n_out = validate(np.shape(x), np.shape(a), np.shape(bm), np.shape(router), top_k, scaling)
     for name, w in (("A", a), ("Bm", bm), ("Router", router)):
         check_finite(name, w)
@@ -229,6 +230,7 @@ def torch_impl(x: Any, a: Any, bm: Any, router: Any, top_k: int = 1, scaling: fl
 
 
 def torch_fake(x: Any, a: Any, bm: Any, router: Any, top_k: int = 1, scaling: float = 1.0) -> Any:
+    """Shape-only torch LoRAMixer for tracing and export: checks the contract, returns empty Delta, Experts and Gates."""
     import torch
 
     _, _, _, n_out = validate(x.shape, a.shape, bm.shape, router.shape, top_k, scaling)
@@ -241,6 +243,7 @@ def torch_fake(x: Any, a: Any, bm: Any, router: Any, top_k: int = 1, scaling: fl
 
 
 def infer_shapes(ctx: Any) -> None:
+    """ONNX shape inference for LoRAMixer: Delta has X's type, Experts int64, Gates X's type."""
     from onnx import TensorProto, helper
 
     elem = ctx.get_input_type(0).tensor_type.elem_type
@@ -273,6 +276,8 @@ def make_case(
 
 
 def samples(rng: np.random.Generator) -> Iterator[Sample]:
+    """The conformance inputs of LoRAMixer, drawn from ``rng``."""
+
     def case(*args: Any, **kw: Any) -> tuple[np.ndarray, ...]:
         return make_case(rng, *args, **kw)
 
@@ -331,6 +336,7 @@ def _special(rng: np.random.Generator) -> Iterator[Sample]:
 
 
 def errors() -> Iterator[ErrorCase]:
+    """Inputs that break each rule of LoRAMixer; every backend must refuse them with a message containing ``match``."""
     x = np.zeros((3, 6), np.float32)
     a = np.zeros((4, 2, 6), np.float32)
     bm = np.zeros((4, 5, 2), np.float32)

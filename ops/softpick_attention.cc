@@ -80,6 +80,7 @@ struct Problem {
   std::vector<float> kmax;         // per (b, hk): max |K|
   std::vector<uint8_t> mrow_bad;   // per mask row: NaN or +inf present
   std::vector<float> mrow_max;     // per mask row: max finite value (-inf if none)
+  std::vector<uint8_t> mblk_hidden;  // per mask row and key block: the Mask is -inf on every key of it
 
   const float* Kt(int64_t b, int64_t hk) const { return kt.data() + (b * Hk + hk) * nkb * D * kBlockK; }
   int64_t MaskOffset(int64_t b, int64_t h, int64_t i) const { return b * msB + h * msH + i * msQ; }
@@ -391,6 +392,13 @@ void RunTask(const Problem& p, const Ops& ops, int64_t b, int64_t h, int64_t i0,
   const float* v = p.v + (b * p.Hk + hk) * p.Tk * Dv;
   for (int64_t kb = 0; kb < nkb; ++kb) {
     const int64_t j0 = kb * kBlockK, nk = std::min(kBlockK, p.Tk - j0);
+    if (p.mask) {
+      bool all_hidden = true;
+      for (int64_t rr = 0; all_hidden && rr < rows; ++rr) {
+        all_hidden = p.mblk_hidden[p.MaskOffset(b, h, i0 + rr) / p.mask_row_len * p.nkb + kb] != 0;
+      }
+      if (all_hidden) continue;
+    }
     ops.gemm(qs.data(), D, kt + kb * D * kBlockK, kBlockK, D, sbuf.data(), kBlockK, rows, kBlockK, false);
     for (int64_t rr = 0; rr < rows; ++rr) {
       const float* s = &sbuf[rr * kBlockK];
@@ -472,6 +480,14 @@ void PrepareMaskRow(Problem& p, int64_t row) {
   }
   p.mrow_bad[row] = bad;
   p.mrow_max[row] = mx;
+  // key blocks the row's Mask hides entirely (a padding mask's tail): RunTask skips a block hidden for
+  // every row of its tile -- its keys add no term and no numerator, exactly as if computed
+  for (int64_t kb = 0; kb < p.nkb; ++kb) {
+    const int64_t j0 = kb * kBlockK, j1 = std::min(p.Tk, j0 + kBlockK);
+    bool hidden = true;
+    for (int64_t j = j0; hidden && j < j1; ++j) hidden = m[j * p.msK] == -INFINITY;
+    p.mblk_hidden[row * p.nkb + kb] = hidden;
+  }
 }
 
 template <class T>
@@ -612,6 +628,7 @@ struct SoftpickAttentionKernel {
       mask_size = (p.msB ? p.B : 1) * (p.msH ? p.H : 1) * (p.msQ ? p.Tq : 1);
       p.mrow_bad.assign(mask_size, 0);
       p.mrow_max.assign(mask_size, -INFINITY);
+      p.mblk_hidden.assign(static_cast<size_t>(mask_size * p.nkb), 0);
       const size_t tasks = NumTasks(mask_size, p.mask_row_len);
       ParallelFor(ctx, tasks, [&](size_t t) {
         int64_t a, e;

@@ -154,6 +154,27 @@ def test_late_large_score_rescales_the_running_sums(isa, eps):
 
 
 @isa_param
+@pytest.mark.parametrize("layout", ["padding", "per_row", "key_scalar"])
+def test_key_blocks_the_mask_hides_everywhere_are_skipped_exactly(isa, layout):
+    """Key blocks (128 keys) whose Mask is -inf for every row of a tile are skipped by the kernel: the result must
+    equal the reference, also where only some rows hide a block (per_row) and for a Mask with one value per row
+    (key_scalar, [B, H, Tq, 1]: a row of -inf hides every block)."""
+    rng = np.random.default_rng(11)
+    tq, tk = 100, 400
+    q, k = (rng.standard_normal((1, 2, t, 16)).astype(np.float32) for t in (tq, tk))
+    v = rng.standard_normal((1, 2, tk, 6)).astype(np.float32)
+    if layout == "padding":  # keys 150.. hidden: block 1 partly, blocks 2 and 3 entirely
+        mask = np.where(np.arange(tk) < 150, 0.0, -np.inf).astype(np.float32).reshape(1, 1, 1, tk)
+    elif layout == "per_row":  # rows < 60 hide keys >= 128; the others see everything
+        mask = np.zeros((1, 2, tq, tk), np.float32)
+        mask[:, :, :60, 128:] = -np.inf
+    else:
+        mask = np.where(rng.random((1, 2, tq, 1)) < 0.3, -np.inf, 0.5).astype(np.float32)
+    got, want = kernel(q, k, v, mask, isa=isa), reference(q, k, v, mask)
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+
+
+@isa_param
 def test_zero_output_where_no_score_is_positive(isa):
     rng = np.random.default_rng(4)
     q = -np.abs(rng.standard_normal((1, 2, 9, 8))).astype(np.float32)

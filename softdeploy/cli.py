@@ -623,7 +623,10 @@ def _add_export_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("optimize", help="rewrite standard-op patterns of an ONNX model into softdeploy ops")
     p.add_argument("input")
     p.add_argument("out")
-    p.add_argument("--rules", help="comma-separated rules (softmax-topk, maxsim, two-pass-softmax, nms-to-softnms)")
+    p.add_argument(
+        "--rules",
+        help="comma-separated rules (softmax-topk, maxsim, softpick, softpick-attention, two-pass-softmax, nms-to-softnms)",
+    )
     p.add_argument("--nms-to-softnms", action="store_true", help="also NonMaxSuppression => SoftNMS(method=hard)")
     p.add_argument("--two-pass-min-row", type=int, default=MIN_ROW_LENGTH, help="two-pass-softmax: min row length")
     p.add_argument("--no-verify", action="store_true", help="skip running original and rewritten model")

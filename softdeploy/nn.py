@@ -179,10 +179,25 @@ class SoftAttention(nn.Module):
 
 class SoftpickAttention(SoftAttention):
     """Self-attention with Softpick weights: ``O = Softpick(Q K^T scale + mask) V`` (rows of the
-    weights need not sum to 1; keys with ``score <= 0`` get exactly 0 -- no attention sink)."""
+    weights need not sum to 1; keys with ``score <= 0`` get exactly 0 -- no attention sink).
+
+    One fused ``SoftpickAttention`` op (docs/ops/SoftpickAttention.md): grouped key/value heads are passed as they are (no
+    repeat), ``attn_mask`` as the op's additive Mask, ``causal`` as its attribute; the export is one
+    com.softdeploy node whose kernel never materialises the ``[T, T]`` scores."""
 
     def __init__(self, embed_dim: int, num_heads: int, *, eps: float = 1e-6, **kwargs: Any) -> None:
         super().__init__(embed_dim, num_heads, Softpick(-1, eps), **kwargs)
+
+    def forward(self, x: Tensor, attn_mask: Tensor | None = None) -> Tensor:
+        b, t, e = x.shape
+        q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        mask = None if attn_mask is None else attn_mask.to(q.dtype)
+        out = _op("SoftpickAttention")(
+            q, k, v, mask, scale=self.scale, causal=int(self.causal), eps=self.normalizer.eps
+        )
+        return self.out_proj(out.transpose(1, 2).reshape(b, t, e))
 
 
 class MultiMaxAttention(SoftAttention):

@@ -134,4 +134,4 @@ def test_the_export_guide_example_runs(tmp_path: Path) -> None:
         [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env
     )
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "['Softpick']" in run.stdout and (tmp_path / "model.onnx").exists()
+    assert "['SoftpickAttention']" in run.stdout and (tmp_path / "model.onnx").exists()

@@ -185,7 +185,7 @@ def _modules():
             "softpick_attention",
             sdnn.SoftpickAttention(16, 4, num_kv_heads=2, causal=True),
             (randn(2, 6, 16),),
-            "Softpick",
+            "SoftpickAttention",
         ),
         ("multimax_attention", sdnn.MultiMaxAttention(16, 2, causal=True), (randn(2, 6, 16),), "MultiMax"),
         (
@@ -225,5 +225,36 @@ def test_attention_exports_with_dynamic_batch_and_sequence():
     from softdeploy.runtime import Session
 
     x = randn(3, 11, 16)
+    (y,) = Session(result.model, kernels="native").run({result.model.graph.input[0].name: x.numpy()})
+    np.testing.assert_allclose(y, module(x).detach().numpy(), rtol=1e-4, atol=1e-5)
+
+
+@torch.no_grad()
+def test_softpick_attention_exports_to_one_fused_node_with_mask_and_grouped_heads():
+    """softdeploy.nn.SoftpickAttention is one SoftpickAttention node (not Softpick between MatMuls):
+    grouped K/V heads go in unrepeated, the padding mask as the op's Mask, causal as its attribute."""
+    module = sdnn.SoftpickAttention(32, 4, num_kv_heads=2, causal=True).eval()
+    x = randn(2, 9, 32)
+    pad = torch.zeros(2, 1, 1, 9)
+    pad[1, ..., 6:] = -math.inf  # batch 1: 6 real tokens
+    causal = torch.full((9, 9), -math.inf).triu(1)
+    want = attention_ref(module, x, softpick_ref, pad + causal)
+    torch.testing.assert_close(module(x, pad), want, rtol=1e-4, atol=1e-5)
+    result = softdeploy.export(module, (x, pad))
+    assert result.custom_ops == ["SoftpickAttention"]
+    nodes = [n for n in result.model.graph.node if n.domain == "com.softdeploy"]
+    assert [n.op_type for n in nodes] == ["SoftpickAttention"]
+    attrs = {a.name: a for a in nodes[0].attribute}
+    assert attrs["causal"].i == 1
+    assert result.validation is not None and result.validation.ok, result.validation
+
+
+def test_softpick_attention_exports_with_dynamic_batch_and_sequence():
+    module = sdnn.SoftpickAttention(16, 4, num_kv_heads=2, causal=True).eval()
+    batch, seq = torch.export.Dim("batch", max=16), torch.export.Dim("seq", min=2, max=512)
+    result = softdeploy.export(module, (randn(2, 6, 16),), dynamic_shapes=({0: batch, 1: seq},))
+    from softdeploy.runtime import Session
+
+    x = randn(3, 200, 16)  # two key blocks of the kernel
     (y,) = Session(result.model, kernels="native").run({result.model.graph.input[0].name: x.numpy()})
     np.testing.assert_allclose(y, module(x).detach().numpy(), rtol=1e-4, atol=1e-5)

@@ -13,10 +13,12 @@ from softdeploy.ops import (
     lora_mixer,
     max_sim,
     multi_max,
+    nystrom_gaussian_attention,
     signed_max_sim,
     soft_nms,
     softmax_topk,
     softpick,
+    softpick_attention,
     two_pass_softmax,
 )
 from softdeploy.ops._schema import ErrorCase, OpDef, Sample
@@ -26,10 +28,12 @@ _DEFS = (
     lora_mixer.DEF,
     max_sim.DEF,
     multi_max.DEF,
+    nystrom_gaussian_attention.DEF,
     signed_max_sim.DEF,
     soft_nms.DEF,
     softmax_topk.DEF,
     softpick.DEF,
+    softpick_attention.DEF,
     two_pass_softmax.DEF,
 )
 REGISTRY: dict[str, OpDef] = {d.name: d for d in sorted(_DEFS, key=lambda d: d.name)}

@@ -460,3 +460,179 @@ def test_cli_optimize_reports_and_refuses_to_overwrite(tmp_path):
     assert custom_ops(onnx.load(dst)) == ["SoftmaxTopK"]
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert again.returncode == 2 and "--overwrite" in again.stderr
+
+
+# ---- MatMul -> (Mul/Div) -> (Add) -> Softpick -> MatMul ------------------------------------------
+
+
+def softpick_attention_model(
+    scale_op="Mul", mask=True, transpose=True, rank4=True, extra_use=False, axis=-1, scale=8**-0.5, mask_shape=None
+):
+    """Softpick attention written out: Q [B, 4, 5, 8], K [B, 4, 7, 8] (rank 3: [N, T, 8]), V like K."""
+    shp = (lambda t: ["B", 4, t, 8]) if rank4 else (lambda t: ["N", t, 8])
+    perm = [0, 1, 3, 2] if rank4 else [0, 2, 1]
+    nodes, inits = [], []
+    if transpose:
+        nodes.append(helper.make_node("Transpose", ["K"], ["Kt"], perm=perm))
+    nodes.append(helper.make_node("MatMul", ["Q", "Kt" if transpose else "K"], ["S"]))
+    cur = "S"
+    if scale_op:
+        c = scale if scale_op == "Mul" else 1 / scale
+        inits.append(numpy_helper.from_array(np.array(c, np.float32), "c"))
+        nodes.append(helper.make_node(scale_op, [cur, "c"], ["S2"]))
+        cur = "S2"
+    if mask:
+        nodes.append(helper.make_node("Add", ["M", cur], ["S3"]))
+        cur = "S3"
+    nodes.append(helper.make_node("Softpick", [cur], ["W"], domain=DOMAIN, axis=axis, eps=1e-6))
+    nodes.append(helper.make_node("MatMul", ["W", "V"], ["O"]))
+    k_shape = shp(7) if transpose else (["B", 4, 8, 7] if rank4 else ["N", 8, 7])
+    inputs = [tensor("Q", F, shp(5)), tensor("K", F, k_shape), tensor("V", F, shp(7))]
+    if mask:
+        inputs.append(tensor("M", F, mask_shape or (["B", 1, 1, 7] if rank4 else [1, 7])))
+    outputs = [tensor("O", F, None)] + ([tensor("W", F, None)] if extra_use else [])
+    graph = helper.make_graph(nodes, "softpick_attention", inputs, outputs, initializer=inits)
+    opsets = [helper.make_opsetid("", 18), helper.make_opsetid(DOMAIN, 1)]
+    return helper.make_model(graph, opset_imports=opsets, ir_version=8)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{}, {"scale_op": "Div"}, {"scale_op": None, "mask": False}, {"rank4": False}, {"transpose": False}],
+    ids=["mul_mask", "div_mask", "plain", "rank3", "no_transpose"],
+)
+def test_softpick_attention_fires_and_agrees(kwargs):
+    dims = {"B": 2} if kwargs.get("rank4", True) else {"N": 3}
+    result = optimize(softpick_attention_model(**kwargs), dims=dims)
+    assert result.counts["softpick-attention"] == 1
+    assert custom_ops(result.model) == ["SoftpickAttention"]
+    node = next(n for n in result.model.graph.node if n.op_type == "SoftpickAttention")
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    assert attrs["scale"] == pytest.approx(8**-0.5 if kwargs.get("scale_op", "Mul") else 1.0, rel=1e-6)
+    assert attrs["causal"] == 0 and attrs["eps"] == pytest.approx(1e-6)
+    # the mask is the Add's other input; an omitted one gets attach_function_bodies' zero fill (the kernel drops it)
+    assert (node.input[3] == "M") == kwargs.get("mask", True)
+    if kwargs.get("transpose", True):  # the Transpose that made Kt is folded away
+        assert "Transpose" not in [n.op_type for n in result.model.graph.node]
+    assert result.ok and {v.backend for v in result.verification} == {"native", "portable"}
+    onnx.checker.check_model(result.model, full_check=True)
+
+
+@pytest.mark.parametrize(
+    "kwargs, reason",
+    [
+        ({"extra_use": True}, "Softpick weights are also used elsewhere"),
+        ({"axis": 2}, "Softpick over axis 2, not the last"),
+        ({"scale": 0.0}, "must be finite and non-zero"),
+        ({"mask_shape": [2, "B", 4, 5, 7]}, "mask rank 5 above the scores' 4"),
+    ],
+)
+def test_softpick_attention_reports_why_it_did_not_fire(kwargs, reason):
+    model = softpick_attention_model(**kwargs)
+    result = optimize(model, dims={"B": 2}, verify=False)
+    assert result.counts["softpick-attention"] == 0
+    assert any(reason in r for r in reasons(result, "softpick-attention")), reasons(result, "softpick-attention")
+
+
+def test_softpick_attention_ignores_other_matmuls():
+    """A plain MatMul (a Linear layer) is no candidate: nothing is reported for it."""
+    nodes = [helper.make_node("MatMul", ["X", "Wt"], ["Y"])]
+    inits = [numpy_helper.from_array(np.ones((8, 3), np.float32), "Wt")]
+    model = make_model(nodes, [tensor("X", F, ["B", 8])], [tensor("Y", F, None)], 18, inits)
+    result = optimize(model, dims={"B": 2})
+    assert result.counts["softpick-attention"] == 0 and reasons(result, "softpick-attention") == []
+
+
+# ---- the softpick authors' expression ---------------------------------------------------------
+
+
+def authors_softpick_nodes(x, out, eps=True, where=True, sum_axis=-1):
+    """``softpick`` of zaydzuhri/softpick-attention as torch.onnx (dynamo) exports it."""
+    nodes = [
+        helper.make_node("ReduceMax", [x, "ax"], ["m"], keepdims=1),
+        helper.make_node("Neg", ["m"], ["nm"]),
+        helper.make_node("Exp", ["nm"], ["enm"]),
+        helper.make_node("Sub", [x, "m"], ["xm"]),
+        helper.make_node("Exp", ["xm"], ["exm"]),
+        helper.make_node("Sub", ["exm", "enm"], ["e"]),
+        helper.make_node("Relu", ["e"], ["r"]),
+        helper.make_node("IsInf", [x], ["inf"]),
+        helper.make_node("Not", ["inf"], ["ninf"]),
+        helper.make_node("IsNaN", [x], ["nan"]),
+        helper.make_node("Not", ["nan"], ["nnan"]),
+        helper.make_node("And", ["ninf", "nnan"], ["fin"]),
+        helper.make_node("Abs", ["e"], ["a"]),
+    ]
+    if where:
+        nodes.append(helper.make_node("Where", ["fin", "a", "zero"], ["wa"]))
+    nodes.append(helper.make_node("ReduceSum", ["wa" if where else "a", "sax"], ["tot"], keepdims=1))
+    if eps:
+        nodes.append(helper.make_node("Add", ["tot", "eps"], ["den"]))
+    nodes.append(helper.make_node("Div", ["r", "den" if eps else "tot"], [out]))
+    inits = [
+        ints("ax", [-1]),
+        ints("sax", [sum_axis]),
+        numpy_helper.from_array(np.array(0.0, np.float32), "zero"),
+        numpy_helper.from_array(np.array(1e-6, np.float32), "eps"),
+    ]
+    return nodes, inits
+
+
+@pytest.mark.parametrize("eps", [True, False])
+def test_authors_softpick_becomes_softpick(eps):
+    nodes, inits = authors_softpick_nodes("X", "Y", eps=eps)
+    model = make_model(nodes, [tensor("X", F, ["B", 40])], [tensor("Y", F, None)], 18, inits)
+    x = np.random.default_rng(0).standard_normal((3, 40)).astype(np.float32)
+    x[0, :5] = -np.inf  # masked entries: left out of the denominator on both sides
+    result = optimize(model, feeds={"X": x})
+    assert result.counts["softpick"] == 1 and custom_ops(result.model) == ["Softpick"]
+    node = next(n for n in result.model.graph.node if n.op_type == "Softpick")
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    assert attrs["axis"] == 1 and attrs["eps"] == pytest.approx(1e-6 if eps else 0.0)
+    assert result.ok
+
+
+@pytest.mark.parametrize(
+    "kwargs, reason",
+    [
+        ({"where": False}, "expected Where, got Abs"),
+        ({"sum_axis": 0}, "ReduceMax over axis -1 but ReduceSum over axis 0"),
+    ],
+)
+def test_authors_softpick_reports_why_it_did_not_fire(kwargs, reason):
+    nodes, inits = authors_softpick_nodes("X", "Y", **kwargs)
+    model = make_model(nodes, [tensor("X", F, [4, 40])], [tensor("Y", F, None)], 18, inits)
+    result = optimize(model, verify=False)
+    assert result.counts["softpick"] == 0
+    assert any(reason in r for r in reasons(result, "softpick")), reasons(result, "softpick")
+
+
+def test_naive_softpick_attn_becomes_one_softpick_attention():
+    """naive_softpick_attn (head_first, causal: masked_fill of tril == 0 with -inf) as exported: the softpick rule,
+    then softpick-attention with the masked_fill as an additive mask; nothing of the scores is left."""
+    t = 6
+    tril = np.tril(np.ones((t, t), np.float32))
+    nodes = [
+        helper.make_node("Transpose", ["K"], ["Kt"], perm=[0, 1, 3, 2]),
+        helper.make_node("MatMul", ["Q", "Kt"], ["S"]),
+        helper.make_node("Mul", ["S", "c"], ["S2"]),
+        helper.make_node("Equal", ["tril", "zerof"], ["hide"]),
+        helper.make_node("Where", ["hide", "minus_inf", "S2"], ["S3"]),
+    ]
+    sp, sp_inits = authors_softpick_nodes("S3", "W")
+    nodes += [*sp, helper.make_node("MatMul", ["W", "V"], ["O"])]
+    inits = [
+        *sp_inits,
+        numpy_helper.from_array(np.array(8 ** (-0.5), np.float32), "c"),
+        numpy_helper.from_array(tril, "tril"),
+        numpy_helper.from_array(np.array(0.0, np.float32), "zerof"),
+        numpy_helper.from_array(np.array(-np.inf, np.float32), "minus_inf"),
+    ]
+    inputs = [tensor(n, F, ["B", 2, t, 8]) for n in ("Q", "K", "V")]
+    model = make_model(nodes, inputs, [tensor("O", F, None)], 18, inits)
+    result = optimize(model, dims={"B": 2})
+    assert result.counts["softpick"] == 1 and result.counts["softpick-attention"] == 1
+    assert custom_ops(result.model) == ["SoftpickAttention"]
+    ops = [n.op_type for n in result.model.graph.node]
+    assert "MatMul" not in ops and "Mul" not in ops and "Transpose" not in ops  # the scores are gone
+    assert result.ok

@@ -54,6 +54,15 @@ def expected_tasks(op: OpDef, sample: Sample) -> int:
         axis = sample.attrs.get("axis", -1) % x.ndim
         n = x.shape[axis]
         return num_tasks(x.size // max(n, 1), n)
+    if "Landmarks" in ports:  # ops/nystrom_gaussian_attention.cc: one task per (batch, head)
+        b, h = np.shape(ports["Q"])[:2]
+        return b * h
+    if set(ports) in (
+        {"Q", "K", "V"},
+        {"Q", "K", "V", "Mask"},
+    ):  # ops/softpick_attention.cc: (batch, head, 48-query block)
+        b, h, tq = np.shape(ports["Q"])[:3]
+        return b * h * -(-tq // 48)
     raise AssertionError(f"{op.name}: no task model here; add its NumTasks call site to expected_tasks()")
 
 

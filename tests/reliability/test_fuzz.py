@@ -45,6 +45,71 @@ class Known:
 KNOWN: tuple[Known, ...] = ()
 
 
+def _nystrom_beyond_float32(op, values, attrs, dtype) -> bool:
+    """NystromGaussianAttention's kernel sums K1^T V, V_T (K1^T V) and K1 (...) in float32
+    (ops/nystrom_gaussian_attention.cc): where a sum of magnitudes of those products exceeds float32's
+    range (values near FLT_MAX), the float32 sum overflows (inf, or NaN after inf - inf) where the
+    float64 reference stays finite -- float32's range, not the kernel."""
+    q, v, lm = (np.asarray(values[k], np.float64) for k in ("Q", "V", "Landmarks"))
+    if q.size == 0 or v.size == 0 or lm.size == 0:
+        return False
+    with np.errstate(all="ignore"):
+        k1 = np.exp(-((q[..., :, None, :] - lm[..., None, :, :]) ** 2).sum(-1) / (2 * np.sqrt(q.shape[-1])))
+        k2 = np.exp(-((lm[..., :, None, :] - lm[..., None, :, :]) ** 2).sum(-1) / (2 * np.sqrt(q.shape[-1])))
+        a = dict(op.attr_defaults(), **attrs)
+        p = k2 + float(a["regularization"]) * np.eye(k2.shape[-1])
+        vt = 1.8 / np.max(k2.sum(-1), -1)[..., None, None] ** 2 * p
+        for _ in range(int(a["newton_iters"])):
+            vt = 2 * vt - vt @ p @ vt
+        m1 = np.swapaxes(np.abs(k1), -1, -2) @ np.abs(v)
+        m2 = np.abs(vt) @ m1
+        m3 = np.abs(k1) @ m2
+        big = float(np.finfo(np.float32).max)
+        if any(bool(np.any(np.nan_to_num(x, nan=0.0) >= big)) for x in (m1, m2, m3, np.abs(vt))):
+            return True
+        # float32 products are good to ~(n + 2m) u |K1| |V_T| |K1^T| |V| (magnitudes): where that bound
+        # exceeds the tolerance (an ill-conditioned P, e.g. regularization 0, with large V), the case
+        # tests float32's conditioning
+        bound = (q.shape[-2] + 2 * lm.shape[-2]) * 2.0**-24 * m3
+        want = op.reference(q, v, lm, **attrs)[0]
+    rtol, atol = op.tolerance[dtype]
+    return bool(np.any(np.nan_to_num(bound, nan=0.0) > atol + rtol * np.abs(np.nan_to_num(want))))
+
+
+def _softpick_attention_beyond_float32(op, values, attrs, dtype) -> bool:
+    """SoftpickAttention's fast path forms each score in float32 (ops/softpick_attention.cc): the dot product
+    (error <= D u sum_d |q_d k_jd| |scale|), then the Mask added, rounded once more (error <= u |s_j|, s_j the
+    masked score; u = 2^-24). So ds_j <= D u sum_d |q_d k_jd| |scale| + u |s_j|, which moves weight j by
+    ~ds_j e^(s_j - m) / den (times e^m scaling), and an output by sum_j ds_j e^(s_j - m) |V_j| / den. The op's
+    tolerance holds only where that bound is below atol + rtol |O|; beyond (huge logits, V near 1e20 on a weight
+    of a tiny score, or a large finite Mask: at |s| ~ 300 the rounding of s + Mask alone is 1.8e-5 absolute, a
+    2e-5 relative change of e^s, and an output of V's of both signs cancels to far below |V|), a case tests
+    float32's conditioning, not the kernel. (The u |s_j| term was missing: the fuzz found outputs ~4e14 off by
+    2e-5 relative with Mask values in the hundreds; a float32 kernel cannot do better:
+    test_softpick_attention_large_mask_is_float32_conditioning, on every ISA variant.)"""
+    q, k, v = (np.asarray(values[n], np.float64) for n in ("Q", "K", "V"))
+    if q.size == 0 or k.size == 0 or v.size == 0 or q.ndim != 4 or k.ndim != 4 or q.shape[1] % max(1, k.shape[1]):
+        return False
+    a = dict(op.attr_defaults(), **attrs)
+    scale = float(a["scale"]) or 1 / np.sqrt(q.shape[-1])
+    g = q.shape[1] // k.shape[1]
+    k, v = np.repeat(k, g, axis=1), np.repeat(v, g, axis=1)
+    with np.errstate(all="ignore"):
+        ds = q.shape[-1] * 2.0**-24 * np.einsum("bhqd,bhkd->bhqk", np.abs(q), np.abs(k)) * abs(scale)
+        s = np.einsum("bhqd,bhkd->bhqk", q, k) * scale
+        if values.get("Mask") is not None:
+            s = s + np.asarray(values["Mask"], np.float64)
+        fin = np.isfinite(s)
+        ds = ds + 2.0**-24 * np.where(fin, np.abs(s), 0.0)  # the float32 rounding of s + Mask
+        m = np.max(np.where(fin, s, -np.inf), axis=-1, keepdims=True)
+        e = np.where(fin, np.exp(s - m), 0.0)
+        den = np.sum(np.where(fin, np.abs(np.exp(s - m) - np.exp(-m)), 0.0), axis=-1, keepdims=True) + 1e-30
+        bound = np.einsum("bhqk,bhkd->bhqd", ds * e / den, np.abs(v))
+        want = op.reference(*[values.get(p.name) for p in op.inputs], **attrs)[0]
+    rtol, atol = op.tolerance[dtype]
+    return bool(np.any(np.nan_to_num(bound, nan=0.0, posinf=np.inf) > atol + rtol * np.abs(np.nan_to_num(want))))
+
+
 def _beyond_dot_product_domain(case: Case) -> bool:
     """Ops with token embeddings Q and D (MaxSim, SignedMaxSim) sum dim products in float32
     (ops/max_sim_core.h; their Scores are float32). Such a sum is good to dim * u * sum_k |q_k d_k|
@@ -55,6 +120,10 @@ def _beyond_dot_product_domain(case: Case) -> bool:
     values = dict(zip((p.name for p in op.inputs), case.sample.inputs, strict=False))
     if case.op == "LoRAMixer":
         return _beyond_lora_mixer_domain(values, case.sample.attrs)
+    if case.op == "NystromGaussianAttention":
+        return _nystrom_beyond_float32(op, values, case.sample.attrs, case.dtype)
+    if case.op == "SoftpickAttention":
+        return _softpick_attention_beyond_float32(op, values, case.sample.attrs, case.dtype)
     if values.get("Q") is None or values.get("D") is None:
         return False
     q, d = np.asarray(values["Q"], np.float64), np.asarray(values["D"], np.float64)
@@ -118,6 +187,38 @@ def _lora_mixer_routing_within_rounding(values: dict, attrs: dict) -> bool:
             if gap <= b and not (gap == 0 and np.array_equal(router[p], router[q])):
                 return True
     return False
+
+
+def test_softpick_attention_large_mask_is_float32_conditioning():
+    """A finite Mask in the hundreds: the kernel misses the op's tolerance on every ISA variant, and the domain
+    bound (with the rounding of s + Mask) says so, and does bound the error it sees."""
+    from softdeploy.ops import Sample
+    from softdeploy.runtime import Session
+
+    op = REGISTRY["SoftpickAttention"]
+    rng = np.random.default_rng(1)
+    q = rng.standard_normal((1, 2, 3, 8)).astype(np.float32)
+    k = rng.standard_normal((1, 2, 90, 8)).astype(np.float32)
+    v = (rng.standard_normal((1, 2, 90, 3)) * 4e14).astype(np.float32)
+    mask = rng.uniform(300, 330, (1, 1, 1, 90)).astype(np.float32)
+    values = {"Q": q, "K": k, "V": v, "Mask": mask}
+    assert _softpick_attention_beyond_float32(op, values, {}, "float32")
+    want = op.reference(q, k, v, mask)[0]
+    rtol, atol = op.tolerance["float32"]
+    model = op.make_model(Sample("large_mask", (q, k, v, mask), {}))
+    for isa in ISAS:
+        with conformance.forced_isa(isa):  # kernels read SOFTDEPLOY_ISA when the session is created
+            session = Session(model, kernels="native")
+        got = session.run(values)[0]
+        err = np.abs(got.astype(np.float64) - want)
+        assert np.any(err > atol + rtol * np.abs(want)), isa  # not within the tolerance: float32's conditioning
+        # the bound's own terms (without the tolerance): ds_j e^(s_j - m) |V_j| / den summed, times 2 for slack
+        s = np.einsum("bhqd,bhkd->bhqk", q.astype(np.float64), k.astype(np.float64)) / np.sqrt(8) + mask
+        ds = 8 * 2.0**-24 * np.einsum("bhqd,bhkd->bhqk", np.abs(q), np.abs(k)) / np.sqrt(8) + 2.0**-24 * np.abs(s)
+        m = s.max(-1, keepdims=True)
+        den = np.abs(np.exp(s - m) - np.exp(-m)).sum(-1, keepdims=True)
+        bound = np.einsum("bhqk,bhkd->bhqd", ds * np.exp(s - m) / den, np.abs(v.astype(np.float64)))
+        assert np.all(err <= 2 * bound + atol), isa
 
 
 @dataclasses.dataclass

@@ -3,6 +3,8 @@
 
     softmax-topk       Softmax -> TopK                    => SoftmaxTopK
     maxsim             MatMul -> ReduceMax -> ReduceSum   => MaxSim
+    softpick           the softpick authors' expression   => Softpick
+    softpick-attention MatMul -> (Mul/Div) -> (Add) -> Softpick -> MatMul => SoftpickAttention
     two-pass-softmax   Softmax (last axis, long rows)     => TwoPassSoftmax          (rows >= 1024, measured)
     nms-to-softnms     NonMaxSuppression                  => SoftNMS(method="hard")   (on request)
 

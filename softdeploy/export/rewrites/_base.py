@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 from onnxscript import ir
-from onnxscript.rewriter import MatchResult, RewriteRuleClassBase
+from onnxscript.rewriter import MatchResult, RewriteRule, RewriteRuleClassBase
 
 from softdeploy import DOMAIN
 
@@ -33,6 +33,30 @@ class SoftRule(RewriteRuleClassBase):
     @classmethod
     def rule_name(cls) -> str:
         return cls.__dict__.get("name_", cls.__name__)
+
+    def is_candidate(self, node: ir.Node) -> bool:
+        """Whether a node the pattern did not match is reported as a candidate not rewritten: by default every
+        standard node of the anchor type (a rule whose anchor is a common op narrows this)."""
+        return node.op_type == self.anchor_op and node.domain in ("", "ai.onnx")
+
+    def own_rule(self) -> RewriteRule:
+        """The RewriteRule of this instance. (onnxscript's ``rule()`` is a classmethod that builds a fresh default
+        instance, which would drop the settings of this one, e.g. TwoPassSoftmaxRule's row length or a variant.)"""
+        return RewriteRule(
+            self.pattern,
+            self.rewrite,
+            self.check,
+            name=self.name,
+            remove_nodes=self.remove_nodes,
+            graph_pre_visitor=self.setup,
+            graph_post_visitor=self.cleanup,
+            as_function=self.as_function,
+        )
+
+    def variants(self) -> list[SoftRule]:
+        """The rules run under this rule's name, one pattern each (most rules: itself); their counts and
+        rejections are reported together."""
+        return [self]
 
     @staticmethod
     def reject(reason: str) -> MatchResult:

@@ -20,16 +20,19 @@ from softdeploy.export.rewrites._base import SoftRule, describe
 from softdeploy.export.rewrites.maxsim import MaxSimRule
 from softdeploy.export.rewrites.soft_nms import NmsToSoftNmsRule
 from softdeploy.export.rewrites.softmax_topk import SoftmaxTopKRule
+from softdeploy.export.rewrites.softpick import SoftpickRule
+from softdeploy.export.rewrites.softpick_attention import SoftpickAttentionRule
 from softdeploy.export.rewrites.two_pass_softmax import MIN_ROW_LENGTH, TwoPassSoftmaxRule
 from softdeploy.export.validate import OutputCheck, compare_output
 
-# In the order they run: fusions that consume a Softmax before the rule that replaces a lone one.
+# In the order they run: fusions that consume a Softmax before the rule that replaces a lone one;
+# softpick (the authors' expression => Softpick) before softpick-attention, which fuses around it.
 RULES: dict[str, type[SoftRule]] = {
     r.name_: r  # type: ignore[attr-defined]
-    for r in (SoftmaxTopKRule, MaxSimRule, TwoPassSoftmaxRule, NmsToSoftNmsRule)
+    for r in (SoftmaxTopKRule, MaxSimRule, SoftpickRule, SoftpickAttentionRule, TwoPassSoftmaxRule, NmsToSoftNmsRule)
 }
 # nms-to-softnms only on request: it changes an op the user chose (same results, see its module).
-DEFAULT_RULES = ("softmax-topk", "maxsim", "two-pass-softmax")
+DEFAULT_RULES = ("softmax-topk", "maxsim", "softpick", "softpick-attention", "two-pass-softmax")
 TARGET_OPSET = 18  # models below it are converted first (the function bodies need >= 18)
 VERIFY_TOLERANCE = {"float32": (1e-4, 1e-6), "float16": (1e-2, 1e-3)}
 
@@ -120,12 +123,28 @@ class _RejectionTracer(MatchingTracer):
     def log(self, rule: Any, container: Any, node: ir.Node, match_result: Any, status: MatchStatus) -> None:
         if status == MatchStatus.SUCCESS:
             return
-        if status == MatchStatus.NO_MATCH and not (node.op_type == self.anchor_op and node.domain in ("", "ai.onnx")):
+        if status == MatchStatus.NO_MATCH and not self.rule.is_candidate(node):
             return  # not a candidate: does not even end like the pattern
         reason = match_result.reason if match_result is not None and match_result.reason else "does not match"
         if reason == _MATCHER_SHARED_VALUE:  # the matcher's words; the rule's say which value and why
             reason = self.rule.shared_intermediate
         self.rejected.append(Rejection(describe(node), reason))
+
+
+def _drop_phantom_uses(model: ir.Model) -> None:
+    """Forgets the uses of values by nodes that are in no graph. The tracer pass runs each rule's rewrite
+    to build the replacement it then does not insert; those nodes stay registered as users of their
+    inputs, which would keep dead producers alive (remove_unused_nodes) and look like other uses to a
+    later rule (softpick's replacement Softpick on the scores, seen by softpick-attention).
+    (onnxscript 0.7 has no public call for this: Value._remove_usage.)"""
+    for graph in (model.graph, *(f.graph for f in model.functions.values())):
+        for node in ir.traversal.RecursiveGraphIterator(graph):
+            for value in node.inputs:
+                if value is None:
+                    continue
+                for user, index in list(value.uses()):
+                    if user.graph is None:
+                        value._remove_usage(user, index)
 
 
 def _make_rule(name: str, two_pass_min_row: int) -> SoftRule:
@@ -187,11 +206,18 @@ def optimize(
     reports = []
     for name in names:
         rule = _make_rule(name, two_pass_min_row)
-        rule_set = RewriteRuleSet([rule.rule()])
-        tracer = _RejectionTracer(rule)
-        rule_set.apply_to_model(ir_model, tracer=tracer)  # with a tracer nothing is rewritten
-        applied = rule_set.apply_to_model(ir_model)
-        reports.append(RuleReport(name, rule.summary, applied, tuple(tracer.rejected)))
+        applied, rejected = 0, []
+        for variant in rule.variants():
+            rule_set = RewriteRuleSet([variant.own_rule()])
+            tracer = _RejectionTracer(variant)
+            rule_set.apply_to_model(ir_model, tracer=tracer)  # with a tracer nothing is rewritten
+            _drop_phantom_uses(ir_model)
+            applied += rule_set.apply_to_model(ir_model)
+            rejected += tracer.rejected
+        reports.append(RuleReport(name, rule.summary, applied, tuple(rejected)))
+        # Nodes only the rewritten pattern used are dead now; a later rule must not see them as other
+        # uses (softpick's IsInf/IsNaN of the scores would otherwise block softpick-attention).
+        onnxscript.optimizer.remove_unused_nodes(ir_model)
     # Producers only a rewritten pattern used (e.g. a Transpose MaxSim folded away) are dead now.
     onnxscript.optimizer.remove_unused_nodes(ir_model)
     out = ir.to_proto(ir_model)

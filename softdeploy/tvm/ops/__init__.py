@@ -139,12 +139,17 @@ def inline_neighbours(sch: Any) -> None:
 FUNCTION_BODY_ONLY: dict[str, str] = {
     "LoRAMixer": "its routed form (group tokens by selected expert, then per-expert GEMMs of data-dependent "
     "sizes) has no static TE compute; the dense function body (two GEMMs over all experts) imports as is",
+    "SoftpickAttention": "no TIR flash-style compute yet: TVM runs the float64 function body, which "
+    "materialises the [B, H, Tq, Tk] scores",
 }
 
 # Ops that have no TIR compute and whose function body TVM's importer cannot take -> why. The
 # importer pre-check (softdeploy.tvm.frontend) finds these by itself; this list documents them and
 # the conformance test holds it to the truth.
 NOT_IMPORTABLE: dict[str, str] = {
+    # The Newton-Schulz steps are an ONNX Loop in the body (their count is an attribute); no TIR compute yet.
+    "NystromGaussianAttention": "its function body uses Loop for the Newton-Schulz steps (not in TVM's Relax "
+    "ONNX frontend, apache/tvm#17767) and it has no TIR compute yet",
     # The body's selection loop is an ONNX Loop, which the Relax importer lacks; a TIR compute is not
     # possible either: the number of selected boxes (the output's first dimension) depends on the data.
     "SoftNMS": "its function body uses Loop (not in TVM's Relax ONNX frontend, apache/tvm#17767) and its "

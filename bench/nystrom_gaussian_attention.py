@@ -1,0 +1,97 @@
+"""NystromGaussianAttention (B=1, H=8, d=64, m=64 landmarks, fp32, 1 thread) -- time against sequence
+length, and against onnxruntime's MultiHeadAttention (softmax, MLAS flash path: non-causal, unmasked).
+
+    python bench/nystrom_gaussian_attention.py [--T 1024,2048,4096,8192,16384] [--m 64] [--quick]
+
+Peers, interleaved per T (both through softdeploy.runtime.Session):
+  nystrom   com.softdeploy NystromGaussianAttention, our native kernel (20 Newton-Schulz steps)
+  mha       com.microsoft.MultiHeadAttention, Q = K (SOFT shares the projection), same V
+Landmarks: average pools of T / m consecutive query rows (SOFT's parameter-free choice), computed
+outside the timed call. Floors of issue 15: time(T = 16384) <= 9x time(T = 2048) for nystrom (linear
+in T: 8x); faster than mha from T = 4096 up; the crossover reported.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from harness import base_parser, fmt_num, fmt_time, header, int_list, md_table, quiet_bench, sync_print, threads
+
+# isort: split
+import numpy as np
+
+B, H, D = 1, 8, 64
+
+
+def main() -> None:
+    from onnx import TensorProto, helper
+
+    from softdeploy.ops import REGISTRY, Sample
+    from softdeploy.runtime import Session
+
+    p = base_parser(__doc__.splitlines()[0])
+    p.add_argument("--T", type=int_list, default=[1024, 2048, 4096, 8192, 16384])
+    p.add_argument("--m", type=int, default=64)
+    p.set_defaults(threads=[1], rounds=7)
+    a = p.parse_args()
+    header("NystromGaussianAttention vs MultiHeadAttention")
+    sync_print("Shared, noisy machine: read the ratios of peers measured in the same interleaved rounds.\n")
+    op = REGISTRY["NystromGaussianAttention"]
+    tiny = np.zeros((1, 1, 1, 1), np.float32)
+    model = op.make_model(Sample("bench", (tiny, tiny, tiny)))
+    node = helper.make_node("MultiHeadAttention", ["q", "k", "v"], ["o"], domain="com.microsoft", num_heads=H)
+    vi = [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["B", "T", H * D]) for n in "qkv"]
+    mha_model = helper.make_model(
+        helper.make_graph([node], "mha", vi, [helper.make_tensor_value_info("o", TensorProto.FLOAT, None)]),
+        opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)],
+        ir_version=10,
+    )
+    rows, times = [], {}
+    for nt in a.threads:
+        with threads(nt):
+            ours = Session(model, kernels="native", threads=nt)
+            mha = Session(mha_model, kernels="portable", threads=nt)
+            for t in a.T:
+                rng = np.random.default_rng(t)
+                q = (rng.standard_normal((B, H, t, D)) * 0.5).astype(np.float32)
+                v = rng.standard_normal((B, H, t, D)).astype(np.float32)
+                lm = q.reshape(B, H, a.m, t // a.m, D).mean(axis=3).astype(np.float32)
+                qm = q.transpose(0, 2, 1, 3).reshape(B, t, H * D).copy()
+                vm = v.transpose(0, 2, 1, 3).reshape(B, t, H * D).copy()
+                fns = {
+                    "nystrom": lambda q=q, v=v, lm=lm: ours.run({"Q": q, "V": v, "Landmarks": lm}),
+                    "mha": lambda qm=qm, vm=vm: mha.run({"q": qm, "k": qm, "v": vm}),
+                }
+                timing, bg = quiet_bench(
+                    fns, rounds=3 if a.quick else a.rounds, batch_ms=a.batch_ms, max_tries=a.tries, wait_s=a.quiet_wait
+                )
+                times[t] = {k: x.median for k, x in timing.items()}
+                sync_print(f"  T={t}: " + ", ".join(f"{k} {fmt_time(x)}" for k, x in times[t].items()))
+                rows.append(
+                    [
+                        str(t),
+                        fmt_time(times[t]["nystrom"]),
+                        fmt_time(times[t]["mha"]),
+                        fmt_num(times[t]["mha"] / times[t]["nystrom"], 2),
+                        fmt_num(bg, 2),
+                    ]
+                )
+    sync_print(f"\n## {a.threads[0]} thread(s), m = {a.m}: time per call\n")
+    sync_print(md_table(["T", "nystrom", "mha", "mha / nystrom", "bg load"], rows))
+    ts = sorted(times)
+    if 2048 in times and 16384 in times:
+        sync_print(
+            f"\ntime(T=16384) / time(T=2048), nystrom: {times[16384]['nystrom'] / times[2048]['nystrom']:.2f}x "
+            f"(linear: 8x); mha: {times[16384]['mha'] / times[2048]['mha']:.2f}x (quadratic: 64x)"
+        )
+    faster = [t for t in ts if times[t]["nystrom"] < times[t]["mha"]]
+    sync_print(
+        f"nystrom faster than mha at T in {faster} (crossover: first T where it is: {faster[0] if faster else '-'})"
+    )
+
+
+if __name__ == "__main__":
+    main()

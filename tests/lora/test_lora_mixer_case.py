@@ -25,16 +25,18 @@ pytestmark = [
 SMALL = {"layers": 1, "max_categories": 2, "steps": 3, "batch_size": 8, "limit_queries_per_category": 2}
 
 
-def test_lora_mixer_case_small(tmp_path: Path) -> None:
+@pytest.mark.parametrize("top_k", [1, 2])
+def test_lora_mixer_case_small(tmp_path: Path, top_k: int) -> None:
     import onnx
 
     from softdeploy.models import get_case
 
     cache = tmp_path / "cache"
-    case = get_case("lora_mixer_retrieval", cache_dir=cache, **SMALL)
+    case = get_case("lora_mixer_retrieval", cache_dir=cache, top_k=top_k, **SMALL)
     result = run_compare(
         case, tmp_path / "out", variants=["ort-fp32"], rounds=1, round_seconds=0.02, progress=SilentProgress()
     )
+    # (top_k 2: the oracle-gate graph must route to one expert, not the zero router's first two)
     # trained weights cached as safetensors (never a pickle), keyed by data, seed and settings
     files = list(cache.glob("experts-*.safetensors"))
     assert len(files) == 1 and case._trained_from_cache is False
@@ -63,7 +65,7 @@ def test_lora_mixer_case_small(tmp_path: Path) -> None:
     merged = onnx.load(tmp_path / "out" / "models" / "merged_average.onnx")
     assert not any(n.domain == "com.softdeploy" for n in merged.graph.node)
 
-    again = get_case("lora_mixer_retrieval", cache_dir=cache, **SMALL)
+    again = get_case("lora_mixer_retrieval", cache_dir=cache, top_k=top_k, **SMALL)
     again.prepare(SilentProgress())
     assert again._trained_from_cache is True
     import torch

@@ -3,7 +3,7 @@ kernels, int8 dynamic and static): task accuracy, agreement with fp32, latency, 
 
 from __future__ import annotations
 
-from softdeploy.compare.case import Case, Evaluation, Floor, Timed
+from softdeploy.compare.case import Case, Evaluation, Floor, Section, Timed
 from softdeploy.compare.latency import LatencyStats, measure_interleaved
 from softdeploy.compare.runner import REFERENCE, VARIANTS, CompareResult, run_compare
 
@@ -15,6 +15,7 @@ __all__ = [
     "Evaluation",
     "Floor",
     "LatencyStats",
+    "Section",
     "Timed",
     "measure_interleaved",
     "run_compare",

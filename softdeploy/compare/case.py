@@ -10,6 +10,10 @@ calibration method and the nodes it measured too sensitive for int8); without it
 Optional: ``fingerprint() -> str``, a content hash of the weights, data and settings
 (:func:`softdeploy.compare.cache.fingerprint`); the fp32 export is reused across runs only while it is
 unchanged, and re-exported on every run by a case without one.
+Optional: ``sections(result, progress) -> list[Section]``, called after every variant is measured (with the
+:class:`softdeploy.compare.runner.CompareResult` so far, floors not yet checked): extra measurements of the
+case (peers of its own, per-class tables) as markdown sections of the report, placed after the results
+table; ``floors`` runs after it, so it can use what ``sections`` measured.
 """
 
 from __future__ import annotations
@@ -56,6 +60,14 @@ class Floor:
     detail: str = ""
 
 
+@dataclasses.dataclass(frozen=True)
+class Section:
+    """A section of the report that the case adds (``Case.sections``): a heading and its markdown body."""
+
+    title: str
+    markdown: str
+
+
 class Progress(Protocol):
     """Where a long step reports progress: ``with progress.step(description, total) as advance: advance(n)``.
     softdeploy.compare.progress has a terminal (RichProgress) and a silent implementation."""
@@ -81,7 +93,7 @@ class Case(Protocol):
 
     Methods, in the order the runner calls them: ``prepare``; ``export_fp32``; ``torch_runner``;
     ``calibration_feeds`` and ``probe_feeds`` (int8 variants); ``evaluate`` and ``timed`` (every variant);
-    ``floors`` and ``describe`` (the report). Optional: ``static_config``, ``fingerprint`` and
+    ``floors`` and ``describe`` (the report). Optional: ``static_config``, ``fingerprint``, ``sections`` and
     ``torch_size_bytes`` (see the module docstring). :class:`softdeploy.workflow.case.WorkflowCase` is the
     implementation a workflow file builds; softdeploy.models has the built-in cases.
     """

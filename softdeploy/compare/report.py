@@ -87,6 +87,10 @@ def to_markdown(result: CompareResult) -> str:
         "",
         "![accuracy vs latency](accuracy_vs_latency.png)",
         "",
+    ]
+    for section in result.sections:
+        out += [f"## {section.title}", "", section.markdown, ""]
+    out += [
         "## Quantization",
         "",
     ]

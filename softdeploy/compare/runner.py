@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from softdeploy.compare.case import Case, Evaluation, Floor, Progress, Runner
+from softdeploy.compare.case import Case, Evaluation, Floor, Progress, Runner, Section
 from softdeploy.compare.environment import environment, wait_quiet
 from softdeploy.compare.latency import LatencyStats, measure_interleaved
 from softdeploy.compare.metrics import cosine_rows, kl_softmax, topk_agreement
@@ -117,6 +117,7 @@ class CompareResult:
     seconds: float
     steps: dict[str, float]
     warnings: list[str] = dataclasses.field(default_factory=list)  # shown above the table, in every report
+    sections: list[Section] = dataclasses.field(default_factory=list)  # the case's own (Case.sections)
 
     def rows(self) -> list[dict[str, Any]]:
         """One flat dict per variant (the CSV/markdown/JSON table)."""
@@ -181,6 +182,7 @@ class CompareResult:
             "seconds": self.seconds,
             "steps_seconds": self.steps,
             "warnings": self.warnings,
+            "sections": [dataclasses.asdict(s) for s in self.sections],
         }
 
 
@@ -415,6 +417,11 @@ def run_compare(
         steps=steps,
         warnings=torch_disagreement(agreement),
     )
+    own_sections = getattr(case, "sections", None)
+    if callable(own_sections):
+        t0 = time.perf_counter()
+        result.sections = list(own_sections(result, progress))
+        steps["case sections"] = time.perf_counter() - t0
     result.floors = case.floors(result.rows())
     result.seconds = time.perf_counter() - t_start
     return result

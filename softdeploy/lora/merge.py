@@ -45,7 +45,16 @@ def merge(
         missing = sorted(set(found) - set(gates))
         if missing:
             raise ArgumentError(f"merge: no gates for projections {missing} (rule: one entry per projection)")
-    out = copy.deepcopy(model)
+    # the routing statistics of a training forward are graph tensors, which deepcopy refuses: the copy
+    # does not need them (merged projections keep no routing)
+    kept = {n: (m.last_probs, m.last_experts) for n, m in found.items()}
+    for m in found.values():
+        m.last_probs = m.last_experts = None
+    try:
+        out = copy.deepcopy(model)
+    finally:
+        for n, m in found.items():
+            m.last_probs, m.last_experts = kept[n]
     for name, m in mixers(out).items():
         w = gates[name] if isinstance(gates, Mapping) else gates
         lin = nn.Linear(m.base.in_features, m.base.out_features, bias=m.base.bias is not None)

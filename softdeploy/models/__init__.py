@@ -24,15 +24,24 @@ def _mtcnn(quick: bool = False, **kw: Any) -> Any:
     return MtcnnFaces(**kw)
 
 
+def _lora_mixer(quick: bool = False, **kw: Any) -> Any:
+    from softdeploy.models.lora_mixer_retrieval import LoRAMixerRetrieval
+
+    # quick: 2 layers, 4 categories, a few steps and queries (a smoke test, cached apart by its settings)
+    small = {"layers": 2, "max_categories": 4, "steps": 4, "batch_size": 8, "limit_queries_per_category": 3}
+    return LoRAMixerRetrieval(**(small if quick else {}), **kw)
+
+
 CASES: dict[str, Callable[..., Any]] = {
     "minilm_retrieval": _minilm,
     "mtcnn_faces": _mtcnn,
+    "lora_mixer_retrieval": _lora_mixer,
 }
 DEFAULT_CASE = "minilm_retrieval"
 
 
 def get_case(name: str, **kw: Any) -> Any:
-    """The built-in compare case ``name`` (minilm_retrieval, mtcnn_faces), built with ``kw``; SoftdeployError naming the
+    """The built-in compare case ``name`` (minilm_retrieval, mtcnn_faces, lora_mixer_retrieval), built with ``kw``; SoftdeployError naming the
     cases for an unknown name."""
     try:
         factory = CASES[name]

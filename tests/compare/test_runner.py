@@ -8,6 +8,7 @@ import pytest
 
 from compare.tiny_case import TinyCase
 from softdeploy.compare import REFERENCE, VARIANTS, run_compare
+from softdeploy.compare.case import Floor
 from softdeploy.compare.progress import SilentProgress
 from softdeploy.compare.report import print_table, to_markdown, write_reports
 from softdeploy.errors import SoftdeployError
@@ -134,3 +135,29 @@ def test_variant_names_are_never_truncated() -> None:
     text = console.export_text()
     for name in VARIANTS:
         assert name in text, f"{name} cut in an 80-column terminal"
+
+
+class _WithSections(TinyCase):
+    """A case with the optional ``sections`` hook: its sections go into the report and results.json, and floors
+    (called after it) see what it measured."""
+
+    def sections(self, result, progress):  # type: ignore[no-untyped-def]
+        from softdeploy.compare.case import Section
+
+        self.seen = sorted(v.spec.name for v in result.variants)
+        return [Section("Per class", "| class | n |\n|---|---|\n| a | 3 |")]
+
+    def floors(self, rows):  # type: ignore[no-untyped-def]
+        return [*super().floors(rows), Floor("sections ran first", None, "yes", bool(getattr(self, "seen", None)))]
+
+
+def test_case_sections_reach_the_report(tmp_path: Path) -> None:
+    case = _WithSections()
+    r = run_compare(
+        case, tmp_path, variants=["ort-int8-dynamic"], rounds=1, round_seconds=0.0, progress=SilentProgress()
+    )
+    assert case.seen == [REFERENCE, "ort-int8-dynamic"]
+    assert r.floors[-1].met
+    md = to_markdown(r)
+    assert "## Per class\n\n| class | n |" in md and md.index("## Per class") > md.index("## Results")
+    assert r.to_json()["sections"] == [{"title": "Per class", "markdown": "| class | n |\n|---|---|\n| a | 3 |"}]

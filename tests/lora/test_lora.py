@@ -115,6 +115,10 @@ def test_hard_forward_soft_backward_and_frozen_base():
         assert m.router.grad is not None and m.router.grad.abs().sum() > 0
         assert (m.A.grad.abs().sum(dim=(1, 2)) > 0).all()
         assert (m.Bm.grad.abs().sum(dim=(1, 2)) > 0).all()
+    # right after a training step the model merges (its routing statistics are graph tensors, which
+    # deepcopy refuses) and keeps them for routing_loss
+    merged = merge(model, [1.0] + [0.0] * (next(iter(mixers(model).values())).num_experts - 1))
+    assert not mixers(merged) and all(m.last_probs is not None for m in mixers(model).values())
 
 
 def test_routing_loss_terms():

@@ -103,7 +103,10 @@ def test_isa_request_naming_no_variant_fails_kernel_creation(value, monkeypatch)
     info = library_info()
     assert not info.isa_request_valid and info.isa_selected is None and not info.isa_honoured
     assert f"SOFTDEPLOY_ISA='{value}'" in info.isa_note
-    with pytest.raises(RuntimeFailure, match=f"softdeploy kernel library: cannot create TwoPassSoftmax: SOFTDEPLOY_ISA='{value}' names no kernel variant"):
+    with pytest.raises(
+        RuntimeFailure,
+        match=f"softdeploy kernel library: cannot create TwoPassSoftmax: SOFTDEPLOY_ISA='{value}' names no kernel variant",
+    ):
         Session(_model(), kernels="native")
     # The function bodies do not depend on it.
     Session(_model(), kernels="portable").run({"X": np.zeros((2, 3), np.float32)})

@@ -247,3 +247,20 @@ def test_export_is_one_nystrom_node_plus_standard_ops(landmarks, ratio, shape, c
     for kernels in ("native", "portable"):
         (y,) = Session(result.model, kernels=kernels).run(feeds)
         np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()), err_msg=kernels)
+
+
+@pytest.mark.parametrize("landmarks", ["conv1d", "pool"])
+@torch.no_grad()
+def test_export_with_dynamic_batch_and_sequence(landmarks):
+    """Sequence landmarks export with a symbolic n (m = n // ratio follows it; lengths that fill no last window)."""
+    from softdeploy.runtime import Session
+
+    module = sdnn.SoftmaxFreeAttention(16, 2, ratio=4, landmarks=landmarks).eval()
+    batch, seq = torch.export.Dim("batch", max=16), torch.export.Dim("seq", min=4, max=4096)
+    result = softdeploy.export(module, (randn(2, 12, 16),), dynamic_shapes=({0: batch, 1: seq},))
+    for n in (9, 203):
+        x = randn(3, n, 16)
+        (y,) = Session(result.model, kernels="native").run({result.model.graph.input[0].name: x.numpy()})
+        want = module(x).numpy()
+        # SOFT's output is not normalised (it grows with n): the bound is relative to its largest entry
+        np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))

@@ -239,7 +239,8 @@ class SoftmaxFreeAttention(nn.Module):
     ``m = (h // ratio)(w // ratio)``. ``"conv1d"`` is the same over the sequence (a Conv1d of width and stride
     ``ratio``, no grid needed; ``m = n // ratio``). ``"pool"``: the mean of each run of ``ratio`` consecutive
     queries (``m = n // ratio``, no parameters). Trailing tokens that do not fill a window are not pooled
-    (as SOFT's strided conv); ``m = 0`` is refused.
+    (as SOFT's strided conv); ``m = 0`` is refused. ``m`` follows ``n / ratio`` (SOFT fixes one grid per
+    stage): the attention costs ``O(n m D)``, linear in ``n`` for a fixed ``m`` (a ratio chosen per length).
 
     The attention itself is one ``torch.ops.softdeploy.nystrom_gaussian_attention`` call
     (docs/ops/NystromGaussianAttention.md), so :func:`softdeploy.export` gives standard ONNX ops for the
@@ -345,7 +346,7 @@ class SoftmaxFreeAttention(nn.Module):
         v = self.v_proj(x).view(b, n, hd, d).transpose(1, 2)
         lm = self.landmark_points(q, size)
         o = _op("NystromGaussianAttention")(
-            q, v, lm.to(q.dtype), newton_iters=self.newton_iters, regularization=self.regularization
+            q, v, lm, newton_iters=self.newton_iters, regularization=self.regularization
         )
         if self.v_conv is not None:
             gh, gw = self._grid(size, n)

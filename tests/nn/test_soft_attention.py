@@ -264,3 +264,15 @@ def test_export_with_dynamic_batch_and_sequence(landmarks):
         want = module(x).numpy()
         # SOFT's output is not normalised (it grows with n): the bound is relative to its largest entry
         np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
+
+
+def test_gradient_is_the_gradient_of_soft_math():
+    """The module trains as it exports: d out / d x (float64) is the reference's, through the Newton-Schulz steps."""
+    module = sdnn.SoftmaxFreeAttention(16, 2, ratio=2, landmarks="conv2d", conv_size=3).double()
+    x = randn(2, 12, 16).double().requires_grad_()
+    weight = randn(2, 12, 16).double()
+    (got,) = torch.autograd.grad((module(x, (3, 4)) * weight).sum(), x)
+    with torch.no_grad():
+        sd = soft_layout(module)
+    (want,) = torch.autograd.grad((soft_reference(sd, x, 2, 2, "conv2d", (3, 4)) * weight).sum(), x)
+    torch.testing.assert_close(got, want, rtol=1e-8, atol=1e-8 * float(want.abs().max()))

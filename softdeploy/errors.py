@@ -47,6 +47,12 @@ class OverwriteError(SoftdeployError, FileExistsError):
     """A command would replace an existing file without being asked to (or replace its own input)."""
 
 
+class WeightsError(SoftdeployError, ValueError):
+    """A weights file or state dict cannot be loaded into a softdeploy module: not safetensors / a
+    ``torch.save`` file readable with ``weights_only=True``, missing or unexpected keys, or a tensor of the wrong
+    shape. The message names the keys and shapes."""
+
+
 class AdapterError(SoftdeployError, ValueError):
     """A LoRA adapter (PEFT's adapter_config.json + adapter_model.safetensors) cannot be used: missing,
     not safetensors, a config softdeploy does not read, or a tensor of the wrong name or shape. The

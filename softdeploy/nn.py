@@ -15,6 +15,9 @@ Normalizers (``[..., n] -> [..., n]`` along ``dim``):
 
 Attention (self-attention over ``x [B, T, E]``; ``H`` query heads, ``Hk`` key/value heads):
     S = Q K^T * scale + mask,  O = normalize(S) V,  out = O W_o
+SOFT (softmax-free, Lu et al. 2021; :class:`SoftmaxFreeAttention`, K = Q, m landmarks L):
+    O = K1 (K2 + reg I)^-1 (K1^T V),  K1 = kappa(Q, L),  K2 = kappa(L, L),  kappa = exp(-|a - b|^2 / (2 sqrt D))
+    with the inverse as SOFT's Newton-Schulz iteration; :func:`load_soft_attention` reads SOFT's weights.
 Heads: ``Linear -> normalizer``; :class:`SoftmaxTopKHead` returns the k most probable classes.
 Retrieval: :class:`MaxSimScorer` ``score[b, n] = sum_i max_j <Q[b, i], D[n, j]>``.
 Detection: :class:`SoftNMS` (Bodla et al. 2017), a drop-in for NonMaxSuppression with decayed scores.
@@ -28,6 +31,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from softdeploy.errors import ArgumentError, InputError, WeightsError
 from softdeploy.ops import get as _get_op
 from softdeploy.ops._torch import torch_op
 
@@ -214,6 +218,281 @@ class AdaptiveTemperatureAttention(SoftAttention):
         super().__init__(embed_dim, num_heads, AdaptiveTemperatureSoftmax(-1), **kwargs)
 
 
+class SoftmaxFreeAttention(nn.Module):
+    """SOFT's softmax-free self-attention (Lu et al., NeurIPS 2021), a CPU port of its Nyström forward.
+
+    Queries and keys share one projection (``K = Q``, SOFT's design); the softmax is replaced by a
+    Gaussian kernel and the ``[n, n]`` kernel matrix by its Nyström approximation through ``m`` landmarks::
+
+        Q = x W_q + b_q,  V = x W_v + b_v          (split into H heads of D = E / H)
+        L = landmarks(Q)                           [B, H, m, D], m ~ n / ratio**k (see ``landmarks``)
+        κ(a, b) = exp(-‖a - b‖² / (2·sqrt(D)))
+        K1 = κ(Q, L) [n, m],  K2 = κ(L, L) [m, m],  P = K2 + regularization·I
+        V_0 = α P,  α = 1.8 / (max_i Σ_j K2_ij)²,  V_{t+1} = 2 V_t - V_t P V_t   (newton_iters steps)
+        O = K1 (V_T (K1ᵀ V))                       right to left: cost and memory linear in n
+        out = (O + conv_V(V)) W_o + b_o            conv_V only with ``conv_size`` (SOFT's ``use_conv``)
+
+    ``landmarks``: ``"conv2d"`` is SOFT's: ``Q / D^(1/4)`` laid out on the ``size = (h, w)`` token
+    grid, a ``ratio x ratio`` Conv2d of stride ``ratio`` (D -> D channels, no bias, shared by the heads),
+    LayerNorm(D), GELU, then scaled back by ``D^(1/4)`` (SOFT scales Q by ``D^(-1/4)`` and uses
+    ``exp(-‖·‖²/2)``; the op takes the unscaled Q, so the landmarks are mapped back to Q's space);
+    ``m = (h // ratio)(w // ratio)``. ``"conv1d"`` is the same over the sequence (a Conv1d of width and stride
+    ``ratio``, no grid needed; ``m = n // ratio``). ``"pool"``: the mean of each run of ``ratio`` consecutive
+    queries (``m = n // ratio``, no parameters). Trailing tokens that do not fill a window are not pooled
+    (as SOFT's strided conv); ``m = 0`` is refused. ``m`` follows ``n / ratio`` (SOFT fixes one grid per
+    stage): the attention costs ``O(n m D)``, linear in ``n`` for a fixed ``m`` (a ratio chosen per length).
+
+    The attention itself is one ``torch.ops.softdeploy.nystrom_gaussian_attention`` call
+    (docs/ops/NystromGaussianAttention.md), so :func:`softdeploy.export` gives standard ONNX ops for the
+    projections and landmarks plus one ``NystromGaussianAttention`` node whose kernel never forms ``[n, n]``.
+    Weights of SOFT's released models load with :func:`load_soft_attention`.
+    """
+
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        *,
+        ratio: int = 2,
+        landmarks: str = "conv1d",
+        conv_size: int = 0,
+        newton_iters: int = 20,
+        regularization: float = 0.01,
+        layer_norm_eps: float = 1e-5,
+        bias: bool = True,
+    ) -> None:
+        super().__init__()
+        if embed_dim % num_heads != 0:
+            raise ArgumentError(
+                f"SoftmaxFreeAttention: embed_dim {embed_dim} is not divisible by num_heads {num_heads}"
+            )
+        if landmarks not in _SOFT_LANDMARKS:
+            raise ArgumentError(
+                f"SoftmaxFreeAttention: landmarks {landmarks!r} is not one of {', '.join(map(repr, _SOFT_LANDMARKS))}"
+            )
+        if ratio < 1:
+            raise ArgumentError(f"SoftmaxFreeAttention: ratio {ratio} must be >= 1")
+        if conv_size < 0 or (conv_size and conv_size % 2 == 0):
+            # SOFT pads by conv_size // 2: only an odd size keeps the grid, so the term adds to O
+            raise ArgumentError(f"SoftmaxFreeAttention: conv_size {conv_size} must be 0 (off) or odd")
+        self.num_heads = num_heads
+        self.head_dim = embed_dim // num_heads
+        self.ratio = ratio
+        self.landmarks = landmarks
+        self.conv_size = conv_size
+        self.newton_iters = newton_iters
+        self.regularization = regularization
+        d = self.head_dim
+        self.q_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+        self.v_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+        self.landmark_proj: nn.Module | None = None
+        self.landmark_norm: nn.LayerNorm | None = None
+        if landmarks == "conv2d":
+            self.landmark_proj = nn.Conv2d(d, d, kernel_size=ratio, stride=ratio, bias=False)
+        elif landmarks == "conv1d":
+            self.landmark_proj = nn.Conv1d(d, d, kernel_size=ratio, stride=ratio, bias=False)
+        if self.landmark_proj is not None:
+            self.landmark_norm = nn.LayerNorm(d, eps=layer_norm_eps)
+        self.v_conv = (
+            nn.Conv2d(num_heads, num_heads, conv_size, padding=conv_size // 2, groups=num_heads, bias=False)
+            if conv_size
+            else None
+        )
+        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+
+    def _grid(self, size: tuple[int, int] | None, n: int) -> tuple[int, int]:
+        if size is None:
+            raise InputError(
+                f"SoftmaxFreeAttention: landmarks={self.landmarks!r} / conv_size={self.conv_size} need the token "
+                "grid: call forward(x, size=(h, w)) with h * w = n"
+            )
+        h, w = size
+        if h * w != n:
+            raise InputError(f"SoftmaxFreeAttention: size {tuple(size)} has {h * w} cells but x has n={n} tokens")
+        return h, w
+
+    def landmark_points(self, q: Tensor, size: tuple[int, int] | None = None) -> Tensor:
+        """The landmarks ``L [B, H, m, D]`` of queries ``q [B, H, n, D]``, in Q's space (see the class docstring)."""
+        b, h, n, d = q.shape
+        r = self.ratio
+        if self.landmarks == "pool":
+            if n < r:
+                raise InputError(f"SoftmaxFreeAttention: n={n} tokens give no landmark at ratio {r} (rule: n >= ratio)")
+            x = q.reshape(b * h, n, d).transpose(1, 2)
+            return nn.functional.avg_pool1d(x, r, r).transpose(1, 2).reshape(b, h, -1, d)
+        assert self.landmark_proj is not None and self.landmark_norm is not None
+        # SOFT divides Q by D^(1/4) before its landmark conv and LayerNorm (its kernel is exp(-|a-b|^2 / 2)
+        # of the scaled vectors); the same order here, then back to Q's space for the op.
+        s = d**0.25
+        qs = q / s
+        if self.landmarks == "conv2d":
+            gh, gw = self._grid(size, n)
+            if gh < r or gw < r:
+                raise InputError(f"SoftmaxFreeAttention: grid {(gh, gw)} gives no landmark at ratio {r}")
+            y = self.landmark_proj(qs.reshape(b * h, gh, gw, d).permute(0, 3, 1, 2)).flatten(2)
+        else:
+            if n < r:
+                raise InputError(f"SoftmaxFreeAttention: n={n} tokens give no landmark at ratio {r} (rule: n >= ratio)")
+            y = self.landmark_proj(qs.reshape(b * h, n, d).transpose(1, 2))
+        y = y.transpose(1, 2).reshape(b, h, -1, d)
+        return nn.functional.gelu(self.landmark_norm(y)) * s
+
+    def forward(self, x: Tensor, size: tuple[int, int] | None = None) -> Tensor:
+        """SOFT attention of ``x [B, n, E]`` -> ``[B, n, E]``; ``size = (h, w)`` is the token grid (``h * w = n``),
+        needed by ``landmarks="conv2d"`` and by ``conv_size``."""
+        b, n, e = x.shape
+        hd, d = self.num_heads, self.head_dim
+        q = self.q_proj(x).view(b, n, hd, d).transpose(1, 2)
+        v = self.v_proj(x).view(b, n, hd, d).transpose(1, 2)
+        lm = self.landmark_points(q, size)
+        o = _op("NystromGaussianAttention")(
+            q, v, lm, newton_iters=self.newton_iters, regularization=self.regularization
+        )
+        if self.v_conv is not None:
+            gh, gw = self._grid(size, n)
+            # SOFT's use_conv: a depthwise conv over the heads of V on the grid, one channel map per
+            # feature (V [B, H, n, D] -> [B D, H, h, w]), added to the attention output.
+            vg = v.reshape(b, hd, gh, gw, d).permute(0, 4, 1, 2, 3).reshape(b * d, hd, gh, gw)
+            o = o + self.v_conv(vg).reshape(b, d, hd, gh, gw).flatten(3).permute(0, 2, 3, 1)
+        return self.out_proj(o.transpose(1, 2).reshape(b, n, e))
+
+
+_SOFT_LANDMARKS = ("conv2d", "conv1d", "pool")
+# SOFT's SoftmaxFreeAttention (models/softmax_free_transformer.py of fudan-zvg/SOFT, the module at
+# ``block{1,2,3}.{i}.att.mha`` of its released vision models) -> this module's names.
+_SOFT_KEYS = {
+    "W_q.weight": "q_proj.weight",
+    "W_q.bias": "q_proj.bias",
+    "W_v.weight": "v_proj.weight",
+    "W_v.bias": "v_proj.bias",
+    "attn.Qlandmark_op.weight": "landmark_proj.weight",
+    "attn.Qnorm_act.0.weight": "landmark_norm.weight",
+    "attn.Qnorm_act.0.bias": "landmark_norm.bias",
+    "ff.weight": "out_proj.weight",
+    "ff.bias": "out_proj.bias",
+}
+_SOFT_OPTIONAL = {"attn.conv.weight": "v_conv.weight"}
+
+
+def _read_weights(source: Any) -> dict[str, Tensor]:
+    """A state dict from a mapping, a ``.safetensors`` file or a ``torch.save`` file (weights_only: never unpickled
+    objects); a training checkpoint's ``"model"`` / ``"state_dict"`` entry is used when present."""
+    from collections.abc import Mapping
+    from pathlib import Path
+
+    if isinstance(source, Mapping):
+        sd: Any = source
+    else:
+        path = Path(source)
+        if not path.is_file():
+            raise WeightsError(f"load_soft_attention: {path} is not a file")
+        if path.suffix == ".safetensors":
+            from safetensors import SafetensorError
+            from safetensors.torch import load_file
+
+            try:
+                sd = load_file(str(path))
+            except (SafetensorError, OSError, ValueError) as err:
+                raise WeightsError(f"load_soft_attention: {path} is not a readable safetensors file: {err}") from err
+        else:
+            try:
+                sd = torch.load(path, map_location="cpu", weights_only=True)
+            except Exception as err:  # torch raises UnpicklingError, RuntimeError, EOFError, ... by cause
+                raise WeightsError(
+                    f"load_soft_attention: {path} cannot be read with torch.load(weights_only=True): {err}"
+                ) from err
+        for wrapper in ("model", "state_dict"):
+            if isinstance(sd, Mapping) and isinstance(sd.get(wrapper), Mapping):
+                sd = sd[wrapper]
+                break
+    if not isinstance(sd, Mapping) or not all(isinstance(v, Tensor) for v in sd.values()):
+        raise WeightsError("load_soft_attention: the weights are not a mapping of names to tensors")
+    return dict(sd)
+
+
+def load_soft_attention(
+    source: Any,
+    *,
+    prefix: str = "",
+    newton_iters: int = 20,
+    regularization: float = 0.01,
+    layer_norm_eps: float = 1e-5,
+) -> SoftmaxFreeAttention:
+    """A :class:`SoftmaxFreeAttention` holding the weights of one SOFT attention module (SOFT's layout).
+
+    ``source``: a state dict, a ``.safetensors`` file or a ``torch.save`` file read with
+    ``weights_only=True`` (a checkpoint's ``"model"`` / ``"state_dict"`` entry is used if present). ``prefix``
+    selects one module of a whole model (``"block3.0.att.mha."`` in SOFT's vision models); only the keys under
+    it are read, and all of them must be SOFT's ``SoftmaxFreeAttention`` keys: ``W_q``, ``W_v`` and ``ff``
+    (weight, bias), ``attn.Qlandmark_op.weight`` ``[D, D, r, r]`` (the landmark Conv2d; gives D, the heads
+    ``E / D`` and ``ratio = r``), ``attn.Qnorm_act.0`` (LayerNorm weight, bias) and optionally
+    ``attn.conv.weight`` ``[H, 1, k, k]`` (``conv_size = k``). The module uses ``landmarks="conv2d"``, so its
+    forward needs the token grid ``size=(h, w)``. ``newton_iters`` (SOFT's ``max_iter``) and the LayerNorm eps
+    are not stored in the weights; the defaults are SOFT's. SOFT's ``ratio == 1`` layout (a Linear instead of
+    the conv: exact kernel attention over every token, not Nyström) is refused.
+
+    Raises :class:`~softdeploy.errors.WeightsError` naming missing / unexpected keys and wrong shapes.
+    """
+    sd = _read_weights(source)
+    sub = {k[len(prefix) :]: v for k, v in sd.items() if k.startswith(prefix)}
+    if not sub:
+        raise WeightsError(f"load_soft_attention: no key starts with prefix {prefix!r} (keys: {sorted(sd)[:8]} ...)")
+    known = set(_SOFT_KEYS) | set(_SOFT_OPTIONAL)
+    missing = sorted(set(_SOFT_KEYS) - set(sub))
+    extra = sorted(set(sub) - known)
+    if missing or extra:
+        raise WeightsError(
+            f"load_soft_attention: not SOFT's SoftmaxFreeAttention layout under prefix {prefix!r}: "
+            f"missing keys {[prefix + k for k in missing]}, unexpected keys {[prefix + k for k in extra]}"
+        )
+    wq = sub["W_q.weight"]
+    lw = sub["attn.Qlandmark_op.weight"]
+    if wq.dim() != 2 or wq.shape[0] != wq.shape[1]:
+        raise WeightsError(f"load_soft_attention: {prefix}W_q.weight has shape {list(wq.shape)}, want [E, E]")
+    if lw.dim() != 4 or lw.shape[0] != lw.shape[1] or lw.shape[2] != lw.shape[3]:
+        hint = " (SOFT's ratio-1 Linear layout is not supported)" if lw.dim() == 2 else ""
+        raise WeightsError(
+            f"load_soft_attention: {prefix}attn.Qlandmark_op.weight has shape {list(lw.shape)}, want [D, D, r, r]{hint}"
+        )
+    e, d, r = wq.shape[0], lw.shape[0], lw.shape[2]
+    if r < 2 or e % d != 0:
+        raise WeightsError(
+            f"load_soft_attention: {prefix}attn.Qlandmark_op.weight {list(lw.shape)} does not fit E={e} "
+            "(rule: D divides E, ratio r >= 2)"
+        )
+    heads = e // d
+    conv = sub.get("attn.conv.weight")
+    k = 0
+    if conv is not None:
+        k = conv.shape[-1] if conv.dim() == 4 else 0
+        if conv.dim() != 4 or list(conv.shape) != [heads, 1, k, k] or k % 2 == 0:
+            raise WeightsError(
+                f"load_soft_attention: {prefix}attn.conv.weight has shape {list(conv.shape)}, "
+                f"want [{heads}, 1, k, k] with k odd"
+            )
+    module = SoftmaxFreeAttention(
+        e,
+        heads,
+        ratio=r,
+        landmarks="conv2d",
+        conv_size=k,
+        newton_iters=newton_iters,
+        regularization=regularization,
+        layer_norm_eps=layer_norm_eps,
+    )
+    names = {**_SOFT_KEYS, **_SOFT_OPTIONAL}
+    ours = module.state_dict()
+    bad = [
+        f"{prefix}{k_}: {list(t.shape)} (want {list(ours[names[k_]].shape)})"
+        for k_, t in sub.items()
+        if tuple(t.shape) != tuple(ours[names[k_]].shape)
+    ]
+    if bad:
+        raise WeightsError(f"load_soft_attention: wrong shapes: {'; '.join(sorted(bad))}")
+    module.load_state_dict({names[k_]: t.to(torch.float32) for k_, t in sub.items()})
+    return module
+
+
 # ---- heads ---------------------------------------------------------------------------------------
 
 
@@ -391,9 +670,11 @@ __all__ = [
     "SignedMaxSimScorer",
     "SoftAttention",
     "SoftNMS",
+    "SoftmaxFreeAttention",
     "SoftmaxTopKHead",
     "Softpick",
     "SoftpickAttention",
     "SoftpickHead",
     "TwoPassSoftmax",
+    "load_soft_attention",
 ]

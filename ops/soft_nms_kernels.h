@@ -83,10 +83,10 @@ float Max(const float* s, int64_t begin, int64_t end) {
   }
   for (; p + L <= end; p += L) m0 = V::max(m0, V::loadu(s + p));
   if (p < end) m1 = V::max(m1, V::loadu_fill(s + p, static_cast<int>(end - p), -INFINITY));
-  // Folded in scalar code (not V::max / V::reduce_max here: GCC 12 warns about an uninitialised
-  // temporary inside its own AVX-512 headers when they are inlined at this point).
-  float lanes[4 * L];
-  V::storeu(lanes, m0), V::storeu(lanes + L, m1), V::storeu(lanes + 2 * L, m2), V::storeu(lanes + 3 * L, m3);
+  // The last fold in scalar code (not V::reduce_max: GCC 12 warns about an uninitialised temporary
+  // inside its own AVX-512 headers when that is inlined here).
+  float lanes[L];
+  V::storeu(lanes, V::max(V::max(m0, m1), V::max(m2, m3)));
   float mx = lanes[0];
   for (float x : lanes) mx = std::max(mx, x);
   return mx;

@@ -53,7 +53,8 @@ struct Avx512 {
   static SD_VEC_INLINE void storeu(float* p, F x) { _mm512_storeu_ps(p, x); }
   static SD_VEC_INLINE F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }  // a * b + c, one rounding
   static SD_VEC_INLINE F mul(F a, F b) { return _mm512_mul_ps(a, b); }
-  static SD_VEC_INLINE F max(F a, F b) { return _mm512_max_ps(a, b); }
+  // (masked form: GCC 12's _mm512_max_ps warns about an uninitialised temporary in its own header; one vmaxps)
+  static SD_VEC_INLINE F max(F a, F b) { return _mm512_mask_max_ps(a, 0xFFFF, a, b); }
   static SD_VEC_INLINE F cvt(I x) { return _mm512_cvtepi32_ps(x); }
   static SD_VEC_INLINE I set1i(int32_t x) { return _mm512_set1_epi32(x); }
   static SD_VEC_INLINE I broadcast4(const void* p) { return _mm512_set1_epi32(*static_cast<const Word*>(p)); }

@@ -29,7 +29,7 @@
 //
 // What must stay true:
 //  * Every float operation is the oracle's, in the oracle's order, with no FMA contraction (the
-//    pragma below here; -ffp-contract=off from CMakeLists.txt for the vector passes): the selection
+//    pragma below for this file, -ffp-contract=off from CMakeLists.txt for the vector passes): the selection
 //    is discrete, so one rounding difference can pick another box.
 //  * The block test is conservative (see Overlaps): a block that fails it holds no overlapping slot,
 //    and the slots of the blocks that pass get the exact test, so exactly the oracle's overlapping

@@ -29,7 +29,8 @@
 //
 // What must stay true:
 //  * Every float operation is the oracle's, in the oracle's order, with no FMA contraction (the
-//    pragma below): the selection is discrete, so one rounding difference can pick another box.
+//    pragma below for this file, -ffp-contract=off from CMakeLists.txt for the vector passes): the selection
+//    is discrete, so one rounding difference can pick another box.
 //  * The block test is conservative (see Overlaps): a block that fails it holds no overlapping slot,
 //    and the slots of the blocks that pass get the exact test, so exactly the oracle's overlapping
 //    rows are decayed, each once per round, by the oracle's weight.
@@ -39,8 +40,10 @@
 //  * Memory is O(N) per task, never an N x N matrix. One (batch, class) is one unit of work; threads
 //    split (batch, class) pairs, never one of them.
 //  * gaussian (AVX-512): the weights come from an 8-lane double exp whose float32 rounding is used only
-//    where it is provably the same as float(std::exp(double)) (GaussianWeights8), so the scores stay
-//    bit-identical to the oracle.
+//    where it is provably the same as float(std::exp(double)) (GaussianWeights8 in
+//    ops/soft_nms_avx512.cc), so the scores stay bit-identical to the oracle.
+//  * The AVX2 and AVX-512 scan / max / first-equal passes are written once over the vector traits
+//    (ops/soft_nms_kernels.h); every variant gives the oracle's bits, so all variants agree.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -49,14 +52,11 @@
 #include <utility>
 
 #include "common/kernel.h"
-#include "common/simd_math.h"
+#include "soft_nms_row.h"
 
-#if defined(__x86_64__) || defined(_M_X64)
-#include <immintrin.h>
-#endif
-
-// a*b - c and a + b*c must stay two roundings, as in the oracle (the AVX2/AVX-512 functions would
-// otherwise fuse them into FMAs: -std=c++17 does not turn contraction off in GCC).
+// a*b - c and a + b*c must stay two roundings, as in the oracle (GCC contracts them into FMAs where the
+// target has FMA, e.g. aarch64: -std=c++17 does not turn contraction off; the per-ISA files get
+// -ffp-contract=off from CMakeLists.txt).
 #pragma GCC optimize("fp-contract=off")
 
 namespace sd {
@@ -271,236 +271,30 @@ int64_t FirstEqualPortable(const float* s, int64_t begin, int64_t end, float val
   return end;
 }
 
-// ---- AVX-512 ---------------------------------------------------------------------------------
+// ---- AVX2 / AVX-512: ops/soft_nms_kernels.h (one source over ops/common/vec.h), compiled in
+// ops/soft_nms_avx2.cc and ops/soft_nms_avx512.cc; here only Work seen as their plain Slots ---------
 
-#if defined(__x86_64__) || defined(_M_X64)
+static_assert(static_cast<int>(Method::kLinear) == 0 && static_cast<int>(Method::kGaussian) == 1 &&
+                  static_cast<int>(Method::kHard) == 2,
+              "soft_nms::WeighAvx512's method numbers");
+static_assert(kBlock == soft_nms::kBlock, "one block size");
 
-// One block of slots [k, k + 16): the exact overlap test, the overlapping rows appended to the near list.
-struct Avx512Scan {
-  __m512 tlo0, thi0, tlo1, thi1, tarea, off;
-  const float *lo0, *hi0, *lo1, *hi1, *area;
-  const int32_t* pos;
-  float *near_inter, *near_union;
-  int32_t* near_pos;
-
-  SD_TARGET_AVX512 inline int64_t Step(int64_t k, int64_t near_n) const {
-    const __m512 zero = _mm512_setzero_ps();
-    const __m512 iw = _mm512_add_ps(
-        _mm512_sub_ps(_mm512_min_ps(thi0, _mm512_loadu_ps(hi0 + k)), _mm512_max_ps(tlo0, _mm512_loadu_ps(lo0 + k))),
-        off);
-    const __m512 ih = _mm512_add_ps(
-        _mm512_sub_ps(_mm512_min_ps(thi1, _mm512_loadu_ps(hi1 + k)), _mm512_max_ps(tlo1, _mm512_loadu_ps(lo1 + k))),
-        off);
-    const __mmask16 overlap = _mm512_mask_cmp_ps_mask(_mm512_cmp_ps_mask(iw, zero, _CMP_GT_OQ), ih, zero, _CMP_GT_OQ);
-    // Branch-free: which vectors overlap the selected box is random, and the mispredictions would
-    // cost more than the compresses of a vector that has none.
-    const __m512 inter = _mm512_mul_ps(iw, ih);
-    const __m512 uni = _mm512_sub_ps(_mm512_add_ps(tarea, _mm512_loadu_ps(area + k)), inter);
-    _mm512_storeu_ps(near_inter + near_n, _mm512_maskz_compress_ps(overlap, inter));
-    _mm512_storeu_ps(near_union + near_n, _mm512_maskz_compress_ps(overlap, uni));
-    _mm512_storeu_si512(near_pos + near_n, _mm512_maskz_compress_epi32(overlap, _mm512_loadu_si512(pos + k)));
-    return near_n + __builtin_popcount(static_cast<unsigned>(overlap));
-  }
-};
-
-SD_TARGET_AVX512 int64_t ScanAvx512(const Selected& t, Work& w, const Params& prm) {
-  const __m512 tlo0 = _mm512_set1_ps(t.lo0), thi0 = _mm512_set1_ps(t.hi0), tlo1 = _mm512_set1_ps(t.lo1);
-  const __m512 thi1 = _mm512_set1_ps(t.hi1), off = _mm512_set1_ps(prm.offset), zero = _mm512_setzero_ps();
-  const Avx512Scan s{tlo0, thi0, tlo1, thi1, _mm512_set1_ps(t.area), off, w.lo0.data(), w.hi0.data(), w.lo1.data(),
-                     w.hi1.data(), w.area.data(), w.pos.data(), w.near_inter.data(), w.near_union.data(),
-                     w.near_pos.data()};
-  int64_t near_n = 0;
-  // 16 blocks' boxes a step; each block that passes is one vector of slots.
-  for (int64_t b = 0; b < w.blocks; b += 16) {
-    const __mmask16 m = simd::TailMask16(w.blocks - b);
-    const __m512 iw = _mm512_add_ps(_mm512_sub_ps(_mm512_min_ps(thi0, _mm512_maskz_loadu_ps(m, &w.block_hi0[b])),
-                                                  _mm512_max_ps(tlo0, _mm512_maskz_loadu_ps(m, &w.block_lo0[b]))),
-                                    off);
-    const __m512 ih = _mm512_add_ps(_mm512_sub_ps(_mm512_min_ps(thi1, _mm512_maskz_loadu_ps(m, &w.block_hi1[b])),
-                                                  _mm512_max_ps(tlo1, _mm512_maskz_loadu_ps(m, &w.block_lo1[b]))),
-                                    off);
-    const __mmask16 hit = _mm512_mask_cmp_ps_mask(_mm512_cmp_ps_mask(iw, zero, _CMP_GT_OQ) & m, ih, zero, _CMP_GT_OQ);
-    for (unsigned bits = hit; bits != 0; bits &= bits - 1) near_n = s.Step((b + __builtin_ctz(bits)) * kBlock, near_n);
-  }
-  return near_n;
+soft_nms::Slots SlotsOf(Work& w) {
+  return {w.lo0.data(),       w.hi0.data(),       w.lo1.data(),       w.hi1.data(),       w.area.data(),
+          w.pos.data(),       w.block_lo0.data(), w.block_hi0.data(), w.block_lo1.data(), w.block_hi1.data(),
+          w.blocks,           w.near_inter.data(), w.near_union.data(), w.near_pos.data()};
 }
 
-// exp(t) in double for 8 lanes, within a few ulp (Taylor degree 12 on |r| <= ln2/2 after
-// t = n*ln2 + r). Only used where the float32 rounding of the result is unambiguous (below).
-SD_TARGET_AVX512 inline __m512d ExpPd(__m512d t) {
-  t = _mm512_max_pd(_mm512_set1_pd(-800.0), t);  // exp(-800) is 0 in double; NaN stays NaN (2nd operand)
-  const __m512d n = _mm512_roundscale_pd(_mm512_mul_pd(t, _mm512_set1_pd(1.4426950408889634)), _MM_FROUND_TO_NEAREST_INT);
-  __m512d r = _mm512_fnmadd_pd(n, _mm512_set1_pd(6.93147180369123816490e-01), t);
-  r = _mm512_fnmadd_pd(n, _mm512_set1_pd(1.90821492927058770002e-10), r);
-  static constexpr double kInvFact[] = {1.0 / 479001600, 1.0 / 39916800, 1.0 / 3628800, 1.0 / 362880, 1.0 / 40320,
-                                        1.0 / 5040,      1.0 / 720,      1.0 / 120,     1.0 / 24,     1.0 / 6,
-                                        1.0 / 2,         1.0,            1.0};
-  __m512d p = _mm512_set1_pd(kInvFact[0]);
-  for (int j = 1; j < 13; ++j) p = _mm512_fmadd_pd(p, r, _mm512_set1_pd(kInvFact[j]));
-  return _mm512_scalef_pd(p, n);
+int64_t ScanAvx2(const Selected& t, Work& w, const Params& prm) {
+  return soft_nms::ScanAvx2({t.lo0, t.hi0, t.lo1, t.hi1, t.area}, SlotsOf(w), prm.offset);
 }
-
-// Gaussian weights of 8 near rows: IoU = inter / union (as the oracle, float32), weight
-// float(exp(double(-(IoU*IoU) / sigma))). ExpPd and glibc's exp are both within 2^-50 (relative) of
-// the true value, so whenever [y - y*2^-50, y + y*2^-50] rounds to one float32 that float32 is the
-// oracle's weight, bit for bit; the (about 2^-26-rare) lanes where it does not use std::exp itself.
-SD_TARGET_AVX512 inline __m256 GaussianWeights8(__m256 iou, float sigma) {
-  const __m256 t = _mm256_div_ps(_mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(iou, iou)), _mm256_set1_ps(sigma));
-  const __m512d y = ExpPd(_mm512_cvtps_pd(t));
-  const __m512d dy = _mm512_mul_pd(_mm512_abs_pd(y), _mm512_set1_pd(0x1p-50));
-  const __m256 w = _mm512_cvtpd_ps(y);
-  const __mmask8 unsure =
-      _mm256_cmp_ps_mask(_mm512_cvtpd_ps(_mm512_sub_pd(y, dy)), _mm512_cvtpd_ps(_mm512_add_pd(y, dy)), _CMP_NEQ_OQ);
-  if (unsure == 0) return w;
-  alignas(32) float iou_lanes[8], w_lanes[8];
-  _mm256_store_ps(iou_lanes, iou);
-  _mm256_store_ps(w_lanes, w);
-  for (unsigned bits = unsure; bits != 0; bits &= bits - 1) {
-    const int lane = __builtin_ctz(bits);
-    w_lanes[lane] = GaussianWeight(iou_lanes[lane], sigma);
-  }
-  return _mm256_load_ps(w_lanes);
+int64_t ScanAvx512(const Selected& t, Work& w, const Params& prm) {
+  return soft_nms::ScanAvx512({t.lo0, t.hi0, t.lo1, t.hi1, t.area}, SlotsOf(w), prm.offset);
 }
-
-// WeighPortable, 8 near rows a step (the tail masked: its lanes compute 0 / 1, stored nowhere).
-SD_TARGET_AVX512 void WeighAvx512(Work& w, int64_t near_n, const Params& prm) {
-  const __m256 one = _mm256_set1_ps(1.0f), nt = _mm256_set1_ps(prm.iou_threshold);
-  for (int64_t j = 0; j < near_n; j += 8) {
-    const __mmask8 m = static_cast<__mmask8>(near_n - j >= 8 ? 0xFF : (1u << (near_n - j)) - 1);
-    const __m256 iou = _mm256_div_ps(_mm256_maskz_loadu_ps(m, &w.near_inter[j]), _mm256_mask_loadu_ps(one, m, &w.near_union[j]));
-    __m256 wt;
-    if (prm.method == Method::kGaussian) wt = GaussianWeights8(iou, prm.sigma);
-    else if (prm.method == Method::kLinear)
-      wt = _mm256_mask_blend_ps(_mm256_cmp_ps_mask(iou, nt, _CMP_GT_OQ), one, _mm256_sub_ps(one, iou));
-    else wt = _mm256_mask_blend_ps(_mm256_cmp_ps_mask(iou, nt, _CMP_GT_OQ), one, _mm256_setzero_ps());
-    _mm256_mask_storeu_ps(&w.near_inter[j], m, wt);
-  }
+void WeighAvx512(Work& w, int64_t near_n, const Params& prm) {
+  soft_nms::WeighAvx512(w.near_inter.data(), w.near_union.data(), near_n, static_cast<int>(prm.method),
+                        prm.iou_threshold, prm.sigma);
 }
-
-// _mm512_max_ps, spelled as a masked max: GCC 12's _mm512_max_ps warns about an uninitialised temporary.
-SD_TARGET_AVX512 inline __m512 Max16(__m512 a, __m512 b) { return _mm512_mask_max_ps(a, 0xFFFF, a, b); }
-
-SD_TARGET_AVX512 float MaxAvx512(const float* s, int64_t begin, int64_t end) {
-  // four accumulators: max has a latency of several cycles, the loads do not
-  __m512 m0 = _mm512_set1_ps(-kInf), m1 = m0, m2 = m0, m3 = m0;
-  int64_t p = begin;
-  for (; p + 64 <= end; p += 64) {
-    m0 = Max16(m0, _mm512_loadu_ps(s + p));
-    m1 = Max16(m1, _mm512_loadu_ps(s + p + 16));
-    m2 = Max16(m2, _mm512_loadu_ps(s + p + 32));
-    m3 = Max16(m3, _mm512_loadu_ps(s + p + 48));
-  }
-  for (; p < end; p += 16) {
-    const __mmask16 k = simd::TailMask16(end - p);
-    m0 = _mm512_mask_max_ps(m0, k, m0, _mm512_maskz_loadu_ps(k, s + p));
-  }
-  // (not _mm512_reduce_max_ps: the same warning)
-  alignas(64) float lanes[16];
-  _mm512_store_ps(lanes, Max16(Max16(m0, m1), Max16(m2, m3)));
-  float mx = lanes[0];
-  for (float v : lanes) mx = std::max(mx, v);
-  return mx;
-}
-
-SD_TARGET_AVX512 int64_t FirstEqualAvx512(const float* s, int64_t begin, int64_t end, float value) {
-  const __m512 v = _mm512_set1_ps(value);
-  int64_t p = begin;
-  // 64 scores a step, one branch: the value is usually far from the start
-  for (; p + 64 <= end; p += 64) {
-    const __mmask16 e0 = _mm512_cmp_ps_mask(_mm512_loadu_ps(s + p), v, _CMP_EQ_OQ);
-    const __mmask16 e1 = _mm512_cmp_ps_mask(_mm512_loadu_ps(s + p + 16), v, _CMP_EQ_OQ);
-    const __mmask16 e2 = _mm512_cmp_ps_mask(_mm512_loadu_ps(s + p + 32), v, _CMP_EQ_OQ);
-    const __mmask16 e3 = _mm512_cmp_ps_mask(_mm512_loadu_ps(s + p + 48), v, _CMP_EQ_OQ);
-    const uint64_t eq = static_cast<uint64_t>(e0) | static_cast<uint64_t>(e1) << 16 | static_cast<uint64_t>(e2) << 32 |
-                        static_cast<uint64_t>(e3) << 48;
-    if (eq != 0) return p + __builtin_ctzll(eq);
-  }
-  for (; p < end; p += 16) {
-    const __mmask16 k = simd::TailMask16(end - p);
-    const __mmask16 eq = _mm512_mask_cmp_ps_mask(k, _mm512_maskz_loadu_ps(k, s + p), v, _CMP_EQ_OQ);
-    if (eq != 0) return p + __builtin_ctz(eq);
-  }
-  return end;
-}
-
-// ---- AVX2 ------------------------------------------------------------------------------------
-
-// The selected box broadcast for 8 lanes; Test gives the IoU's overlap mask of 8 boxes (movemask
-// bits) with their iw and ih.
-struct Avx2Selected {
-  __m256 tlo0, thi0, tlo1, thi1, off;
-  SD_TARGET_AVX2 inline int Test(const float* lo0, const float* hi0, const float* lo1, const float* hi1, __m256* iw,
-                                 __m256* ih) const {
-    const __m256 zero = _mm256_setzero_ps();
-    *iw = _mm256_add_ps(_mm256_sub_ps(_mm256_min_ps(thi0, _mm256_loadu_ps(hi0)), _mm256_max_ps(tlo0, _mm256_loadu_ps(lo0))),
-                        off);
-    *ih = _mm256_add_ps(_mm256_sub_ps(_mm256_min_ps(thi1, _mm256_loadu_ps(hi1)), _mm256_max_ps(tlo1, _mm256_loadu_ps(lo1))),
-                        off);
-    return _mm256_movemask_ps(_mm256_and_ps(_mm256_cmp_ps(*iw, zero, _CMP_GT_OQ), _mm256_cmp_ps(*ih, zero, _CMP_GT_OQ)));
-  }
-};
-
-SD_TARGET_AVX2 int64_t ScanAvx2(const Selected& t, Work& w, const Params& prm) {
-  const Avx2Selected sel{_mm256_set1_ps(t.lo0), _mm256_set1_ps(t.hi0), _mm256_set1_ps(t.lo1), _mm256_set1_ps(t.hi1),
-                         _mm256_set1_ps(prm.offset)};
-  const __m256 tarea = _mm256_set1_ps(t.area);
-  int64_t near_n = 0, b = 0;
-  for (; b + 8 <= w.blocks; b += 8) {
-    __m256 iw, ih;
-    const int hit = sel.Test(&w.block_lo0[b], &w.block_hi0[b], &w.block_lo1[b], &w.block_hi1[b], &iw, &ih);
-    for (unsigned bits = static_cast<unsigned>(hit); bits != 0; bits &= bits - 1) {
-      for (int64_t k = (b + __builtin_ctz(bits)) * kBlock, end = k + kBlock; k < end; k += 8) {
-        const int rows = sel.Test(&w.lo0[k], &w.hi0[k], &w.lo1[k], &w.hi1[k], &iw, &ih);
-        if (rows == 0) continue;
-        alignas(32) float inter[8], uni[8];
-        const __m256 x = _mm256_mul_ps(iw, ih);
-        _mm256_store_ps(inter, x);
-        _mm256_store_ps(uni, _mm256_sub_ps(_mm256_add_ps(tarea, _mm256_loadu_ps(&w.area[k])), x));
-        for (unsigned r = static_cast<unsigned>(rows); r != 0; r &= r - 1) {
-          const int lane = __builtin_ctz(r);
-          w.near_inter[near_n] = inter[lane];
-          w.near_union[near_n] = uni[lane];
-          w.near_pos[near_n] = w.pos[k + lane];
-          ++near_n;
-        }
-      }
-    }
-  }
-  for (; b < w.blocks; ++b) {
-    if (Overlaps(w.block_lo0[b], w.block_hi0[b], t.lo0, t.hi0, prm.offset) &&
-        Overlaps(w.block_lo1[b], w.block_hi1[b], t.lo1, t.hi1, prm.offset))
-      near_n = ScanBlockPortable(t, w, b, prm, near_n, w);
-  }
-  return near_n;
-}
-
-SD_TARGET_AVX2 float MaxAvx2(const float* s, int64_t begin, int64_t end) {
-  __m256 m0 = _mm256_set1_ps(-kInf), m1 = m0, m2 = m0, m3 = m0;
-  int64_t p = begin;
-  for (; p + 32 <= end; p += 32) {
-    m0 = _mm256_max_ps(m0, _mm256_loadu_ps(s + p));
-    m1 = _mm256_max_ps(m1, _mm256_loadu_ps(s + p + 8));
-    m2 = _mm256_max_ps(m2, _mm256_loadu_ps(s + p + 16));
-    m3 = _mm256_max_ps(m3, _mm256_loadu_ps(s + p + 24));
-  }
-  alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, _mm256_max_ps(_mm256_max_ps(m0, m1), _mm256_max_ps(m2, m3)));
-  float mx = MaxPortable(s, p, end);
-  for (float v : lanes) mx = std::max(mx, v);
-  return mx;
-}
-
-SD_TARGET_AVX2 int64_t FirstEqualAvx2(const float* s, int64_t begin, int64_t end, float value) {
-  const __m256 v = _mm256_set1_ps(value);
-  int64_t p = begin;
-  for (; p + 8 <= end; p += 8) {
-    const int eq = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(s + p), v, _CMP_EQ_OQ));
-    if (eq != 0) return p + __builtin_ctz(static_cast<unsigned>(eq));
-  }
-  return FirstEqualPortable(s, p, end, value);
-}
-
-#endif  // x86-64
 
 // ---- the loop -------------------------------------------------------------------------------------
 
@@ -726,10 +520,8 @@ struct SoftNmsKernel {
     }
 
     Isafns fn{ScanPortable, WeighPortable, MaxPortable, FirstEqualPortable};
-#if defined(__x86_64__) || defined(_M_X64)
-    if (isa == Isa::kAvx512) fn = {ScanAvx512, WeighAvx512, MaxAvx512, FirstEqualAvx512};
-    else if (isa == Isa::kAvx2) fn = {ScanAvx2, WeighPortable, MaxAvx2, FirstEqualAvx2};
-#endif
+    if (isa == Isa::kAvx512) fn = {ScanAvx512, WeighAvx512, soft_nms::MaxAvx512, soft_nms::FirstEqualAvx512};
+    else if (isa == Isa::kAvx2) fn = {ScanAvx2, WeighPortable, soft_nms::MaxAvx2, soft_nms::FirstEqualAvx2};
     if (!prm.skip_disjoint) fn.scan = ScanPortable;  // every live row, disjoint ones included
     const int64_t pairs = num_batches * num_classes;
     std::vector<std::vector<Pick>> picks(static_cast<size_t>(pairs));

@@ -19,6 +19,7 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #define SD_VEC_INLINE __attribute__((always_inline)) inline
@@ -52,7 +53,8 @@ struct Avx512 {
   static SD_VEC_INLINE void storeu(float* p, F x) { _mm512_storeu_ps(p, x); }
   static SD_VEC_INLINE F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }  // a * b + c, one rounding
   static SD_VEC_INLINE F mul(F a, F b) { return _mm512_mul_ps(a, b); }
-  static SD_VEC_INLINE F max(F a, F b) { return _mm512_max_ps(a, b); }
+  // (masked form: GCC 12's _mm512_max_ps warns about an uninitialised temporary in its own header; one vmaxps)
+  static SD_VEC_INLINE F max(F a, F b) { return _mm512_mask_max_ps(a, 0xFFFF, a, b); }
   static SD_VEC_INLINE F cvt(I x) { return _mm512_cvtepi32_ps(x); }
   static SD_VEC_INLINE I set1i(int32_t x) { return _mm512_set1_epi32(x); }
   static SD_VEC_INLINE I broadcast4(const void* p) { return _mm512_set1_epi32(*static_cast<const Word*>(p)); }
@@ -124,6 +126,26 @@ struct Avx512 {
   static SD_VEC_INLINE D cvt_hi(F x) { return _mm512_maskz_cvtps_pd(0xFF, _mm512_maskz_extractf32x8_ps(0xFF, x, 1)); }
   static SD_VEC_INLINE double reduce_addd(D x) { return _mm512_reduce_add_pd(x); }  // its own order
   static SD_VEC_INLINE D fmad(D a, D b, D c) { return _mm512_fmadd_pd(a, b, c); }
+  // MultiMax additions (ops/multi_max_kernels.h): double arithmetic on D and its mask MD.
+  using MD = __mmask8;
+  static SD_VEC_INLINE D subd(D a, D b) { return _mm512_sub_pd(a, b); }
+  static SD_VEC_INLINE D maxd(D a, D b) { return _mm512_max_pd(a, b); }
+  static SD_VEC_INLINE D roundd(D a) { return _mm512_roundscale_pd(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  static SD_VEC_INLINE D fnmad(D a, D b, D c) { return _mm512_fnmadd_pd(a, b, c); }  // c - a * b, one rounding
+  static SD_VEC_INLINE D loadd(const double* p) { return _mm512_load_pd(p); }         // 64-byte aligned
+  static SD_VEC_INLINE void stored(double* p, D x) { _mm512_store_pd(p, x); }       // 64-byte aligned
+  static SD_VEC_INLINE double reduce_maxd(D x) { return _mm512_reduce_max_pd(x); }
+  // Two double vectors narrowed to float (rounded to nearest) and joined: lo -> lanes 0..7, hi -> 8..15.
+  static SD_VEC_INLINE F cvt_ps(D lo, D hi) {
+    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(_mm512_cvtpd_ps(lo))),
+                                               _mm256_castps_pd(_mm512_cvtpd_ps(hi)), 1));
+  }
+  static SD_VEC_INLINE MD eqd(D a, D b) { return _mm512_cmp_pd_mask(a, b, _CMP_EQ_OQ); }
+  static SD_VEC_INLINE MD unordd(D a, D b) { return _mm512_cmp_pd_mask(a, b, _CMP_UNORD_Q); }
+  static SD_VEC_INLINE MD mask_ord(MD a, MD b) { return static_cast<MD>(a | b); }
+  static SD_VEC_INLINE MD noned() { return 0; }
+  static SD_VEC_INLINE unsigned bitsd(MD m) { return m; }
+  static SD_VEC_INLINE D selectd(MD m, D a, D b) { return _mm512_mask_blend_pd(m, a, b); }  // m ? b : a
   static SD_VEC_INLINE M mask_and(M a, M b) { return static_cast<M>(a & b); }
   static SD_VEC_INLINE I lane_index() { return _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15); }
   // The lanes of m, in lane order, to p[0 .. popcount) (writes kLanes entries); returns the count.
@@ -262,6 +284,25 @@ struct Avx2 {
     return (l[0] + l[1]) + (l[2] + l[3]);
   }
   static SD_VEC_INLINE M mask_and(M a, M b) { return _mm256_and_ps(a, b); }
+  using MD = __m256d;
+  static SD_VEC_INLINE D subd(D a, D b) { return _mm256_sub_pd(a, b); }
+  static SD_VEC_INLINE D maxd(D a, D b) { return _mm256_max_pd(a, b); }
+  static SD_VEC_INLINE D roundd(D a) { return _mm256_round_pd(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  static SD_VEC_INLINE D fnmad(D a, D b, D c) { return _mm256_fnmadd_pd(a, b, c); }
+  static SD_VEC_INLINE D loadd(const double* p) { return _mm256_load_pd(p); }  // 32-byte aligned
+  static SD_VEC_INLINE void stored(double* p, D x) { _mm256_store_pd(p, x); }
+  static SD_VEC_INLINE double reduce_maxd(D x) {  // max(max(l0, l1), max(l2, l3))
+    alignas(32) double l[4];
+    _mm256_store_pd(l, x);
+    return std::max(std::max(l[0], l[1]), std::max(l[2], l[3]));
+  }
+  static SD_VEC_INLINE F cvt_ps(D lo, D hi) { return _mm256_set_m128(_mm256_cvtpd_ps(hi), _mm256_cvtpd_ps(lo)); }
+  static SD_VEC_INLINE MD eqd(D a, D b) { return _mm256_cmp_pd(a, b, _CMP_EQ_OQ); }
+  static SD_VEC_INLINE MD unordd(D a, D b) { return _mm256_cmp_pd(a, b, _CMP_UNORD_Q); }
+  static SD_VEC_INLINE MD mask_ord(MD a, MD b) { return _mm256_or_pd(a, b); }
+  static SD_VEC_INLINE MD noned() { return _mm256_setzero_pd(); }
+  static SD_VEC_INLINE unsigned bitsd(MD m) { return static_cast<unsigned>(_mm256_movemask_pd(m)); }
+  static SD_VEC_INLINE D selectd(MD m, D a, D b) { return _mm256_blendv_pd(a, b, m); }
   static SD_VEC_INLINE I lane_index() { return _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7); }
   // No compress on AVX2: a permutation from a 256-entry table (8 KB) by the mask's bits.
   static SD_VEC_INLINE int compress_storeu(float* p, F v, M m) {

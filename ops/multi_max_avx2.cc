@@ -1,0 +1,12 @@
+// MultiMax's vector row for AVX2: ops/multi_max_kernels.h instantiated with the Avx2 traits. Compiled
+// with the AVX2 flags and -ffp-contract=off (CMakeLists.txt); called only after the run-time ISA check
+// of ops/multi_max.cc.
+#include "multi_max_kernels.h"
+
+namespace sd {
+namespace multi_max {
+
+void RowAvx2(const RowArgs& a, const SigmaParams& p) { Row<vec::Avx2>(a, p); }
+
+}  // namespace multi_max
+}  // namespace sd

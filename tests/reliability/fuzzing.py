@@ -36,6 +36,12 @@ SIZES = (0, 1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 32, 33, 47, 48, 49, 63, 64, 
 # Bound on the elements of any one input of a fuzz case: keeps a case (reference + kernel on every ISA)
 # at a few milliseconds. Big shapes are the conformance samples' and the concurrency tests' job.
 MAX_ELEMENTS = 1 << 15
+# Bound on the arithmetic of one case where it grows faster than the inputs: NystromGaussianAttention's
+# Newton-Schulz steps cost ~4 m^3 per head (m landmarks), so Landmarks of 1023 x 32 elements (within
+# MAX_ELEMENTS) is ~1e11 flops: minutes for the portable variant under ASan (.ci/sanitize) for one case.
+# heads * m^3 <= MAX_CUBIC_WORK keeps m up to 256 for one head; larger m are the conformance samples' job.
+MAX_CUBIC_WORK = 1 << 24
+CUBIC_DIM = {"NystromGaussianAttention": 2}  # op -> the input whose axis -2 is m (Landmarks [B, H, m, d])
 # Templates larger than this are not used as they are: their groups are shrunk into MAX_ELEMENTS.
 HUGE = 2**40  # huge-but-empty dims: 2**40 rows of nothing must cost nothing
 
@@ -112,9 +118,10 @@ def dim_groups(template: Sample) -> dict[int, list[tuple[int, int]]]:
     return groups
 
 
-def resized_shapes(template: Sample, new_size: dict[int, int]) -> list[tuple[int, ...] | None]:
+def resized_shapes(template: Sample, new_size: dict[int, int], op: str = "") -> list[tuple[int, ...] | None]:
     """Input shapes with each dim of a group whose size is in ``new_size`` replaced, then groups shrunk
-    (largest first, to the largest SIZES value that fits) until no input exceeds MAX_ELEMENTS."""
+    (largest first, to the largest SIZES value that fits) until no input exceeds MAX_ELEMENTS, and op's
+    cubic dim (CUBIC_DIM) until the case's heads * m^3 is within MAX_CUBIC_WORK."""
     sizes = {s: new_size.get(s, s) for s in dim_groups(template)}
 
     def shapes() -> list[tuple[int, ...] | None]:
@@ -129,6 +136,16 @@ def resized_shapes(template: Sample, new_size: dict[int, int]) -> list[tuple[int
         old = next(k for k, v in sizes.items() if v == big)
         fit = max(1, MAX_ELEMENTS // max(1, math.prod(worst) // big))
         sizes[old] = max([s for s in SIZES if s <= fit] or [1])
+    cubic = CUBIC_DIM.get(op)
+    if cubic is not None and template.inputs[cubic] is not None and np.ndim(template.inputs[cubic]) >= 2:
+        group = int(np.shape(template.inputs[cubic])[-2])  # m's group: dims keep their template size's key
+        for _ in range(8):  # shrinking m's group may shrink the heads too (a shared size): check again
+            shape = shapes()[cubic]
+            assert shape is not None
+            heads, m = math.prod(shape[:-2]), shape[-2]
+            if heads * m**3 <= MAX_CUBIC_WORK:
+                break
+            sizes[group] = max([s for s in SIZES if heads * s**3 <= MAX_CUBIC_WORK] or [1])
     return shapes()
 
 
@@ -225,7 +242,7 @@ def build_case(
     mutations: list[str] = []
     groups = sorted(dim_groups(template))
     new_size = {g: s for g, s in zip(groups, resize, strict=False) if s is not None and s != g}
-    shapes = resized_shapes(template, new_size)
+    shapes = resized_shapes(template, new_size, op.name)
     inputs: list[np.ndarray | None] = []
     for i, (v, shape) in enumerate(zip(cast.inputs, shapes, strict=True)):
         if v is None:

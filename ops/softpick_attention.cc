@@ -41,6 +41,7 @@
 #include "common/kernel.h"
 #include "common/simd_math.h"
 #include "common/tile_gemm.h"
+#include "softpick_row.h"
 
 namespace sd {
 namespace {
@@ -52,15 +53,15 @@ constexpr int64_t kBlockQ = 48;  // query rows per task (a multiple of the 6-row
 constexpr int64_t kBlockK = 128;  // keys per block (64 and 256 measured 5% slower at T = 2048)
 constexpr float kExactLimit = 65536.0f;  // scores beyond: float32 range reduction loses t's bits
 constexpr float kSlack = 20.0f;          // terms expm1(s) 2^-R stay <= 2^kSlack (see RunTask)
-constexpr float kMinX = -104.0f;          // expm1(x) = -1 in float below
-constexpr float kLn2 = 0x1.62E430p-1f;
-
-// expm1(t) on |t| <= 0.4, relative error 1.0e-7 (the coefficients of ops/softpick.cc).
-constexpr float kQ0 = 0x1.fffffep-2f;
-constexpr float kQ1 = 0x1.55543p-3f;
-constexpr float kQ2 = 0x1.55575p-5f;
-constexpr float kQ3 = 0x1.1283d6p-7f;
-constexpr float kQ4 = 0x1.6bddfep-10f;
+// Softpick's own constants (ops/softpick_row.h): expm1(x) = -1 in float below kMinX, and the expm1
+// polynomial on |t| <= 0.4 (relative error 1.0e-7) -- one definition, so the op and its attention agree.
+using softpick::kLn2;
+using softpick::kMinX;
+using softpick::kQ0;
+using softpick::kQ1;
+using softpick::kQ2;
+using softpick::kQ3;
+using softpick::kQ4;
 
 // Everything a task needs, as float32 views (float16 inputs are converted first).
 struct Problem {

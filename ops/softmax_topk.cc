@@ -34,6 +34,7 @@
 
 #include "common/kernel.h"
 #include "common/simd_math.h"
+#include "softmax_topk_contract.h"
 #include "softmax_topk_row.h"
 
 namespace sd {
@@ -510,25 +511,13 @@ struct SoftmaxTopKKernel {
   template <class T>
   void Compute(Ort::KernelContext& ctx) const {
     const Input<T> x = GetInput<T>(ctx, 0);
-    if (x.rank() == 0) Fail(kOp, "input must have rank >= 1, got a scalar");
-    const int64_t a = NormalizeAxis(kOp, axis, x.rank());
-    if (k < 1) Fail(kOp, "k ", k, " is out of range (rule: k >= 1)");
-    const int64_t n = x.shape[a];
-    if (k > n) Fail(kOp, "k ", k, " is larger than the axis length ", n, " (rule: 1 <= k <= axis length)");
-    if (!(temperature > 0.0f)) Fail(kOp, "temperature ", temperature, " is out of range (rule: temperature > 0)");
-
-    std::vector<int64_t> out_shape = x.shape, lse_shape = x.shape;
-    out_shape[a] = k;
-    lse_shape[a] = 1;
-    T* values = AllocOutput<T>(ctx, 0, out_shape);
-    int64_t* indices = AllocOutput<int64_t>(ctx, 1, out_shape);
-    // LogSumExp is optional: absent (2 outputs) or omitted (named ""), onnxruntime gives no tensor.
-    T* lse = nullptr;
-    if (ctx.GetOutputCount() > 2) {
-      Ort::UnownedValue v = ctx.GetOutput(2, lse_shape);
-      if (static_cast<OrtValue*>(v) != nullptr) lse = v.GetTensorMutableData<T>();
-    }
-    const AxisLayout l = AxisLayout::Of(x.shape, a);
+    // (no structured binding: lambdas below capture these, which C++17 allows only for plain variables)
+    const SoftmaxTopKCall<T> call = StartSoftmaxTopK(kOp, ctx, x, k, axis, temperature);
+    const AxisLayout& l = call.layout;
+    T* const values = call.values;
+    int64_t* const indices = call.indices;
+    T* const lse = call.lse;
+    const int64_t n = l.n;
     if (l.rows() == 0) return;
 
     const double t = temperature;

@@ -32,16 +32,33 @@ def _lora_mixer(quick: bool = False, **kw: Any) -> Any:
     return LoRAMixerRetrieval(**(small if quick else {}), **kw)
 
 
+def _attention_variants(quick: bool = False, **kw: Any) -> Any:
+    from softdeploy.models.attention_variants import QUICK_SEQ_LENGTHS, AttentionVariants
+
+    # quick: 4 categories, a few steps, T up to 512 in the sweep (a smoke test, cached apart by its settings)
+    small = {
+        "max_categories": 4,
+        "steps": 6,
+        "seq_lengths": QUICK_SEQ_LENGTHS,
+        "sweep_rounds": 1,
+        "latency_rounds": 1,
+        "latency_round_seconds": 0.02,
+    }
+    return AttentionVariants(**(small if quick else {}), **kw)
+
+
 CASES: dict[str, Callable[..., Any]] = {
     "minilm_retrieval": _minilm,
     "mtcnn_faces": _mtcnn,
     "lora_mixer_retrieval": _lora_mixer,
+    "attention_variants": _attention_variants,
 }
 DEFAULT_CASE = "minilm_retrieval"
 
 
 def get_case(name: str, **kw: Any) -> Any:
-    """The built-in compare case ``name`` (minilm_retrieval, mtcnn_faces, lora_mixer_retrieval), built with ``kw``; SoftdeployError naming the
+    """The built-in compare case ``name`` (minilm_retrieval, mtcnn_faces, lora_mixer_retrieval,
+    attention_variants), built with ``kw``; SoftdeployError naming the
     cases for an unknown name."""
     try:
         factory = CASES[name]

@@ -27,8 +27,7 @@ B, H, D = 1, 8, 64
 
 
 def main() -> None:
-    from onnx import TensorProto, helper
-
+    from softdeploy.models.attention_variants import mha_model
     from softdeploy.ops import REGISTRY, Sample
     from softdeploy.runtime import Session
 
@@ -42,18 +41,12 @@ def main() -> None:
     op = REGISTRY["NystromGaussianAttention"]
     tiny = np.zeros((1, 1, 1, 1), np.float32)
     model = op.make_model(Sample("bench", (tiny, tiny, tiny)))
-    node = helper.make_node("MultiHeadAttention", ["q", "k", "v"], ["o"], domain="com.microsoft", num_heads=H)
-    vi = [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["B", "T", H * D]) for n in "qkv"]
-    mha_model = helper.make_model(
-        helper.make_graph([node], "mha", vi, [helper.make_tensor_value_info("o", TensorProto.FLOAT, None)]),
-        opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)],
-        ir_version=10,
-    )
+    mha = mha_model(heads=H, head_dim=D)  # the attention_variants case's peer (one definition)
     rows, times = [], {}
     for nt in a.threads:
         with threads(nt):
             ours = Session(model, kernels="native", threads=nt)
-            mha = Session(mha_model, kernels="portable", threads=nt)
+            mha_session = Session(mha, kernels="portable", threads=nt)
             for t in a.T:
                 rng = np.random.default_rng(t)
                 q = (rng.standard_normal((B, H, t, D)) * 0.5).astype(np.float32)
@@ -63,7 +56,7 @@ def main() -> None:
                 vm = v.transpose(0, 2, 1, 3).reshape(B, t, H * D).copy()
                 fns = {
                     "nystrom": lambda q=q, v=v, lm=lm: ours.run({"Q": q, "V": v, "Landmarks": lm}),
-                    "mha": lambda qm=qm, vm=vm: mha.run({"q": qm, "k": qm, "v": vm}),
+                    "mha": lambda qm=qm, vm=vm: mha_session.run({"q": qm, "k": qm, "v": vm}),
                 }
                 timing, bg = quiet_bench(
                     fns, rounds=3 if a.quick else a.rounds, batch_ms=a.batch_ms, max_tries=a.tries, wait_s=a.quiet_wait

@@ -75,20 +75,10 @@ def _ours_model(mode: str, body_dtype: str | None = None):
 
 
 def _mha_model(mode: str, t: int):
-    from onnx import TensorProto, helper
+    # the same peer as the attention_variants compare case's latency sweep (one definition)
+    from softdeploy.models.attention_variants import mha_model
 
-    inputs = ["q", "k", "v"] + (["", "kpm"] if mode == "padding" else [])
-    attrs = {"num_heads": H}
-    if mode == "causal":
-        attrs["unidirectional"] = 1
-    node = helper.make_node("MultiHeadAttention", inputs, ["o"], domain="com.microsoft", **attrs)
-    vi = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [B, t, H * D]) for n in "qkv"]
-    if mode == "padding":
-        vi.append(helper.make_tensor_value_info("kpm", TensorProto.INT32, [B, t]))
-    graph = helper.make_graph([node], "mha", vi, [helper.make_tensor_value_info("o", TensorProto.FLOAT, None)])
-    return helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)], ir_version=10
-    )
+    return mha_model(mode, t, heads=H, head_dim=D)
 
 
 def _feeds(mode: str, t: int, seed: int = 0):

@@ -670,36 +670,77 @@ class AttentionVariants:
         )
         return [Section("Three attention variants, fp32 and int8", table + note), self._quantization_finding()]
 
+    def activation_stats(self, attention: str) -> dict[str, float]:
+        """Outlier statistics of the ``attention`` model's residual stream over the test split's valid tokens (the
+        output of every block, fp32 torch): kurtosis (the softpick paper's measure of massive activations; 3 for a
+        Gaussian) and max |x| / std."""
+        import torch
+
+        model = self._models[attention]
+        feeds = self.encode_texts([t for t, _ in self.data.test])
+        valid = torch.from_numpy(feeds["attention_mask"]).bool()
+        states: list[torch.Tensor] = []
+        hooks = [b.register_forward_hook(lambda _m, _a, out: states.append(out[valid])) for b in model.blocks]
+        try:
+            with torch.inference_mode():
+                model(torch.from_numpy(feeds["input_ids"]), torch.from_numpy(feeds["attention_mask"]))
+        finally:
+            for h in hooks:
+                h.remove()
+        x = torch.cat([s.reshape(-1) for s in states]).double()
+        z = x - x.mean()
+        std = float(z.pow(2).mean().sqrt())
+        return {"kurtosis": float(z.pow(4).mean() / std**4), "max |x| / std": float(x.abs().max()) / std}
+
     def _quantization_finding(self) -> Section:
+        from softdeploy.compare.report import markdown_table
+
         s = self._variant_numbers["scores"]
         drop = {a: s[f"{a} int8"]["accuracy"] - s[f"{a} fp32"]["accuracy"] for a in ATTENTIONS}
         f1 = {a: s[f"{a} int8"]["macro-F1"] - s[f"{a} fp32"]["macro-F1"] for a in ATTENTIONS}
+        stats = {a: self.activation_stats(a) for a in ATTENTIONS}
+        self._variant_numbers["activations"] = stats
         n = len(self.data.test)
         lines = [
             "The softpick paper (Zuhri et al. 2025) reports that softpick models quantize better than softmax ones "
-            "(no attention sink, fewer massive activations). Measured here, int8 dynamic minus fp32 on the "
-            f"{n} test texts (one text = {100 / n:.2f} points of accuracy):",
+            "(no attention sink, far lower hidden-state kurtosis, the gap growing at low bit widths). Measured here: "
+            f"int8 dynamic minus fp32 on the {n} test texts (one text = {100 / n:.2f} points of accuracy), and the "
+            "residual stream's outliers (every block's output over the test tokens, fp32):",
+            "",
+            markdown_table(
+                ["attention", "accuracy int8 - fp32", "texts", "macro-F1 int8 - fp32", "kurtosis", "max |x| / std"],
+                [
+                    [
+                        LABELS[a],
+                        drop[a],
+                        f"{round(drop[a] * n):+d}",
+                        f1[a],
+                        stats[a]["kurtosis"],
+                        stats[a]["max |x| / std"],
+                    ]
+                    for a in ATTENTIONS
+                ],
+            ),
             "",
         ]
-        lines += [f"- {LABELS[a]}: accuracy {drop[a]:+.4f}, macro-F1 {f1[a]:+.4f}" for a in ATTENTIONS]
-        diff = drop["softpick"] - drop["softmax"]
-        if abs(diff) * n < 1.5:
-            verdict = (
-                "softpick and softmax lose the same within one test text: at this scale (2 layers, d = 128, trained "
-                "for a minute) this run shows no quantization advantage for softpick, and none against it."
-            )
-        elif diff > 0:
-            verdict = (
-                f"softpick loses {-diff * 100:.2f} points less than softmax here (in favour of the paper's claim)."
-            )
+        diff = round((drop["softpick"] - drop["softmax"]) * n)  # test texts
+        if abs(diff) <= 1:
+            verdict = "softpick and softmax change by the same within one test text under int8 in this run."
         else:
-            verdict = f"softpick loses {diff * -100:.2f} points more than softmax here (against the paper's claim)."
-        lines += [
-            "",
-            verdict + " The paper's effect comes from the massive activations of large models trained long "
-            "(billions of tokens); a model this small and this briefly trained has no such outliers, so its int8 error "
-            "is dominated by weight rounding, alike for every attention.",
-        ]
+            verdict = (
+                f"softpick's int8 accuracy change is {abs(diff)} test texts {'better' if diff > 0 else 'worse'} than "
+                f"softmax's in this run ({'in the direction of' if diff > 0 else 'against'} the paper's claim)."
+            )
+        lines.append(
+            verdict + " At int8 every model stays within a few test texts of its fp32 accuracy; a difference of a few "
+            "texts out of the test split is of the size that another seed (split, init, batches) changes, so one run "
+            "does not settle the claim either way (the module docstring records the seeds measured). The paper's "
+            "mechanism, fewer massive activations: softpick's residual-stream kurtosis is "
+            f"{'lower' if stats['softpick']['kurtosis'] < stats['softmax']['kurtosis'] else 'not lower'} than "
+            f"softmax's here ({stats['softpick']['kurtosis']:.2f} vs {stats['softmax']['kurtosis']:.2f}; a Gaussian "
+            "has 3), and int8 with per-channel weights and per-tensor dynamic activations has the 8 bits to spare "
+            "that the paper's 2-4-bit results do not."
+        )
         return Section("Does softpick quantize better?", "\n".join(lines))
 
     def floors(self, rows: list[dict[str, Any]]) -> list[Floor]:
@@ -850,6 +891,7 @@ def sweep_section(sweep: dict[str, Any], threads: int) -> Section:
             ms["nystrom"][t],
             ms["mha"][t] / ms["softpick"][t],
             ms["mha"][t] / ms["nystrom"][t],
+            *(sweep["cpu_ms"][p][t] for p in SWEEP_PEERS),
             sweep["load"][t],
         ]
         for t in ts
@@ -858,11 +900,13 @@ def sweep_section(sweep: dict[str, Any], threads: int) -> Section:
 
     def cross(p: str) -> str:
         c = sweep["crossover"][p]
+        faster = [t for t in ts if ms[p][t] < ms["mha"][t]]
+        where = f"faster than MHA at T in {faster}" if faster else "slower than MHA at every T measured"
         if c is None:
-            return "slower than MHA at the longest T measured (no crossover)"
+            return f"{where}; not faster from any T on up to the longest measured (no crossover)"
         if c == ts[0]:
             return f"faster than MHA at every T measured (crossover at or below T = {c})"
-        return f"faster than MHA from T = {c} up"
+        return f"{where}: faster from T = {c} up (the crossover)"
 
     body = (
         f"B={SWEEP_B}, H={SWEEP_H}, D={SWEEP_D}, fp32, {threads} thread(s), no mask, non-causal; ms per call, median "
@@ -871,11 +915,25 @@ def sweep_section(sweep: dict[str, Any], threads: int) -> Section:
         + ". The models and feeds are those of bench/softpick_attention.py and bench/nystrom_gaussian_attention.py "
         "(`mha_model`, `op_model`, `sweep_feeds` of softdeploy.models.attention_variants).\n\n"
         + markdown_table(
-            ["T", "mha ms", "softpick ms", "nystrom ms", "mha / softpick", "mha / nystrom", "bg load (cores)"], rows
+            [
+                "T",
+                "mha ms",
+                "softpick ms",
+                "nystrom ms",
+                "mha / softpick",
+                "mha / nystrom",
+                "mha CPU ms",
+                "softpick CPU ms",
+                "nystrom CPU ms",
+                "bg load (cores)",
+            ],
+            rows,
         )
+        + "\n\nCPU ms: this process's CPU time per call; on a loaded machine it leaves out the time a call waits "
+        "for a core (bg load: cores other processes used during the rounds), so its ratios are the steadier ones."
         + f"\n\n- SoftpickAttention: {cross('softpick')}.\n- NystromGaussianAttention (m = {SWEEP_M}): "
         f"{cross('nystrom')}.\n- CPU: {env.get('cpu')}, ISA flags {', '.join(env.get('isa') or [])}; softdeploy "
-        f"kernel variant: {env.get('softdeploy_kernel_isa')} (requested {env.get('softdeploy_kernel_isa_requested')}).\n\n"
+        f"kernel variant: {env.get('softdeploy_kernel_isa')} (SOFTDEPLOY_ISA {env.get('softdeploy_kernel_isa_requested') or 'unset'}).\n\n"
         "![attention latency vs T](attention_latency_vs_T.png)"
     )
     return Section("Attention latency against sequence length", body)

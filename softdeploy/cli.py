@@ -108,6 +108,9 @@ def doctor_report() -> tuple[list[tuple[str, str]], list[str], list[str]]:
         ("onnx", onnx.__version__),
         ("cpu", cpuinfo()[0]),
     ]
+    from softdeploy.quant.formats import format_lines
+
+    rows += [("int8 format", line) for line in format_lines()]  # softdeploy.quant.formats' table, for this CPU
     warnings: list[str] = []
     failures: list[str] = []
     if info is None:
@@ -277,6 +280,8 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         + (f"; calibration through {model.calibration_kernels} kernels" if model.calibration_kernels else "")
         + f") and {report}"
     )
+    if model.int8_format:
+        console.print(model.int8_format, soft_wrap=True, highlight=False)  # type: ignore[attr-defined]
     return 0 if not isinstance(result, BudgetResult) or result.met else 1
 
 

@@ -105,6 +105,8 @@ def to_markdown(result: CompareResult) -> str:
         if q.calibration_kernels:
             line += f"; calibration ran softdeploy ops as **{q.calibration_kernels}** kernels"
         out.append(line + f"; {q.seconds:.1f} s")
+        if q.int8_format:
+            out.append(f"  - {q.int8_format}")
     notes = sorted({f"{k}: {val}" for r in rows for k, val in r.items() if k in ("scorer", "post-processing")})
     if notes:
         out += ["", "Post-processing per variant: " + "; ".join(notes)]

@@ -12,7 +12,8 @@ com.softdeploy nodes are never quantized themselves: they stay in float between 
 and a QuantizeLinear (static) or simply in float (dynamic), and keep their function bodies.
 
 Activation type follows onnxruntime's CPU guidance: uint8 activations with int8 weights; on a CPU
-without VNNI, ``reduce_range`` (7-bit weights) avoids u8s8 saturation in the vpmaddubsw path.
+without VNNI, ``reduce_range`` (7-bit weights) avoids u8s8 saturation in the vpmaddubsw path. The
+per-CPU choice is the decision table of :mod:`softdeploy.quant.formats`, recorded in every report.
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ class QuantConfig:
     calibrated activation ranges); ``per_channel`` weight scales (default) or one per tensor; ``op_types`` (None:
     onnxruntime's integer-op set for dynamic, MatMul/Gemm/Conv for static); ``calibrate_method`` (minmax, percentile,
     entropy); ``exclude``: nodes kept in float; ``only``: quantize just these (the sensitivity probe); ``reduce_range``
-    (None: 7-bit weights exactly when the CPU lacks VNNI, where 8-bit products can saturate)."""
+    (None: this CPU's row of softdeploy.quant.formats.TABLE -- 7-bit weights on x86-64 without VNNI, where 8-bit
+    products can saturate)."""
 
     mode: Mode = "dynamic"
     per_channel: bool = True
@@ -62,7 +64,7 @@ class QuantConfig:
     calibrate_method: CalibrationMethod = "minmax"
     exclude: tuple[str, ...] = ()  # node names kept in float
     only: tuple[str, ...] | None = None  # quantize only these nodes (the sensitivity probe)
-    reduce_range: bool | None = None  # None: True exactly when the CPU lacks VNNI
+    reduce_range: bool | None = None  # None: the CPU's row of formats.TABLE (True on x86-64 without VNNI)
 
     def describe(self) -> str:
         """One line for reports, e.g. 'int8 static, per-channel, QDQ, minmax calibration, 3 node(s) kept in float'."""
@@ -103,6 +105,8 @@ class QuantizedModel:
     calibration_kernels: str | None  # static: "native" or "portable" (function bodies)
     reduce_range: bool
     seconds: float
+    # the int8 format chosen for this CPU and why (formats.Int8Format.line); says so when reduce_range was asked
+    int8_format: str = ""
 
     @property
     def size_bytes(self) -> int:
@@ -111,17 +115,11 @@ class QuantizedModel:
 
 
 def cpu_has_vnni() -> bool:
-    """Whether this CPU has VNNI (AVX512-VNNI or AVX-VNNI), read from /proc/cpuinfo (False where it is unreadable):
-    without it onnxruntime's u8s8 products can saturate, so weights are quantized to 7 bits."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    return bool(flags & {"avx512_vnni", "avx_vnni", "avx512vnni"})
-    except OSError:
-        pass
-    return False
+    """Whether this CPU has VNNI (AVX512-VNNI or AVX-VNNI) as softdeploy detects it (SOFTDEPLOY_TEST_CPU emulates a
+    CPU without it): without it onnxruntime's u8s8 products can saturate, so weights are quantized to 7 bits."""
+    from softdeploy.quant.formats import int8_cpu_class
+
+    return int8_cpu_class() == "vnni"
 
 
 def load_named(model: str | os.PathLike[str] | Any) -> Any:
@@ -290,7 +288,13 @@ def quantize(
     unknown = sorted((set(config.exclude) | set(config.only or ())) - {n.name for n in proto.graph.node})
     if unknown:
         raise QuantizationError(f"nodes {unknown} are not in the model (node names: see `softdeploy quantize --list`)")
-    reduce_range = (not cpu_has_vnni()) if config.reduce_range is None else config.reduce_range
+    from softdeploy.quant.formats import int8_format
+
+    chosen = int8_format()
+    reduce_range = chosen.reduce_range if config.reduce_range is None else config.reduce_range
+    format_note = chosen.line(config.mode)
+    if config.reduce_range is not None and config.reduce_range != chosen.reduce_range:
+        format_note += f"; reduce_range={config.reduce_range} as asked, not the table's {chosen.reduce_range}"
     op_types = list(config.resolved_op_types())
     exclude = [n for n in config.exclude if n in names]
     if config.mode == "static":
@@ -359,6 +363,7 @@ def quantize(
         calibration_kernels=calibration_kernels,
         reduce_range=reduce_range,
         seconds=time.perf_counter() - t0,
+        int8_format=format_note,
     )
 
 

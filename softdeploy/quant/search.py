@@ -134,6 +134,8 @@ class BudgetResult:
             "trials": [dataclasses.asdict(t) for t in self.trials],
             "model": str(self.model.path),
             "quantized_nodes": len(self.model.quantized_nodes),
+            "reduce_range": self.model.reduce_range,
+            "int8_format": self.model.int8_format,
             "explanation": self.explain(),
         }
 

@@ -2,8 +2,8 @@
 
 ``untuned``: TVM's default pipeline and nothing else (TVM's naive loop nests; what a user gets
 from ``tvm.compile`` alone). ``tuned``: the module is lowered to PrimFuncs (legalize + fuse), every
-PrimFunc found in the tuning databases (the records shipped in ``softdeploy/tvm/records/`` and the
-user's own) gets its tuned schedule, the rest our ops' hand schedules or dlight's CPU default
+PrimFunc found in the tuning databases (the records shipped in ``softdeploy/tvm/records/<class>/`` for the
+target's CPU class, see :func:`shipped_records_for`, and the user's own) gets its tuned schedule, the rest our ops' hand schedules or dlight's CPU default
 schedules, then it is built. :class:`BuildReport` says which kernel got which schedule, and why any
 kernel got none (a rule that raises is reported and warned about, never taken for "does not apply").
 """
@@ -18,7 +18,46 @@ from typing import Any
 
 from softdeploy.tvm.target import import_tvm, make_target
 
+# One MetaSchedule database per CPU class (softdeploy.tvm.target.record_class): records/avx512/, records/avx2/.
 RECORDS_DIR = Path(__file__).resolve().parent / "records"
+
+
+@dataclasses.dataclass(frozen=True)
+class ShippedRecords:
+    """Which shipped tuning records a target gets: the folder (None: none match its CPU), the target's
+    record class and ``-mcpu``, and the classes shipped."""
+
+    folder: Path | None
+    record_class: str | None
+    mcpu: str
+    shipped: tuple[str, ...]
+
+    def note(self) -> str:
+        """One line for the build report: which class applies, or that the build is untuned for this CPU."""
+        if self.folder is not None:
+            return f"tuned records: {self.record_class} class for -mcpu={self.mcpu}"
+        why = (
+            f"whose class {self.record_class} ships no records"
+            if self.record_class is not None
+            else "which is neither AVX-512 nor AVX2 + FMA"
+        )
+        return (
+            f"UNTUNED for this CPU: no shipped tuning records for -mcpu={self.mcpu}, {why} (shipped classes: "
+            f"{', '.join(self.shipped) or 'none'}); another class's schedules are not applied"
+        )
+
+
+def shipped_records_for(spec: dict[str, Any], root: Path = RECORDS_DIR) -> ShippedRecords:
+    """The shipped records for target ``spec``: ``root/<class>/`` where the target's record class
+    (:func:`softdeploy.tvm.target.record_class`) has a database there, else no folder."""
+    from softdeploy.tvm.target import record_class
+
+    shipped = tuple(
+        sorted(p.name for p in root.iterdir() if (p / "database_tuning_record.json").is_file()) if root.is_dir() else ()
+    )
+    cls = record_class(spec)
+    folder = root / cls if cls in shipped else None
+    return ShippedRecords(folder, cls, str(spec.get("mcpu", "")), shipped)
 
 
 @dataclasses.dataclass
@@ -29,6 +68,9 @@ class BuildReport:
     target: dict[str, Any]
     tuned: bool
     databases: list[str]
+    # which shipped records applied ("tuned records: avx2 class for -mcpu=znver3") or that none match this
+    # CPU (ShippedRecords.note); empty when the build left the shipped records out
+    records_note: str = ""
     tasks: int = 0  # PrimFuncs in the lowered module that take a schedule (written-scheduled ones aside)
     from_database: int = 0  # of those, scheduled from a tuning record
     written: int = 0  # PrimFuncs written scheduled (SoftmaxTopK's block maxima and selection): no record applies
@@ -56,6 +98,7 @@ class BuildReport:
             f"tuned build for {self.target}: {self.from_database}/{self.tasks} kernels from tuning records "
             f"({', '.join(self.databases) or 'no database'}); {hand} hand-scheduled, dlight defaults for the rest"
             + (f"; {self.written} written scheduled" if self.written else "")
+            + (f"; {self.records_note}" if self.records_note else "")
         )
         problems = [f"  {k}: NO schedule ({why})" for k, why in sorted(self.unscheduled.items())]
         problems += [
@@ -78,12 +121,6 @@ def open_database(path: str | Path) -> Any:
         path_tuning_record=str(path / "database_tuning_record.json"),
         module_equality="structural",
     )
-
-
-def record_folders(extra: Sequence[str | Path] = ()) -> list[Path]:
-    """The shipped records first, then the user's folders (later folders win ties in the union)."""
-    folders = [RECORDS_DIR] if (RECORDS_DIR / "database_tuning_record.json").is_file() else []
-    return folders + [Path(p) for p in extra]
 
 
 def lower(mod: Any) -> Any:
@@ -238,7 +275,9 @@ def schedule(
     shipped_records: bool = True,
 ) -> tuple[Any, BuildReport]:
     """(scheduled module, report): the tuned build up to, not including, code generation.
-    ``shipped_records=False`` leaves out softdeploy/tvm/records (so that the hand schedules show)."""
+    ``shipped_records=False`` leaves out softdeploy/tvm/records (so that the hand schedules show); otherwise
+    the records of the target's CPU class apply (:func:`shipped_records_for`), and the report says which, or that
+    none match this CPU."""
     tvm = import_tvm()
     from tvm import relax
     from tvm.s_tir import meta_schedule as ms
@@ -248,10 +287,13 @@ def schedule(
 
     spec = dict(target or host_target())
     tgt = make_target(spec)
-    folders = record_folders(databases) if shipped_records else [Path(p) for p in databases]
+    choice = shipped_records_for(spec) if shipped_records else None
+    folders = ([choice.folder] if choice is not None and choice.folder is not None else []) + [
+        Path(p) for p in databases
+    ]
     mod = lower(mod)
     dbs = [open_database(p) for p in folders]
-    report = BuildReport(spec, True, [str(p) for p in folders])
+    report = BuildReport(spec, True, [str(p) for p in folders], records_note=choice.note() if choice else "")
     written = {gv.name_hint for gv, f in mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc) and is_scheduled(f)}
     with tgt, tvm.transform.PassContext(opt_level=3):
         if dbs:

@@ -68,3 +68,83 @@ def make_target(spec: dict[str, Any] | None = None) -> Any:
     """A tvm.target.Target from ``spec`` (default: this host's CPU, see host_target)."""
     tvm = import_tvm()
     return tvm.target.Target(spec or host_target())
+
+
+# Tuning records are measured schedules: what is fastest depends on the vector width and the number of
+# vector registers (AVX-512: 32 x 512 bit; AVX2: 16 x 256 bit), so records tuned for one class are not
+# applied to a target of another (issue 13: znver4's records on a znver3 target ran MiniLM at 1.89x
+# onnxruntime, against 1.07x on znver4). The classes are the native kernels' variants (avx512 = F, BW, VL,
+# DQ; avx2 = AVX2 + FMA), LLVM's -mcpu names of common x86-64 CPUs mapped to them so that no LLVM is
+# needed to read the table (LLVM 22's names: Kaby/Coffee/Comet Lake are "skylake" there); other names are
+# asked of LLVM (llvm_cpu_has_features). tests/tvm/test_records.py checks the table against LLVM.
+RECORD_CLASS_FEATURES: dict[str, tuple[str, ...]] = {
+    "avx512": ("avx512f", "avx512bw", "avx512vl", "avx512dq"),
+    "avx2": ("avx2", "fma"),
+}
+MCPU_RECORD_CLASS: dict[str, str] = {
+    **dict.fromkeys(
+        (
+            "znver4",
+            "znver5",
+            "skylake-avx512",
+            "cascadelake",
+            "cooperlake",
+            "cannonlake",
+            "icelake-client",
+            "icelake-server",
+            "tigerlake",
+            "rocketlake",
+            "sapphirerapids",
+            "emeraldrapids",
+            "graniterapids",
+            "graniterapids-d",
+            "x86-64-v4",
+        ),
+        "avx512",
+    ),
+    **dict.fromkeys(
+        (
+            "haswell",
+            "broadwell",
+            "skylake",
+            "alderlake",
+            "raptorlake",
+            "meteorlake",
+            "arrowlake",
+            "arrowlake-s",
+            "lunarlake",
+            "gracemont",
+            "sierraforest",
+            "grandridge",
+            "znver1",
+            "znver2",
+            "znver3",
+            "x86-64-v3",
+        ),
+        "avx2",
+    ),
+}
+
+
+def record_class(spec: dict[str, Any]) -> str | None:
+    """The tuning-record class (``"avx512"`` or ``"avx2"``, see :data:`RECORD_CLASS_FEATURES`) of the
+    CPU that target ``spec`` generates code for, or None when it is neither (an older x86-64, another
+    architecture): such a target gets no shipped records. Known ``mcpu`` names are looked up in
+    :data:`MCPU_RECORD_CLASS`; other names, and any target with ``mattr`` (which can switch features
+    on or off), are asked of LLVM."""
+    if spec.get("kind", "llvm") != "llvm":
+        return None
+    triple = str(spec.get("mtriple", "") or platform.machine())
+    if not triple.startswith(("x86_64", "amd64", "AMD64")):
+        return None
+    mcpu = str(spec.get("mcpu", ""))
+    if mcpu in MCPU_RECORD_CLASS and not spec.get("mattr"):
+        return MCPU_RECORD_CLASS[mcpu]
+    import_tvm()
+    from tvm.target import codegen
+
+    target = make_target(spec)
+    for name, features in RECORD_CLASS_FEATURES.items():  # widest first
+        if codegen.llvm_cpu_has_features(list(features), target):
+            return name
+    return None

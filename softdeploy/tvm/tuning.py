@@ -18,7 +18,7 @@ Three traps of TVM 0.27 are handled here:
   * zero successful trials is raised as :class:`TuningError`, never passed on as an untuned build.
 
 Tasks already in the database are measured again only if ``trials`` asks for more; records from
-earlier runs (and the shipped ones, when the database folder is ``softdeploy/tvm/records``) are
+earlier runs (and the shipped ones, when the database folder is ``softdeploy/tvm/records/<class>``) are
 kept: MetaSchedule appends to the JSON files.
 """
 

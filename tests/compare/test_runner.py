@@ -47,9 +47,16 @@ def test_reports_are_written(result) -> None:  # type: ignore[no-untyped-def]
     data = json.loads(paths["json"].read_text())
     assert data["case"] == "tiny" and len(data["rows"]) == len(VARIANTS)
     assert "ort-int8-static" in data["quantization"]
+    # the int8 format chosen for this CPU, and why, in both reports (softdeploy.quant.formats)
+    from softdeploy.quant.formats import int8_format
+
+    want = int8_format().line("dynamic")
+    assert data["quantization"]["ort-int8-dynamic"]["int8_format"] == want
+    assert data["quantization"]["ort-int8-dynamic"]["reduce_range"] == int8_format().reduce_range
     assert paths["plot"].read_bytes()[:4] == b"\x89PNG"
     md = to_markdown(r)
     assert "## Floors" in md and "ort-int8-dynamic" in md and "## Environment" in md
+    assert f"  - {want}" in md
 
 
 def test_terminal_table(result) -> None:  # type: ignore[no-untyped-def]

@@ -1,0 +1,120 @@
+"""The int8 format per CPU (softdeploy.quant.formats): the class follows softdeploy's CPU detection
+(SOFTDEPLOY_TEST_CPU emulates a CPU without AVX-512 / VNNI), the table's choice reaches the quantized
+model (7-bit weights without VNNI) and every report says which format and why."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+from quant.tiny import mlp_with_custom_op
+from softdeploy.quant import QuantConfig, formats, quantize
+from softdeploy.quant.formats import TABLE, format_lines, int8_cpu_class, int8_format
+
+AVX512_VNNI = {"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"}
+
+
+@pytest.fixture
+def no_library(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Detection by softdeploy's own rule on the given flags (the kernel library answers otherwise)."""
+    from softdeploy.runtime.library import LibraryStatus
+
+    monkeypatch.setattr("softdeploy.runtime.library_status", lambda: LibraryStatus(None, "not in this test"))
+
+
+@pytest.mark.parametrize(
+    ("flags", "want"),
+    [
+        (AVX512_VNNI, "vnni"),
+        (AVX512_VNNI - {"avx512_vnni"}, "avx512"),  # Skylake-SP: AVX-512 without VNNI
+        ({"avx2", "fma"}, "avx2"),  # Zen 3, Haswell..Comet Lake
+        ({"avx2", "fma", "avx_vnni"}, "vnni"),  # Alder Lake: AVX-VNNI on AVX2
+        ({"sse4_2", "avx"}, "x86-64"),
+    ],
+)
+def test_the_class_follows_the_cpu_features(no_library, monkeypatch, flags, want):
+    monkeypatch.delenv("SOFTDEPLOY_TEST_CPU", raising=False)
+    assert int8_cpu_class(set(flags), machine="x86_64") == want
+
+
+def test_other_architectures_keep_8_bit_weights():
+    assert int8_cpu_class(set(), machine="aarch64") == "other"
+    assert not TABLE["other"].reduce_range
+
+
+def test_the_test_cpu_setting_emulates_an_avx2_cpu_without_vnni(no_library, monkeypatch):
+    monkeypatch.setenv("SOFTDEPLOY_TEST_CPU", "avx2")
+    assert int8_cpu_class(AVX512_VNNI, machine="x86_64") == "avx2"
+    monkeypatch.setenv("SOFTDEPLOY_TEST_CPU", "portable")
+    assert int8_cpu_class(AVX512_VNNI, machine="x86_64") == "x86-64"
+
+
+def test_the_class_follows_the_kernel_librarys_detection(monkeypatch):
+    """With the library loaded, its ISA (capped by SOFTDEPLOY_TEST_CPU) decides, as for the kernels."""
+    from softdeploy.runtime import library_status
+
+    monkeypatch.setenv("SOFTDEPLOY_TEST_CPU", "avx2")
+    info = library_status().info
+    if info is None:
+        pytest.skip("needs softdeploy's kernel library (built or installed)")
+    want = {"avx2": "avx2", "portable": "x86-64"}[info.isa_detected]
+    assert int8_cpu_class(AVX512_VNNI, machine="x86_64") == want
+
+
+def test_the_table_reduces_the_range_exactly_where_vpmaddubsw_saturates():
+    assert {name for name, row in TABLE.items() if row.reduce_range} == {"avx512", "avx2", "x86-64"}
+    for row in TABLE.values():  # the rest is the same everywhere (measured on MiniLM)
+        assert row.per_channel and row.static_format == "QDQ" and "attention" in row.float_matmuls
+        assert row.why and ("7-bit" in row.why or "8-bit" in row.why)
+
+
+def _int8_weights(path: Path) -> list[np.ndarray]:
+    model = onnx.load(path)
+    return [numpy_helper.to_array(t) for t in model.graph.initializer if t.data_type == onnx.TensorProto.INT8]
+
+
+def test_quantize_uses_7_bit_weights_on_an_avx2_cpu_and_says_why(tmp_path, monkeypatch):
+    src = tmp_path / "m.onnx"
+    onnx.save(mlp_with_custom_op(with_function=True), src)
+    monkeypatch.setenv("SOFTDEPLOY_TEST_CPU", "avx2")
+    cls = int8_cpu_class()
+    assert cls in ("avx2", "x86-64")  # avx2 on any AVX2 machine; x86-64 on an older one
+    q = quantize(src, tmp_path / "q.onnx", QuantConfig("dynamic"))
+    assert q.reduce_range
+    weights = _int8_weights(q.path)
+    assert weights and max(int(np.abs(w.astype(np.int32)).max()) for w in weights) <= 64  # 7 bits: no saturation
+    assert q.int8_format == int8_format(cls).line("dynamic")
+    assert "vpmaddubsw" in q.int8_format or "guidance" in q.int8_format
+    # an explicit setting wins, and the report says it overrode the table
+    full = quantize(src, tmp_path / "full.onnx", QuantConfig("dynamic", reduce_range=False))
+    assert not full.reduce_range and "reduce_range=False as asked, not the table's True" in full.int8_format
+    assert max(int(np.abs(w.astype(np.int32)).max()) for w in _int8_weights(full.path)) > 64
+
+
+def test_reports_record_the_format(tmp_path, monkeypatch):
+    from softdeploy.quant.workflow import write_report
+
+    src = tmp_path / "m.onnx"
+    onnx.save(mlp_with_custom_op(with_function=True), src)
+    monkeypatch.setenv("SOFTDEPLOY_TEST_CPU", "avx2")
+    q = quantize(src, tmp_path / "q.onnx", QuantConfig("dynamic"))
+    report = json.loads(write_report(q, tmp_path / "q.json").read_text())
+    assert report["int8_format"] == q.int8_format and report["reduce_range"] is True
+
+
+def test_doctor_lines_name_this_cpus_format_and_the_avx2_one(monkeypatch):
+    monkeypatch.setattr(formats, "int8_cpu_class", lambda *a, **k: "vnni")
+    monkeypatch.delenv("SOFTDEPLOY_TEST_CPU", raising=False)
+    here, avx2 = format_lines()
+    assert here.startswith("this CPU (vnni): ") and "8-bit weights" in here
+    assert avx2.startswith("an AVX2 CPU without VNNI would get: 7-bit weights (reduce_range)")
+    monkeypatch.setattr(formats, "int8_cpu_class", lambda *a, **k: "avx2")
+    monkeypatch.setenv("SOFTDEPLOY_TEST_CPU", "avx2")
+    (only,) = format_lines()
+    assert only.startswith("this CPU (avx2 (no VNNI)): ") and "7-bit weights (reduce_range)" in only
+    assert "SOFTDEPLOY_TEST_CPU emulates" in only

@@ -1,8 +1,10 @@
 // The SoftmaxTopK fast row, written once over the vector traits of ops/common/vec.h and instantiated
-// per ISA translation unit (ops/softmax_topk_avx2.cc). One read of the row, no per-element branch:
+// per ISA translation unit (ops/softmax_topk_avx2.cc, ops/softmax_topk_avx512.cc). One read of the row,
+// no per-element branch. The per-ISA choices (table grid, polynomial, range, cut slack, lane-sum order)
+// are the Design<V> below; everything else is one code path.
 //
 //  * normaliser: d = sum_j 2^(x_j*s - C) against ONE reference C per row (s = log2(e)/T), a multiple
-//    of 1/L (L = V::kLanes) taken from the first 64 entries and raised when a candidate would make a
+//    of 1/L (L = Design<V>::kGrid) taken from the first 64 entries and raised when a candidate would make a
 //    term above 2^kRaiseAt (the sums so far are rescaled by 2^(C_old - C_new) in double). Every entry
 //    that could raise C is a candidate (it beats the running maximum, which is >= the threshold) and
 //    candidates are handled before their group's exps are taken, so C is never stale for an exp.
@@ -11,17 +13,21 @@
 //  * exp: 2^u = 2^n * 2^(j/L) * 2^r, u = x*s - C = n + j/L + r, |r| <= 1/(2L), from ONE fma:
 //    t = x*s + (kMagic - C) lands in [2^(23-g), 2^(24-g)) (L = 2^g) where the float grid is 1/L, so
 //    bits(t) = bits(kMagic) + round(L*u) = ... + L*n + j. 2^(j/L) comes from an L-entry table in one
-//    register (V::lookup reads the low g bits), 2^n is added to its exponent field as the integer
-//    bits(t) << (23 - g) -- the table entries carry -(j << (23 - g)) to cancel the j bits that shift
-//    brings along, and bits(kMagic) << (23 - g) is 0 in 32 bits -- and 2^r is a degree-3 polynomial
-//    (AVX2, L = 8: relative error 8.6e-8 on [-1/16, 1/16] evaluated in float). r = x*s - (t - K) is
-//    exact up to the fma's one rounding because t - K is exact (both on the 1/L grid). K = kMagic - C
-//    is exact for |C| < 2^18; rows with larger scaled logits take the generic path.
+//    register (L = lanes, V::lookup reads the low g bits) or in two (L = 2 lanes, V::lookup2), 2^n is
+//    added to its exponent field as the integer bits(t) << (23 - g) -- the table entries carry
+//    -(j << (23 - g)) to cancel the j bits that shift brings along, and bits(kMagic) << (23 - g) is 0
+//    in 32 bits -- and 2^r is a polynomial: AVX2, L = 8: degree 3, relative error 8.6e-8 on
+//    [-1/16, 1/16] evaluated in float; AVX-512, L = 32: degree 2, 5.3e-8 on [-1/64, 1/64] (11 vector
+//    ops per 16 entries, the threshold compare included). r = x*s - (t - K) is exact up to the fma's
+//    one rounding because t - K is exact (both on the 1/L grid). K = kMagic - C is exact for
+//    |C| < Design::kLimit; rows with larger scaled logits take the wide variant where the design has
+//    one (u = x*s - C first, then the same steps: one op more, for |C| < kWideLimit), else the
+//    generic path.
 //  * selection: entries above the threshold (compare NLE_UQ: NaN passes) are appended, in index
-//    order, to the candidate buffer; when it holds more than k + kSlack, it is cut back to k .. k + 16
-//    entries, those at or above a bound t that at least k of them reach (CutCandidates), and the
-//    threshold rises to t. No entry at or below t can be in the top k (k entries rank above it), so
-//    the cut loses nothing; the caller ranks the final buffer exactly (value, then lower index). A
+//    order, to the candidate buffer; when it holds more than k + kSlack, it is cut back to
+//    exactly the k best by the contract's order (CutCandidates), and the threshold rises to the k-th
+//    value. No entry at or below it can enter the top k (k entries rank above it), so the cut loses
+//    nothing; the caller ranks the final buffer exactly (value, then lower index). A
 //    candidate that is NaN or +inf sends the row to the generic path.
 //
 // What must stay true: the result does not depend on how rows are split among threads (one row is
@@ -49,13 +55,57 @@ constexpr float kClampBelow = 120.0f;  // entries are clamped to x*s - C >= -kCl
 constexpr int64_t kFlush = 512;        // entries per float partial sum before it is added in double
 
 // 2^r ~ 1 + r*(q1 + r*(q2 + r*q3)) per grid: minimax (relative error, Lawson iterations) on
-// [-1/(2L), 1/(2L)], coefficients rounded to float.
+// [-1/(2L), 1/(2L)], coefficients rounded to float; kDegree 2 leaves q3 out (not a zero term: one fma
+// fewer).
 template <int L>
 struct Exp2Poly;
 template <>
 struct Exp2Poly<8> {
+  static constexpr int kDegree = 3;
   static constexpr float q1 = 0.6931472420692444f, q2 = 0.2402576357126236f, q3 = 0.0554962232708931f;
 };
+template <>
+struct Exp2Poly<32> {
+  static constexpr int kDegree = 2;
+  static constexpr float q1 = 0.6931573152542114f, q2 = 0.24022649228572845f, q3 = 0.0f;
+};
+
+// The per-ISA choices of the row; the primary template is the one-register table (AVX2).
+//   kGrid        L: table entries 2^(j/L), j < L -- V::kLanes (V::lookup) or 2 V::kLanes (V::lookup2)
+//   kLimit       |C| below which K = kMagic - C is exact on the grid (the non-wide term)
+//   kWideLimit   |C| below which the wide variant works; 0: no wide variant (the generic path instead)
+//   kTreeSum     the per-lane double sums are added as a halving tree (lane l + lane l + L/2, ...),
+//                else in lane order
+//   kMaskCount   the cut's bisection counts by popcounts of compare masks, else in vector lanes with
+//                one reduction per count
+//   kFinalCut    the row ends with a cut to exactly k (the caller then sorts k entries), else it hands
+//                up to k + kSlack to the caller's partial sort
+// The buffer is cut when it holds more than k + softmax_topk::kSlack, for every design.
+template <class V>
+struct Design {
+  static constexpr int kGrid = V::kLanes;
+  static constexpr float kLimit = 0x1p18f, kWideLimit = 0.0f;
+  static constexpr bool kTreeSum = false;
+  static constexpr bool kMaskCount = false, kFinalCut = false;
+};
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__)
+// AVX-512: a 32-entry table in two registers (vpermt2ps) so that a degree-2 polynomial suffices. The
+// values and the order of every operation that reaches an output are those of the hand-written
+// AVX-512 row this replaced (bit-exact outputs): its grid and polynomial, its range (2^16, wide to
+// 2^20) and its final _mm512_reduce_add_pd order. Its cut counted by popcounts and ended with an exact
+// cut; measured with bench/micro/softmax_topk_rows.cc (64 rows, k = 50, ns per entry, against that row
+// in the same session): V = 1000 2.22-2.24 vs 2.09-2.13 (2.38-2.43 with vector counts, 3.95-4.10
+// with the partial sort), V = 32000 0.31 vs 0.30-0.32. (That row cut at k + 32; here k + 48, the
+// AVX2 slack: 2.24 vs 2.34-2.41 at V = 1000. Where the buffer is cut changes no output: a cut keeps
+// exactly the k best so far, and only an entry above every one seen so far can raise C.)
+template <>
+struct Design<vec::Avx512> {
+  static constexpr int kGrid = 32;
+  static constexpr float kLimit = 0x1p16f, kWideLimit = 0x1p20f;
+  static constexpr bool kTreeSum = true;
+  static constexpr bool kMaskCount = true, kFinalCut = true;
+};
+#endif
 
 template <int L>
 struct Exp2Table {
@@ -110,14 +160,20 @@ int32_t CutCandidates(const Candidates& b, int64_t m, int64_t k, int64_t lo, int
   int64_t hi = static_cast<int64_t>(*std::max_element(lanes, lanes + L)) + 1;
   auto count_above = [&](int32_t x) SD_LAMBDA_INLINE {  // keys > x
     const typename V::I vx = V::set1i(x);
-    typename V::I c0 = V::zeroi(), c1 = V::zeroi();
-    int64_t v = 0;
-    for (; v + 2 <= vecs; v += 2) {
-      c0 = V::count_gt(c0, V::loadui(b.keys + L * v), vx);
-      c1 = V::count_gt(c1, V::loadui(b.keys + L * v + L), vx);
+    if constexpr (Design<V>::kMaskCount) {  // popcounts of the compare masks
+      int64_t c = 0;
+      for (int64_t v = 0; v < vecs; ++v) c += __builtin_popcount(V::bits(V::gti(V::loadui(b.keys + L * v), vx)));
+      return c;
+    } else {  // counts in vector lanes, one reduction
+      typename V::I c0 = V::zeroi(), c1 = V::zeroi();
+      int64_t v = 0;
+      for (; v + 2 <= vecs; v += 2) {
+        c0 = V::count_gt(c0, V::loadui(b.keys + L * v), vx);
+        c1 = V::count_gt(c1, V::loadui(b.keys + L * v + L), vx);
+      }
+      if (v < vecs) c0 = V::count_gt(c0, V::loadui(b.keys + L * v), vx);
+      return V::reduce_addi(V::addi(c0, c1));
     }
-    if (v < vecs) c0 = V::count_gt(c0, V::loadui(b.keys + L * v), vx);
-    return V::reduce_addi(V::addi(c0, c1));
   };
   // Invariant: count(key >= lo) >= k > count(key >= hi); count(key >= x) = count_above(x - 1).
   bool exact = false;
@@ -138,17 +194,18 @@ int32_t CutCandidates(const Candidates& b, int64_t m, int64_t k, int64_t lo, int
   if (exact || count_above(t - 1) == k) {  // keep every key >= t: compress
     const typename V::I vt = V::set1i(t - 1);
     int64_t w = 0;
-    int32_t kept_min = INT32_MAX;
+    // the smallest kept key, in vector lanes (keys are not compacted: the next cut recomputes them)
+    typename V::I kept_min = V::set1i(INT32_MAX);
     for (int64_t v = 0; v < vecs; ++v) {  // w <= L * v: only entries already read are overwritten
       const typename V::I key = V::loadui(b.keys + L * v);
       const typename V::M keep = V::gti(key, vt);
+      kept_min = V::mini(kept_min, V::selecti(keep, V::set1i(INT32_MAX), key));
       V::compress_storeui(b.indices + w, V::loadui(b.indices + L * v), keep);
-      V::compress_storeui(b.keys + w, key, keep);
       w += V::compress_storeu(b.values + w, V::loadu(b.values + L * v), keep);
     }
-    for (int64_t i = 0; i < w; ++i) kept_min = std::min(kept_min, b.keys[i]);
+    V::storeui(lanes, kept_min);
     *kept = w;
-    return kept_min;  // t itself unless an exact stop fell between two keys
+    return *std::min_element(lanes, lanes + L);  // t itself unless an exact stop fell between two keys
   }
   int64_t need = k - count_above(t);  // ties at t (rare): the first `need` of them, in index order
   int64_t w = 0;
@@ -166,18 +223,28 @@ int32_t CutCandidates(const Candidates& b, int64_t m, int64_t k, int64_t lo, int
   return t;
 }
 
-template <class V>
-bool FastRow(const float* x, int64_t n, int64_t k, float s, const Candidates& buf, double* sum_out,
-             int64_t* count_out) {
+enum class RowResult { kDone, kGeneric, kWide };
+
+// One row; kWide: the term for |C| up to Design::kWideLimit. kWide is returned when the row needs it
+// (only where the design has it), kGeneric when the generic path must take the row.
+template <class V, bool kWide>
+RowResult FastRowT(const float* x, int64_t n, int64_t k, float s, const Candidates& buf, double* sum_out,
+                   int64_t* count_out) {
   using F = typename V::F;
   using I = typename V::I;
+  using DS = Design<V>;
   constexpr int L = V::kLanes;
-  constexpr int kShift = 23 - __builtin_ctz(L);
-  constexpr float kMagic = 1.5f * static_cast<float>(1 << kShift);  // the float grid is 1/L there
-  static_assert((1 << __builtin_ctz(L)) == L, "the table needs a power-of-two lane count");
-  static const Exp2Table<L> table;
-  using P = Exp2Poly<L>;
-  if (n >= (int64_t{1} << 31)) return false;  // int32 indices in the buffer
+  constexpr int G = DS::kGrid;  // the exp's grid 1/G
+  constexpr int kShift = 23 - __builtin_ctz(G);
+  constexpr float kMagic = 1.5f * static_cast<float>(1 << kShift);  // the float grid is 1/G there
+  static_assert((1 << __builtin_ctz(G)) == G, "the table needs a power-of-two size");
+  static_assert(G == L || G == 2 * L, "the table fills one or two registers");
+  static const Exp2Table<G> table;
+  using P = Exp2Poly<G>;
+  constexpr float kRange = kWide ? DS::kWideLimit : DS::kLimit;
+  // out of the non-wide range: the wide variant where there is one
+  constexpr RowResult kOutOfRange = !kWide && DS::kWideLimit > 0.0f ? RowResult::kWide : RowResult::kGeneric;
+  if (n >= (int64_t{1} << 31)) return RowResult::kGeneric;  // int32 indices in the buffer
 
   // C from the first 64 entries, or (a masked row) from the first vector holding a finite entry: C only
   // has to be finite, it is raised as larger entries come.
@@ -190,44 +257,66 @@ bool FastRow(const float* x, int64_t n, int64_t k, float s, const Candidates& bu
     for (int l = 0; l < L; ++l)
       if (lanes[l] > -INFINITY && lanes[l] < INFINITY) m0 = std::max(m0, lanes[l]);
   }
-  if (!std::isfinite(m0)) return false;  // all -inf, or +inf only: the generic path's cases
+  if (!std::isfinite(m0)) return RowResult::kGeneric;  // all -inf, or +inf only: the generic path's cases
 
-  float c = std::nearbyint(m0 * s * L) / L;  // the reference C
-  if (!(std::fabs(c) < 0x1p18f)) return false;
-  if (!std::isfinite((c - kClampBelow) / s)) return false;  // huge temperatures
-  const F tab = V::load(table.v);
+  float c = std::nearbyint(m0 * s * G) / G;  // the reference C
+  if (!(std::fabs(c) < kRange)) return kOutOfRange;
+  if (!std::isfinite((c - kClampBelow) / s)) return RowResult::kGeneric;  // huge temperatures
+  const F tab = V::load(table.v), tab_hi = G == L ? tab : V::load(table.v + (G - L));
   const F vs = V::set1(s), q1 = V::set1(P::q1), q2 = V::set1(P::q2), q3 = V::set1(P::q3), one = V::set1(1.0f);
-  F vk, xlo;
+  const F magic = V::set1(kMagic);
+  F vk, vc, xlo;
   auto set_reference = [&](float new_c) SD_LAMBDA_INLINE {
     c = new_c;
-    vk = V::set1(kMagic - c);  // exact: C is a multiple of 1/L, |C| < 2^18
+    vc = V::set1(c);
+    vk = V::set1(kMagic - c);  // exact: C is a multiple of 1/G, |C| < kLimit (unused when kWide)
     xlo = V::set1((c - kClampBelow) / s);
   };
   set_reference(c);
   // acc + 2^(x*s - C); x must not be NaN (max(NaN, xlo) = xlo).
   auto term = [&](F xv, F acc) SD_LAMBDA_INLINE {
     const F xc = V::max(xv, xlo);
-    const F tt = V::fma(xc, vs, vk);
-    const F r = V::fms(xc, vs, V::sub(tt, vk));
+    F tt, r;
+    if constexpr (kWide) {
+      const F u = V::fms(xc, vs, vc);
+      tt = V::add(u, magic);
+      r = V::sub(u, V::sub(tt, magic));
+    } else {
+      tt = V::fma(xc, vs, vk);
+      r = V::fms(xc, vs, V::sub(tt, vk));
+    }
     const I tbits = V::as_int(tt);
-    const F scaled = V::as_float(V::addi(V::as_int(V::lookup(tab, tbits)), V::template slli<kShift>(tbits)));
-    const F p = V::fma(V::fma(V::fma(q3, r, q2), r, q1), r, one);
+    F tj;
+    if constexpr (G == L) {
+      tj = V::lookup(tab, tbits);
+    } else {
+      tj = V::lookup2(tab, tab_hi, tbits);
+    }
+    const F scaled = V::as_float(V::addi(V::as_int(tj), V::template slli<kShift>(tbits)));
+    F p;
+    if constexpr (P::kDegree == 3) {
+      p = V::fma(V::fma(V::fma(q3, r, q2), r, q1), r, one);
+    } else {
+      p = V::fma(V::fma(q2, r, q1), r, one);
+    }
     return V::fma(scaled, p, acc);
   };
   F acc[4] = {V::zero(), V::zero(), V::zero(), V::zero()};
-  double lane_sum[L] = {};  // sum of 2^(x*s - C) per lane, in double
+  // sum of 2^(x*s - C) per lane, in double: lanes [0, L/2) in sum_lo, [L/2, L) in sum_hi
+  typename V::D sum_lo = V::zerod(), sum_hi = V::zerod();
   auto flush = [&]() SD_LAMBDA_INLINE {
-    alignas(64) float part[L];
-    V::storeu(part, V::add(V::add(acc[0], acc[1]), V::add(acc[2], acc[3])));
-    for (int l = 0; l < L; ++l) lane_sum[l] += part[l];
+    const F part = V::add(V::add(acc[0], acc[1]), V::add(acc[2], acc[3]));
+    sum_lo = V::addd(sum_lo, V::cvt_lo(part));
+    sum_hi = V::addd(sum_hi, V::cvt_hi(part));
     for (int a = 0; a < 4; ++a) acc[a] = V::zero();
   };
   auto raise_reference = [&](float top) SD_LAMBDA_INLINE {
-    const float new_c = std::nearbyint(top * s * L) / L;
-    if (!(std::fabs(new_c) < 0x1p18f)) return false;
+    const float new_c = std::nearbyint(top * s * G) / G;
+    if (!(std::fabs(new_c) < kRange)) return false;
     flush();
-    const double scale = std::exp2(static_cast<double>(c) - new_c);
-    for (int l = 0; l < L; ++l) lane_sum[l] *= scale;
+    const typename V::D scale = V::set1d(std::exp2(static_cast<double>(c) - new_c));
+    sum_lo = V::muld(sum_lo, scale);
+    sum_hi = V::muld(sum_hi, scale);
     set_reference(new_c);
     return true;
   };
@@ -242,14 +331,14 @@ bool FastRow(const float* x, int64_t n, int64_t k, float s, const Candidates& bu
   // taken, branch-free but for rare events: a NaN or +inf among them ends the fast path; C is raised if one
   // of them would make a term above 2^kRaiseAt; they are appended in index order (compress); the buffer is
   // cut when full. (Scalar appends, one branch per candidate: ~120 cycles per group with candidates;
-  // k = 1, V = 32000: 0.22 ns per entry.)
+  // k = 1, V = 32000: 0.22 ns per entry.) Returns kDone to go on.
   auto candidates = [&](int64_t i, const F (&xv)[4], const typename V::M (&cm)[4], int vecs) SD_LAMBDA_INLINE {
     typename V::M special = V::none(), raising = V::none();
     for (int q = 0; q < vecs; ++q) {
       special = V::mask_or(special, V::mask_and(cm[q], V::nlt(xv[q], V::set1(INFINITY))));
       raising = V::mask_or(raising, V::mask_and(cm[q], V::gt(V::fms(xv[q], vs, V::set1(c)), V::set1(kRaiseAt))));
     }
-    if (V::bits(special) != 0) return false;
+    if (V::bits(special) != 0) return RowResult::kGeneric;
     if (V::bits(raising) != 0) [[unlikely]] {
       float top = -INFINITY;
       for (int q = 0; q < vecs; ++q) {
@@ -257,7 +346,7 @@ bool FastRow(const float* x, int64_t n, int64_t k, float s, const Candidates& bu
         V::storeu(lv, V::select(cm[q], V::set1(-INFINITY), xv[q]));
         for (int l = 0; l < L; ++l) top = std::max(top, lv[l]);
       }
-      if (!raise_reference(top)) return false;
+      if (!raise_reference(top)) return kOutOfRange;
     }
     for (int q = 0; q < vecs; ++q) {
       V::compress_storeui(buf.indices + count, V::addi(lanes, V::set1i(static_cast<int32_t>(i + q * L))), cm[q]);
@@ -267,7 +356,7 @@ bool FastRow(const float* x, int64_t n, int64_t k, float s, const Candidates& bu
       key_thr = CutCandidates<V>(buf, count, k, key_thr, &count);
       thr = V::set1(FromOrderKey(key_thr));
     }
-    return true;
+    return RowResult::kDone;
   };
   static_assert(4 * L <= kGroup, "one group of appends must fit the buffer's slack");
   int64_t i = 0;
@@ -279,7 +368,8 @@ bool FastRow(const float* x, int64_t n, int64_t k, float s, const Candidates& bu
       if (V::bits(V::mask_or(V::mask_or(c0, c1), V::mask_or(c2, c3))) != 0) [[unlikely]] {
         const F xv[4] = {v0, v1, v2, v3};
         const typename V::M cm[4] = {c0, c1, c2, c3};
-        if (!candidates(i, xv, cm, 4)) return false;
+        const RowResult res = candidates(i, xv, cm, 4);
+        if (res != RowResult::kDone) return res;
       }
       acc[0] = term(v0, acc[0]);
       acc[1] = term(v1, acc[1]);
@@ -293,7 +383,10 @@ bool FastRow(const float* x, int64_t n, int64_t k, float s, const Candidates& bu
     const F v = V::loadu_fill(x + i, left, -INFINITY);
     const F xv[4] = {v, v, v, v};
     const typename V::M cm[4] = {V::nle(v, thr), V::none(), V::none(), V::none()};
-    if (V::bits(cm[0]) != 0 && !candidates(i, xv, cm, 1)) return false;
+    if (V::bits(cm[0]) != 0) {
+      const RowResult res = candidates(i, xv, cm, 1);
+      if (res != RowResult::kDone) return res;
+    }
     acc[0] = V::select(V::tail_mask(left), acc[0], term(v, acc[0]));
   }
   flush();
@@ -307,16 +400,37 @@ bool FastRow(const float* x, int64_t n, int64_t k, float s, const Candidates& bu
       ++count;
     }
   }
+  if constexpr (Design<V>::kFinalCut) {
+    if (count > k) key_thr = CutCandidates<V>(buf, count, k, key_thr, &count);
+  }
   float top = -INFINITY;
   for (int64_t j = 0; j < count; ++j) top = std::max(top, buf.values[j]);
   // d = sum_j 2^(x_j*s - C); relative to M: D = d * 2^(C - M*s), M*s exact in double.
   double d = 0.0;
-  for (int l = 0; l < L; ++l) d += lane_sum[l];
+  if constexpr (DS::kTreeSum) {
+    d = V::reduce_addd(V::addd(sum_lo, sum_hi));
+  } else {
+    alignas(64) double lane_sum[L];
+    V::stored(lane_sum, sum_lo);
+    V::stored(lane_sum + L / 2, sum_hi);
+    for (int l = 0; l < L; ++l) d += lane_sum[l];
+  }
   const double sum = d * std::exp2(static_cast<double>(c) - static_cast<double>(top) * s);
-  if (!(sum > 0.0) || !std::isfinite(sum)) return false;
+  if (!(sum > 0.0) || !std::isfinite(sum)) return RowResult::kGeneric;
   *sum_out = sum;
   *count_out = count;
-  return true;
+  return RowResult::kDone;
+}
+
+// The fast row (the interface of ops/softmax_topk_row.h): the wide variant when the row needs it and
+// the design has one.
+template <class V>
+bool FastRow(const float* x, int64_t n, int64_t k, float s, const Candidates& buf, double* sum, int64_t* count) {
+  RowResult res = FastRowT<V, false>(x, n, k, s, buf, sum, count);
+  if constexpr (Design<V>::kWideLimit > 0.0f) {
+    if (res == RowResult::kWide) res = FastRowT<V, true>(x, n, k, s, buf, sum, count);
+  }
+  return res == RowResult::kDone;
 }
 
 }  // namespace

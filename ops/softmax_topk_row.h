@@ -1,5 +1,6 @@
 // The SoftmaxTopK fast row written once over the vector traits (ops/softmax_topk_kernels.h) and
-// compiled per ISA translation unit (ops/softmax_topk_avx2.cc): its interface to ops/softmax_topk.cc.
+// compiled per ISA translation unit (ops/softmax_topk_avx2.cc, ops/softmax_topk_avx512.cc): its interface
+// to ops/softmax_topk.cc.
 // Plain types only (no std containers cross it; see ops/common/vec.h on why).
 #pragma once
 
@@ -24,12 +25,15 @@ constexpr int64_t kSlack = 48;
 constexpr int64_t kGroup = 64;
 inline int64_t CandidateCapacity(int64_t k) { return k + kSlack + kGroup + 16; }
 
-// A finite row's top k among buf's first *count entries (k <= *count <= k + kSlack, in index order;
-// the top are the first k by the contract's order, larger value then lower index) and
+// A finite row's top k among buf's first *count entries (k <= *count <= k + kSlack, exactly k for the
+// AVX-512 row; in index order; the top are the first k by the contract's order, larger value then
+// lower index) and
 // *sum = sum_j 2^((x_j - M) * s), M the row's maximum. Returns false when the row is not one the fast
 // path handles (a NaN or +inf entry, no finite entry, scaled logits beyond its range): the caller then
 // computes it with the generic double-precision row. buf holds CandidateCapacity(k) entries.
 bool FastRowAvx2(const float* x, int64_t n, int64_t k, float s, const Candidates& buf, double* sum, int64_t* count);
+// The same for AVX-512 (ops/softmax_topk_avx512.cc).
+bool FastRowAvx512(const float* x, int64_t n, int64_t k, float s, const Candidates& buf, double* sum, int64_t* count);
 
 }  // namespace softmax_topk
 }  // namespace sd

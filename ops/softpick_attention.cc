@@ -24,7 +24,10 @@
 // o += P V. Nothing of size Tq x Tk exists; memory is O(size of K) + O(kBlockQ * (kBlockK + Dv)) per
 // task. Causal: key blocks past the tile's last visible key are skipped, the diagonal block masked.
 // Register tiles: C[6 x 64] += A[6 x k] B[k x 64] (AVX-512: 24 accumulators), C[6 x 16] (AVX2);
-// the portable variant is the same loop nest left to the compiler's baseline vectoriser.
+// the portable variant is the same loop nest left to the compiler's baseline vectoriser. AVX-512 without
+// Mask: full key blocks that every row of the task sees compute their softpick terms per 6 x 64 score tile right after its GEMM
+// (ScoresTermsAvx512), with 16-lane per-row sums and maxima folded once per task -- the separate row
+// pass's per-row call, constants and horizontal reductions were ~10% of a call at T = 2048.
 //
 // What must stay true:
 //  * The fast path sees only finite scores or -inf: a query row whose Q row, K, V or Mask row holds a
@@ -205,8 +208,10 @@ SD_TARGET_AVX512 SD_INLINE inline __m512 Term512(__m512 x, __m512 sc_base, __m51
   // every score is bounded by kExactLimit (RunTask's bound), where the reduction is exact and the
   // scalef underflows to 0, giving -2^-r as well: no clamp needed.
   const __m512 xc = kClamp ? _mm512_max_ps(x, _mm512_set1_ps(kMinX)) : x;
-  const __m512 nn =
-      _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(simd::kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  // (maskz forms with every lane set: the plain ones trip GCC 12's -Wuninitialized inside its own header
+  // once this is inlined into TermsTile512; the same instructions)
+  const __m512 nn = _mm512_maskz_roundscale_ps(0xFFFF, _mm512_mul_ps(xc, _mm512_set1_ps(simd::kLog2e)),
+                                              _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512 t = _mm512_fmadd_ps(nn, _mm512_set1_ps(simd::kMinusLn2Hi), xc);
   t = _mm512_fmadd_ps(nn, _mm512_set1_ps(simd::kMinusLn2Lo), t);
   __m512 p = _mm512_set1_ps(kQ4);
@@ -215,7 +220,8 @@ SD_TARGET_AVX512 SD_INLINE inline __m512 Term512(__m512 x, __m512 sc_base, __m51
   p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(kQ1));
   p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(kQ0));
   const __m512 q = _mm512_fmadd_ps(_mm512_mul_ps(t, t), p, t);
-  const __m512 sc = kSmallR ? _mm512_scalef_ps(sc_base, nn) : _mm512_scalef_ps(sc_base, _mm512_add_ps(nn, minus_r));
+  const __m512 sc = kSmallR ? _mm512_maskz_scalef_ps(0xFFFF, sc_base, nn)
+                            : _mm512_maskz_scalef_ps(0xFFFF, sc_base, _mm512_add_ps(nn, minus_r));
   return _mm512_fmadd_ps(sc, q, _mm512_sub_ps(sc, c));
 }
 
@@ -284,6 +290,98 @@ SD_TARGET_AVX512 float RowAvx512(const float* s, float* pr, int64_t n, const flo
                  : RowAvx512T<false, false>(s, pr, n, mrow, msk, hidden, r, block_max);
 }
 
+// ---- AVX-512, no mask: the scores' GEMM with the softpick terms in its epilogue ---------------------
+//
+// For a full key block of a task without Mask that no causal limit cuts, S = Qs Kt is computed tile by tile
+// (6 rows x 64 keys in 24 registers, the k loop of tile::GemmAvx512) and turned into terms while still in
+// L1, a tile at a time: P (the positive terms) overwrites the tile's S, and per row the block's sum |term|
+// and max score go, in 16 lanes, to bl / bmax. The row pass (still used for masked, causal and tail
+// blocks) reads S back after the whole block's GEMM and pays, per row and block, a call, its constants
+// and three horizontal reductions. Per row, cr = 2^-R (R <= 126: one scalef, as Term512's
+// kSmallR) and thr = (R + kSlack) ln 2. Then, per row: a block max above thr (the row needs a larger R)
+// sets flag[row] = 1 and leaves the row's lacc / vmx as they were -- RunTask redoes that row on the row
+// path --, else lacc += bl and vmx = max(vmx, bmax) (lane-wise, float: as the o sums).
+
+// The terms of RI rows x 64 scores s (row stride kBlockK), in place: P (the positive terms) over S; the
+// block's 16-lane sum |term| and max per row into bl / bmax (first: the block's first 64 keys). Out of
+// line on purpose: in line after the k loop its constants stayed live across it and GCC spilled
+// accumulators there (5 stack round trips per k).
+template <int RI>
+SD_TARGET_AVX512 __attribute__((noinline)) void TermsTile512(float* s, const float* cr, float* bl, float* bmax,
+                                                             bool first) {
+  const __m512 zero = _mm512_setzero_ps();
+  for (int r = 0; r < RI; ++r) {
+    const __m512 c = _mm512_set1_ps(cr[r]);
+    float* sr = s + r * kBlockK;
+    __m512 labs = zero, mx = _mm512_loadu_ps(sr);
+    for (int x = 0; x < 4; ++x) {
+      const __m512 sv = _mm512_loadu_ps(sr + 16 * x);
+      const __m512 term = Term512<false, true>(sv, c, c, c);
+      _mm512_storeu_ps(sr + 16 * x, _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(sv, zero, _CMP_GT_OQ), term));
+      labs = _mm512_add_ps(labs, _mm512_abs_ps(term));
+      mx = _mm512_mask_max_ps(mx, 0xFFFF, mx, sv);
+    }
+    float* blr = bl + 16 * r;
+    float* bmr = bmax + 16 * r;
+    _mm512_storeu_ps(blr, first ? labs : _mm512_add_ps(_mm512_loadu_ps(blr), labs));
+    _mm512_storeu_ps(bmr, first ? mx : _mm512_mask_max_ps(mx, 0xFFFF, _mm512_loadu_ps(bmr), mx));
+  }
+}
+
+// RI rows x 64 keys of S = Qs Kt (the k loop of tile::GemmAvx512, full tiles: no lane masks), stored
+// to pr, then their terms in place while the tile is in L1.
+template <int RI>
+SD_TARGET_AVX512 SD_INLINE inline void ScoreTile512(const float* a, int64_t D, const float* kt, float* pr,
+                                                    const float* cr, float* bl, float* bmax, bool first) {
+  __m512 acc[RI][4];
+  for (int r = 0; r < RI; ++r) {
+    for (int x = 0; x < 4; ++x) acc[r][x] = _mm512_setzero_ps();
+  }
+  for (int64_t kk = 0; kk < D; ++kk) {
+    __m512 bv[4];
+    for (int x = 0; x < 4; ++x) bv[x] = _mm512_loadu_ps(kt + kk * kBlockK + 16 * x);
+    for (int r = 0; r < RI; ++r) {
+      const __m512 av = _mm512_set1_ps(a[r * D + kk]);
+      for (int x = 0; x < 4; ++x) acc[r][x] = _mm512_fmadd_ps(av, bv[x], acc[r][x]);
+    }
+  }
+  for (int r = 0; r < RI; ++r) {
+    for (int x = 0; x < 4; ++x) _mm512_storeu_ps(pr + r * kBlockK + 16 * x, acc[r][x]);
+  }
+  TermsTile512<RI>(pr, cr, bl, bmax, first);
+}
+
+// rows query rows (qs, row stride D) against one full key block kt ([D][kBlockK]); see above.
+SD_TARGET_AVX512 void ScoresTermsAvx512(const float* qs, int64_t D, const float* kt, int64_t rows, const float* cr,
+                                        const float* thr, float* pbuf, float* bl, float* bmax, float* lacc,
+                                        float* vmx, uint8_t* flag) {
+  for (int64_t c0 = 0; c0 < kBlockK; c0 += 64) {
+    const bool first = c0 == 0;
+    int64_t r = 0;
+    for (; r + tile::kTileRows <= rows; r += tile::kTileRows) {
+      ScoreTile512<tile::kTileRows>(qs + r * D, D, kt + c0, pbuf + r * kBlockK + c0, cr + r, bl + 16 * r,
+                                    bmax + 16 * r, first);
+    }
+    const float* ar = qs + r * D;
+    float* pr = pbuf + r * kBlockK + c0;
+    switch (rows - r) {
+      case 5: ScoreTile512<5>(ar, D, kt + c0, pr, cr + r, bl + 16 * r, bmax + 16 * r, first); break;
+      case 4: ScoreTile512<4>(ar, D, kt + c0, pr, cr + r, bl + 16 * r, bmax + 16 * r, first); break;
+      case 3: ScoreTile512<3>(ar, D, kt + c0, pr, cr + r, bl + 16 * r, bmax + 16 * r, first); break;
+      case 2: ScoreTile512<2>(ar, D, kt + c0, pr, cr + r, bl + 16 * r, bmax + 16 * r, first); break;
+      case 1: ScoreTile512<1>(ar, D, kt + c0, pr, cr + r, bl + 16 * r, bmax + 16 * r, first); break;
+      default: break;
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    const __m512 bm = _mm512_loadu_ps(bmax + 16 * r);
+    flag[r] = _mm512_cmp_ps_mask(bm, _mm512_set1_ps(thr[r]), _CMP_GT_OQ) != 0;
+    if (flag[r]) continue;
+    _mm512_storeu_ps(lacc + 16 * r, _mm512_add_ps(_mm512_loadu_ps(lacc + 16 * r), _mm512_loadu_ps(bl + 16 * r)));
+    _mm512_storeu_ps(vmx + 16 * r, _mm512_max_ps(_mm512_loadu_ps(vmx + 16 * r), bm));
+  }
+}
+
 SD_TARGET_AVX2 inline __m256 Pow2Clamped(__m256 e) {
   const __m256 ec = _mm256_min_ps(_mm256_max_ps(e, _mm256_set1_ps(-127.0f)), _mm256_set1_ps(127.0f));
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtps_epi32(_mm256_add_ps(ec, _mm256_set1_ps(127.0f))), 23));
@@ -345,6 +443,9 @@ void PackPortable(const float* kr, int64_t nk, int64_t D, float* blk) {
 struct Ops {
   void (*gemm)(const float*, int64_t, const float*, int64_t, int64_t, float*, int64_t, int64_t, int64_t, bool);
   float (*row)(const float*, float*, int64_t, const float*, int64_t, int64_t, float, float*);
+  // full unmasked key blocks with the terms fused into the scores' GEMM (nullptr: the row path)
+  void (*fused)(const float*, int64_t, const float*, int64_t, const float*, const float*, float*, float*, float*,
+                float*, float*, uint8_t*);
 };
 
 void RunTask(const Problem& p, const Ops& ops, int64_t b, int64_t h, int64_t i0, int64_t i1) {
@@ -391,6 +492,55 @@ void RunTask(const Problem& p, const Ops& ops, int64_t b, int64_t h, int64_t i0,
   }
   const float* kt = p.Kt(b, hk);
   const float* v = p.v + (b * p.Hk + hk) * p.Tk * Dv;
+  // The fused path's per-row state (ScoresTermsAvx512): 16-lane sums of |term| and maxima over its blocks,
+  // its per-block scratch, 2^-R and the rescale bound per row; folded into l and m after the last block.
+  const bool fusable = ops.fused != nullptr && p.mask == nullptr;
+  std::vector<float> lacc, vmx, bl, bmax, cr, thr;
+  std::vector<uint8_t> flag;
+  if (fusable) {
+    lacc.assign(static_cast<size_t>(rows * 16), 0.0f);
+    vmx.assign(static_cast<size_t>(rows * 16), -INFINITY);
+    bl.resize(static_cast<size_t>(rows * 16));
+    bmax.resize(static_cast<size_t>(rows * 16));
+    cr.assign(static_cast<size_t>(rows), 1.0f);
+    thr.assign(static_cast<size_t>(rows), kSlack * kLn2);
+    flag.resize(static_cast<size_t>(rows));
+  }
+  bool small_r = true;  // every R <= 126 (2^-R a normal float): what the fused path needs
+  // Row rr of key block [j0, j0 + nk) on the row path, its scores in sbuf.
+  auto row_step = [&](int64_t rr, int64_t j0, int64_t nk) {
+    const float* s = &sbuf[rr * kBlockK];
+    float* pr = &pbuf[rr * kBlockK];
+    if (exact[rr]) {
+      std::memset(pr, 0, static_cast<size_t>(nk) * sizeof(float));
+      return;
+    }
+    const int64_t i = i0 + rr;
+    const float* mrow = p.mask ? p.mask + p.MaskOffset(b, h, i) + j0 * p.msK : nullptr;
+    const int64_t hidden = p.causal ? i + p.Tk - p.Tq + 1 - j0 : nk;
+    float bm;
+    float sum = ops.row(s, pr, nk, mrow, p.msK, hidden, r[rr], &bm);
+    m[rr] = std::max(m[rr], bm);
+    // Terms must stay <= 2^kSlack: R only grows, to ceil(max log2 e) (terms <= 1 again), and the
+    // sums rescale exactly by 2^(R_old - R_new); the block is redone at the new R. With R = 0 this
+    // happens only for scores above kSlack ln2 ~ 14.
+    if (bm > (r[rr] + kSlack) * kLn2) {
+      const float r_new = std::ceil(bm * simd::kLog2e);
+      const float f = simd::Scale2(1.0f, r[rr] - r_new);
+      l[rr] *= f;
+      float* orow = &oacc[rr * Dv];
+      for (int64_t c = 0; c < Dv; ++c) orow[c] *= f;
+      if (fusable) {
+        for (int c = 0; c < 16; ++c) lacc[rr * 16 + c] *= f;
+        cr[rr] = simd::Scale2(1.0f, -r_new);
+        thr[rr] = (r_new + kSlack) * kLn2;
+      }
+      r[rr] = r_new;
+      small_r = small_r && r_new <= 126.0f;
+      sum = ops.row(s, pr, nk, mrow, p.msK, hidden, r[rr], &bm);
+    }
+    l[rr] += sum;
+  };
   for (int64_t kb = 0; kb < nkb; ++kb) {
     const int64_t j0 = kb * kBlockK, nk = std::min(kBlockK, p.Tk - j0);
     if (p.mask) {
@@ -400,35 +550,33 @@ void RunTask(const Problem& p, const Ops& ops, int64_t b, int64_t h, int64_t i0,
       }
       if (all_hidden) continue;
     }
-    ops.gemm(qs.data(), D, kt + kb * D * kBlockK, kBlockK, D, sbuf.data(), kBlockK, rows, kBlockK, false);
-    for (int64_t rr = 0; rr < rows; ++rr) {
-      const float* s = &sbuf[rr * kBlockK];
-      float* pr = &pbuf[rr * kBlockK];
-      if (exact[rr]) {
-        std::memset(pr, 0, static_cast<size_t>(nk) * sizeof(float));
-        continue;
+    const float* ktb = kt + kb * D * kBlockK;
+    // causal: fused only where every row of the task sees the whole block (the tile's first row sees least)
+    const bool visible = !p.causal || i0 + p.Tk - p.Tq + 1 - j0 >= nk;
+    if (fusable && small_r && nk == kBlockK && visible) {
+      ops.fused(qs.data(), D, ktb, rows, cr.data(), thr.data(), pbuf.data(), bl.data(), bmax.data(), lacc.data(),
+                vmx.data(), flag.data());
+      for (int64_t rr = 0; rr < rows; ++rr) {
+        if (!flag[rr]) continue;
+        // (rare) a score above the row's bound: its scores again, then the row path with its rescale
+        ops.gemm(&qs[rr * D], D, ktb, kBlockK, D, &sbuf[rr * kBlockK], kBlockK, 1, kBlockK, false);
+        row_step(rr, j0, nk);
       }
-      const int64_t i = i0 + rr;
-      const float* mrow = p.mask ? p.mask + p.MaskOffset(b, h, i) + j0 * p.msK : nullptr;
-      const int64_t hidden = p.causal ? i + p.Tk - p.Tq + 1 - j0 : nk;
-      float bm;
-      float sum = ops.row(s, pr, nk, mrow, p.msK, hidden, r[rr], &bm);
-      m[rr] = std::max(m[rr], bm);
-      // Terms must stay <= 2^kSlack: R only grows, to ceil(max log2 e) (terms <= 1 again), and the
-      // sums rescale exactly by 2^(R_old - R_new); the block is redone at the new R. With R = 0 this
-      // happens only for scores above kSlack ln2 ~ 14.
-      if (bm > (r[rr] + kSlack) * kLn2) {
-        const float r_new = std::ceil(bm * simd::kLog2e);
-        const float f = simd::Scale2(1.0f, r[rr] - r_new);
-        l[rr] *= f;
-        float* orow = &oacc[rr * Dv];
-        for (int64_t c = 0; c < Dv; ++c) orow[c] *= f;
-        r[rr] = r_new;
-        sum = ops.row(s, pr, nk, mrow, p.msK, hidden, r[rr], &bm);
+    } else {
+      ops.gemm(qs.data(), D, ktb, kBlockK, D, sbuf.data(), kBlockK, rows, kBlockK, false);
+      for (int64_t rr = 0; rr < rows; ++rr) row_step(rr, j0, nk);
+    }
+    ops.gemm(pbuf.data(), kBlockK, v + j0 * Dv, Dv, nk, oacc.data(), Dv, rows, Dv, true);
+  }
+  if (fusable) {  // fold the fused blocks' lanes into m and l (in double)
+    for (int64_t rr = 0; rr < rows; ++rr) {
+      double sum = 0.0;
+      for (int c = 0; c < 16; ++c) {
+        m[rr] = std::max(m[rr], vmx[rr * 16 + c]);
+        sum += lacc[rr * 16 + c];
       }
       l[rr] += sum;
     }
-    ops.gemm(pbuf.data(), kBlockK, v + j0 * Dv, Dv, nk, oacc.data(), Dv, rows, Dv, true);
   }
   for (int64_t rr = 0; rr < rows; ++rr) {
     float* orow = out + rr * Dv;
@@ -606,9 +754,9 @@ struct SoftpickAttentionKernel {
   void Run(Ort::KernelContext& ctx, Problem& p) const {
     Ops ops;
     switch (isa) {
-      case Isa::kAvx512: ops = {tile::GemmAvx512, RowAvx512}; break;
-      case Isa::kAvx2: ops = {tile::GemmAvx2, RowAvx2}; break;
-      default: ops = {tile::GemmPortable, RowPortable};
+      case Isa::kAvx512: ops = {tile::GemmAvx512, RowAvx512, ScoresTermsAvx512}; break;
+      case Isa::kAvx2: ops = {tile::GemmAvx2, RowAvx2, nullptr}; break;
+      default: ops = {tile::GemmPortable, RowPortable, nullptr};
     }
     p.nkb = (p.Tk + kBlockK - 1) / kBlockK;
     const int64_t bhk = p.B * p.Hk;

@@ -5,8 +5,12 @@
 //   g++ -O3 -march=x86-64-v4 -std=c++17 -DORT_API_MANUAL_INIT -Iops -I$ORT_HEADERS bench/micro/softmax_topk_rows.cc \
 //       ops/common/cpu.cc -c -o /tmp/stk.o && \
 //   g++ -O3 -mavx2 -mfma -ffp-contract=off -fno-tree-pre -std=c++17 -Iops -c ops/softmax_topk_avx2.cc -o /tmp/stk2.o && \
-//   g++ /tmp/stk.o /tmp/stk2.o ops/common/cpu.cc ... (as one link) -o /tmp/stk && /tmp/stk
-// (the AVX2 row lives in its own translation unit, compiled with the flags CMakeLists.txt gives it).
+//   g++ -O3 -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx2 -mfma -ffp-contract=off -fno-tree-pre -std=c++17 \
+//       -Iops -c ops/softmax_topk_avx512.cc -o /tmp/stk512.o && \
+//   g++ /tmp/stk.o /tmp/stk2.o /tmp/stk512.o ... (as one link) -o /tmp/stk && /tmp/stk
+// (the fast rows live in their own translation units, compiled with the flags CMakeLists.txt gives them).
+#include <immintrin.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -61,20 +65,33 @@ int main(int argc, char** argv) {
       std::vector<float> vals(k);
       std::vector<int64_t> idx(k);
       const float s = static_cast<float>(1.4426950408889634);
-      sd::CandidateBuffer cand(k);
-      auto run512 = [&] {
-        return time([&] {
-          for (int64_t r = 0; r < rows; ++r) {
-            sd::RowOut out{vals.data(), idx.data(), 0.0f};
-            if (sd::RowAvx512<false>(x.data() + r * n, n, s, 1.0, cand, out) != sd::RowResult::kDone) std::abort();
-            sink = sink + out.lse;
-          }
-        });
-      };
       const size_t cap2 = static_cast<size_t>(sd::softmax_topk::CandidateCapacity(k));
       std::vector<float> c2v(cap2);
       std::vector<int32_t> c2i(cap2), c2k(cap2);
       const sd::softmax_topk::Candidates cand2{c2v.data(), c2i.data(), c2k.data()};
+      // The row as the kernel runs it: the fast row, then the top k ranked and emitted.
+      std::vector<sd::Entry> top;
+      auto run512 = [&] {
+        return time([&] {
+          for (int64_t r = 0; r < rows; ++r) {
+            double sum;
+            int64_t count;
+            if (!sd::softmax_topk::FastRowAvx512(x.data() + r * n, n, k, s, cand2, &sum, &count)) std::abort();
+            top.clear();
+            for (int64_t j = 0; j < count; ++j) top.push_back(sd::Entry{cand2.values[j], cand2.indices[j]});
+            auto order = [](const sd::Entry& p, const sd::Entry& q) { return sd::RanksAboveNoNan(p, q); };
+            if (count == k) {
+              std::sort(top.begin(), top.end(), order);
+            } else {
+              std::partial_sort(top.begin(), top.begin() + k, top.end(), order);
+              top.resize(static_cast<size_t>(k));
+            }
+            sd::RowOut out{vals.data(), idx.data(), 0.0f};
+            sd::EmitFinite(top, top.front().value, sum, 1.0, out);
+            sink = sink + out.lse;
+          }
+        });
+      };
       auto run2 = [&] {
         return time([&] {
           for (int64_t r = 0; r < rows; ++r) {

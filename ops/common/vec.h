@@ -87,6 +87,8 @@ struct Avx512 {
   static SD_VEC_INLINE I slli(I x) { return _mm512_slli_epi32(x, kShift); }
   // table[idx & (kLanes - 1)] per lane: a kLanes-entry table held in one register.
   static SD_VEC_INLINE F lookup(F table, I idx) { return _mm512_permutexvar_ps(idx, table); }
+  // (lo, hi)[idx & (2 kLanes - 1)] per lane: a 2 kLanes-entry table in two registers (vpermt2ps).
+  static SD_VEC_INLINE F lookup2(F lo, F hi, I idx) { return _mm512_permutex2var_ps(lo, idx, hi); }
   // acc + 1 in the lanes where a > b (int32, signed).
   static SD_VEC_INLINE I count_gt(I acc, I a, I b) {
     return _mm512_mask_sub_epi32(acc, _mm512_cmpgt_epi32_mask(a, b), acc, _mm512_set1_epi32(-1));
@@ -99,6 +101,7 @@ struct Avx512 {
   static SD_VEC_INLINE I andi(I a, I b) { return _mm512_and_si512(a, b); }
   static SD_VEC_INLINE I xori(I a, I b) { return _mm512_xor_si512(a, b); }
   static SD_VEC_INLINE I maxi(I a, I b) { return _mm512_max_epi32(a, b); }
+  static SD_VEC_INLINE I mini(I a, I b) { return _mm512_min_epi32(a, b); }
   static SD_VEC_INLINE F min(F a, F b) { return _mm512_min_ps(a, b); }
   static SD_VEC_INLINE F abs(F a) { return _mm512_abs_ps(a); }
   static SD_VEC_INLINE F round(F a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
@@ -239,6 +242,7 @@ struct Avx2 {
   static SD_VEC_INLINE I andi(I a, I b) { return _mm256_and_si256(a, b); }
   static SD_VEC_INLINE I xori(I a, I b) { return _mm256_xor_si256(a, b); }
   static SD_VEC_INLINE I maxi(I a, I b) { return _mm256_max_epi32(a, b); }
+  static SD_VEC_INLINE I mini(I a, I b) { return _mm256_min_epi32(a, b); }
   static SD_VEC_INLINE F min(F a, F b) { return _mm256_min_ps(a, b); }
   static SD_VEC_INLINE F abs(F a) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), a); }
   static SD_VEC_INLINE F round(F a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }

@@ -7,7 +7,7 @@
 // here from the operators' equations -- not from another kernel. Generated sizes, not hand-listed
 // samples. Prints one line per failure and a summary; exit status 1 on any failure.
 //
-//   SoftmaxTopK fast row (AVX2): the top k by the contract's order (larger value, then lower index),
+//   SoftmaxTopK fast row (AVX2, AVX-512): the top k by the contract's order (larger value, then lower index),
 //     exactly; sum_j 2^((x_j - M) s) to 2e-6 relative (float partial sums, the 8.6e-8 exp).
 //   TwoPassSoftmax row (AVX2, AVX-512 with and without the x prefetch hint): y_i = exp(x_i - m) /
 //     sum_j exp(x_j - m) to 1e-6 relative + 1e-37 absolute; rows with NaN, +inf or no finite entry,
@@ -246,6 +246,7 @@ int main() {
     ran.push_back("avx2");
   }
   if (isa >= sd::Isa::kAvx512) {
+    SweepSoftmaxTopK("avx512", sd::softmax_topk::FastRowAvx512, 16);
     SweepSoftpick("avx512", sd::softpick::RowAvx512, 16);
     SweepTwoPass("avx512", TwoPassAvx512, 16);
     SweepTwoPass("avx512 (prefetchnta)", TwoPassAvx512Hinted, 16);

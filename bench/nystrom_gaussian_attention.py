@@ -86,9 +86,10 @@ def main() -> None:
                     "avx2": lambda q=q, v=v, lm=lm: avx2.run({"Q": q, "V": v, "Landmarks": lm}),
                     "body": lambda q=q, v=v, lm=lm: body.run({"Q": q, "V": v, "Landmarks": lm}),
                 }
+                # each is held to the op's float32 tolerance (2e-4, 2e-4) of the float64 reference: twice it apart
                 want = fns["body"]()[0]
                 for peer in ("nystrom", "avx2"):
-                    np.testing.assert_allclose(fns[peer]()[0], want, rtol=1e-3, atol=1e-4, err_msg=peer)
+                    np.testing.assert_allclose(fns[peer]()[0], want, rtol=4e-4, atol=4e-4, err_msg=peer)
                 timing, bg = quiet_bench(
                     fns, rounds=3 if a.quick else a.rounds, batch_ms=a.batch_ms, max_tries=a.tries, wait_s=a.quiet_wait
                 )

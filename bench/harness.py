@@ -386,3 +386,74 @@ def quiet_bench(
         if bg <= threshold:
             break
     return best
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# issue 13's floor: "no op's AVX2 variant slower than the same op's function body in stock onnxruntime at any
+# benchmarked shape (the benchmark prints that comparison)". Every op's benchmark times the two peers below in the
+# same interleaved rounds as its others and prints body time / AVX2 time per shape, then the shapes where it is < 1.
+# (On an AVX-512 host onnxruntime's MLAS inside the body still uses AVX-512: the comparison is then conservative.)
+
+AVX2_PEER = "avx2"
+
+
+def avx2_variant() -> str:
+    """What the kernel library runs under SOFTDEPLOY_ISA=avx2 (it may be lower on a CPU without AVX2)."""
+    from softdeploy.conformance import forced_isa
+    from softdeploy.runtime import library_status
+
+    with forced_isa("avx2"):
+        info = library_status().info
+    return info.isa_summary() if info else "no library"
+
+
+def avx2_session(model, n_threads: int):
+    """A softdeploy Session of ``model`` with the kernel library, its kernels created under SOFTDEPLOY_ISA=avx2
+    (kernels read it once, at session creation)."""
+    from softdeploy.conformance import forced_isa
+    from softdeploy.runtime import Session
+
+    with forced_isa("avx2"):
+        return Session(model, kernels="native", threads=n_threads)
+
+
+def body_session(model, n_threads: int):
+    """A softdeploy Session of ``model`` without the kernel library: stock onnxruntime runs the op's function body."""
+    from softdeploy.runtime import Session
+
+    return Session(model, kernels="portable", threads=n_threads)
+
+
+class Avx2VsBody:
+    """The AVX2-vs-function-body comparison of one benchmark: ``add`` one measured shape (median seconds of the
+    op's function body in stock onnxruntime and of its AVX2 variant, same interleaved rounds) and get the table
+    cell; ``print_summary`` prints the floor's verdict and every shape where the AVX2 variant loses."""
+
+    def __init__(self, op: str) -> None:
+        self.op = op
+        self.rows: list[tuple[str, float]] = []
+
+    def add(self, label: str, body_s: float, avx2_s: float) -> str:
+        """Records body_s / avx2_s for ``label``; returns it formatted ("2.31x", "0.85x LOSES" below 1)."""
+        ratio = body_s / avx2_s
+        self.rows.append((label, ratio))
+        return f"{ratio:.2f}x" + (" LOSES" if ratio < 1.0 else "")
+
+    @staticmethod
+    def print_variant() -> None:
+        """The header line naming the AVX2 peer's kernel variant."""
+        sync_print(f"- AVX2 peer `{AVX2_PEER}`: the native kernel under SOFTDEPLOY_ISA=avx2, variant: {avx2_variant()}")
+
+    def print_summary(self) -> None:
+        """Issue 13's floor over every shape added: the smallest ratio, and each shape where AVX2 loses."""
+        if not self.rows:
+            return
+        lost = [(label, r) for label, r in self.rows if r < 1.0]
+        worst = min(self.rows, key=lambda row: row[1])
+        sync_print(
+            f"\nFloor (issue 13): {self.op}'s AVX2 variant not slower than its function body in stock onnxruntime "
+            f"at any benchmarked shape: {'MET' if not lost else 'NOT MET'} ({len(self.rows)} shapes; smallest "
+            f"body/avx2 {worst[1]:.2f}x at {worst[0]})"
+        )
+        for label, r in lost:
+            sync_print(f"- AVX2 loses at {label}: body/avx2 {r:.2f}x")

@@ -13,6 +13,8 @@ Peers, all in the same interleaved rounds (A B C A B C ..., rotated each round; 
   torch_dense      the same dense form in eager torch (softdeploy::lora_mixer's eager implementation)
   base_matmul      onnxruntime's MatMul X [N, in] x W [in, out]: the base projection the delta is added
                    to, the yardstick of what the routed delta costs on top of a projection
+  avx2             lora_mixer forced to its AVX2 variant (SOFTDEPLOY_ISA=avx2); `body/avx2` = ort_body time /
+                   avx2 time (issue 13's floor: >= 1 at every shape)
   *_bound          lora_mixer and ort_body through Session.bind (inputs and outputs bound once)
 Floor of the issue (1 thread, medians): lora_mixer >= 3x faster than ort_body at N = 128, top_k in {1, 2}.
 """
@@ -25,6 +27,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from harness import (  # first: it sets the thread-pool environment before numpy/torch load
+    Avx2VsBody,
+    avx2_session,
     base_parser,
     fmt_num,
     header,
@@ -41,7 +45,7 @@ import numpy as np
 
 IN = OUT = 384
 E, R = 8, 8
-PEERS = ["lora_mixer", "ort_body", "torch_dense", "base_matmul", "lora_mixer_bound", "ort_body_bound"]
+PEERS = ["lora_mixer", "avx2", "ort_body", "torch_dense", "base_matmul", "lora_mixer_bound", "ort_body_bound"]
 
 
 def make_peers(n: int, top_k: int, nt: int, rng: np.random.Generator) -> tuple[dict, bool]:
@@ -63,6 +67,7 @@ def make_peers(n: int, top_k: int, nt: int, rng: np.random.Generator) -> tuple[d
     feeds = op.feeds(sample)
     ours = Session(model, kernels="native", threads=nt)
     body = Session(model, kernels="portable", threads=nt)
+    avx2 = avx2_session(model, nt)
     w = helper.make_tensor_value_info("W", TensorProto.FLOAT, [IN, OUT])
     xi = helper.make_tensor_value_info("X", TensorProto.FLOAT, ["n", IN])
     yo = helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["n", OUT])
@@ -77,9 +82,13 @@ def make_peers(n: int, top_k: int, nt: int, rng: np.random.Generator) -> tuple[d
     mixer = torch_op(op)
     want = op.reference(x, a, bm, router, top_k=top_k)[0]
     scale = np.abs(want).max()
-    ok = all(np.max(np.abs(out - want)) <= 1e-4 * scale for out in (ours.run(feeds)[0], body.run(feeds)[0]))
+    ok = all(
+        np.max(np.abs(out - want)) <= 1e-4 * scale
+        for out in (ours.run(feeds)[0], avx2.run(feeds)[0], body.run(feeds)[0])
+    )
     return {
         "lora_mixer": lambda: ours.run(feeds),
+        "avx2": lambda: avx2.run(feeds),
         "ort_body": lambda: body.run(feeds),
         "torch_dense": lambda: mixer(*tt, top_k=top_k),
         "base_matmul": lambda: base.run(mm_feeds),
@@ -95,6 +104,8 @@ def main() -> None:
     args = p.parse_args()
     rounds = 5 if args.quick else args.rounds
     header("LoRAMixer")
+    Avx2VsBody.print_variant()
+    vs_body = Avx2VsBody("LoRAMixer")
     rng = np.random.default_rng(0)
     rows, floors = [], []
     for nt in args.threads:
@@ -114,6 +125,7 @@ def main() -> None:
                     + [
                         f"{run_ratio:.1f}x",
                         f"{bound_ratio:.1f}x",
+                        vs_body.add(f"{nt} thr N={n} top_k={k}", t["ort_body"].median, t["avx2"].median),
                         f"{vs_base:.2f}",
                         f"{max(t[name].spread for name in PEERS):.0%}",
                         f"{bgc:.1f}",
@@ -137,6 +149,7 @@ def main() -> None:
                 *PEERS,
                 "run: body/mixer",
                 "bound: body/mixer",
+                "body/avx2",
                 "mixer/base",
                 "max spread",
                 "bg load",
@@ -145,6 +158,7 @@ def main() -> None:
             rows,
         )
     )
+    vs_body.print_summary()
     if floors:
         sync_print("\nFloor (1 thread, N = 128): lora_mixer >= 3x faster than its function body on stock onnxruntime:")
         for k, run_ratio, bound_ratio in floors:

@@ -18,6 +18,10 @@ Peers (documents stored in each peer's own dtype; started from shared/notes/perf
   torch_mm          (D.view(-1, dim) @ Q.T).view(N, Ld, Lq).amax(1).sum(-1)
   torch_int8        torch._int_mm(D8, Q8^T) -> amax -> * scale -> sum
   numpy             (D.reshape(-1, dim) @ Q.T).reshape(N, Ld, Lq).max(1).sum(1)   (OpenBLAS)
+  avx2_*            our kernel (fp32 / fp16 / int8) forced to its AVX2 variant (SOFTDEPLOY_ISA=avx2; with
+                    --test-cpu avx2 the int8 one is the vpmaddwd path)
+  body_*            MaxSim's function body (same inputs and dtype) in stock onnxruntime, library not
+                    registered; issue 13's floor: body / avx2 >= 1 at every N and dtype
 Physical limits of the same run: register-only loops of our own (bench/micro/fma_peak.cc, built here
 with the C++ compiler) for the ISA our kernels run: the FMA peak (ymm for avx2, zmm for avx512) for
 the float rows and the peak of the int8 kernel's instruction (vpmaddwd + vpaddd, AVX-VNNI or AVX-512
@@ -38,7 +42,10 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numpy as np
 from harness import (
+    Avx2VsBody,
+    avx2_session,
     base_parser,
+    body_session,
     fmt_num,
     header,
     int_list,
@@ -168,13 +175,19 @@ def quant_sym(x: np.ndarray) -> tuple[np.ndarray, float]:
     return np.clip(np.rint(x / s), -127, 127).astype(np.int8), s
 
 
-def softdeploy_session(example: tuple, nt: int):
-    """Session over a one-node MaxSim model (dims symbolic) built from a small slice of the inputs."""
+def softdeploy_session(example: tuple, nt: int, kernels: str = "native"):
+    """Session over a one-node MaxSim model (dims symbolic) built from a small slice of the inputs: the
+    native kernel (``kernels="native"``), its AVX2 variant (``"avx2"``) or the function body in stock
+    onnxruntime (``"portable"``)."""
     from softdeploy.ops import REGISTRY, Sample
     from softdeploy.runtime import Session
 
     op = REGISTRY["MaxSim"]
     small = Sample("bench", tuple(None if x is None else x[:1] for x in example))
+    if kernels == "avx2":
+        return avx2_session(op.make_model(small), nt), op
+    if kernels == "portable":
+        return body_session(op.make_model(small), nt), op
     return Session(op.make_model(small, with_function=False), kernels="native", threads=nt), op
 
 
@@ -213,11 +226,13 @@ def build_peers(Q: np.ndarray, D: np.ndarray, nt: int, models: dict[str, bytes],
         ("softdeploy_fp16", (Q[None].astype(np.float16), D.astype(np.float16))),
         ("softdeploy_int8", (q8, d8, None, None, qs, ds)),
     ):
-        sess, op = softdeploy_session(inputs, nt)
         from softdeploy.ops import Sample
 
-        feeds = op.feeds(Sample(name, inputs))
-        peers[name] = lambda s=sess, f=feeds: s.run(f)[0][0]
+        dtype = name.split("_")[-1]
+        for peer, kernels in ((name, "native"), (f"avx2_{dtype}", "avx2"), (f"body_{dtype}", "portable")):
+            sess, op = softdeploy_session(inputs, nt, kernels)
+            feeds = op.feeds(Sample(name, inputs))
+            peers[peer] = lambda s=sess, f=feeds: s.run(f)[0][0]
     return peers
 
 
@@ -299,6 +314,8 @@ def main() -> None:
         "torch_int8",
         "numpy",
     ]
+    Avx2VsBody.print_variant()
+    vs_body, vs_rows = Avx2VsBody("MaxSim"), []
     rows, errors, checks, floors = [], {}, [], []
     block_peaks: list[tuple] = []
     for nt in args.threads:
@@ -374,6 +391,14 @@ def main() -> None:
                         f"{bgc:.1f}",
                     ]
                 )
+            vs_rows.append(
+                [nt, N]
+                + [
+                    f"{fmt_num(t['body_' + dt].median * 1e3, 2)} / {fmt_num(t['avx2_' + dt].median * 1e3, 2)} = "
+                    + vs_body.add(f"{nt} thr N={N} {dt}", t["body_" + dt].median, t["avx2_" + dt].median)
+                    for dt in ("fp32", "fp16", "int8")
+                ]
+            )
             if nt == 1:
                 ours, ours8 = t["softdeploy_fp32"].median, t["softdeploy_int8"].median
                 for peer, mine, label in (("ort_fp32", ours, "fp32"), ("ort_int8", ours8, "int8")):
@@ -417,6 +442,9 @@ def main() -> None:
             f"(the % column and the floors use these): {PEAK_NAMES[f32_kind]} GFLOP/s, {PEAK_NAMES[i8_kind]} GOP/s\n"
         )
         sync_print(md_table(["thr", "N docs", "fp32 peak", "int8 peak"], block_peaks))
+    sync_print("\nIssue 13: function body in stock onnxruntime / AVX2 variant, ms per call (body / avx2 = ratio):\n")
+    sync_print(md_table(["thr", "N docs", *[f"{dt}: body / avx2" for dt in ("fp32", "fp16", "int8")]], vs_rows))
+    vs_body.print_summary()
     if floors:
         sync_print("\nFloors (1 thread):\n")
         sync_print(md_table(["floor", "measured", "status"], floors))

@@ -9,6 +9,9 @@ Peers (started from shared/notes/perf/soft_nms.py):
   sd_gaussian      softdeploy SoftNMS, method="gaussian", sigma 0.5, score threshold 1e-3 (the numpy peer's job)
   sd_linear        softdeploy SoftNMS, method="linear", IoU 0.3 (the op's default)
   sd_hard          softdeploy SoftNMS, method="hard", IoU 0.5 (ort_hard_nms's job; checked to select the same boxes)
+  sd_*_avx2        the same kernel forced to its AVX2 variant (SOFTDEPLOY_ISA=avx2), each method
+  sd_*_body        the same model's function body in stock onnxruntime (library not registered); issue 13's
+                   floor: body / avx2 >= 1 at every N and method
 Boxes: N boxes in N/20 clusters (jitter 10 px, sides 20..100 px) on a 1000x1000 image, uniform scores; seed 0.
 One (batch, class): the kernel threads over (batch, class) pairs, so a single pair runs on one thread.
 Floors (issue): sd_gaussian >= 50x faster than numpy_soft_nms; sd_gaussian within 3x of ort_hard_nms at N >= 1000.
@@ -22,6 +25,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numpy as np
 from harness import (
+    Avx2VsBody,
+    avx2_session,
     base_parser,
     fmt_num,
     header,
@@ -102,8 +107,10 @@ def ort_nms_model(iou: float) -> bytes:
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]).SerializeToString()
 
 
-def soft_nms_session(method: str, iou: float, score_threshold: float, n_threads: int):
-    """A softdeploy session running SoftNMS (native kernel) with thresholds baked in as initializers."""
+def soft_nms_session(method: str, iou: float, score_threshold: float, n_threads: int, kernels: str = "native"):
+    """A softdeploy session running SoftNMS with thresholds baked in as initializers: the native kernel
+    (``kernels="native"``), its AVX2 variant (``"avx2"``) or its function body in stock onnxruntime
+    (``"portable"``)."""
     from onnx import TensorProto, helper, numpy_helper
 
     from softdeploy import DOMAIN, OPSET_VERSION
@@ -136,7 +143,10 @@ def soft_nms_session(method: str, iou: float, score_threshold: float, n_threads:
         opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid(DOMAIN, OPSET_VERSION)],
         ir_version=10,
     )
-    return Session(attach_function_bodies(model), kernels="native", threads=n_threads)
+    model = attach_function_bodies(model)
+    if kernels == "avx2":
+        return avx2_session(model, n_threads)
+    return Session(model, kernels=kernels, threads=n_threads)
 
 
 def iou_pairs(n_boxes: int, boxes: np.ndarray, scores: np.ndarray, method: str, iou: float, thr: float) -> int:
@@ -168,17 +178,24 @@ def main() -> None:
     args = p.parse_args()
     rounds = 5 if args.quick else args.rounds
     header("SoftNMS vs NumPy Soft-NMS and onnxruntime NonMaxSuppression")
+    Avx2VsBody.print_variant()
+    vs_body = Avx2VsBody("SoftNMS")
+    vs_rows = []
     nms_model = ort_nms_model(HARD_IOU)
     rows, checks, floors = [], [], []
     for nt in args.threads:
         bg = wait_quiet(args.quiet_wait)
         sync_print(f"- {nt} thread(s): other processes' load before block: {bg:.2f} cores")
-        sd = {
-            "sd_gaussian": soft_nms_session("gaussian", 0.3, SCORE_THRESHOLD, nt),
-            "sd_linear": soft_nms_session("linear", 0.3, SCORE_THRESHOLD, nt),
+        configs = {
+            "sd_gaussian": ("gaussian", 0.3, SCORE_THRESHOLD),
+            "sd_linear": ("linear", 0.3, SCORE_THRESHOLD),
             # score threshold just above 0: "hard" sets suppressed scores to 0, ORT's keeps score > 0
-            "sd_hard": soft_nms_session("hard", HARD_IOU, 1e-30, nt),
+            "sd_hard": ("hard", HARD_IOU, 1e-30),
         }
+        sd = {}
+        for name, cfg in configs.items():
+            for suffix, kernels in (("", "native"), ("_avx2", "avx2"), ("_body", "portable")):
+                sd[name + suffix] = soft_nms_session(*cfg, nt, kernels)
         for n in args.N:
             boxes_xyxy, scores = make_boxes(n)
             boxes_yxyx = boxes_xyxy[:, [1, 0, 3, 2]]  # NonMaxSuppression / SoftNMS corner order
@@ -194,6 +211,11 @@ def main() -> None:
                 ort_sel = peers["ort_hard_nms"]()[0][:, 2]
                 g_rows, _ = peers["sd_gaussian"]()
                 h_rows, _ = peers["sd_hard"]()
+                for name in configs:  # the AVX2 variant and the body select what the kernel selects
+                    want_rows = peers[name]()[0]
+                    for other in (f"{name}_avx2", f"{name}_body"):
+                        if not np.array_equal(peers[other]()[0], want_rows):
+                            raise SystemExit(f"{other} selects other boxes than {name} at N={n}")
                 if nt == args.threads[0]:
                     same_set = len(set(np_idx.tolist()) ^ set(g_rows[:, 2].tolist()))
                     checks.append(
@@ -221,6 +243,14 @@ def main() -> None:
                     f"{vs_ort:.2f}x",
                     ("met" if vs_ort <= 3 else "NOT MET") if n >= 1000 else "(no floor)",
                     f"{t['sd_hard'].median / t['ort_hard_nms'].median:.2f}x",
+                ]
+            )
+            vs_rows.append(
+                [nt, n]
+                + [
+                    f"{fmt_num(t[name + '_body'].median * 1e3, 3)} / {fmt_num(t[name + '_avx2'].median * 1e3, 3)} = "
+                    + vs_body.add(f"{nt} thr N={n} {name}", t[name + "_body"].median, t[name + "_avx2"].median)
+                    for name in configs
                 ]
             )
             sync_print(f"  done nt={nt} N={n}")
@@ -254,6 +284,9 @@ def main() -> None:
             checks,
         )
     )
+    sync_print("\nIssue 13: function body in stock onnxruntime / AVX2 variant, ms per call (body / avx2 = ratio):\n")
+    sync_print(md_table(["thr", "N", *[f"{name}: body / avx2" for name in configs]], vs_rows))
+    vs_body.print_summary()
 
 
 if __name__ == "__main__":

@@ -29,6 +29,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numpy as np
 from harness import (
+    Avx2VsBody,
+    avx2_variant,
     base_parser,
     fmt_num,
     header,
@@ -119,16 +121,6 @@ def ours_session(x: np.ndarray, k: int, nt: int, isa: str | None):
         return Session(ours_model(x, k), kernels="native", threads=nt)
 
 
-def avx2_variant() -> str:
-    """What the library runs when SOFTDEPLOY_ISA=avx2 (it may be lower on a CPU without AVX2)."""
-    from softdeploy.conformance import forced_isa
-    from softdeploy.runtime import library_status
-
-    with forced_isa("avx2"):
-        info = library_status().info
-    return info.isa_summary() if info else "no library"
-
-
 def make_peers(x_np: np.ndarray, k: int, nt: int, models: dict):
     import torch
 
@@ -192,6 +184,7 @@ def main() -> None:
     rounds = 5 if args.quick else args.rounds
     header("SoftmaxTopK vs Softmax + TopK peers")
     sync_print(f"- softdeploy_avx2 kernel variant: {avx2_variant()}")
+    vs_body = Avx2VsBody("SoftmaxTopK")
     rng = np.random.default_rng(0)
     rows = []
     for nt in args.threads:
@@ -232,7 +225,7 @@ def main() -> None:
                             f"{gbs / ys['read_GBs']:.0%}",
                             f"{gbs2 / ys['read_GBs']:.0%}",
                             f"{avx2 / t['floor_amax'].median:.2f}",
-                            f"{t['ort_body'].median / avx2:.1f}x",
+                            vs_body.add(f"{nt} thr {b}x{v} k={k}", t["ort_body"].median, avx2),
                             f"{max(t[n].spread for n in OURS + PEERS):.0%}",
                             f"{bgc:.1f}",
                             "; ".join(bad) if bad else "ok",
@@ -272,6 +265,7 @@ def main() -> None:
             rows,
         )
     )
+    vs_body.print_summary()
 
 
 if __name__ == "__main__":

@@ -4,6 +4,8 @@
 
 Peers, all in the same interleaved rounds:
   softpick         com.softdeploy Softpick, our native kernel in onnxruntime
+  avx2             the same kernel forced to its AVX2 variant (SOFTDEPLOY_ISA=avx2); `body/avx2` = ort_body
+                   time / avx2 time (issue 13's floor: >= 1 at every shape)
   ort_decomposed   the authors' naive formula as standard ONNX ops in onnxruntime (what an export
                    without softdeploy gives): Where/IsNaN/IsInf masks, ReduceMax over the finite
                    entries, Exp(X - m) - Exp(-m), Abs, ReduceSum, Relu, Div
@@ -31,6 +33,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from harness import (  # first: it sets the thread-pool environment before numpy/torch load
+    Avx2VsBody,
+    avx2_session,
     base_parser,
     fmt_num,
     header,
@@ -47,7 +51,7 @@ from harness import (  # first: it sets the thread-pool environment before numpy
 import numpy as np
 
 EPS = 1e-6
-PEERS = ["softpick", "ort_decomposed", "ort_body", "ort_softmax", "torch", "numpy"]
+PEERS = ["softpick", "avx2", "ort_decomposed", "ort_body", "ort_softmax", "torch", "numpy"]
 FLOORS = ["floor_copy", "floor_ort_identity"]
 BOUND = ["softpick_bound", "ort_decomposed_bound", "ort_softmax_bound", "floor_ort_identity_bound"]
 ATTENTION_SHAPE = (8, 12, 128, 128)
@@ -132,12 +136,14 @@ def make_peers(x: np.ndarray, models: dict[str, bytes], nt: int) -> dict:
     # every onnxruntime contender through the same call path (softdeploy.runtime.Session); ours with
     # the kernel library, the others without it (ort_body: softdeploy's function body in stock ORT)
     ours = Session(models["softpick"], kernels="native", threads=nt)
+    avx2 = avx2_session(models["softpick"], nt)
     body = Session(models["softpick"], kernels="portable", threads=nt)
     dec = Session(models["ort_decomposed"], kernels="portable", threads=nt)
     smx = Session(models["ort_softmax"], kernels="portable", threads=nt)
     idn = Session(models["ort_identity"], kernels="portable", threads=nt)
     return {
         "softpick": lambda: ours.run(feeds),
+        "avx2": lambda: avx2.run(feeds),
         "ort_decomposed": lambda: dec.run(feeds),
         "ort_body": lambda: body.run(feeds),
         "ort_softmax": lambda: smx.run(feeds),
@@ -160,6 +166,8 @@ def main() -> None:
     args = p.parse_args()
     rounds = 5 if args.quick else args.rounds
     header("Softpick")
+    Avx2VsBody.print_variant()
+    vs_body = Avx2VsBody("Softpick")
     shapes = [(b, v) for b in args.B for v in args.V]
     if not args.no_attention:
         shapes.append(ATTENTION_SHAPE)
@@ -180,7 +188,7 @@ def main() -> None:
                 want = numpy_softpick(x.astype(np.float64))
                 ok = all(
                     np.allclose(np.asarray(out), want, rtol=1e-4, atol=1e-7)
-                    for out in (peers[n]()[0] for n in ("softpick", "ort_decomposed", "ort_body"))
+                    for out in (peers[n]()[0] for n in ("softpick", "avx2", "ort_decomposed", "ort_body"))
                 )
                 t, bgc = quiet_bench(peers, rounds=rounds, batch_ms=args.batch_ms, max_tries=args.tries)
             nbytes = x.size * 4
@@ -204,6 +212,7 @@ def main() -> None:
                 + [fmt_num(t[n].median * 1e6) for n in PEERS + FLOORS + BOUND]
                 + [f"{dec:.1f}x / {reach:.1f}x / {smx:.2f}" for dec, reach, smx in ratios.values()]
                 + [
+                    vs_body.add(f"{nt} thr {label}", t["ort_body"].median, t["avx2"].median),
                     f"{sp / t['floor_copy'].median:.2f}",
                     f"{limit / sp:.0%}",
                     f"{max(t[n].spread for n in PEERS + BOUND):.0%}",
@@ -236,6 +245,7 @@ def main() -> None:
                 *BOUND,
                 "run: dec/softpick / dec/identity / softpick/softmax",
                 "bound: dec/softpick / dec/identity / softpick/softmax",
+                "body/avx2",
                 "softpick/floor_copy",
                 "of DRAM limit",
                 "max spread",
@@ -245,6 +255,7 @@ def main() -> None:
             rows,
         )
     )
+    vs_body.print_summary()
     if floor_checks:
         sync_print("\nFloors (1 thread):")
         for path in ("run", "bound"):

@@ -10,6 +10,8 @@ Peers, all in the same interleaved rounds (every onnxruntime contender through s
   body_f32   our function body as stock onnxruntime runs it, but in float32 (the body's Casts to
              double retargeted to float): the decomposed MatMul -> Softpick ops -> MatMul graph
   body       our function body as shipped (float64, like the reference), stock onnxruntime
+  avx2       ours forced to its AVX2 variant (SOFTDEPLOY_ISA=avx2); `body/avx2` = body time / avx2 time
+             (issue 13's floor: >= 1 at every shape)
 Modes: none (no mask), padding (the last 25% of keys masked: Mask [B, 1, 1, T] of 0 / -inf for ours,
 key_padding_mask for MHA), causal (causal=1 / unidirectional=1).
 Peak memory: growth of the process's max RSS over one call, in a fresh subprocess per peer and T.
@@ -28,6 +30,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from harness import (  # first: it sets the thread-pool environment before numpy/torch load
+    Avx2VsBody,
+    avx2_session,
     base_parser,
     fmt_num,
     fmt_time,
@@ -45,7 +49,7 @@ import numpy as np
 
 B, H, D = 1, 8, 64
 MODES = ("none", "padding", "causal")
-PEERS = ("ours", "mha", "body_f32", "body")
+PEERS = ("ours", "avx2", "mha", "body_f32", "body")
 
 
 def _ours_model(mode: str, body_dtype: str | None = None):
@@ -99,6 +103,8 @@ def _session(peer: str, mode: str, t: int, nt: int):
 
     if peer == "ours":
         return Session(_ours_model(mode), kernels="native", threads=nt)
+    if peer == "avx2":
+        return avx2_session(_ours_model(mode), nt)
     if peer == "mha":
         return Session(_mha_model(mode, t), kernels="portable", threads=nt)
     if peer == "body_f32":
@@ -148,6 +154,8 @@ def main() -> None:
     p.set_defaults(threads=[1], rounds=9)
     a = p.parse_args()
     header("SoftpickAttention vs MultiHeadAttention and the decomposed body")
+    Avx2VsBody.print_variant()
+    vs_body = Avx2VsBody("SoftpickAttention")
     sync_print(
         "The machine is shared and noisy (2 cores, several jobs): read the RATIOS of peers measured in the same "
         "interleaved rounds, not the absolute times.\n"
@@ -178,11 +186,17 @@ def main() -> None:
                     for peer in PEERS:
                         tm = timings.get(peer)
                         cells.append("-" if tm is None else f"{fmt_time(tm.median)} (x{fmt_num(tm.median / base, 2)})")
+                    if "body" in timings and "avx2" in timings:
+                        label = f"{nt} thr T={t} {mode}"
+                        cells.append(vs_body.add(label, timings["body"].median, timings["avx2"].median))
+                    else:
+                        cells.append("-")
                     cells.append(fmt_num(bg, 2))
                     rows.append(cells)
                     sync_print(f"  T={t} {mode}: " + ", ".join(f"{k} {fmt_time(v.median)}" for k, v in timings.items()))
         sync_print(f"\n## {nt} thread(s): time per call (x = time / ours; > 1 means ours is faster)\n")
-        sync_print(md_table(["T", "mode", *PEERS, "bg load"], rows))
+        sync_print(md_table(["T", "mode", *PEERS, "body/avx2", "bg load"], rows))
+    vs_body.print_summary()
     sync_print("\n## Peak memory: growth of max RSS over one call (MB), fresh process per cell\n")
     mem_rows = []
     for mode in ("none", "causal"):

@@ -7,6 +7,9 @@ Peers, all measured in the same interleaved rounds:
   ort_softmax     ai.onnx Softmax(axis=-1) in onnxruntime (MLAS)
   torch_out       torch's softmax kernel into a preallocated output (no page faults per call)
   numpy           max / subtract / exp / sum / divide, in place
+Issue 13's pair: avx2 (the same kernel forced to its AVX2 variant, SOFTDEPLOY_ISA=avx2) and ort_body
+(TwoPassSoftmax's function body in stock onnxruntime, library not registered); `body/avx2` = ort_body
+time / avx2 time, floor >= 1 at every shape.
 Floors: floor_copy (torch copy_: read once + write once) and floor_ort_id (ORT Identity: a copy
 plus the cost of one session.run).
 Every onnxruntime contender is a softdeploy.runtime.Session (the same call path as ours).
@@ -27,7 +30,10 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numpy as np
 from harness import (
+    Avx2VsBody,
+    avx2_session,
     base_parser,
+    body_session,
     fmt_num,
     header,
     int_list,
@@ -72,6 +78,7 @@ def numpy_softmax(x, out):
 
 PEERS = ["softdeploy", "ort_softmax", "torch_out", "numpy"]
 FLOORS = ["floor_copy", "floor_ort_id"]
+ISSUE13 = ["avx2", "ort_body"]
 BOUND = ["softdeploy_bound", "ort_softmax_bound", "floor_ort_id_bound"]
 
 
@@ -86,6 +93,8 @@ def main():
     args = p.parse_args()
     rounds = 5 if args.quick else args.rounds
     header("TwoPassSoftmax vs onnxruntime Softmax")
+    Avx2VsBody.print_variant()
+    vs_body = Avx2VsBody("TwoPassSoftmax")
     models, ours = build_models()
     rng = np.random.default_rng(0)
     rows = []
@@ -106,9 +115,12 @@ def main():
                     # every onnxruntime contender through the same call path as ours (Session.run / BoundRun)
                     sess = {n: Session(m, kernels="portable", threads=nt) for n, m in models.items()}
                     sd = Session(ours, kernels="native", threads=nt)
+                    avx2, body = avx2_session(ours, nt), body_session(ours, nt)
                     feeds = {"X": x}
                     peers = {
                         "softdeploy": lambda: sd.run(feeds),
+                        "avx2": lambda: avx2.run(feeds),
+                        "ort_body": lambda: body.run(feeds),
                         "ort_softmax": lambda: sess["ort_softmax"].run(feeds),
                         "torch_out": lambda: torch.ops.aten._softmax.out(xt, -1, False, out=yt),
                         "numpy": lambda: numpy_softmax(x, ynp),
@@ -119,7 +131,7 @@ def main():
                         "floor_ort_id_bound": sess["floor_ort_id"].bind(feeds),
                     }
                     ref = torch.softmax(xt.double(), dim=-1).numpy()
-                    ok = np.allclose(sd.run(feeds)[0], ref, rtol=1e-6, atol=1e-37)
+                    ok = all(np.allclose(s.run(feeds)[0], ref, rtol=1e-6, atol=1e-37) for s in (sd, avx2))
                     t, bgc = quiet_bench(peers, rounds=rounds, batch_ms=args.batch_ms, max_tries=args.tries)
                 nbytes = B * V * 4
                 ours_t, ort_t = t["softdeploy"].median, t["ort_softmax"].median
@@ -127,8 +139,9 @@ def main():
                 best_peer = min(PEERS[1:], key=lambda n: t[n].median)
                 rows.append(
                     [nt, f"{B}x{V}", f"{nbytes / 2**20:.2f}"]
-                    + [fmt_num(t[n].median * 1e6) for n in PEERS + FLOORS + BOUND]
+                    + [fmt_num(t[n].median * 1e6) for n in PEERS + ISSUE13 + FLOORS + BOUND]
                     + [
+                        vs_body.add(f"{nt} thr {B}x{V}", t["ort_body"].median, t["avx2"].median),
                         f"**{ort_t / ours_t:.2f}**",
                         f"**{ort_bound / ours_bound:.2f}**",
                         f"{t[best_peer].median / ours_t:.2f} ({best_peer})",
@@ -152,8 +165,10 @@ def main():
                 "BxV",
                 "MiB",
                 *PEERS,
+                *ISSUE13,
                 *FLOORS,
                 *BOUND,
+                "body/avx2",
                 "vs ort_softmax",
                 "bound: vs ort_softmax",
                 "vs best peer",
@@ -167,6 +182,7 @@ def main():
             rows,
         )
     )
+    vs_body.print_summary()
 
 
 if __name__ == "__main__":

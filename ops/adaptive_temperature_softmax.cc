@@ -105,7 +105,7 @@ struct Portable {
     return r;
   }
   static void Write(const float* x, float* y, int64_t n, float m, float beta, float inv, bool /*stream*/) {
-    for (int64_t j = 0; j < n; ++j) y[j] = static_cast<float>(std::exp(static_cast<double>(beta) * (x[j] - m)) * inv);
+    ats::WriteScalar(x, y, n, m, beta, inv);  // ops/adaptive_temperature_softmax_common.cc
   }
 };
 
@@ -193,10 +193,6 @@ struct AdaptiveTemperatureSoftmaxKernel {
 };
 
 }  // namespace
-
-void ats::WriteScalar(const float* x, float* y, int64_t n, float m, float beta, float inv) {
-  Portable::Write(x, y, n, m, beta, inv, false);
-}
 
 SD_REGISTER_KERNEL(AdaptiveTemperatureSoftmax, AdaptiveTemperatureSoftmaxKernel)
 

@@ -24,7 +24,7 @@ struct Stats2 {
 };
 
 // y = exp(beta (x - m)) * inv in double, the portable writer (defined in
-// ops/adaptive_temperature_softmax.cc; the AVX2 output pass's tail).
+// ops/adaptive_temperature_softmax_common.cc; also the AVX2 output pass's tail).
 void WriteScalar(const float* x, float* y, int64_t n, float m, float beta, float inv);
 
 Stats1 Pass1Avx2(const float* x, int64_t n);

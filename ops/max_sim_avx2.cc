@@ -56,6 +56,15 @@ void WidenI8Avx2(const int8_t* d, int64_t Ld, int64_t dim, int16_t* out) {
   }
 }
 
+// (Here, not in ops/max_sim_core.h: no onnxruntime type, so the size-sweep tester links the same code.)
+__attribute__((target("f16c"))) void WidenF16Avx2(const uint16_t* x, float* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i))));
+  }
+  for (; i < n; ++i) y[i] = _cvtsh_ss(x[i]);
+}
+
 void BiasI8Avx2(const int8_t* d, int64_t Ld, int64_t dim, uint8_t* out) {
   const int64_t row = (dim + 3) / 4 * 4;
   const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));

@@ -161,14 +161,8 @@ inline void PackQFloat(const float* q, int64_t Lq, int64_t dim, float* out) {
   }
 }
 
-// float16 -> float32, n elements.
-SD_TARGET_AVX2 __attribute__((target("f16c"))) inline void WidenF16C(const Ort::Float16_t* x, float* y, int64_t n) {
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i))));
-  }
-  for (; i < n; ++i) y[i] = x[i].ToFloat();
-}
+// Ort::Float16_t is its 16 bits (WidenF16Avx2 reads them as uint16_t).
+static_assert(sizeof(Ort::Float16_t) == 2, "float16 is 2 bytes");
 
 inline bool HasVnni() noexcept {
   __builtin_cpu_init();
@@ -320,7 +314,7 @@ void Run(Ort::KernelContext& ctx, const Problem& p, const T* q, const T* d, Isa 
       if constexpr (kHalf) {
         float* w = reinterpret_cast<float*>(work);
         const Ort::Float16_t* src = d + n * doc_elems;
-        if (half_simd) WidenF16C(src, w, doc_elems);
+        if (half_simd) WidenF16Avx2(reinterpret_cast<const uint16_t*>(src), w, doc_elems);
         else for (int64_t i = 0; i < doc_elems; ++i) w[i] = src[i].ToFloat();
         doc.data = w;
       }

@@ -62,5 +62,8 @@ void DocSums128Avx512Vnni(const int8_t* d, int64_t Ld, int64_t dim, int32_t* out
 void WidenI8Avx2(const int8_t* d, int64_t Ld, int64_t dim, int16_t* out);           // -> [Ld][dim2 * 2]
 void BiasI8Avx2(const int8_t* d, int64_t Ld, int64_t dim, uint8_t* out);            // -> [Ld][dim4 * 4] u8
 
+// float16 documents: n float16 values (their bits) -> float32, exactly (F16C; needs f16c besides AVX2).
+void WidenF16Avx2(const uint16_t* x, float* y, int64_t n);
+
 }  // namespace maxsim
 }  // namespace sd

@@ -1,5 +1,5 @@
 """The native size-sweep tester (tests/native/sweep.cc, CMake target softdeploy_sweep): every kernel
-written over the vector traits, for every variant the CPU runs, at generated sizes around its vector
+written over the vector traits (SWEPT_OPS), for every variant the CPU runs, at generated sizes around its vector
 width and tiles, against float64 references from the equations. Built here from this source tree in a
 private build directory (never installed), then run as the CPU is and as an AVX2-only and a plain
 x86-64 CPU (SOFTDEPLOY_TEST_CPU)."""
@@ -18,6 +18,16 @@ from softdeploy import conformance
 
 ROOT = Path(__file__).resolve().parents[2]
 VECTOR_VARIANTS = ["avx2", "avx512"]
+# The operators whose vector kernels the sweep covers (each has an AVX2 variant).
+SWEPT_OPS = {
+    "AdaptiveTemperatureSoftmax",
+    "MaxSim",
+    "MultiMax",
+    "SoftNMS",
+    "SoftmaxTopK",
+    "Softpick",
+    "TwoPassSoftmax",
+}
 
 
 @pytest.fixture(scope="module")
@@ -51,3 +61,14 @@ def test_sweep_matches_the_float64_references(sweep: Path, cpu: str | None) -> N
     assert swept == want
     if want:
         assert int(summary.group(3)) > 1000
+    # Every operator's kernels were swept (none silently dropped), and MaxSim's int8 dot products are
+    # the ones the library would run here: vpmaddwd on any AVX2 CPU (the only one as an AVX2-only CPU).
+    per_op = re.search(r"sweep: checks per op \[([A-Za-z0-9=,]*)\]", done.stdout)
+    assert per_op is not None, done.stdout[-2000:]
+    counts = dict(item.split("=") for item in per_op.group(1).split(",")) if per_op.group(1) else {}
+    assert set(counts) == (SWEPT_OPS if want else set())
+    assert all(int(n) > 0 for n in counts.values())
+    dots = re.search(r"sweep: MaxSim int8 dot products \[([a-z0-9,-]*)\]", done.stdout)
+    assert dots is not None
+    if cpu == "avx2":
+        assert dots.group(1) == "vpmaddwd"

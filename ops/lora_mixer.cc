@@ -354,27 +354,43 @@ inline bool Route(const float* l, int64_t e, int64_t k, int32_t* sel, float* gat
       return false;
     }
   }
-  // Selection by repeated max over the not-yet-chosen experts: E is small (tens).
-  uint64_t chosen_small = 0;
-  std::vector<char> chosen_big;
-  if (e > 64) chosen_big.assign(static_cast<size_t>(e), 0);
-  auto is_chosen = [&](int64_t j) { return e > 64 ? chosen_big[j] != 0 : ((chosen_small >> j) & 1u) != 0; };
-  for (int64_t s = 0; s < k; ++s) {
-    int64_t best = -1;
-    for (int64_t j = 0; j < e; ++j) {
-      if (is_chosen(j)) continue;
-      if (best < 0 || l[j] > l[best]) best = j;  // strict: an equal logit keeps the lower index
+  // Selection by repeated max over the not-yet-chosen experts: E is small (tens). A bit mask for E <= 64
+  // (the usual case, no allocation per token), a byte per expert beyond.
+  if (e <= 64) {
+    uint64_t chosen = 0;
+    for (int64_t s = 0; s < k; ++s) {
+      int64_t best = -1;
+      for (int64_t j = 0; j < e; ++j) {
+        if ((chosen >> j) & 1u) continue;
+        if (best < 0 || l[j] > l[best]) best = j;  // strict: an equal logit keeps the lower index
+      }
+      sel[s] = static_cast<int32_t>(best);
+      chosen |= uint64_t{1} << best;
     }
-    sel[s] = static_cast<int32_t>(best);
-    if (e > 64) chosen_big[best] = 1;
-    else chosen_small |= uint64_t{1} << best;
+  } else {
+    std::vector<char> chosen(static_cast<size_t>(e), 0);
+    for (int64_t s = 0; s < k; ++s) {
+      int64_t best = -1;
+      for (int64_t j = 0; j < e; ++j) {
+        if (chosen[j]) continue;
+        if (best < 0 || l[j] > l[best]) best = j;
+      }
+      sel[s] = static_cast<int32_t>(best);
+      chosen[best] = 1;
+    }
+  }
+  // The top expert's term is exp(l_max - l_max) = exp(0) = 1 exactly, so it is set, not computed (the
+  // same value: top_k = 1 gives gate 1 with no exp at all).
+  if (k == 1) {
+    gate[0] = 1.0f;
+    return true;
   }
   const double m = l[sel[0]];
-  double sum = 0.0;
   double ex[64];
   std::vector<double> ex_big(k > 64 ? static_cast<size_t>(k) : 0);
   double* exs = k > 64 ? ex_big.data() : ex;
-  for (int64_t s = 0; s < k; ++s) sum += (exs[s] = std::exp(static_cast<double>(l[sel[s]]) - m));
+  double sum = exs[0] = 1.0;
+  for (int64_t s = 1; s < k; ++s) sum += (exs[s] = std::exp(static_cast<double>(l[sel[s]]) - m));
   for (int64_t s = 0; s < k; ++s) gate[s] = static_cast<float>(exs[s] / sum);
   return true;
 }

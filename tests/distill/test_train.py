@@ -4,6 +4,7 @@ checked, KD objectives and Bloop/sum aux train, stages chain layer reductions, m
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -194,7 +195,7 @@ def test_lr_schedule_warmup_then_linear_decay() -> None:
     f = [lr_factor(cfg, s) for s in range(10)]
     assert f[:2] == pytest.approx([1 / 3, 2 / 3])  # 2 warmup steps, rising
     assert f[2] == pytest.approx(1.0) and f[-1] == pytest.approx(1 / 8)
-    assert all(a > b for a, b in zip(f[2:], f[3:], strict=False))  # then falling to 0 at step 10
+    assert all(a > b for a, b in itertools.pairwise(f[2:]))  # then falling to 0 at step 10
     assert [lr_factor(DistillConfig(steps=10), s) for s in range(10)] == [1.0] * 10  # defaults: constant lr
     with pytest.raises(ArgumentError, match="warmup"):
         DistillConfig(warmup=1.0).check()

@@ -58,9 +58,28 @@ class SentenceEncoder(nn.Module):
     def forward(self, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
         """(token embeddings ``[batch, seq, hidden]``, sentence embedding ``[batch, hidden]``), both L2-normalised."""
         h = self.hidden(input_ids, attention_mask)
+        return self._pool(h, attention_mask)
+
+    @staticmethod
+    def _pool(h: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
         m = attention_mask.unsqueeze(-1).to(h.dtype)
         pooled = (h * m).sum(1) / m.sum(1).clamp(min=1e-9)
         return nn.functional.normalize(h, p=2.0, dim=-1), nn.functional.normalize(pooled, p=2.0, dim=-1)
+
+    def states(
+        self, input_ids: Tensor, attention_mask: Tensor, *, hidden: bool = False
+    ) -> tuple[Tensor, Tensor, tuple[Tensor, ...]]:
+        """``forward``'s two outputs and, when ``hidden``, every hidden state (the embedding output, then each
+        layer's output, not normalised; empty otherwise), from one pass."""
+        if not hidden:
+            return (*self.forward(input_ids, attention_mask), ())
+        out = self.bert(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=torch.zeros_like(input_ids),
+            output_hidden_states=True,
+        )
+        return (*self._pool(out.last_hidden_state, attention_mask), tuple(out.hidden_states))
 
 
 def load_teacher() -> tuple[SentenceEncoder, Any]:

@@ -10,6 +10,16 @@ Objectives (``DistillConfig.objective``; the main loss):
   (``scale`` 20, as MultipleNegativesRankingLoss), the teacher's optionally top-k truncated
   (``renorm``/``tail``) and both softened by a registry operator at ``temperature``.
 
+Layer-to-layer hidden-state MSE (``hidden_weight`` > 0; TinyBERT's / MiniLM's intermediate-layer
+distillation, added to the main loss): student layer ``k`` of ``m`` (its output, not normalised) is matched to
+the output of teacher layer ``(k + 1) * n / m - 1`` (6 -> 3: teacher layers 1, 3, 5), over valid tokens. It gives
+every student layer its own target, which converges in far fewer steps than the last layer's alone (measured:
+bench/results/distill_recipes.md).
+
+Learning rate: ``lr`` after a linear warmup over the first ``warmup`` fraction of the steps, then constant
+(``schedule="constant"``) or linearly down to 0 at the last step (``"linear"``); set per step from the step
+index, so a resumed run follows the same schedule.
+
 Auxiliary objective (``aux="int8"``): the same MSE with the student's Linear weights fake-quantised to
 symmetric per-channel int8 (straight-through), so that the student keeps its accuracy after int8
 quantization. ``combine`` chooses how it joins the main loss: ``bloop`` (:class:`Bloop`, the auxiliary
@@ -64,6 +74,9 @@ class DistillConfig:
     steps: int = 200
     batch_size: int = 32
     lr: float = 1e-4
+    warmup: float = 0.0
+    schedule: Literal["constant", "linear"] = "constant"
+    hidden_weight: float = 0.0
     weight_decay: float = 0.01
     max_length: int = 64
     seed: int = 0
@@ -79,6 +92,14 @@ class DistillConfig:
             raise ArgumentError(f"distill: aux {self.aux!r} is not one of [None, 'int8']")
         if self.combine not in ("bloop", "sum"):
             raise ArgumentError(f"distill: combine {self.combine!r} is not one of ['bloop', 'sum']")
+        if self.schedule not in ("constant", "linear"):
+            raise ArgumentError(f"distill: schedule {self.schedule!r} is not one of ['constant', 'linear']")
+        if not 0.0 <= self.warmup < 1.0:
+            raise ArgumentError(
+                f"distill: warmup {self.warmup} is out of range (rule: 0 <= warmup < 1, a fraction of steps)"
+            )
+        if self.hidden_weight < 0.0:
+            raise ArgumentError(f"distill: hidden_weight {self.hidden_weight} is out of range (rule: >= 0)")
         for name in ("steps", "batch_size", "max_length", "checkpoint_every"):
             if getattr(self, name) < 1:
                 raise ArgumentError(f"distill: {name} {getattr(self, name)} is out of range (rule: >= 1)")
@@ -129,6 +150,23 @@ def fake_quant_int8(w: Tensor) -> Tensor:
     scale = w.detach().abs().amax(dim=1, keepdim=True).clamp_min(1e-12) / 127.0
     q = torch.clamp(torch.round(w / scale), -127, 127) * scale
     return w + (q - w).detach()
+
+
+def lr_factor(cfg: DistillConfig, step: int) -> float:
+    """The multiplier of ``cfg.lr`` at optimizer step ``step`` (0-based): linear warmup over
+    ``ceil(warmup * steps)`` steps, then 1 (constant) or linear decay to 0 at ``steps`` (linear)."""
+    w = math.ceil(cfg.warmup * cfg.steps)
+    if step < w:
+        return (step + 1) / (w + 1)
+    if cfg.schedule == "linear":
+        return max(0.0, (cfg.steps - step) / max(1, cfg.steps - w))
+    return 1.0
+
+
+def hidden_layer_map(teacher_layers: int, student_layers: int) -> list[int]:
+    """The teacher layer whose output each student layer is matched to by the hidden-state MSE:
+    ``(k + 1) * n // m - 1`` (6 -> 3: 1, 3, 5; the last student layer always to the last teacher layer)."""
+    return [(k + 1) * teacher_layers // student_layers - 1 for k in range(student_layers)]
 
 
 def _masked_mse(a: Tensor, b: Tensor, mask: Tensor) -> Tensor:
@@ -278,6 +316,7 @@ def distill(
     if ckpt is not None and ckpt.is_file():
         start = _load(ckpt, key, student, opt, bloop)
     objective = _Objective(cfg)
+    layer_map = hidden_layer_map(teacher.num_layers, student.num_layers)
     teacher.eval()
     student.train()
     mains: list[float] = []
@@ -290,11 +329,17 @@ def distill(
                 [texts[i] for i in idx], padding=True, truncation=True, max_length=cfg.max_length, return_tensors="pt"
             )
             ids, mask = enc["input_ids"], enc["attention_mask"]
+            for g in opt.param_groups:
+                g["lr"] = cfg.lr * lr_factor(cfg, step)
             with torch.no_grad():
-                t_tok, t_sent = teacher(ids, mask)
+                t_tok, t_sent, t_hidden = teacher.states(ids, mask, hidden=cfg.hidden_weight > 0)
             torch.manual_seed(cfg.seed * 1_000_003 + step)  # dropout: the same masks after a resume
-            s_tok, s_sent = student(ids, mask)
+            s_tok, s_sent, s_hidden = student.states(ids, mask, hidden=cfg.hidden_weight > 0)
             main = objective.main(s_tok, s_sent, t_tok, t_sent, mask)
+            if cfg.hidden_weight > 0:
+                # hidden_states[0] is the embedding output; layer i's output is hidden_states[i + 1]
+                pairs = zip(s_hidden[1:], (t_hidden[j + 1] for j in layer_map), strict=True)
+                main = main + cfg.hidden_weight * sum(_masked_mse(a, b, mask) for a, b in pairs) / len(layer_map)
             opt.zero_grad(set_to_none=True)
             if bloop is not None:
                 aux = objective.aux(student, ids, mask, t_tok, t_sent)

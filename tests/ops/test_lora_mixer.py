@@ -4,6 +4,8 @@ a fuzz of shapes and routings over every kernel variant."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from hypothesis import assume, given, settings
@@ -108,6 +110,44 @@ def test_non_finite_weights_are_refused_even_when_unselected():
             OpContractError, match=r"LoRAMixer: A holds a non-finite value \(NaN or \+-inf\) at \[3, 1, 2\]"
         ):
             kernel(Sample("nan", (x, a, bm, router), {"top_k": 1}), isa)
+
+
+@pytest.mark.parametrize("r", [8, 3])  # r = 8: the register-permute transpose of Bm (and its tail rows)
+@pytest.mark.parametrize(
+    ("name", "index"),
+    [("A", (1, 2, 5)), ("Bm", (1, 3, 1)), ("Bm", (2, 37, 0)), ("Router", (0, 7))],
+)
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
+def test_non_finite_weights_of_selected_experts_are_refused(name, index, value, r):
+    """The kernel checks a selected expert's factors through its own work (A_e . x, the transpose of
+    Bm_e, the logits) instead of a separate scan: each case must still fail naming the entry."""
+    rng = np.random.default_rng(7)
+    x, a, bm, router = make_case(rng, (40,), 24, 40, 4, r)
+    _, experts, _ = OP.reference(x, a, bm, router, top_k=2)
+    inputs = {"A": a, "Bm": bm, "Router": router}
+    index = (*index[:-1], min(index[-1], inputs[name].shape[-1] - 1))
+    inputs[name][index] = value
+    assert name == "Router" or index[0] in experts  # the expert is selected by some token
+    where = "[" + ", ".join(str(i) for i in index) + "]"
+    for isa in ISAS:
+        with pytest.raises(
+            OpContractError, match=re.escape(f"LoRAMixer: {name} holds a non-finite value (NaN or +-inf) at {where}")
+        ):
+            kernel(Sample("bad", (x, a, bm, router), {"top_k": 2}), isa)
+
+
+def test_overflow_with_finite_weights_is_not_an_error():
+    """A_e . x overflowing float32 (finite X and weights) gives a non-finite Delta for that token, not
+    the non-finite-weight error that the same sign triggers a scan for."""
+    rng = np.random.default_rng(8)
+    x, a, bm, router = make_case(rng, (6,), 16, 20, 4, 8)
+    router *= 1e-30  # logits stay finite
+    x[2] *= 1e30
+    a *= 1e15
+    for isa in ISAS:
+        delta, _, gates = kernel(Sample("big", (x, a, bm, router), {"top_k": 2}), isa)
+        assert not np.isfinite(delta[2]).all(), isa
+        assert np.isfinite(np.delete(delta, 2, axis=0)).all() and np.isfinite(gates).all(), isa
 
 
 def test_omitted_optional_outputs():

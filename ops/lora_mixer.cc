@@ -576,13 +576,15 @@ struct LoRAMixerKernel {
     const size_t blocks = static_cast<size_t>((n_tok + kTokenBlock - 1) / kTokenBlock);
     ParallelFor(ctx, blocks, [&](size_t b) {
       const int64_t t0 = static_cast<int64_t>(b) * kTokenBlock, t1 = std::min(n_tok, t0 + kTokenBlock);
-      std::vector<float> l0(static_cast<size_t>(e)), l1(static_cast<size_t>(e));
+      // All the block's logits first, then the routing in a loop of its own: the tokens' top-k scans
+      // are independent, so their dependency chains (a compare and select per expert) overlap there,
+      // where between two dot tiles each waited on its own.
+      std::vector<float> l(static_cast<size_t>((t1 - t0) * e));
       for (int64_t t = t0; t < t1; t += 2) {
         const int64_t u = std::min(t + 1, t1 - 1);
-        DotRows(dot, xf + t * n_in, xf + u * n_in, rf, e, n_in, l0.data(), l1.data());
-        ok[t] = Route(l0.data(), e, k, &sel[t * k], &gate[t * k]);
-        if (u != t) ok[u] = Route(l1.data(), e, k, &sel[u * k], &gate[u * k]);
+        DotRows(dot, xf + t * n_in, xf + u * n_in, rf, e, n_in, &l[(t - t0) * e], &l[(u - t0) * e]);
       }
+      for (int64_t t = t0; t < t1; ++t) ok[t] = Route(&l[(t - t0) * e], e, k, &sel[t * k], &gate[t * k]);
     });
 
     // Phase 2 (serial, O(N k + E)): group (token, coefficient) by expert, tokens ascending within an

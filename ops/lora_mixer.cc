@@ -19,6 +19,13 @@
 //  * Work is split into fixed blocks of kTokenBlock tokens (sd::ParallelFor over blocks), never by
 //    the number of threads.
 //  * Non-finite tokens (any logit NaN or +-inf) get NaN Delta and Gates and Experts 0..top_k-1.
+//  * A non-finite weight is an error whatever the routing: unselected experts are scanned, selected
+//    ones are checked through the work (a non-finite value is absorbing in the sums of products), and
+//    any sign of one runs the full scan of A, Bm and Router in that order (RequireFinite's message),
+//    so the error does not depend on which check saw it first (see Compute).
+//  * A token's routing is computed from its logits alone (a loop over the block's tokens after all
+//    their logits), its top-k scan without data-dependent branches; the gates' arithmetic is
+//    unchanged (exp in double of l_e - max l, the top expert's term exactly 1).
 #include <algorithm>
 #include <cmath>
 #include <cstring>

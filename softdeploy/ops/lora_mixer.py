@@ -31,10 +31,12 @@ Rules (the contract; docs/ops/LoRAMixer.md renders it):
   logit overflows) gets ``Delta`` all NaN and ``Gates`` all NaN, ``Experts`` = 0, 1, ..., top_k-1;
   the other tokens are not affected.
 * ``scaling`` must be finite, and so must A, Bm and Router (trained parameters): a non-finite entry is
-  an error naming the input and the entry's index. The kernel checks all E experts (one vectorised
-  pass, ~2% of a call at the benchmark shape) although it computes only the selected ones: without the
-  check, a NaN in an unselected expert would vanish in the kernel but reach every token through the
-  dense function body (0 * NaN).
+  an error naming the input and the entry's index. The kernel checks all E experts although it
+  computes only the selected ones: without the check, a NaN in an unselected expert would vanish in
+  the kernel but reach every token through the dense function body (0 * NaN). It scans the unselected
+  experts and checks the selected ones through its own work (a non-finite entry makes their products
+  non-finite; Bm_e is checked as it is transposed), and on any such sign scans all weights as the
+  error path, so the error is the same as a scan up front would give.
 * An empty batch (X of shape [0, in], or any zero leading dimension) gives empty outputs.
 
 Numerics (tolerances in DEF.tolerance, derived from the conditioning): the kernels compute in float32

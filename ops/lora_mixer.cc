@@ -48,7 +48,7 @@ constexpr int kRows = 8;  // rows of A_e / Router per dot tile
 
 // Portable: one accumulator per dot product, in i order.
 void DotTilePortable(const float* x0, const float* x1, const float* const* rows, int64_t n, float* out0,
-                     float* out1, const float* /*pf0*/, const float* /*pf1*/) {
+                     float* out1) {
   for (int j = 0; j < kRows; ++j) {
     float s0 = 0.0f, s1 = 0.0f;
     const float* w = rows[j];
@@ -100,22 +100,14 @@ SD_TARGET_AVX512 inline __m512 Reduce16(__m512 v[16]) {
     w = _mm512_maskz_loadu_ps(m, r7 + i); SD_LM_REG(w); a7 = _mm512_fmadd_ps(w, xa, a7); b7 = _mm512_fmadd_ps(w, xb, b7); \
   } while (0)
 
-// pf0, pf1: the rows of the next tile's tokens, fetched into L1 two cache lines per step (the tokens
-// of an expert are scattered over X, in L2 at the benchmark shape, and each row start otherwise
-// misses until the streamer follows: down-projection tiles ran ~1.6x slower than the router's over
-// consecutive rows).
 SD_TARGET_AVX512 void DotTileAvx512(const float* x0, const float* x1, const float* const* rows, int64_t n,
-                                    float* out0, float* out1, const float* pf0, const float* pf1) {
+                                    float* out0, float* out1) {
   const float *r0 = rows[0], *r1 = rows[1], *r2 = rows[2], *r3 = rows[3];
   const float *r4 = rows[4], *r5 = rows[5], *r6 = rows[6], *r7 = rows[7];
   __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
   __m512 b0 = a0, b1 = a0, b2 = a0, b3 = a0, b4 = a0, b5 = a0, b6 = a0, b7 = a0;
   int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    _mm_prefetch(reinterpret_cast<const char*>(pf0 + i), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(pf1 + i), _MM_HINT_T0);
-    SD_LM_STEP512(static_cast<__mmask16>(0xFFFF));
-  }
+  for (; i + 16 <= n; i += 16) SD_LM_STEP512(static_cast<__mmask16>(0xFFFF));
   if (i < n) SD_LM_STEP512(static_cast<__mmask16>((1u << (n - i)) - 1));
   __m512 acc[16] = {a0, a1, a2, a3, a4, a5, a6, a7, b0, b1, b2, b3, b4, b5, b6, b7};
   // Reduce16's lane 4q + l holds the sum of acc[4l + q]: one permute puts acc[n] in lane n (token 0's
@@ -183,29 +175,27 @@ SD_TARGET_AVX2 void DotQuadAvx2(const float* x0, const float* x1, const float* c
 #undef SD_LM_STEP256
 
 SD_TARGET_AVX2 void DotTileAvx2(const float* x0, const float* x1, const float* const* rows, int64_t n, float* out0,
-                                float* out1, const float* /*pf0*/, const float* /*pf1*/) {
+                                float* out1) {
   DotQuadAvx2(x0, x1, rows, n, out0, out1);
   DotQuadAvx2(x0, x1, rows + 4, n, out0 + 4, out1 + 4);
 }
 
-using DotTileFn = void (*)(const float*, const float*, const float* const*, int64_t, float*, float*, const float*,
-                           const float*);
+using DotTileFn = void (*)(const float*, const float*, const float* const*, int64_t, float*, float*);
 
 // out_t[j] = W[j] . x_t for all `m` rows of W [m, n] (row stride n), in tiles of 8 rows; the last
 // tile repeats row m-1 (its extra results are dropped).
 inline void DotRows(DotTileFn tile, const float* x0, const float* x1, const float* w, int64_t m, int64_t n,
-                    float* out0, float* out1, const float* pf0 = nullptr, const float* pf1 = nullptr) {
-  if (pf0 == nullptr) pf0 = x0, pf1 = x1;  // nothing to fetch ahead: the tile's own rows (L1 hits)
+                    float* out0, float* out1) {
   float t0[kRows], t1[kRows];
   const float* rows[kRows];
   if (m == kRows) {  // E = 8 router rows or r = 8 ranks, the usual case: straight into out
     for (int k = 0; k < kRows; ++k) rows[k] = w + k * n;
-    tile(x0, x1, rows, n, out0, out1, pf0, pf1);
+    tile(x0, x1, rows, n, out0, out1);
     return;
   }
   for (int64_t j0 = 0; j0 < m; j0 += kRows) {
     for (int k = 0; k < kRows; ++k) rows[k] = w + std::min<int64_t>(j0 + k, m - 1) * n;
-    tile(x0, x1, rows, n, t0, t1, pf0, pf1);
+    tile(x0, x1, rows, n, t0, t1);
     const int64_t cnt = std::min<int64_t>(kRows, m - j0);
     for (int64_t k = 0; k < cnt; ++k) {
       out0[j0 + k] = t0[k];
@@ -690,11 +680,7 @@ struct LoRAMixerKernel {
         for (int64_t p = p0; p < p1; p += 2) {
           const int64_t q = std::min(p + 1, p1 - 1);
           const int64_t ta = tok[p], tb = tok[q];
-          const int64_t pn = std::min(p + 2, p1 - 1), qn = std::min(p + 3, p1 - 1);  // the next pair
-          if (r > 0) {
-            DotRows(dot, xf + ta * n_in, xf + tb * n_in, aj, r, n_in, u0.data(), u1.data(), xf + tok[pn] * n_in,
-                    xf + tok[qn] * n_in);
-          }
+          if (r > 0) DotRows(dot, xf + ta * n_in, xf + tb * n_in, aj, r, n_in, u0.data(), u1.data());
           for (int64_t i = 0; i < r; ++i) {
             c0[i] = coef[p] * u0[i];
             c1[i] = coef[q] * u1[i];

@@ -5,7 +5,9 @@
 // each kernel's tiles (SoftmaxTopK: the 512-entry partial sums, the candidate buffer's cut at k + 48;
 // Softpick, TwoPassSoftmax, MultiMax: the 1024-entry blocks; AdaptiveTemperatureSoftmax: the kFold
 // vectors summed in float; SoftNMS: 1 .. 3L + 1 blocks of 16 slots, L blocks a step; MaxSim: the
-// register block R and the query tile), over several kinds of rows, against float64 references
+// register block R and the query tile; LoRAMixer, whose pieces are in ops/lora_mixer_tiles.h rather than
+// over the traits: its dot tile's 16-lane steps and the 384 of MiniLM, its up-projection's 32- and 64-wide
+// steps and their tails, the r = 8 register transpose's 16-row blocks), over several kinds of rows, against float64 references
 // computed here from the operators' equations -- not from another kernel. Generated sizes, not
 // hand-listed samples. Prints one line per failure and a summary; exit status 1 on any failure.
 // Tolerances (each with its reason where it is not the contract's):
@@ -24,6 +26,9 @@
 //   SoftNMS passes (AVX2, AVX-512; the AVX-512 weights): exactly, the IoU's float expressions.
 //   MaxSim / SignedMaxSim tiles: float32 (AVX2, AVX-512), float16's widening (F16C), int8 (AVX2
 //     vpmaddwd, AVX-VNNI and AVX-512 VNNI where the CPU has them).
+//   LoRAMixer pieces (portable, AVX2, AVX-512; the routing once): the up-projection bit-identical to
+//     the scalar fma chain, the transpose and the finiteness flags exactly, dot tiles to the float64 dot
+//     within (n + 2) u sum |terms| and bit-identical where the kernel promises it (see SweepLoRAMixerDot).
 // (Each sweep's own comment below states its equations and tolerances.)
 #include <algorithm>
 #include <cmath>
@@ -38,6 +43,7 @@
 
 #include "adaptive_temperature_softmax_row.h"
 #include "common/cpu.h"
+#include "lora_mixer_tiles.h"
 #include "max_sim_tile.h"
 #include "multi_max_row.h"
 #include "soft_nms_row.h"
@@ -832,6 +838,203 @@ void SweepWidenF16(const char* variant, void (*widen)(const uint16_t*, float*, i
 
 }  // namespace
 
+// ---- LoRAMixer ----------------------------------------------------------------------------------
+//
+// The kernel's pieces (ops/lora_mixer_tiles.h), each variant against references computed here:
+//   dot tile: out_t[j] = rows[j] . x_t (2 tokens x 8 rows) to (n + 2) u sum_i |rows_ji x_ti| of the
+//     float64 dot (any summation order), and bit-identical outputs where the tile's promise says so:
+//     the same token in both slots, and 8 equal rows (exact ties of logits);
+//   up-projection: d_t[o] = start + sum_j c_t[j] BT[j][o] (start 0 for a token's first expert, else
+//     d_t[o]), bit-identical to the scalar fma chain over j = 0..r-1 (the order the kernel's comment
+//     promises in every lane and chunking), also with both slots the same token (d0 == d1);
+//   transpose of Bm_e [out, r] to [r, out]: exact, and its finiteness flag exact (a NaN, +inf or
+//     -inf planted in every position of small shapes);
+//   finiteness scan: exact at every length and position;
+//   routing of a token (scalar, one for all variants): the top k by the contract's order (larger
+//     logit, then lower index) exactly, gates to 1e-6 relative of the float64 softmax over them,
+//     a non-finite logit -> refused with experts 0..k-1 and NaN gates.
+constexpr double kU = 1.0 / 16777216.0;  // 2^-24
+
+void SweepLoRAMixerDot(const char* variant, sd::lora_mixer::DotTileFn tile, int lanes) {
+  std::mt19937 rng(21);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int64_t n : Sizes(lanes, {static_cast<int64_t>(lanes), 384})) {
+    for (int kind = 0; kind < 3; ++kind) {  // 0: random; 1: x1 == x0; 2: all 8 rows equal
+      std::vector<float> w(static_cast<size_t>(8 * n)), x0(static_cast<size_t>(n)), x1(x0.size());
+      for (auto& v : w) v = normal(rng);
+      for (auto& v : x0) v = normal(rng);
+      for (auto& v : x1) v = normal(rng);
+      if (kind == 1) x1 = x0;
+      const float* rows[8];
+      for (int k = 0; k < 8; ++k) rows[k] = w.data() + (kind == 2 ? 0 : k) * n;
+      float o0[8], o1[8];
+      tile(x0.data(), x1.data(), rows, n, o0, o1);
+      for (int t = 0; t < 2; ++t) {
+        const std::vector<float>& x = t == 0 ? x0 : x1;
+        const float* o = t == 0 ? o0 : o1;
+        for (int k = 0; k < 8; ++k) {
+          double ref = 0.0, mag = 0.0;
+          for (int64_t i = 0; i < n; ++i) {
+            ref += static_cast<double>(rows[k][i]) * x[i];
+            mag += std::fabs(static_cast<double>(rows[k][i]) * x[i]);
+          }
+          ++g_checks;
+          if (!(std::fabs(o[k] - ref) <= (n + 2) * kU * mag + 1e-37)) {
+            Fail(std::string("LoRAMixer dot ") + variant + " n=" + std::to_string(n) + " kind=" + std::to_string(kind) +
+                 " token " + std::to_string(t) + " row " + std::to_string(k) + ": " + std::to_string(o[k]) + " vs " +
+                 std::to_string(ref));
+          }
+        }
+      }
+      for (int k = 0; k < 8; ++k) {
+        ++g_checks;
+        if (kind == 1 && std::memcmp(&o0[k], &o1[k], 4) != 0) {
+          Fail(std::string("LoRAMixer dot ") + variant + " n=" + std::to_string(n) + ": the same token differs by slot");
+        }
+        if (kind == 2 && (std::memcmp(&o0[k], &o0[0], 4) != 0 || std::memcmp(&o1[k], &o1[0], 4) != 0)) {
+          Fail(std::string("LoRAMixer dot ") + variant + " n=" + std::to_string(n) + ": equal rows give unequal sums");
+        }
+      }
+    }
+  }
+}
+
+void SweepLoRAMixerAxpy(const char* variant, sd::lora_mixer::AxpyFn axpy, int lanes) {
+  std::mt19937 rng(22);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int64_t out : Sizes(lanes, {32, 64, 384})) {
+    for (int64_t r : {1, 2, 3, 7, 8, 9, 16, 17}) {
+      for (int mode = 0; mode < 5; ++mode) {  // fresh0, fresh1 in {0, 1}^2; 4: both slots one token
+        const bool same = mode == 4, fresh0 = same ? true : (mode & 1) != 0, fresh1 = same ? true : (mode & 2) != 0;
+        std::vector<float> bt(static_cast<size_t>(r * out)), c0(static_cast<size_t>(r)), c1(c0.size());
+        std::vector<float> d0(static_cast<size_t>(out)), d1(d0.size());
+        for (auto& v : bt) v = normal(rng);
+        for (auto& v : c0) v = normal(rng);
+        for (auto& v : c1) v = normal(rng);
+        for (auto& v : d0) v = normal(rng);
+        for (auto& v : d1) v = normal(rng);
+        if (same) c1 = c0;
+        std::vector<float> want0(d0.size()), want1(d1.size());
+        for (int64_t o = 0; o < out; ++o) {
+          float a0 = fresh0 ? 0.0f : d0[o], a1 = fresh1 ? 0.0f : d1[o];
+          for (int64_t j = 0; j < r; ++j) {
+            a0 = std::fma(c0[j], bt[j * out + o], a0);
+            a1 = std::fma(c1[j], bt[j * out + o], a1);
+          }
+          want0[o] = a0;
+          want1[o] = a1;
+        }
+        float* p1 = same ? d0.data() : d1.data();
+        axpy(bt.data(), r, out, c0.data(), c1.data(), d0.data(), p1, fresh0, fresh1);
+        ++g_checks;
+        const bool ok0 = std::memcmp(d0.data(), want0.data(), 4 * out) == 0;
+        const bool ok1 = same || std::memcmp(d1.data(), want1.data(), 4 * out) == 0;
+        if (!ok0 || !ok1) {
+          Fail(std::string("LoRAMixer up-projection ") + variant + " out=" + std::to_string(out) + " r=" +
+               std::to_string(r) + " mode=" + std::to_string(mode) + ": not the scalar fma chain");
+        }
+      }
+    }
+  }
+}
+
+using TransposeFn = bool (*)(const float*, int64_t, int64_t, float*);
+
+bool TransposePortableChecked(const float* src, int64_t out, int64_t r, float* dst) {
+  sd::lora_mixer::TransposePortable(src, out, r, dst);
+  return sd::lora_mixer::AllFinitePortable(src, out * r);
+}
+
+void SweepLoRAMixerTranspose(const char* variant, TransposeFn transpose) {
+  std::mt19937 rng(23);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const float bad[] = {NAN, INFINITY, -INFINITY};
+  for (int64_t out : {1, 2, 15, 16, 17, 31, 32, 33, 47, 48, 49, 384}) {
+    for (int64_t r : {1, 3, 7, 8, 9}) {
+      std::vector<float> src(static_cast<size_t>(out * r)), dst(src.size());
+      for (auto& v : src) v = normal(rng);
+      ++g_checks;
+      bool finite = transpose(src.data(), out, r, dst.data());
+      bool exact = finite;
+      for (int64_t q = 0; q < r; ++q)
+        for (int64_t o = 0; o < out; ++o) exact &= std::memcmp(&dst[q * out + o], &src[o * r + q], 4) == 0;
+      if (!exact) {
+        Fail(std::string("LoRAMixer transpose ") + variant + " out=" + std::to_string(out) + " r=" + std::to_string(r));
+      }
+      // every position for small shapes, every 37th beyond
+      const int64_t stride = out * r <= 400 ? 1 : 37;
+      for (int64_t at = 0; at < out * r; at += stride) {
+        const float keep = src[at];
+        src[at] = bad[at % 3];
+        ++g_checks;
+        if (transpose(src.data(), out, r, dst.data())) {
+          Fail(std::string("LoRAMixer transpose ") + variant + " out=" + std::to_string(out) + " r=" +
+               std::to_string(r) + ": missed a non-finite value at " + std::to_string(at));
+        }
+        src[at] = keep;
+      }
+    }
+  }
+}
+
+void SweepLoRAMixerFinite(const char* variant, bool (*finite)(const float*, int64_t), int lanes) {
+  const float bad[] = {NAN, INFINITY, -INFINITY};
+  for (int64_t n : Sizes(lanes, {static_cast<int64_t>(lanes)})) {
+    std::vector<float> x(static_cast<size_t>(n), 1.0f);
+    x[0] = std::numeric_limits<float>::max();  // large and subnormal values are finite
+    x[static_cast<size_t>(n - 1)] = std::numeric_limits<float>::denorm_min();
+    ++g_checks;
+    if (!finite(x.data(), n)) Fail(std::string("LoRAMixer finite ") + variant + " n=" + std::to_string(n) + ": refused finite values");
+    for (int64_t at = 0; at < n; ++at) {
+      const float keep = x[at];
+      x[at] = bad[at % 3];
+      ++g_checks;
+      if (finite(x.data(), n)) {
+        Fail(std::string("LoRAMixer finite ") + variant + " n=" + std::to_string(n) + ": missed position " + std::to_string(at));
+      }
+      x[at] = keep;
+    }
+  }
+}
+
+void SweepLoRAMixerRoute() {
+  std::mt19937 rng(24);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  for (int64_t e = 1; e <= 20; ++e) {
+    for (int64_t k = 1; k <= e; ++k) {
+      for (int kind = 0; kind < 4; ++kind) {  // random, ties (half-integers), all equal, one non-finite
+        std::vector<float> l(static_cast<size_t>(e));
+        for (auto& v : l) v = kind == 2 ? 0.5f : normal(rng);
+        if (kind == 1)
+          for (auto& v : l) v = std::round(v);
+        if (kind == 3) l[static_cast<size_t>(rng() % e)] = (rng() & 1) ? NAN : -INFINITY;
+        std::vector<int32_t> sel(static_cast<size_t>(k));
+        std::vector<float> gate(static_cast<size_t>(k));
+        const bool ok = sd::lora_mixer::Route(l.data(), e, k, sel.data(), gate.data());
+        ++g_checks;
+        std::string what = "LoRAMixer route E=" + std::to_string(e) + " k=" + std::to_string(k) + " kind=" + std::to_string(kind);
+        if (kind == 3) {
+          bool good = !ok;
+          for (int64_t s = 0; s < k; ++s) good &= sel[s] == s && std::isnan(gate[s]);
+          if (!good) Fail(what + ": a non-finite logit not refused");
+          continue;
+        }
+        std::vector<int32_t> order(static_cast<size_t>(e));
+        for (int64_t j = 0; j < e; ++j) order[j] = static_cast<int32_t>(j);
+        std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return l[a] > l[b]; });
+        double sum = 0.0;
+        for (int64_t s = 0; s < k; ++s) sum += std::exp(static_cast<double>(l[order[s]]) - l[order[0]]);
+        bool good = ok;
+        for (int64_t s = 0; s < k; ++s) {
+          const double g = std::exp(static_cast<double>(l[order[s]]) - l[order[0]]) / sum;
+          good &= sel[s] == order[s] && std::fabs(gate[s] - g) <= 1e-6 * g;
+        }
+        if (!good) Fail(what + ": not the top k by (logit, lower index) or its gates");
+      }
+    }
+  }
+}
+
 int main() {
   const sd::IsaChoice choice = sd::ChooseIsa();
   const sd::Isa isa = choice.detected;  // SOFTDEPLOY_TEST_CPU lowers it, as for the library
@@ -845,6 +1048,21 @@ int main() {
     Run("AdaptiveTemperatureSoftmax", [&] { SweepAts("avx2", {sd::ats::Pass1Avx2, sd::ats::Pass2Avx2, sd::ats::WriteAvx2}, 8); });
     Run("SoftNMS", [&] { SweepSoftNms("avx2", {sd::soft_nms::ScanAvx2, sd::soft_nms::MaxAvx2, sd::soft_nms::FirstEqualAvx2}, 8); });
     Run("MaxSim", [&] { SweepMaxSim({"avx2 float32", MsPath::kF32, 16, 6, sd::maxsim::TileF32Avx2}); });
+    Run("LoRAMixer", [&] {
+      SweepLoRAMixerDot("avx2", sd::lora_mixer::DotTileAvx2, 8);
+      SweepLoRAMixerAxpy("avx2", sd::lora_mixer::AxpyAvx2, 8);
+      SweepLoRAMixerTranspose("avx2 (portable transpose + avx2 scan)", [](const float* src, int64_t out, int64_t r, float* dst) {
+        sd::lora_mixer::TransposePortable(src, out, r, dst);
+        return sd::lora_mixer::AllFiniteAvx2(src, out * r);
+      });
+      SweepLoRAMixerFinite("avx2", sd::lora_mixer::AllFiniteAvx2, 8);
+      // The scalar pieces every variant shares (the reference forms of the portable variant).
+      SweepLoRAMixerDot("portable", sd::lora_mixer::DotTilePortable, 8);
+      SweepLoRAMixerAxpy("portable", sd::lora_mixer::AxpyPortable, 8);
+      SweepLoRAMixerTranspose("portable", TransposePortableChecked);
+      SweepLoRAMixerFinite("portable", sd::lora_mixer::AllFinitePortable, 8);
+      SweepLoRAMixerRoute();
+    });
     if (__builtin_cpu_supports("f16c")) Run("MaxSim", [&] { SweepWidenF16("avx2", sd::maxsim::WidenF16Avx2); });  // as the library checks
     Run("MaxSim", [&] { SweepMaxSim({"avx2 int8 vpmaddwd", MsPath::kI8Avx2I16, 16, 6, nullptr}); });
     int8.push_back("vpmaddwd");
@@ -865,6 +1083,12 @@ int main() {
     Run("SoftNMS", [&] { SweepSoftNms("avx512", {sd::soft_nms::ScanAvx512, sd::soft_nms::MaxAvx512, sd::soft_nms::FirstEqualAvx512}, 16); });
     Run("SoftNMS", [&] { SweepSoftNmsWeigh("avx512", sd::soft_nms::WeighAvx512); });
     Run("MaxSim", [&] { SweepMaxSim({"avx512 float32", MsPath::kF32, 32, 8, sd::maxsim::TileF32Avx512}); });
+    Run("LoRAMixer", [&] {
+      SweepLoRAMixerDot("avx512", sd::lora_mixer::DotTileAvx512, 16);
+      SweepLoRAMixerAxpy("avx512", sd::lora_mixer::AxpyAvx512, 16);
+      SweepLoRAMixerTranspose("avx512", sd::lora_mixer::TransposeAvx512);
+      SweepLoRAMixerFinite("avx512", sd::lora_mixer::AllFiniteAvx512, 16);
+    });
     if (__builtin_cpu_supports("avx512vnni")) {
       Run("MaxSim", [&] { SweepMaxSim({"avx512 int8 vnni", MsPath::kI8Avx512Vnni, 32, 8, nullptr}); });
       int8.push_back("avx512-vnni");

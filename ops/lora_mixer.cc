@@ -136,7 +136,7 @@ struct LoRAMixerKernel {
     const float* bf = AsFloat(bm, bb);
     const float* rf = AsFloat(router, rb);
     // Every expert, selected or not, must be finite (see the op's docstring: a NaN must not depend on
-    // the routing). RequireAllFinite scans A, Bm and Router in that order and fails naming the first
+    // the routing). require_all_finite scans A, Bm and Router in that order and fails naming the first
     // non-finite entry. With tokens, most of that scan is fused into the work (one extra pass over
     // ~200 KB of weights was ~5% of a call at the benchmark shape): a non-finite value is absorbing
     // in a sum of products (NaN stays NaN, inf + finite = inf, inf - inf = NaN, inf * 0 = NaN), so

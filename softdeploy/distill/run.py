@@ -78,7 +78,7 @@ def run_distill(
     progress: Any = None,
 ) -> DistillRun:
     """Distils all-MiniLM-L6-v2 into a student and writes it under ``out``. ``student="reduce"``: the
-    teacher's ``layers`` (default 0, 2, 4) one-shot, or ``stages`` (layer counts, e.g. 5, 4, 3) one after
+    teacher's ``layers`` (default 0, 3, 5: :func:`evenly_spaced_layers`) one-shot, or ``stages`` (layer counts, e.g. 5, 4, 3) one after
     the other; ``student="l3"``: paraphrase-MiniLM-L3's own weights as the start. ``texts`` default to
     :func:`softdeploy.distill.data.distillation_texts`."""
     from softdeploy.distill.data import distillation_texts

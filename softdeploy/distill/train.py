@@ -16,6 +16,14 @@ the output of teacher layer ``(k + 1) * n / m - 1`` (6 -> 3: teacher layers 1, 3
 every student layer its own target, which converges in far fewer steps than the last layer's alone (measured:
 bench/results/distill_recipes.md).
 
+Frozen embeddings (``freeze_embeddings``): the student's embedding module (word, position and token-type tables
+and their LayerNorm) keeps the teacher's weights. With a few thousand texts, training the word table moves only
+the rows of the tokens those texts contain, away from the rows of every token they do not -- which held-out
+queries do contain; frozen, the student's layers learn against the embeddings they will meet. It also saves the
+AdamW update of the 11.7 M-entry word table each step. ``dropout=False`` trains the student in eval mode
+(no dropout): a regression onto a deterministic teacher gains nothing from the noise at these budgets. Both
+measured in bench/results/distill_recipes.md.
+
 Learning rate: ``lr`` after a linear warmup over the first ``warmup`` fraction of the steps, then constant
 (``schedule="constant"``) or linearly down to 0 at the last step (``"linear"``); set per step from the step
 index, so a resumed run follows the same schedule.
@@ -77,6 +85,8 @@ class DistillConfig:
     warmup: float = 0.0
     schedule: Literal["constant", "linear"] = "constant"
     hidden_weight: float = 0.0
+    freeze_embeddings: bool = True
+    dropout: bool = False
     weight_decay: float = 0.01
     max_length: int = 64
     seed: int = 0
@@ -306,9 +316,9 @@ def distill(
         raise ArgumentError(f"distill: {len(texts)} texts for batch_size {cfg.batch_size} (rule: texts >= batch_size)")
     progress = progress or SilentProgress()
     key = run_key(cfg, texts, student)
-    for p in student.parameters():  # a layer reduction of a frozen teacher starts frozen too
-        p.requires_grad_(True)
-    params = list(student.parameters())
+    for name, p in student.named_parameters():  # a layer reduction of a frozen teacher starts frozen too
+        p.requires_grad_(not (cfg.freeze_embeddings and name.startswith("bert.embeddings.")))
+    params = [p for p in student.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     bloop = Bloop(opt, lam=cfg.lam, ema=cfg.ema, combine=cfg.combine, params=params) if cfg.aux else None
     ckpt = Path(checkpoint) if checkpoint is not None else None
@@ -318,7 +328,7 @@ def distill(
     objective = _Objective(cfg)
     layer_map = hidden_layer_map(teacher.num_layers, student.num_layers)
     teacher.eval()
-    student.train()
+    student.train(cfg.dropout)
     mains: list[float] = []
     auxs: list[float] = []
     with progress.step(description, total=cfg.steps) as advance:
@@ -376,9 +386,9 @@ def distill_stages(
     previous model (the teacher first) loses layers and is distilled from the previous model
     (``stage_teacher="previous"``) or from ``teacher``, each stage ``config.steps // len(layers)`` steps
     (the same total budget as one-shot ``distill`` with ``config.steps``). The last stage keeps the
-    teacher's ``final_layers`` (default: evenly spaced, 0, 2, 4 for 6 -> 3, as one-shot), so both end on
+    teacher's ``final_layers`` (default: :func:`evenly_spaced_layers`, 0, 3, 5 for 6 -> 3, as one-shot), so both end on
     the same layers: each stage drops the not-kept teacher layers from the last one down (6 -> 5 -> 4 -> 3:
-    drops layer 5, then 3, then 1)."""
+    drops layer 4, then 2, then 1)."""
     cfg = config or DistillConfig()
     counts = list(layers)
     if not counts or any(b >= a for a, b in zip([teacher.num_layers, *counts], counts, strict=False)):

@@ -141,12 +141,12 @@ def test_stages_chain_layer_reductions(tokenizer: Any, tmp_path: Path) -> None:
     teacher = tiny_encoder(6)
     rs = distill_stages(teacher, TEXTS, tokenizer=tokenizer, layers=[5, 4, 3], config=CFG, checkpoint_dir=tmp_path)
     assert [r.student.num_layers for r in rs] == [5, 4, 3]
-    # the stages end on the one-shot layers 0, 2, 4 (dropping 5, then 3, then 1): seen on a chain whose
+    # the stages end on the one-shot layers 0, 3, 5 (dropping 4, then 2, then 1): seen on a chain whose
     # steps leave the weights alone (lr 0, no weight decay)
     frozen = dataclasses.replace(CFG, lr=0.0, weight_decay=0.0)
     rs0 = distill_stages(teacher, TEXTS, tokenizer=tokenizer, layers=[5, 4, 3], config=frozen)
     final = rs0[-1].student
-    for j, i in enumerate([0, 2, 4]):
+    for j, i in enumerate([0, 3, 5]):
         a, b = final.bert.encoder.layer[j].state_dict(), teacher.bert.encoder.layer[i].state_dict()
         assert all(torch.equal(a[k], b[k]) for k in a), (j, i)
     with pytest.raises(ArgumentError, match="final layers \\[0, 1\\] are not 3"):
@@ -159,8 +159,12 @@ def test_stages_chain_layer_reductions(tokenizer: Any, tmp_path: Path) -> None:
     ]
     with pytest.raises(ArgumentError, match="must decrease"):
         distill_stages(teacher, TEXTS, tokenizer=tokenizer, layers=[4, 5], config=CFG)
-    assert evenly_spaced_layers(6, 3) == [0, 2, 4]
-    assert evenly_spaced_layers(6, 5) == [0, 1, 2, 3, 4]
+    assert evenly_spaced_layers(6, 3) == [0, 3, 5]
+    assert evenly_spaced_layers(6, 5) == [0, 1, 3, 4, 5]
+    assert evenly_spaced_layers(6, 4) == [0, 2, 3, 5]
+    assert evenly_spaced_layers(6, 6) == list(range(6))
+    assert evenly_spaced_layers(6, 1) == [5]
+    assert evenly_spaced_layers(12, 3) == [0, 6, 11]
 
 
 def test_typed_errors(tokenizer: Any) -> None:

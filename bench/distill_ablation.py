@@ -1,0 +1,245 @@
+"""One-factor ablations of the 3-layer student's recipe on the minilm_distilled case's task (issue 16's accuracy
+floors): what the initial layers, frozen embeddings, dropout, extra data, augmentation and extra losses are worth.
+
+The training loop is :func:`softdeploy.distill.distill`'s (token-embedding MSE on L2-normalised tokens, AdamW,
+10% warmup then linear decay, batch 16, max length 32) written out so that it can vary what the library does not
+expose: a fixed fraction of each batch from other texts (Rotten Tomatoes sentences, training questions), word-span
+crops, an in-batch MaxSim-score KL, MiniLM-style attention-map KL, an EMA of the weights. Evaluation: MaxSim
+retrieval, the 653 held-out chatterbot questions x 871 answers (no evaluation question is a distillation text).
+
+Run: ``PYTHONPATH=. python bench/distill_ablation.py --steps 400 --freeze-emb --no-dropout --layers 0,3,5`` (one JSON
+line per run on stdout; ``--jsonl FILE`` appends it there too). Results: bench/results/distill_recipes.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: F401
+import torch
+from distill_students import encode, maxsim
+
+from softdeploy.compare.metrics import mrr_at_k, ndcg_at_k
+from softdeploy.distill import layer_reduce, load_teacher
+from softdeploy.distill.data import distillation_texts, rotten_tomatoes_snippets
+from softdeploy.distill.train import hidden_layer_map
+from softdeploy.models.minilm_retrieval import load_chatterbot
+
+
+def evaluate(model, tok, data):
+    q_tok, _ = encode(model, tok, data.queries)
+    d_tok, _ = encode(model, tok, data.corpus)
+    s = maxsim(q_tok, d_tok)
+    return mrr_at_k(s, data.relevant), ndcg_at_k(s, data.relevant)
+
+
+def masked_mse(a, b, mask):
+    m = mask.unsqueeze(-1).to(a.dtype)
+    return (((a - b) ** 2) * m).sum() / (m.sum() * a.shape[-1])
+
+
+def crop(text: str, rng: random.Random, p: float) -> str:
+    w = text.split()
+    if len(w) < 4 or rng.random() >= p:
+        return text
+    n = rng.randint(max(2, len(w) // 3), len(w))
+    s = rng.randint(0, len(w) - n)
+    return " ".join(w[s : s + n])
+
+
+def sentences(texts):
+    import re
+
+    out = []
+    for t in texts:
+        for s in re.split(r"(?<=[.!?])\s+", t):
+            if 3 <= len(s.split()) <= 40:
+                out.append(s)
+    return list(dict.fromkeys(out))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--bs", type=int, default=16)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--maxlen", type=int, default=32)
+    ap.add_argument("--layers", default="0,2,4")
+    ap.add_argument("--hidden", type=float, default=0.0)
+    ap.add_argument("--freeze-emb", action="store_true")
+    ap.add_argument("--no-dropout", action="store_true")
+    ap.add_argument("--crop", type=float, default=0.0)
+    ap.add_argument("--rt", type=int, default=0, help="rotten tomatoes sentences added")
+    ap.add_argument("--rt-frac", type=float, default=0.0, help="fraction of each batch from RT sentences")
+    ap.add_argument("--rel", type=float, default=0.0, help="in-batch MaxSim score KD weight")
+    ap.add_argument("--rel-scale", type=float, default=1.0)
+    ap.add_argument("--cos", action="store_true", help="1-cos token loss instead of mse")
+    ap.add_argument("--wd", type=float, default=0.01)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--tag", default="")
+    ap.add_argument("--train-only", default="", help="regex: only matching params train")
+    ap.add_argument("--turns", action="store_true", help="add chatterbot conversation turns 3+")
+    ap.add_argument("--attn", type=float, default=0.0, help="attention-map KL weight (MiniLM-style), all layers")
+    ap.add_argument("--attn-last", action="store_true", help="attention KL on the last layer only")
+    ap.add_argument("--q-frac", type=float, default=0.0, help="fraction of each batch from the training questions")
+    ap.add_argument("--ema", type=float, default=0.0, help="EMA of student weights (decay), evaluated at the end")
+    ap.add_argument("--eval-every", type=int, default=0)
+    ap.add_argument("--jsonl", default=None, help="append the result line to this file")
+    a = ap.parse_args()
+    torch.set_num_threads(1)
+    torch.manual_seed(a.seed)
+    rng = random.Random(a.seed)
+    teacher, tok = load_teacher()
+    for p in teacher.parameters():
+        p.requires_grad_(False)
+    data = load_chatterbot(96)
+    held = set(data.queries)
+    texts = [t for t in distillation_texts(("chatterbot",)) + data.calibration_texts[0::2] if t not in held]
+    if a.turns:
+        import yaml
+
+        from softdeploy.models.assets import package_dir
+
+        root = package_dir("chatterbot_corpus") / "data" / "english"
+        for f in sorted(root.glob("*.yml")):
+            for conv in yaml.safe_load(f.read_text())["conversations"]:
+                texts += [str(x).strip() for x in conv[2:] if str(x).strip() not in held]
+    texts = list(dict.fromkeys(texts))
+    extra = []
+    if a.rt or a.rt_frac:
+        extra = [s for s in sentences(rotten_tomatoes_snippets()) if s not in held]
+        random.Random(1).shuffle(extra)
+        if a.rt:
+            extra = extra[: a.rt]
+    questions = [t for t in data.calibration_texts[0::2] if t not in held]
+    pool = texts + (extra if a.rt and not a.rt_frac else [])
+    keep_layers = [int(x) for x in a.layers.split(",")]
+    student = layer_reduce(teacher, keep_layers)
+    for n, p in student.named_parameters():
+        p.requires_grad_(not (a.freeze_emb and "embeddings" in n))
+        if a.train_only and not __import__("re").search(a.train_only, n):
+            p.requires_grad_(False)
+    params = [p for p in student.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=a.lr, weight_decay=a.wd)
+    lmap = hidden_layer_map(teacher.num_layers, student.num_layers)
+    student.train()
+    if a.no_dropout:
+        student.eval()
+    warm = math.ceil(0.1 * a.steps)
+    t0, c0 = time.perf_counter(), time.process_time()
+    losses = []
+    ema_params = [p.detach().clone() for p in student.parameters()] if a.ema else []
+    order: list[int] = []
+    for step in range(a.steps):
+        n_extra = round(a.rt_frac * a.bs) if a.rt_frac else 0
+        n_q = round(a.q_frac * a.bs)
+        batch = rng.sample(questions, n_q) if n_q else []
+        for _ in range(a.bs - n_extra - n_q):
+            if not order:
+                order = list(range(len(pool)))
+                rng.shuffle(order)
+            batch.append(pool[order.pop()])
+        batch += rng.sample(extra, n_extra) if n_extra else []
+        batch = [crop(t, rng, a.crop) for t in batch]
+        enc = tok(batch, padding=True, truncation=True, max_length=a.maxlen, return_tensors="pt")
+        ids, mask = enc["input_ids"], enc["attention_mask"]
+        f = (step + 1) / (warm + 1) if step < warm else max(0.0, (a.steps - step) / max(1, a.steps - warm))
+        for g in opt.param_groups:
+            g["lr"] = a.lr * f
+        if a.attn > 0:
+            tti = torch.zeros_like(ids)
+            with torch.no_grad():
+                to = teacher.bert(input_ids=ids, attention_mask=mask, token_type_ids=tti, output_attentions=True)
+                t_tok, _ = teacher._pool(to.last_hidden_state, mask)
+            so = student.bert(input_ids=ids, attention_mask=mask, token_type_ids=tti, output_attentions=True)
+            s_tok, _ = student._pool(so.last_hidden_state, mask)
+            s_h = t_h = ()
+            pairs = list(zip(so.attentions, [to.attentions[i] for i in keep_layers], strict=True))
+            if a.attn_last:
+                pairs = pairs[-1:]
+            qm = mask.to(s_tok.dtype)[:, None, :, None]  # valid query rows
+            attn_loss = 0.0
+            for sa, ta in pairs:
+                kl = torch.special.xlogy(ta, ta) - ta * torch.log(sa.clamp_min(1e-12))
+                attn_loss = attn_loss + (kl * qm).sum() / (qm.sum() * sa.shape[1])
+            attn_loss = attn_loss / len(pairs)
+        else:
+            with torch.no_grad():
+                t_tok, _, t_h = teacher.states(ids, mask, hidden=a.hidden > 0)
+            s_tok, _, s_h = student.states(ids, mask, hidden=a.hidden > 0)
+        if a.cos:
+            m = mask.to(s_tok.dtype)
+            loss = ((1 - (s_tok * t_tok).sum(-1)) * m).sum() / m.sum()
+        else:
+            loss = masked_mse(s_tok, t_tok, mask)
+        if a.attn > 0:
+            loss = loss + a.attn * attn_loss
+        if a.hidden > 0:
+            loss = loss + a.hidden * sum(
+                masked_mse(x, t_h[j + 1], mask) for x, j in zip(s_h[1:], lmap, strict=True)
+            ) / len(lmap)
+        if a.rel > 0:
+            # in-batch MaxSim scores: text i's tokens vs text j's tokens
+            m = mask.to(s_tok.dtype)
+
+            def ms(tk):
+                sim = torch.einsum("iqd,jkd->ijqk", tk, tk)
+                sim = sim.masked_fill(m[None, :, None, :] == 0, -4.0)
+                best = sim.amax(-1)  # i, j, q
+                return (best * m[:, None, :]).sum(-1) / m.sum(-1)[:, None]
+
+            with torch.no_grad():
+                ts = ms(t_tok)
+            ss = ms(s_tok)
+            pt = torch.softmax(ts * a.rel_scale, -1)
+            loss = loss + a.rel * torch.nn.functional.kl_div(
+                torch.log_softmax(ss * a.rel_scale, -1), pt, reduction="batchmean"
+            )
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+        if a.ema:
+            with torch.no_grad():
+                for pe, ps in zip(ema_params, student.parameters(), strict=True):
+                    pe.lerp_(ps, 1 - a.ema)
+        if a.eval_every and (step + 1) % a.eval_every == 0 and step + 1 < a.steps:
+            student.eval()
+            mrr, ndcg = evaluate(student, tok, data)
+            print(f"  step {step + 1}: mrr {mrr:.4f}", flush=True)
+            if not a.no_dropout:
+                student.train()
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    student.eval()
+    if a.ema:
+        mrr_raw, _ = evaluate(student, tok, data)
+        print(f"  raw (no ema): mrr {mrr_raw:.4f}", flush=True)
+        with torch.no_grad():
+            for pe, ps in zip(ema_params, student.parameters(), strict=True):
+                ps.copy_(pe)
+    mrr, ndcg = evaluate(student, tok, data)
+    res = dict(
+        vars(a),
+        mrr=round(mrr, 4),
+        ndcg=round(ndcg, 4),
+        wall=round(wall),
+        cpu=round(cpu),
+        loss_end=sum(losses[-20:]) / 20,
+        n_texts=len(pool),
+        n_extra=len(extra),
+    )
+    print(json.dumps(res), flush=True)
+    if a.jsonl:
+        with open(a.jsonl, "a") as fh:
+            fh.write(json.dumps(res) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -18,9 +18,9 @@
 //   pass 2 (read 2): G and W_k = sum_j w_j z_j^k (k = 0..3), w_j = exp(beta_hat z_j), at
 //          beta_hat = beta(H0 - 1e-9 n / 2). With beta = beta(H0 - 1e-9 G), delta = beta - beta_hat,
 //          log sum_j exp(beta z_j) = log W0 + delta k1 + delta^2 k2 / 2 + delta^3 k3 / 6 + O(delta^4)
-//          (k = the cumulants of z under w). |delta| <= 2.53 * 1e-9 n / 2; while |delta| <= 4e-4
-//          (rows up to ~300k entries) the truncation is below 1e-10, else pass 2 runs once more at
-//          the exact beta.
+//          (k = the cumulants of z under w). |delta| <= 2.53 * 1e-9 n / 2 (2.53: max |poly'| where
+//          poly > 1); while |delta| <= 4e-4 (rows up to ~300k entries) the truncation is below
+//          1e-10, else pass 2 runs once more at the exact beta.
 //   output pass (read 3): y_j = exp(beta z_j) / sum.
 //
 // What must stay true:
@@ -45,7 +45,6 @@ constexpr const char* kOp = "AdaptiveTemperatureSoftmax";
 constexpr double kEps = 1e-9;
 constexpr double kGate = 0.5;
 constexpr double kPolyArgMax = 4.41240187;  // the polynomial's only critical point (its maximum, 2.42)
-constexpr double kBetaSlope = 2.53;         // max |poly'| where poly > 1
 constexpr double kTaylorMaxDelta = 4e-4;
 constexpr double kEntropyTol = 1e-6;  // allowance for float rounding in H0 when deciding "beta is 1"
 

@@ -253,8 +253,8 @@ struct LoRAMixerKernel {
             c0[i] = coef[p] * u0[i];
             c1[i] = coef[q] * u1[i];
             // not (|u| <= FLT_MAX): NaN or +-inf (no branch)
-            nonfinite |= !(std::fabs(u0[i]) <= std::numeric_limits<float>::max()) |
-                         !(std::fabs(u1[i]) <= std::numeric_limits<float>::max());
+            nonfinite |= !(std::fabs(u0[i]) <= std::numeric_limits<float>::max());
+            nonfinite |= !(std::fabs(u1[i]) <= std::numeric_limits<float>::max());
           }
           axpy(btj, r, n_out, c0.data(), c1.data(), dbase + (ta - t0) * n_out, dbase + (tb - t0) * n_out,
                !seen[ta - t0], !seen[tb - t0]);

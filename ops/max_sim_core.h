@@ -173,14 +173,9 @@ inline bool HasVnni() noexcept {
 // the CPUs it stands for (Zen 1-3, Intel before Alder Lake) have none, and the vpmaddwd path is then
 // the one tested and benchmarked.
 // Read once per kernel instance, at session creation, like the ISA (MaxSimKernel).
-inline bool HasAvxVnni() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avxvnni") && ChooseIsa().cpu_limit.empty();
-}
-inline bool HasF16c() noexcept {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("f16c");
-}
+// (CpuHasAvxVnni / CpuHasF16c: ops/common/cpu.h, CPUID under every compiler.)
+inline bool HasAvxVnni() { return CpuHasAvxVnni() && ChooseIsa().cpu_limit.empty(); }
+inline bool HasF16c() noexcept { return CpuHasF16c(); }
 
 // ================================================================================================
 // The driver: packs Q, splits documents over onnxruntime's pool, writes Scores [B, N].

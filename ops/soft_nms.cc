@@ -28,8 +28,8 @@
 // rows, instead of all ~3000 working rows.
 //
 // What must stay true:
-//  * Every float operation is the oracle's, in the oracle's order, with no FMA contraction (the
-//    pragma below for this file, -ffp-contract=off from CMakeLists.txt for the vector passes): the selection
+//  * Every float operation is the oracle's, in the oracle's order, with no FMA contraction
+//    (-ffp-contract=off from CMakeLists.txt, for this file and the vector passes): the selection
 //    is discrete, so one rounding difference can pick another box.
 //  * The block test is conservative (see Overlaps): a block that fails it holds no overlapping slot,
 //    and the slots of the blocks that pass get the exact test, so exactly the oracle's overlapping
@@ -54,10 +54,9 @@
 #include "common/kernel.h"
 #include "soft_nms_row.h"
 
-// a*b - c and a + b*c must stay two roundings, as in the oracle (GCC contracts them into FMAs where the
-// target has FMA, e.g. aarch64: -std=c++17 does not turn contraction off; the per-ISA files get
-// -ffp-contract=off from CMakeLists.txt).
-#pragma GCC optimize("fp-contract=off")
+// a*b - c and a + b*c must stay two roundings, as in the oracle: -ffp-contract=off from CMakeLists.txt
+// for every file (GCC and clang would otherwise contract them into FMAs where the target has FMA, e.g.
+// aarch64: -std=c++17 does not turn contraction off; clang ignores a GCC optimize pragma).
 
 namespace sd {
 namespace {

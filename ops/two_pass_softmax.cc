@@ -167,7 +167,7 @@ struct TwoPassSoftmaxKernel {
                       x.size() * int64_t{sizeof(float)} >= kStreamBytes;
     switch (isa) {
       case Isa::kAvx512:
-        MapRows<T>(ctx, x.data, y, l, [hint](const float* a, float* b, int64_t n) {
+        MapRows<T>(ctx, x.data, y, l, [hint = hint](const float* a, float* b, int64_t n) {
           if (!two_pass::RowAvx512(a, b, n, LaneExponents(n), hint)) RowSafe(a, b, n);
         });
         break;

@@ -5,6 +5,10 @@
 #include <cstdlib>
 #include <stdexcept>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
 namespace sd {
 
 Isa DetectIsa() noexcept {
@@ -74,6 +78,40 @@ Isa SelectIsa() {
   IsaChoice c = ChooseIsa();
   if (!c.valid) throw EnvironmentError(c.note);
   return c.selected;
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+namespace {
+
+// The OS saves the xmm and ymm state: OSXSAVE (CPUID.1:ECX[27]), then XCR0 bits 1 (SSE) and 2 (AVX).
+// (xgetbv as inline asm: the _xgetbv intrinsic would need the xsave target on this function.)
+bool OsSavesAvxState() noexcept {
+  unsigned a, b, c, d;
+  if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return false;
+  unsigned lo, hi;
+  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  return (lo & 6u) == 6u;
+}
+
+}  // namespace
+#endif
+
+bool CpuHasF16c() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  unsigned a, b, c, d;
+  return __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29)) && OsSavesAvxState();
+#else
+  return false;
+#endif
+}
+
+bool CpuHasAvxVnni() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  unsigned a, b, c, d;  // __get_cpuid_count fails where the CPU's highest leaf is below 7
+  return __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 4)) && OsSavesAvxState();
+#else
+  return false;
+#endif
 }
 
 const char* IsaName(Isa isa) noexcept {

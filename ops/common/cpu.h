@@ -51,6 +51,13 @@ Isa SelectIsa();
 
 const char* IsaName(Isa isa) noexcept;
 
+// Features the kernels use beyond the variant's own, read from CPUID here rather than with
+// __builtin_cpu_supports, whose names differ by compiler (clang 14 knows neither "f16c" nor
+// "avxvnni"). Each needs the OS to save the AVX state (OSXSAVE and XCR0 bits 1-2), as libgcc's
+// __builtin_cpu_supports requires for them: same answer under GCC and clang.
+bool CpuHasF16c() noexcept;     // CPUID.1:ECX[29]
+bool CpuHasAvxVnni() noexcept;  // CPUID.(7,1):EAX[4] (VEX vpdpbusd on ymm)
+
 }  // namespace sd
 
 #define SD_TARGET_AVX2 __attribute__((target("avx2,fma")))

@@ -1063,11 +1063,11 @@ int main() {
       SweepLoRAMixerFinite("portable", sd::lora_mixer::AllFinitePortable, 8);
       SweepLoRAMixerRoute();
     });
-    if (__builtin_cpu_supports("f16c")) Run("MaxSim", [&] { SweepWidenF16("avx2", sd::maxsim::WidenF16Avx2); });  // as the library checks
+    if (sd::CpuHasF16c()) Run("MaxSim", [&] { SweepWidenF16("avx2", sd::maxsim::WidenF16Avx2); });  // as the library checks
     Run("MaxSim", [&] { SweepMaxSim({"avx2 int8 vpmaddwd", MsPath::kI8Avx2I16, 16, 6, nullptr}); });
     int8.push_back("vpmaddwd");
     // AVX-VNNI as the library uses it: where the CPU has it and SOFTDEPLOY_TEST_CPU does not hide it.
-    if (__builtin_cpu_supports("avxvnni") && choice.cpu_limit.empty()) {
+    if (sd::CpuHasAvxVnni() && choice.cpu_limit.empty()) {
       Run("MaxSim", [&] { SweepMaxSim({"avx2 int8 avx-vnni", MsPath::kI8AvxVnni, 16, 6, nullptr}); });
       int8.push_back("avx-vnni");
     }

@@ -22,6 +22,7 @@ session (library use) every function here is a no-op: Python's default warnings 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import sys
@@ -63,8 +64,15 @@ class _Capture:
             folder = Path(os.environ.get("SOFTDEPLOY_LOG_DIR") or "softdeploy-logs")
             folder.mkdir(parents=True, exist_ok=True)
             stamp = time.strftime("%Y%m%d-%H%M%S")
-            self.path = folder / f"{self.verb}-{stamp}-{os.getpid()}.log"
-            self.file = open(self.path, "a", buffering=1, encoding="utf-8", errors="replace")
+            # a file of its own ("x"): two sessions of one process within a second (the API, a test suite) must
+            # neither share a log nor count each other's lines in close()
+            for n in itertools.count():
+                self.path = folder / f"{self.verb}-{stamp}-{os.getpid()}{f'-{n}' if n else ''}.log"
+                try:
+                    self.file = open(self.path, "x", buffering=1, encoding="utf-8", errors="replace")
+                    break
+                except FileExistsError:
+                    continue
         return self.file
 
     def header(self, text: str) -> None:

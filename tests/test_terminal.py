@@ -232,6 +232,25 @@ def test_an_empty_log_is_removed_and_not_announced(
     assert "library output" not in capfd.readouterr().err
 
 
+def test_sessions_within_one_second_keep_their_own_logs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Two CLI sessions of one process in the same second (the API, a test suite) write two files, and each
+    counts only its own lines (they once shared a name and the second counted the first's)."""
+    from softdeploy import terminal
+
+    monkeypatch.setenv("SOFTDEPLOY_LOG_DIR", str(tmp_path / "logs"))
+    monkeypatch.setattr(terminal.time, "strftime", lambda fmt, *a: "20261201-000000" if "%Y" in fmt else "00:00:00")
+    for lines in (3, 1):
+        with terminal.cli_session("same", verbose=False), terminal.captured("a call"):
+            os.write(2, b"library line\n" * lines)
+    err = capfd.readouterr().err
+    logs = sorted((tmp_path / "logs").glob("same-*.log"), key=lambda p: len(p.name))  # the first has no suffix
+    assert len(logs) == 2
+    assert f"3 lines of library output (torch, onnxruntime, TVM) in {logs[0]}" in err
+    assert f"1 lines of library output (torch, onnxruntime, TVM) in {logs[1]}" in err
+
+
 def test_library_use_keeps_pythons_default_warnings(workdir: Path) -> None:
     """Outside the CLI nothing is filtered or captured: the Python API runs in the user's process, whose
     warnings and logs are the user's business."""

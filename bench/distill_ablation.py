@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 import sys
 import time
@@ -24,25 +23,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: F401
 import torch
-from distill_students import encode, maxsim
+from distill_recipes import evaluate
 
-from softdeploy.compare.metrics import mrr_at_k, ndcg_at_k
-from softdeploy.distill import layer_reduce, load_teacher
+from softdeploy.distill import DistillConfig, layer_reduce, load_teacher
 from softdeploy.distill.data import distillation_texts, rotten_tomatoes_snippets
-from softdeploy.distill.train import hidden_layer_map
+from softdeploy.distill.train import _masked_mse as masked_mse
+from softdeploy.distill.train import hidden_layer_map, lr_factor
 from softdeploy.models.minilm_retrieval import load_chatterbot
-
-
-def evaluate(model, tok, data):
-    q_tok, _ = encode(model, tok, data.queries)
-    d_tok, _ = encode(model, tok, data.corpus)
-    s = maxsim(q_tok, d_tok)
-    return mrr_at_k(s, data.relevant), ndcg_at_k(s, data.relevant)
-
-
-def masked_mse(a, b, mask):
-    m = mask.unsqueeze(-1).to(a.dtype)
-    return (((a - b) ** 2) * m).sum() / (m.sum() * a.shape[-1])
 
 
 def crop(text: str, rng: random.Random, p: float) -> str:
@@ -132,7 +119,7 @@ def main():
     student.train()
     if a.no_dropout:
         student.eval()
-    warm = math.ceil(0.1 * a.steps)
+    schedule = DistillConfig(steps=a.steps, warmup=0.1, schedule="linear")  # the library's lr schedule
     t0, c0 = time.perf_counter(), time.process_time()
     losses = []
     ema_params = [p.detach().clone() for p in student.parameters()] if a.ema else []
@@ -150,7 +137,7 @@ def main():
         batch = [crop(t, rng, a.crop) for t in batch]
         enc = tok(batch, padding=True, truncation=True, max_length=a.maxlen, return_tensors="pt")
         ids, mask = enc["input_ids"], enc["attention_mask"]
-        f = (step + 1) / (warm + 1) if step < warm else max(0.0, (a.steps - step) / max(1, a.steps - warm))
+        f = lr_factor(schedule, step)
         for g in opt.param_groups:
             g["lr"] = a.lr * f
         if a.attn > 0:

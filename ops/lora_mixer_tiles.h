@@ -188,9 +188,11 @@ inline void DotRows(DotTileFn tile, const float* x0, const float* x1, const floa
 
 // ---- up-projection: d_t += sum_j c_t[j] * BT[j, :] for 2 tokens (BT = Bm_e^T, [r, out]) ----------
 
-void AxpyPortable(const float* bt, int64_t r, int64_t out, const float* c0, const float* c1, float* d0, float* d1,
-                  bool fresh0, bool fresh1) {
-  for (int64_t o = 0; o < out; ++o) {
+// Outputs [begin, out) one element at a time: the fma chain j = 0..r-1 every vector lane also runs (the
+// portable variant, and the vector variants' tails).
+inline void AxpyScalar(const float* bt, int64_t r, int64_t out, int64_t begin, const float* c0, const float* c1,
+                       float* d0, float* d1, bool fresh0, bool fresh1) {
+  for (int64_t o = begin; o < out; ++o) {
     float a0 = fresh0 ? 0.0f : d0[o], a1 = fresh1 ? 0.0f : d1[o];
     for (int64_t j = 0; j < r; ++j) {
       a0 = std::fma(c0[j], bt[j * out + o], a0);
@@ -199,6 +201,11 @@ void AxpyPortable(const float* bt, int64_t r, int64_t out, const float* c0, cons
     d0[o] = a0;
     d1[o] = a1;
   }
+}
+
+void AxpyPortable(const float* bt, int64_t r, int64_t out, const float* c0, const float* c1, float* d0, float* d1,
+                  bool fresh0, bool fresh1) {
+  AxpyScalar(bt, r, out, 0, c0, c1, d0, d1, fresh0, fresh1);
 }
 
 // The coefficients are broadcast once per chunk of 8 ranks and kept in registers across the out
@@ -299,15 +306,7 @@ SD_TARGET_AVX2 void AxpyAvx2(const float* bt, int64_t r, int64_t out, const floa
     _mm256_storeu_ps(d0 + o, a0);
     _mm256_storeu_ps(d1 + o, a1);
   }
-  for (; o < out; ++o) {  // the same fma chain per element as the vector lanes
-    float a0 = fresh0 ? 0.0f : d0[o], a1 = fresh1 ? 0.0f : d1[o];
-    for (int64_t j = 0; j < r; ++j) {
-      a0 = std::fma(c0[j], bt[j * out + o], a0);
-      a1 = std::fma(c1[j], bt[j * out + o], a1);
-    }
-    d0[o] = a0;
-    d1[o] = a1;
-  }
+  AxpyScalar(bt, r, out, o, c0, c1, d0, d1, fresh0, fresh1);  // the same fma chain per element as the lanes
 }
 
 // Bm_e [out, r] -> Bm_e^T [r, out] (rows of the up-projection for AxpyXxx). The AVX-512 build of the

@@ -49,7 +49,11 @@ def test_checkpoint_key_covers_the_settings(tokenizer: Any, tmp_path: Path) -> N
 
 
 def test_resume_mid_run(tokenizer: Any, tmp_path: Path) -> None:
+    from softdeploy.distill.train import _TeacherCache
+
     teacher = tiny_encoder(4)
+    lengths = [len(x) for x in tokenizer(TEXTS, truncation=True, max_length=CFG.max_length)["input_ids"]]
+    assert CFG.group_by_length and _TeacherCache.fits(teacher, lengths, CFG)  # resumes with grouping and the cache
     straight = distill(teacher, layer_reduce(teacher, [1, 3]), TEXTS, tokenizer=tokenizer, config=CFG)
     ckpt = tmp_path / "run.safetensors"
 
@@ -57,7 +61,8 @@ def test_resume_mid_run(tokenizer: Any, tmp_path: Path) -> None:
         pass
 
     class Stop:
-        """A progress that interrupts the run after 3 steps (as a Ctrl-C would)."""
+        """A progress that interrupts the run at its fifth training step (as a Ctrl-C would); other progress
+        steps (the teacher cache's) run through."""
 
         def step(self, description: str, total: int | None = None) -> Any:
             from contextlib import contextmanager
@@ -68,7 +73,7 @@ def test_resume_mid_run(tokenizer: Any, tmp_path: Path) -> None:
 
                 def advance(n: int = 1) -> None:
                     count[0] += n
-                    if count[0] >= 5:
+                    if description == "distill" and count[0] >= 5:
                         raise Interrupt
 
                 yield advance
@@ -190,6 +195,55 @@ def test_typed_errors(tokenizer: Any) -> None:
         DistillConfig(objective="kd", batch_size=8, top_k=8).check()
     with pytest.raises(ArgumentError, match="3 texts for batch_size 4"):
         distill(teacher, layer_reduce(teacher, [0]), TEXTS[:3], tokenizer=tokenizer, config=CFG)
+
+
+def test_length_grouped_batches_cover_each_epoch_sorted_within_chunks() -> None:
+    from softdeploy.distill.train import GROUP_CHUNK, _Batches
+
+    rng = torch.Generator().manual_seed(0)
+    lengths = torch.randint(1, 128, (1003,), generator=rng).tolist()
+    grouped = _Batches(len(lengths), 8, seed=3, lengths=lengths)
+    plain = _Batches(len(lengths), 8, seed=3)
+    per_epoch = len(lengths) // 8
+    for epoch in range(2):
+        steps = range(epoch * per_epoch, (epoch + 1) * per_epoch)
+        got = [grouped(s) for s in steps]
+        # the same texts as the ungrouped epoch (the same permutation, the same dropped tail), each once
+        assert sorted(i for b in got for i in b) == sorted(i for s in steps for i in plain(s))
+        assert all(len(b) == 8 for b in got)
+        # within a batch the lengths come from one sorted chunk: a batch's spread is far below the data's
+        spread = sum(max(lengths[i] for i in b) - min(lengths[i] for i in b) for b in got) / len(got)
+        assert spread < 127 / (GROUP_CHUNK / 4)
+    # a function of the step: a fresh sampler (a resumed run) gives the same batches
+    again = _Batches(len(lengths), 8, seed=3, lengths=lengths)
+    assert [again(s) for s in (200, 5, 130)] == [grouped(s) for s in (200, 5, 130)]
+    assert grouped(0) != _Batches(len(lengths), 8, seed=4, lengths=lengths)(0)
+
+
+def test_cached_teacher_targets_train_as_the_teacher_pass_does(tokenizer: Any) -> None:
+    from softdeploy.distill.train import _TeacherCache
+
+    teacher = tiny_encoder(4)
+    cfg = DistillConfig(steps=12, batch_size=4, lr=3e-3, max_length=16, checkpoint_every=4)
+    lengths = [len(x) for x in tokenizer(TEXTS, truncation=True, max_length=16)["input_ids"]]
+    assert _TeacherCache.fits(teacher, lengths, cfg)
+    # not when it cannot pay or cannot hold: one pass over the texts, hidden states needed, over the budget
+    assert not _TeacherCache.fits(teacher, lengths, dataclasses.replace(cfg, steps=len(TEXTS) // 4))
+    assert not _TeacherCache.fits(teacher, lengths, dataclasses.replace(cfg, hidden_weight=1.0))
+    assert not _TeacherCache.fits(teacher, lengths, dataclasses.replace(cfg, teacher_cache_mib=0))
+    assert not _TeacherCache.fits(teacher, lengths, dataclasses.replace(cfg, cache_teacher=False))
+    cached = distill(teacher, layer_reduce(teacher, [0, 2]), TEXTS, tokenizer=tokenizer, config=cfg)
+    fresh = distill(
+        teacher,
+        layer_reduce(teacher, [0, 2]),
+        TEXTS,
+        tokenizer=tokenizer,
+        config=dataclasses.replace(cfg, cache_teacher=False),
+    )
+    # the same targets up to float32 rounding of another padding: the same run
+    assert cached.main_losses == pytest.approx(fresh.main_losses, rel=1e-4)
+    a, b = _weights(cached.student), _weights(fresh.student)
+    assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
 
 
 def test_lr_schedule_warmup_then_linear_decay() -> None:

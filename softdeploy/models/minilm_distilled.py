@@ -147,6 +147,7 @@ class MiniLMDistilled(MiniLMRetrieval):
                 p.requires_grad_(False)
             self._teacher = teacher
             data = load_chatterbot(self.calibration_queries)
+            held = list(data.queries)  # every evaluation question, before quick mode keeps a few
             if self.limit_queries is not None:
                 data.queries = data.queries[: self.limit_queries]
                 data.relevant = data.relevant[: self.limit_queries]
@@ -154,7 +155,6 @@ class MiniLMDistilled(MiniLMRetrieval):
                 _limit_documents(data, self.limit_documents)
             self._data = data
             training_questions = data.calibration_texts[0::2]  # (question, answer) pairs: the questions
-            held = load_chatterbot(self.calibration_queries).queries
             texts = list(dict.fromkeys(distillation_texts(self.sources, seed=self.seed) + training_questions))
             # a few answers are some evaluation question up to case and punctuation ("What is AI?" ...): dropped,
             # so that no evaluation query is ever a distillation text

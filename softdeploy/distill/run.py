@@ -74,13 +74,15 @@ def run_distill(
     stages: Sequence[int] | None = None,
     config: DistillConfig | None = None,
     texts: Sequence[str] | None = None,
+    extra_texts: Sequence[str] = (),
     export: bool = False,
     progress: Any = None,
 ) -> DistillRun:
     """Distils all-MiniLM-L6-v2 into a student and writes it under ``out``. ``student="reduce"``: the
     teacher's ``layers`` (default 0, 3, 5: :func:`evenly_spaced_layers`) one-shot, or ``stages`` (layer counts, e.g. 5, 4, 3) one after
     the other; ``student="l3"``: paraphrase-MiniLM-L3's own weights as the start. ``texts`` default to
-    :func:`softdeploy.distill.data.distillation_texts`."""
+    :func:`softdeploy.distill.data.distillation_texts`; ``extra_texts`` (broad texts, ``config.extra_fraction`` of
+    every batch) as :func:`softdeploy.distill.distill`'s."""
     from softdeploy.distill.data import distillation_texts
 
     cfg = config or DistillConfig()
@@ -103,7 +105,14 @@ def run_distill(
     ckpts = out / "checkpoints"
     if stages is not None:
         results = distill_stages(
-            teacher, data, tokenizer=tokenizer, layers=stages, config=cfg, checkpoint_dir=ckpts, progress=progress
+            teacher,
+            data,
+            tokenizer=tokenizer,
+            layers=stages,
+            config=cfg,
+            checkpoint_dir=ckpts,
+            progress=progress,
+            extra_texts=extra_texts,
         )
         final = results[-1]
         how = f"multi-stage layer reduction {teacher.num_layers} -> " + " -> ".join(map(str, stages))
@@ -124,6 +133,7 @@ def run_distill(
             config=cfg,
             checkpoint=ckpts / "oneshot.safetensors",
             progress=progress,
+            extra_texts=extra_texts,
         )
         losses = [final.main_losses]
     seconds = time.perf_counter() - t0
@@ -132,6 +142,7 @@ def run_distill(
         "student": how,
         "layers": final.student.num_layers,
         "texts": len(data),
+        "extra_texts": len(extra_texts),
         "config": dataclasses.asdict(cfg),
         "seconds": round(seconds, 1),
         "resumed_from_step": final.resumed_from,

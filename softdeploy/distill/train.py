@@ -42,6 +42,12 @@ fit in ``teacher_cache_mib``, the teacher encodes every text once up front (in l
 resumed run gets the same targets) and each step reads its targets from memory; the teacher's forward pass
 was about a third of a step. Not with ``hidden_weight`` > 0 (its hidden states are not kept).
 
+Broad texts beside the task's (``distill(..., extra_texts=...)``): each batch takes ``extra_fraction`` of its
+texts from ``extra_texts`` and the rest from ``texts``, each stream its own length-grouped epochs (so a few
+thousand task texts are revisited every epoch while tens of thousands of broad ones are seen about once). On
+minilm_distilled the 954 chatbot answers fit the corpus side, WordNet's glosses teach the query side the words
+and names held-out questions carry (bench/results/distill_recipes.md).
+
 Runs are deterministic for a seed (data order per epoch from the seed; dropout reseeded per step), and
 resumable: every ``checkpoint_every`` steps and at the end, one safetensors file holds the student, the
 AdamW state, Bloop's EMA and the step; its metadata carries a key of the settings, data and student
@@ -98,6 +104,7 @@ class DistillConfig:
     dropout: bool = False
     weight_decay: float = 0.01
     max_length: int = 64
+    extra_fraction: float = 0.5  # of each batch, from distill's extra_texts when given
     group_by_length: bool = True
     cache_teacher: bool = True
     teacher_cache_mib: int = 1024
@@ -122,6 +129,8 @@ class DistillConfig:
             )
         if self.hidden_weight < 0.0:
             raise ArgumentError(f"distill: hidden_weight {self.hidden_weight} is out of range (rule: >= 0)")
+        if not 0.0 < self.extra_fraction < 1.0:
+            raise ArgumentError(f"distill: extra_fraction {self.extra_fraction} is out of range (rule: 0 < f < 1)")
         if self.teacher_cache_mib < 0:
             raise ArgumentError(f"distill: teacher_cache_mib {self.teacher_cache_mib} is out of range (rule: >= 0)")
         for name in ("steps", "batch_size", "max_length", "checkpoint_every"):
@@ -298,6 +307,12 @@ def _load(path: Path, key: str, student: SentenceEncoder, opt: torch.optim.Optim
 GROUP_CHUNK = 50  # batches per length-sorted chunk: long enough to group lengths, short enough to stay random
 
 
+def extra_per_batch(cfg: DistillConfig) -> int:
+    """How many texts of each batch come from ``extra_texts``: ``extra_fraction`` of the batch, at least one and
+    at most all but one."""
+    return min(cfg.batch_size - 1, max(1, round(cfg.extra_fraction * cfg.batch_size)))
+
+
 class _Batches:
     """The text indices of every optimizer step: epochs of a seeded permutation, the last partial batch of an
     epoch dropped (every step sees ``batch_size`` texts, so budgets compare like with like); with ``lengths``,
@@ -328,6 +343,24 @@ class _Batches:
             chunk = sorted(perm[c : c + GROUP_CHUNK * b], key=lambda j: lengths[j])
             batches += [chunk[k : k + b] for k in range(0, len(chunk), b)]
         return [batches[j] for j in torch.randperm(len(batches), generator=g).tolist()]
+
+
+class _MixedBatches:
+    """Batches of ``batch_size - k`` texts of the first ``n_main`` (the task's) and ``k`` of the following
+    ``n_extra``, as two :class:`_Batches` streams (seeds ``seed`` and ``seed + 1``); indices into
+    ``texts + extra_texts``. A function of (seed, step) only."""
+
+    def __init__(
+        self, n_main: int, n_extra: int, batch_size: int, k: int, seed: int, lengths: Sequence[int] | None
+    ) -> None:
+        self.n_main = n_main
+        main_len = None if lengths is None else lengths[:n_main]
+        extra_len = None if lengths is None else lengths[n_main:]
+        self.main = _Batches(n_main, batch_size - k, seed, main_len)
+        self.extra = _Batches(n_extra, k, seed + 1, extra_len)
+
+    def __call__(self, step: int) -> list[int]:
+        return self.main(step) + [self.n_main + j for j in self.extra(step)]
 
 
 class _TeacherCache:
@@ -395,20 +428,28 @@ def distill(
     checkpoint: str | Path | None = None,
     progress: Any = None,
     description: str = "distill",
+    extra_texts: Sequence[str] = (),
 ) -> DistillResult:
     """Trains ``student`` (in place; returned in eval mode) to mimic ``teacher`` on ``texts`` for
     ``config.steps`` AdamW steps; resumes from ``checkpoint`` when that file exists and belongs to this run.
+    ``extra_texts``: broad texts making up ``config.extra_fraction`` of every batch (module docstring).
     ``progress``: a softdeploy.compare Progress (RichProgress on a terminal), silent when None."""
     from softdeploy.compare.progress import SilentProgress
 
     cfg = config or DistillConfig()
     cfg.check()
     check_compatible(teacher, student, tokenizer, student_tokenizer)
-    texts = list(texts)
-    if len(texts) < cfg.batch_size:
-        raise ArgumentError(f"distill: {len(texts)} texts for batch_size {cfg.batch_size} (rule: texts >= batch_size)")
+    texts, extra = list(texts), list(extra_texts)
+    k = extra_per_batch(cfg) if extra else 0
+    if len(texts) < cfg.batch_size - k:
+        raise ArgumentError(
+            f"distill: {len(texts)} texts for batch_size {cfg.batch_size} (rule: texts >= batch_size - {k} extra)"
+        )
+    if extra and len(extra) < k:
+        raise ArgumentError(f"distill: {len(extra)} extra_texts for {k} per batch (rule: extra_texts >= {k})")
     progress = progress or SilentProgress()
-    key = run_key(cfg, texts, student)
+    n_main, texts = len(texts), texts + extra  # batches index texts, then extra_texts
+    key = run_key(cfg, texts, student, f"extra {len(extra)}" if extra else "")
     for name, p in student.named_parameters():  # a layer reduction of a frozen teacher starts frozen too
         p.requires_grad_(not (cfg.freeze_embeddings and name.startswith("bert.embeddings.")))
     params = [p for p in student.parameters() if p.requires_grad]
@@ -425,7 +466,12 @@ def distill(
     if cfg.group_by_length or cfg.cache_teacher:
         enc_all = tokenizer(texts, truncation=True, max_length=cfg.max_length)
         lengths = [len(x) for x in enc_all["input_ids"]]
-    batches = _Batches(len(texts), cfg.batch_size, cfg.seed, lengths if cfg.group_by_length else None)
+    grouping = lengths if cfg.group_by_length else None
+    batches: _Batches | _MixedBatches = (
+        _MixedBatches(n_main, len(extra), cfg.batch_size, k, cfg.seed, grouping)
+        if extra
+        else _Batches(len(texts), cfg.batch_size, cfg.seed, grouping)
+    )
     cache = None
     if lengths is not None and _TeacherCache.fits(teacher, lengths, cfg):
         cache = _TeacherCache(teacher, tokenizer, texts, lengths, cfg, progress)
@@ -485,6 +531,7 @@ def distill_stages(
     stage_teacher: Literal["previous", "original"] = "previous",
     checkpoint_dir: str | Path | None = None,
     progress: Any = None,
+    extra_texts: Sequence[str] = (),
 ) -> list[DistillResult]:
     """Multi-stage layer reduction: for each layer count in ``layers`` (decreasing, e.g. 5, 4, 3), the
     previous model (the teacher first) loses layers and is distilled from the previous model
@@ -492,7 +539,7 @@ def distill_stages(
     (the same total budget as one-shot ``distill`` with ``config.steps``). The last stage keeps the
     teacher's ``final_layers`` (default: :func:`evenly_spaced_layers`, 0, 3, 5 for 6 -> 3, as one-shot), so both end on
     the same layers: each stage drops the not-kept teacher layers from the last one down (6 -> 5 -> 4 -> 3:
-    drops layer 4, then 2, then 1)."""
+    drops layer 4, then 2, then 1). ``extra_texts``: as :func:`distill`'s, in every stage."""
     cfg = config or DistillConfig()
     counts = list(layers)
     if not counts or any(b >= a for a, b in zip([teacher.num_layers, *counts], counts, strict=False)):
@@ -525,6 +572,7 @@ def distill_stages(
             checkpoint=ckpt,
             progress=progress,
             description=f"distill stage {i + 1}/{len(counts)}: {current.num_layers} -> {m} layers",
+            extra_texts=extra_texts,
         )
         results.append(r)
         current = r.student

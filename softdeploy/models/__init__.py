@@ -51,7 +51,14 @@ def _minilm_distilled(quick: bool = False, **kw: Any) -> Any:
     from softdeploy.models.minilm_distilled import MiniLMDistilled
 
     # quick: a few steps on a few texts and queries (a smoke test, cached apart by its settings)
-    small = {"steps": 4, "batch_size": 8, "limit_texts": 64, "limit_queries": 40, "limit_documents": 120}
+    small = {
+        "steps": 4,
+        "batch_size": 8,
+        "limit_texts": 64,
+        "extra_texts": 64,
+        "limit_queries": 40,
+        "limit_documents": 120,
+    }
     return MiniLMDistilled(**(small if quick else {}), **kw)
 
 

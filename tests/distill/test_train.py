@@ -220,6 +220,53 @@ def test_length_grouped_batches_cover_each_epoch_sorted_within_chunks() -> None:
     assert grouped(0) != _Batches(len(lengths), 8, seed=4, lengths=lengths)(0)
 
 
+def test_mixed_batches_take_a_fixed_share_from_each_stream() -> None:
+    from softdeploy.distill.train import _Batches, _MixedBatches, extra_per_batch
+
+    assert extra_per_batch(DistillConfig(batch_size=16, extra_fraction=0.5)) == 8
+    assert extra_per_batch(DistillConfig(batch_size=4, extra_fraction=0.01)) == 1  # at least one
+    assert extra_per_batch(DistillConfig(batch_size=4, extra_fraction=0.99)) == 3  # at most all but one
+    rng = torch.Generator().manual_seed(1)
+    lengths = torch.randint(1, 64, (40 + 900,), generator=rng).tolist()
+    mixed = _MixedBatches(40, 900, 16, 6, seed=2, lengths=lengths)
+    main, extra = _Batches(40, 10, 2, lengths[:40]), _Batches(900, 6, 3, lengths[40:])
+    for step in (0, 3, 4, 57, 149):  # the task texts' epoch is 4 steps, the extra texts' 150
+        b = mixed(step)
+        assert len(b) == 16 and b[:10] == main(step) and b[10:] == [40 + j for j in extra(step)]
+    # every task text in each 4-step epoch, every extra text once in 150 steps
+    assert sorted(i for s in range(4) for i in mixed(s)[:10]) == sorted(range(40))
+    assert sorted(i for s in range(150) for i in mixed(s)[10:]) == sorted(range(40, 940))
+    assert [_MixedBatches(40, 900, 16, 6, seed=2, lengths=lengths)(s) for s in (9, 1)] == [mixed(9), mixed(1)]
+
+
+def test_extra_texts_train_resume_and_are_checked(tokenizer: Any, tmp_path: Path) -> None:
+    teacher = tiny_encoder(4)
+    task, broad = TEXTS[: len(TEXTS) // 2], TEXTS[len(TEXTS) // 2 :]
+    cfg = dataclasses.replace(CFG, extra_fraction=0.25)
+    run = distill(teacher, layer_reduce(teacher, [1, 3]), task, tokenizer=tokenizer, config=cfg, extra_texts=broad)
+    assert len(run.main_losses) == cfg.steps
+    # deterministic, and another run than the one on the task texts alone
+    again = distill(teacher, layer_reduce(teacher, [1, 3]), task, tokenizer=tokenizer, config=cfg, extra_texts=broad)
+    assert again.main_losses == run.main_losses
+    alone = distill(teacher, layer_reduce(teacher, [1, 3]), task, tokenizer=tokenizer, config=cfg)
+    assert alone.main_losses != run.main_losses
+    ckpt = tmp_path / "run.safetensors"
+    kw: dict[str, Any] = dict(tokenizer=tokenizer, config=cfg, checkpoint=ckpt)
+    first = distill(teacher, layer_reduce(teacher, [1, 3]), task, extra_texts=broad, **kw)
+    done = distill(teacher, layer_reduce(teacher, [1, 3]), task, extra_texts=broad, **kw)
+    assert done.resumed_from == cfg.steps
+    want, got = _weights(first.student), _weights(done.student)
+    assert all(torch.equal(want[k], got[k]) for k in want)
+    # the checkpoint belongs to the run with these extra texts, not to one without them
+    with pytest.raises(DistillError, match="checkpoint of another run"):
+        distill(teacher, layer_reduce(teacher, [1, 3]), task, **kw)
+    with pytest.raises(ArgumentError, match=r"extra_fraction 1\.0 is out of range"):
+        DistillConfig(extra_fraction=1.0).check()
+    three = dataclasses.replace(CFG, extra_fraction=0.75)  # 3 of each batch of 4
+    with pytest.raises(ArgumentError, match="2 extra_texts for 3 per batch"):
+        distill(teacher, layer_reduce(teacher, [0]), task, tokenizer=tokenizer, config=three, extra_texts=broad[:2])
+
+
 def test_cached_teacher_targets_train_as_the_teacher_pass_does(tokenizer: Any) -> None:
     from softdeploy.distill.train import _TeacherCache
 

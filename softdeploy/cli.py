@@ -463,14 +463,12 @@ def cmd_distill(args: argparse.Namespace) -> int:
 
             raise ArgumentError(f"--texts {src}: no such file (one text per line)")
         texts = [line.strip() for line in src.read_text().splitlines() if line.strip()]
-    if texts is None and args.limit_texts is not None:
-        from softdeploy.distill.data import distillation_texts
+    from softdeploy.distill.data import distillation_texts
 
+    if texts is None and args.limit_texts is not None:
         texts = distillation_texts(limit=args.limit_texts, seed=args.seed)
     extra: list[str] = []
     if args.extra_texts:
-        from softdeploy.distill.data import distillation_texts
-
         extra = distillation_texts(tuple(args.extra_texts.split(",")), limit=args.extra_count, seed=args.seed)
     cfg = DistillConfig(
         objective=args.objective,

@@ -338,8 +338,8 @@ class MiniLMDistilled(MiniLMRetrieval):
                 ev = self.evaluate(Session(path, threads=cpu).run, "native", progress, f"{peer} {prec}")
                 self._peers[(peer, prec)] = _Peer(ev, path)
         ref = self._peers[("teacher", "fp32")].evaluation
-        for prec in ("fp32", "int8"):
-            self._asymmetric[prec] = self._asymmetric_mrr(self._peers[("student", prec)].evaluation, ref)
+        students = {p: self._peers[("student", p)].evaluation for p in ("fp32", "int8")}
+        self._asymmetric = self._asymmetric_mrrs(students, ref)
         feeds = self.latency_feeds()
         threads = result.threads
         fns = {f"{m} {p}": Session(self._peers[(m, p)].path, threads=threads).bind(feeds) for m, p in self._order()}
@@ -402,9 +402,9 @@ class MiniLMDistilled(MiniLMRetrieval):
         )
         return [Section("Teacher, distilled student, paraphrase-MiniLM-L3 (fp32 and int8)", body), self._recipes()]
 
-    def _asymmetric_mrr(self, student: Evaluation, teacher: Evaluation) -> float:
-        """MRR@10 of the student's question tokens against the teacher's corpus tokens (fp32 MaxSim): both
-        evaluations hold every text's tokens in text order (questions, then corpus), cut here by token count."""
+    def _asymmetric_mrrs(self, students: dict[str, Evaluation], teacher: Evaluation) -> dict[str, float]:
+        """MRR@10 of each student evaluation's question tokens against the teacher's corpus tokens (fp32 MaxSim):
+        every evaluation holds each text's tokens in text order (questions, then corpus), cut here by token count."""
         import numpy as np
 
         from softdeploy.compare.metrics import mrr_at_k
@@ -413,16 +413,17 @@ class MiniLMDistilled(MiniLMRetrieval):
         d = self.data
         texts = list(d.queries) + list(d.corpus)
         lengths = [len(x) for x in self._tok(texts, truncation=True, max_length=self.max_length)["input_ids"]]
-        for ev in (student, teacher):
+        for ev in (teacher, *students.values()):
             if ev.rows["token cosine"].shape[0] != sum(lengths):
                 raise AssertionError("minilm_distilled: token rows do not match the texts' token counts")
         cuts = np.cumsum(lengths)[:-1]
-        questions = np.split(student.rows["token cosine"], cuts)[: len(d.queries)]
-        corpus = np.split(teacher.rows["token cosine"], cuts)[len(d.queries) :]
-        scores = self.scorer("native", os.cpu_count() or 1).score(
-            TokenBank.from_ragged(questions), TokenBank.from_ragged(corpus)
-        )
-        return mrr_at_k(scores, d.relevant, 10)
+        corpus = TokenBank.from_ragged(np.split(teacher.rows["token cosine"], cuts)[len(d.queries) :])
+        scorer = self.scorer("native", os.cpu_count() or 1)
+        out = {}
+        for prec, ev in students.items():
+            questions = TokenBank.from_ragged(np.split(ev.rows["token cosine"], cuts)[: len(d.queries)])
+            out[prec] = mrr_at_k(scorer.score(questions, corpus), d.relevant, 10)
+        return out
 
     @staticmethod
     def _order() -> list[tuple[str, str]]:
@@ -495,29 +496,25 @@ class MiniLMDistilled(MiniLMRetrieval):
                     f"{s.cpu_p50_ms:.2f} ms vs {t.cpu_p50_ms:.2f} ms CPU per call",
                 )
             )
-        for prec, target in (("fp32", FLOOR_FP32_DROP), ("int8", FLOOR_INT8_DROP)):
-            drop = mrr[("teacher", "fp32")] - mrr[("student", prec)]
-            out.append(
-                Floor(
-                    f"student {prec} MRR@10 drop vs teacher fp32",
-                    drop,
-                    f"<= {target}",
-                    drop <= target,
-                    f"{mrr[('student', prec)]:.4f} vs {mrr[('teacher', 'fp32')]:.4f}",
-                )
+        teacher_mrr = mrr[("teacher", "fp32")]
+        drops = [(f"student {p}", mrr[("student", p)], p) for p in ("fp32", "int8")] + [
+            (
+                f"asymmetric deployment (beside the floor above): student {p} questions x teacher-indexed corpus,",
+                self._asymmetric[p],
+                p,
             )
-        for prec, target in (("fp32", FLOOR_FP32_DROP), ("int8", FLOOR_INT8_DROP)):
-            if prec not in self._asymmetric:
-                continue
-            drop = mrr[("teacher", "fp32")] - self._asymmetric[prec]
+            for p in ("fp32", "int8")
+        ]
+        for name, value, prec in drops:
+            target = FLOOR_FP32_DROP if prec == "fp32" else FLOOR_INT8_DROP
+            drop = teacher_mrr - value
             out.append(
                 Floor(
-                    f"asymmetric deployment (beside the floor above): student {prec} questions x teacher-indexed "
-                    "corpus, MRR@10 drop vs teacher fp32",
+                    f"{name} MRR@10 drop vs teacher fp32",
                     drop,
                     f"<= {target}",
                     drop <= target,
-                    f"{self._asymmetric[prec]:.4f} vs {mrr[('teacher', 'fp32')]:.4f}",
+                    f"{value:.4f} vs {teacher_mrr:.4f}",
                 )
             )
         for prec in ("fp32", "int8"):

@@ -190,6 +190,7 @@ def _quant_config(args: argparse.Namespace) -> object:
         op_types=tuple(args.op_types.split(",")) if args.op_types else None,
         calibrate_method=args.calibrate_method,
         exclude=tuple(n for n in (args.exclude or "").split(",") if n),
+        weights=args.weights,
     )
 
 
@@ -958,6 +959,13 @@ def _add_quantize_parser(sub: argparse._SubParsersAction) -> None:  # type: igno
     p.add_argument("--op-types", help="comma-separated op types to quantize (default: per mode)")
     p.add_argument("--calibrate-method", choices=("minmax", "percentile", "entropy"), default="minmax")
     p.add_argument("--exclude", help="comma-separated node names to keep in float")
+    p.add_argument(
+        "--weights",
+        choices=("8-bit", "7-bit", "pair-bounded"),
+        default=None,
+        help="int8 weight format (default: this CPU's; `softdeploy doctor` shows it): pair-bounded and 7-bit "
+        "cannot saturate onnxruntime's kernels on CPUs without VNNI",
+    )
     p.add_argument(
         "--data",
         help="model inputs (samples along axis 0): an .npz, a folder of <input>.npy, or a loader pkg.mod:fn; "

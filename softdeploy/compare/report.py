@@ -100,7 +100,7 @@ def to_markdown(result: CompareResult) -> str:
         q = v.quantized
         line = (
             f"- `{v.spec.name}`: {q.config.describe()}; {len(q.quantized_nodes)} nodes int8, "
-            f"{len(q.float_nodes)} candidate nodes left in float; reduce_range={q.reduce_range}"
+            f"{len(q.float_nodes)} candidate nodes left in float; {q.weights} weights"
         )
         if q.calibration_kernels:
             line += f"; calibration ran softdeploy ops as **{q.calibration_kernels}** kernels"

@@ -171,6 +171,7 @@ class CompareResult:
                     "float_nodes": v.quantized.float_nodes,
                     "calibration_kernels": v.quantized.calibration_kernels,
                     "reduce_range": v.quantized.reduce_range,
+                    "weights": v.quantized.weights,
                     "int8_format": v.quantized.int8_format,
                     "seconds": v.quantized.seconds,
                 }

@@ -8,36 +8,46 @@ instruction sequences, chosen by the CPU (onnxruntime/core/mlas/lib/platform.cpp
   onnxruntime/core/mlas/lib/amd64/SymQgemmU8KernelAvx512.asm): no intermediate rounding;
 * without it (AVX2, and AVX-512 cores without VNNI such as Skylake-SP): ``vpmaddubsw`` then
   ``vpmaddwd`` (``MultiplyAccumulateRowU8S8Avx2`` in QgemmU8X8KernelAvx2.asm,
-  ``MultiplyAccumulateCellU8S8Avx512Core``): ``vpmaddubsw`` adds each PAIR of u8 x s8 products into a
-  SATURATED int16. Two products reach 2 x 255 x 127 = 64770 > 32767, so full-range int8 weights can
-  clip. With ``reduce_range`` (7-bit weights, |w| <= 64) a pair is at most 2 x 255 x 64 = 32640: it
-  cannot saturate, and the result is the same exact integer sum as on a VNNI core.
+  ``MultiplyAccumulateCellU8S8Avx512Core``): ``vpmaddubsw`` adds each PAIR of u8 x s8 products (the
+  even-aligned k = 2j, 2j + 1 of a weight column) into a SATURATED int16. Two products reach 2 x 255 x 127 =
+  64770 > 32767, so full-range int8 weights can clip.
 
-onnxruntime 1.32's own guidance says the same (``onnxruntime.quantization.quantize_static``'s
-docstring, "Choosing parameters for CPU inference"): x86-64 without VNNI -> QUInt8 activations, QInt8
-weights, ``reduce_range=True``; with VNNI -> ``reduce_range=False``; QDQ preferred for static models.
+Two weight formats cannot clip, and compute on a vpmaddubsw core the same exact integer sums as on a VNNI one:
+
+* ``7-bit`` (onnxruntime's ``reduce_range``): |w| <= 64, a pair at most 2 x 255 x 64 = 32640 -- at twice the
+  8-bit step;
+* ``pair-bounded`` (:mod:`softdeploy.quant.pair_bounded`): the 8-bit grid with every same-sign pair
+  |w_2j| + |w_2j+1| <= 128 (255 x 128 = 32640), a per-channel step only ~1.3x the 8-bit one on MiniLM,
+  because a column's largest weight rarely sits beside another large weight of its sign.
+
+onnxruntime 1.32's own guidance (``onnxruntime.quantization.quantize_static``'s docstring, "Choosing
+parameters for CPU inference") is x86-64 without VNNI -> QUInt8 activations, QInt8 weights,
+``reduce_range=True``; with VNNI -> ``reduce_range=False``. Measured on all-MiniLM-L6-v2 (653 queries,
+bench/results/minilm_int8_options.md): sentence cosine to fp32 0.9913 (8-bit), 0.9911 (pair-bounded),
+0.9900 (7-bit) -- pair-bounded keeps 8-bit accuracy where 7-bit sits at the 0.99 line, so it is the
+non-VNNI choice. It applies to MatMul weights (the reduction axis of a MatMul's B is known); a model with
+int8 weights of other GEMM-like ops (Conv, Gemm, Attention, LSTM) falls back to 7-bit, and its report says so.
 
 The table (:data:`TABLE`), one row per CPU class (:func:`int8_cpu_class`):
 
 ==================== ============ ============= =============================================================
-CPU class            u8s8 kernel  reduce_range  why
+CPU class            u8s8 kernel  weights       why
 ==================== ============ ============= =============================================================
-vnni                 vpdpbusd     no            exact int32 sums: 7-bit weights would only lose accuracy
-avx512 (no VNNI)     vpmaddubsw   yes           int16 pair saturation at 8-bit weights; 7 bits cannot clip
-avx2 (no VNNI)       vpmaddubsw   yes           the same (the issue's Zen 3 / client-CPU case)
-x86-64 (no AVX2)     SSE          yes           onnxruntime's guidance for every x86-64 CPU without VNNI
-other                --           no            no vpmaddubsw (ARM: onnxruntime's guidance is reduce_range off)
+vnni                 vpdpbusd     8-bit         exact int32 sums: fewer bits would only lose accuracy
+avx512 (no VNNI)     vpmaddubsw   pair-bounded  int16 pair saturation at 8-bit weights; bounded pairs cannot
+avx2 (no VNNI)       vpmaddubsw   pair-bounded  the same (the issue's Zen 3 / client-CPU case)
+x86-64 (no AVX2)     SSE          pair-bounded  onnxruntime's guidance (no VNNI: guard against saturation)
+other                --           8-bit         no vpmaddubsw (ARM: onnxruntime's guidance is reduce_range off)
 ==================== ============ ============= =============================================================
 
 The rest is the same on every class, and measured (bench/results/minilm_int8_options.md, on a VNNI
 core): weights per output channel (per-tensor lost 0.018 MRR@10 on MiniLM); dynamic mode is
 QOperator (DynamicQuantizeLinear + MatMulInteger, fused by onnxruntime to DynamicQuantizeMatMul: its
 only dynamic form), static mode QDQ; the activation x activation MatMuls (attention scores,
-attention x values) stay float (no faster in int8 at these sizes, 0.009 MRR@10 lost). A reduce_range
-model computes the same integers on every kernel, so its accuracy measured on a VNNI core is its
-accuracy on an AVX2 one (measured on MiniLM: sentence cosine 0.9893 against 0.9910 at 8 bits, MRR@10
--0.0195 on 100 queries: bench/results/minilm_int8_options.md); the speed of an AVX2 core, and the accuracy
-of 8-bit weights on vpmaddubsw, cannot be measured on a VNNI one (MLAS has no switch to turn VNNI off).
+attention x values) stay float (no faster in int8 at these sizes, 0.009 MRR@10 lost). A pair-bounded or
+7-bit model computes the same integers on every kernel, so its accuracy measured on a VNNI core is its
+accuracy on an AVX2 one; the speed of an AVX2 core, and the accuracy of unbounded 8-bit weights on
+vpmaddubsw, cannot be measured on a VNNI one (MLAS has no switch to turn VNNI off).
 
 The class follows softdeploy's CPU detection (the kernel library's, ops/common/cpu.cc), so
 ``SOFTDEPLOY_TEST_CPU=avx2`` makes this machine choose as an AVX2 CPU without VNNI would (onnxruntime
@@ -55,12 +65,12 @@ _AVX512 = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq"})
 
 @dataclasses.dataclass(frozen=True)
 class Int8Format:
-    """One row of the decision table: the CPU class, whether weights are quantized to 7 bits (``reduce_range``),
-    per-channel weights, the graph format per mode, which MatMuls stay float, and why (one line)."""
+    """One row of the decision table: the CPU class, the weight format (:data:`WEIGHTS`), per-channel weights, the
+    graph format per mode, which MatMuls stay float, and why (one line)."""
 
     cpu_class: str
     kernel: str  # MLAS's u8s8 multiply on this class
-    reduce_range: bool
+    weights: str  # one of WEIGHTS
     why: str
     per_channel: bool = True
     dynamic_format: str = "QOperator (DynamicQuantizeLinear + MatMulInteger)"
@@ -68,47 +78,52 @@ class Int8Format:
     float_matmuls: str = "activation x activation MatMuls (attention)"
     types: str = "u8s8 (uint8 activations, int8 weights)"
 
+    @property
+    def reduce_range(self) -> bool:
+        """Whether onnxruntime's quantizer runs with ``reduce_range`` (7-bit weights)."""
+        return self.weights == "7-bit"
+
     def line(self, mode: str = "dynamic") -> str:
         """One line for reports: the class, the format chosen for ``mode`` and why."""
         fmt = self.dynamic_format if mode == "dynamic" else self.static_format
-        weights = "7-bit weights (reduce_range)" if self.reduce_range else "8-bit weights"
         return (
-            f"int8 format for a {self.cpu_class} CPU: {fmt}, {self.types}, {weights}, "
+            f"int8 format for a {self.cpu_class} CPU: {fmt}, {self.types}, {WEIGHTS[self.weights]}, "
             f"{'per-channel' if self.per_channel else 'per-tensor'}, {self.float_matmuls} in float -- {self.why}"
         )
 
+
+# The weight formats, each as reports name it. Every one is symmetric int8 (zero point 0).
+WEIGHTS: dict[str, str] = {
+    "8-bit": "8-bit weights",
+    "7-bit": "7-bit weights (reduce_range)",
+    "pair-bounded": "pair-bounded 8-bit weights (same-sign pairs |w_2j| + |w_2j+1| <= 128)",
+}
+
+_NO_VNNI_WHY = (
+    "without VNNI MLAS multiplies with vpmaddubsw, whose int16 pair sums saturate at 8-bit weights; pair-bounded "
+    "weights cannot, and keep the 8-bit grid (7-bit weights cannot either, at twice the step)"
+)
 
 TABLE: dict[str, Int8Format] = {
     "vnni": Int8Format(
         "vnni",
         "vpdpbusd",
-        False,
-        "VNNI's vpdpbusd sums u8 x s8 products exactly in int32: 7-bit weights would only lose accuracy",
+        "8-bit",
+        "VNNI's vpdpbusd sums u8 x s8 products exactly in int32: 8-bit weights; fewer bits would only lose accuracy",
     ),
-    "avx512": Int8Format(
-        "avx512 (no VNNI)",
-        "vpmaddubsw",
-        True,
-        "without VNNI MLAS multiplies with vpmaddubsw, whose int16 pair sums saturate at 8-bit weights; "
-        "7-bit weights cannot",
-    ),
-    "avx2": Int8Format(
-        "avx2 (no VNNI)",
-        "vpmaddubsw",
-        True,
-        "without VNNI MLAS multiplies with vpmaddubsw, whose int16 pair sums saturate at 8-bit weights; "
-        "7-bit weights cannot",
-    ),
+    "avx512": Int8Format("avx512 (no VNNI)", "vpmaddubsw", "pair-bounded", _NO_VNNI_WHY),
+    "avx2": Int8Format("avx2 (no VNNI)", "vpmaddubsw", "pair-bounded", _NO_VNNI_WHY),
     "x86-64": Int8Format(
         "x86-64 (no AVX2)",
         "SSE",
-        True,
-        "onnxruntime's guidance for an x86-64 CPU without VNNI: 7-bit weights against saturation",
+        "pair-bounded",
+        "onnxruntime's guidance for an x86-64 CPU without VNNI guards against vpmaddubsw saturation; pair-bounded "
+        "weights cannot saturate it and keep the 8-bit grid",
     ),
     "other": Int8Format(
         "other",
         "not x86 (no vpmaddubsw)",
-        False,
+        "8-bit",
         "not an x86 CPU: no vpmaddubsw saturation, full 8-bit weights",
     ),
 }
@@ -169,6 +184,5 @@ def format_lines(mode: str = "dynamic") -> list[str]:
         lines[0] += " (SOFTDEPLOY_TEST_CPU emulates the class; onnxruntime still runs this machine's own int8 kernels)"
     if here.cpu_class != TABLE["avx2"].cpu_class:
         other = TABLE["avx2"]
-        weights = "7-bit weights (reduce_range)" if other.reduce_range else "8-bit weights"
-        lines.append(f"an AVX2 CPU without VNNI would get: {weights} -- {other.why}")
+        lines.append(f"an AVX2 CPU without VNNI would get: {WEIGHTS[other.weights]} -- {other.why}")
     return lines

@@ -12,7 +12,8 @@ com.softdeploy nodes are never quantized themselves: they stay in float between 
 and a QuantizeLinear (static) or simply in float (dynamic), and keep their function bodies.
 
 Activation type follows onnxruntime's CPU guidance: uint8 activations with int8 weights; on a CPU
-without VNNI, ``reduce_range`` (7-bit weights) avoids u8s8 saturation in the vpmaddubsw path. The
+without VNNI the weights are pair-bounded (:mod:`softdeploy.quant.pair_bounded`: the 8-bit grid, no
+same-sign pair of weights large enough to saturate the vpmaddubsw path) or 7-bit (``reduce_range``). The
 per-CPU choice is the decision table of :mod:`softdeploy.quant.formats`, recorded in every report.
 """
 
@@ -52,9 +53,10 @@ class QuantConfig:
     """How to quantize: ``mode`` dynamic (int8 weights, activations quantized at run time) or static (QDQ with
     calibrated activation ranges); ``per_channel`` weight scales (default) or one per tensor; ``op_types`` (None:
     onnxruntime's integer-op set for dynamic, MatMul/Gemm/Conv for static); ``calibrate_method`` (minmax, percentile,
-    entropy); ``exclude``: nodes kept in float; ``only``: quantize just these (the sensitivity probe); ``reduce_range``
-    (None: this CPU's row of softdeploy.quant.formats.TABLE -- 7-bit weights on x86-64 without VNNI, where 8-bit
-    products can saturate)."""
+    entropy); ``exclude``: nodes kept in float; ``only``: quantize just these (the sensitivity probe); ``weights``
+    ("8-bit", "7-bit", "pair-bounded"; None: this CPU's row of softdeploy.quant.formats.TABLE -- pair-bounded on
+    x86-64 without VNNI, where unbounded 8-bit products can saturate); ``reduce_range``: onnxruntime's spelling,
+    True = "7-bit", False = "8-bit" (give one of the two)."""
 
     mode: Mode = "dynamic"
     per_channel: bool = True
@@ -64,7 +66,22 @@ class QuantConfig:
     calibrate_method: CalibrationMethod = "minmax"
     exclude: tuple[str, ...] = ()  # node names kept in float
     only: tuple[str, ...] | None = None  # quantize only these nodes (the sensitivity probe)
-    reduce_range: bool | None = None  # None: the CPU's row of formats.TABLE (True on x86-64 without VNNI)
+    reduce_range: bool | None = None  # onnxruntime's spelling of weights "7-bit" (True) / "8-bit" (False)
+    weights: str | None = None  # formats.WEIGHTS; None: the CPU's row of formats.TABLE
+
+    def asked_weights(self) -> str | None:
+        """The weight format asked for (``weights``, or ``reduce_range`` translated), None for the table's;
+        QuantizationError for an unknown format or a ``reduce_range`` that contradicts ``weights``."""
+        from softdeploy.quant.formats import WEIGHTS
+
+        if self.weights is not None and self.weights not in WEIGHTS:
+            raise QuantizationError(f"weights {self.weights!r} is not one of {sorted(WEIGHTS)}")
+        from_range = None if self.reduce_range is None else ("7-bit" if self.reduce_range else "8-bit")
+        if self.weights is not None and from_range is not None and from_range != self.weights:
+            raise QuantizationError(
+                f"weights {self.weights!r} contradicts reduce_range={self.reduce_range} (rule: give one of the two)"
+            )
+        return self.weights or from_range
 
     def describe(self) -> str:
         """One line for reports, e.g. 'int8 static, per-channel, QDQ, minmax calibration, 3 node(s) kept in float'."""
@@ -96,7 +113,8 @@ class QuantConfig:
 @dataclasses.dataclass
 class QuantizedModel:
     """A quantized model written to ``path``: its config, the candidate nodes that run in int8 and those left in float,
-    which kernels ran the calibration (static), whether weights use 7 bits (reduce_range) and how long it took."""
+    which kernels ran the calibration (static), the weight format (formats.WEIGHTS; ``reduce_range``: 7-bit) and how
+    long it took."""
 
     path: Path
     config: QuantConfig
@@ -105,8 +123,9 @@ class QuantizedModel:
     calibration_kernels: str | None  # static: "native" or "portable" (function bodies)
     reduce_range: bool
     seconds: float
-    # the int8 format chosen for this CPU and why (formats.Int8Format.line); says so when reduce_range was asked
+    # the int8 format chosen for this CPU and why (formats.Int8Format.line); says so when another was asked
     int8_format: str = ""
+    weights: str = "8-bit"  # formats.WEIGHTS: what the int8 weights are
 
     @property
     def size_bytes(self) -> int:
@@ -288,13 +307,16 @@ def quantize(
     unknown = sorted((set(config.exclude) | set(config.only or ())) - {n.name for n in proto.graph.node})
     if unknown:
         raise QuantizationError(f"nodes {unknown} are not in the model (node names: see `softdeploy quantize --list`)")
+    import onnx
+
     from softdeploy.quant.formats import int8_format
 
     chosen = int8_format()
-    reduce_range = chosen.reduce_range if config.reduce_range is None else config.reduce_range
+    asked = config.asked_weights()
+    weights = asked or chosen.weights
     format_note = chosen.line(config.mode)
-    if config.reduce_range is not None and config.reduce_range != chosen.reduce_range:
-        format_note += f"; reduce_range={config.reduce_range} as asked, not the table's {chosen.reduce_range}"
+    if asked is not None and asked != chosen.weights:
+        format_note += f"; {asked} weights as asked, not the table's {chosen.weights}"
     op_types = list(config.resolved_op_types())
     exclude = [n for n in config.exclude if n in names]
     if config.mode == "static":
@@ -302,24 +324,26 @@ def quantize(
     only = [n for n in config.only if n in names] if config.only is not None else None
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
-    calibration_kernels = None
-    with tempfile.TemporaryDirectory(prefix="softdeploy-quant-") as tmp, _quiet_quantizer():
-        src = Path(tmp) / "named.onnx"
-        import onnx
 
-        onnx.save(proto, src)
-        if config.mode == "dynamic":
-            quantize_dynamic(
-                src,
-                output,
-                weight_type=QuantType.QInt8,
-                per_channel=config.per_channel,
-                reduce_range=reduce_range,
-                op_types_to_quantize=op_types,
-                nodes_to_quantize=only,
-                nodes_to_exclude=exclude,
-            )
-        elif config.mode == "static":
+    def run_quantizer(reduce_range: bool) -> str | None:
+        """onnxruntime's quantizer on ``proto`` into ``output``; the kernels that ran the calibration (static)."""
+        with tempfile.TemporaryDirectory(prefix="softdeploy-quant-") as tmp, _quiet_quantizer():
+            src = Path(tmp) / "named.onnx"
+            onnx.save(proto, src)
+            if config.mode == "dynamic":
+                quantize_dynamic(
+                    src,
+                    output,
+                    weight_type=QuantType.QInt8,
+                    per_channel=config.per_channel,
+                    reduce_range=reduce_range,
+                    op_types_to_quantize=op_types,
+                    nodes_to_quantize=only,
+                    nodes_to_exclude=exclude,
+                )
+                return None
+            if config.mode != "static":
+                raise QuantizationError(f"mode must be 'dynamic' or 'static', not {config.mode!r}")
             cache = Path(calibration_cache) if calibration_cache is not None else None
             if not calibration and not (cache is not None and cache.is_file()):
                 raise QuantizationError("static quantization needs calibration data (input batches)")
@@ -344,14 +368,19 @@ def quantize(
                     calibrate_method=method,
                     calibration_cache_path=cache,
                 )
-            if record.kernels is not None:
-                calibration_kernels = record.kernels
-                if cache is not None:
-                    cache.with_suffix(".kernels").write_text(record.kernels)
-            else:
-                calibration_kernels = calibration_kernels_from_cache(cache)
-        else:
-            raise QuantizationError(f"mode must be 'dynamic' or 'static', not {config.mode!r}")
+            if record.kernels is None:
+                return calibration_kernels_from_cache(cache)
+            if cache is not None:
+                cache.with_suffix(".kernels").write_text(record.kernels)
+            return record.kernels
+
+    calibration_kernels = run_quantizer(reduce_range=weights == "7-bit")
+    if weights == "pair-bounded":
+        why_not = _bound_pairs(output, proto)  # the 8-bit model's int8 MatMul weights, rewritten
+        if why_not:
+            weights = "7-bit"
+            format_note += f"; 7-bit weights instead of pair-bounded: {why_not}"
+            calibration_kernels = run_quantizer(reduce_range=True)
     out_model = onnx.load(os.fspath(output))
     quantized = _quantized_names(out_model, candidates, config.mode)
     qset = set(quantized)
@@ -361,10 +390,33 @@ def quantize(
         quantized_nodes=quantized,
         float_nodes=[n for n, _ in candidates if n not in qset],
         calibration_kernels=calibration_kernels,
-        reduce_range=reduce_range,
+        reduce_range=weights == "7-bit",
         seconds=time.perf_counter() - t0,
         int8_format=format_note,
+        weights=weights,
     )
+
+
+def _bound_pairs(path: Path, source: Any) -> str:
+    """Rewrites the int8 MatMul weights of the quantized model at ``path`` to pair-bounded ones (from their float
+    weights in ``source``); "" when done, else why pair-bounded weights do not apply (the file is then left as is,
+    and the caller quantizes again with 7-bit weights)."""
+    import onnx
+
+    from softdeploy.quant.pair_bounded import bound_weight_pairs, unbounded_gemm_weights
+
+    model = onnx.load(os.fspath(path))
+    try:
+        done = bound_weight_pairs(model, source)
+    except ValueError as e:
+        return str(e)
+    left = unbounded_gemm_weights(model, set(done))
+    if left:
+        return (
+            f"int8 weights of GEMM-like ops other than MatMul ({', '.join(left[:3])}{', ...' if len(left) > 3 else ''})"
+        )
+    onnx.save(model, os.fspath(path))
+    return ""
 
 
 def calibration_kernels_from_cache(cache: Path | None) -> str | None:

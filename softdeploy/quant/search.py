@@ -135,6 +135,7 @@ class BudgetResult:
             "model": str(self.model.path),
             "quantized_nodes": len(self.model.quantized_nodes),
             "reduce_range": self.model.reduce_range,
+            "weights": self.model.weights,
             "int8_format": self.model.int8_format,
             "explanation": self.explain(),
         }

@@ -160,6 +160,7 @@ def report_json(result: QuantizedModel | BudgetResult) -> dict[str, Any]:
         "float_nodes": result.float_nodes,
         "calibration_kernels": result.calibration_kernels,
         "reduce_range": result.reduce_range,
+        "weights": result.weights,
         "int8_format": result.int8_format,
         "seconds": result.seconds,
         "size_bytes": result.size_bytes,

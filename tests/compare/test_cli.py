@@ -36,6 +36,16 @@ def test_quantize_with_budget(model_and_data: tuple[Path, Path], tmp_path: Path)
     assert [k["node"] for k in report["kept_float"]] == ["fc2"] and report["met"]
 
 
+@pytest.mark.parametrize("weights", ["8-bit", "7-bit", "pair-bounded"])
+def test_quantize_weights_option(model_and_data: tuple[Path, Path], tmp_path: Path, weights: str) -> None:
+    model, _ = model_and_data
+    out = tmp_path / "q.onnx"
+    assert main(["quantize", str(model), "-o", str(out), "--weights", weights]) == 0
+    report = json.loads(out.with_suffix(".json").read_text())
+    assert report["weights"] == weights and report["config"]["weights"] == weights
+    assert report["reduce_range"] is (weights == "7-bit")
+
+
 def test_static_needs_data(model_and_data: tuple[Path, Path]) -> None:
     model, _ = model_and_data
     assert main(["quantize", str(model), "--mode", "static"]) == 2

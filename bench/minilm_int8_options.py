@@ -151,7 +151,10 @@ def main() -> None:
         kw: dict[str, Any] = {}
         if config.mode == "static":
             kw = {"calibration": cal, "calibration_cache": caches[config.calibrate_method]}
-        paths[label] = quantize(graphs[g], out, config, **kw).path
+        result = quantize(graphs[g], out, config, **kw)
+        if config.weights is not None and result.weights != config.weights:  # a fallback would mislabel the row
+            raise SystemExit(f"{label}: quantized with {result.weights} weights ({result.int8_format})")
+        paths[label] = result.path
 
     evals = {
         label: case.evaluate(Session(path, threads=2).run, "native", SilentProgress(), label)

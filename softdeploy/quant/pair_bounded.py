@@ -39,7 +39,7 @@ def pair_bounded_int8(w: np.ndarray, *, per_column: bool = True) -> tuple[np.nda
     """``(q int8 [K, N], scale float32 [N], or [] per tensor)``: symmetric int8 weights of ``w`` ([K, N], the
     reduction axis first, as a MatMul's B), one scale per column or (``per_column=False``) one for the tensor,
     with every even-aligned same-sign pair ``|q_2j| + |q_2j+1| <= 128`` and ``|q| <= 127`` (the module
-    docstring's rule); a zero column (tensor) gets scale 1."""
+    docstring's rule); a zero column (tensor) gets scale 1, and no scale is below the smallest normal float32."""
     w = np.asarray(w, dtype=np.float64)
     if w.ndim != 2:
         raise ValueError(f"pair_bounded_int8: weight of shape {w.shape} (rule: 2-D, [K, N])")
@@ -53,7 +53,10 @@ def pair_bounded_int8(w: np.ndarray, *, per_column: bool = True) -> tuple[np.nda
         bound = np.maximum(bound, pair.max(axis=0))
     if not per_column:
         bound = np.asarray(bound.max() if bound.size else 0.0)
-    scale = np.where(bound > 0, bound / 127.0, 1.0).astype(np.float32)
+    # float32 scales no smaller than the smallest normal float32: below it bound / 127 would round coarsely (or to
+    # 0, dividing by zero), breaking |q| <= 127 and the pair rule; weights that small quantize to 0 or +-1 steps
+    tiny = float(np.finfo(np.float32).tiny)
+    scale = np.where(bound > 0, np.maximum(bound / 127.0, tiny), 1.0).astype(np.float32)
     q = np.clip(np.rint(w / scale.astype(np.float64)), -127, 127).astype(np.int8)
     worst = max_same_sign_pair(q)
     if worst > PAIR_LIMIT:  # cannot happen by the rounding argument; checked because a saturating model is wrong

@@ -57,9 +57,11 @@ def test_pair_bounded_weights_never_saturate_and_stay_on_a_fine_grid(w, seed):
     assert np.abs(q.astype(np.int32)).max() <= 127 and max_same_sign_pair(q) <= PAIR_LIMIT
     # rounding to the nearest step (float32 scale: a relative 1e-6 of slack)
     assert np.all(np.abs(w - q * scale.astype(np.float64)) <= scale * (0.5 + 1e-6))
-    # the step lies between the 8-bit and the 7-bit one (at most twice the 8-bit step)
+    # the step lies between the 8-bit and the 7-bit one (at most twice the 8-bit step), where the 8-bit step is a
+    # normal float32 (below that the step is the smallest normal float32)
     amax = np.abs(w).max(axis=0)
-    live = amax > 0
+    live = amax / 127.0 >= np.finfo(np.float32).tiny
+    assert np.all(scale >= np.finfo(np.float32).tiny)
     s8 = amax[live] / 127.0
     assert np.all(scale[live] >= s8 * (1 - 1e-6)) and np.all(scale[live] <= 2 * s8 * (1 + 1e-6))
     # the kernel model gives the exact product for the worst activations (all 255) and for random ones
@@ -85,6 +87,14 @@ def test_per_tensor_uses_one_step_for_every_column():
     w = np.array([[1.0, -0.2], [0.9, 0.3], [0.1, -1.0], [-0.2, 0.5]])
     q, scale = pair_bounded_int8(w, per_column=False)
     assert scale.shape == () and scale == np.float32(1.9 / 127) and max_same_sign_pair(q) <= PAIR_LIMIT
+
+
+def test_subnormal_weights_keep_the_rules():
+    """Found by the property above: weights near float32's subnormal range once made a zero float32 scale."""
+    w = np.array([[1.4e-45, 1e-39], [1.4e-45, 1e-39]])
+    q, scale = pair_bounded_int8(w)
+    assert np.all(scale == np.finfo(np.float32).tiny) and max_same_sign_pair(q) <= PAIR_LIMIT
+    assert np.all(np.abs(w - q * scale.astype(np.float64)) <= scale * 0.5)
 
 
 def test_an_odd_reduction_length_and_zero_columns():

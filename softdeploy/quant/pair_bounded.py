@@ -44,13 +44,9 @@ def pair_bounded_int8(w: np.ndarray, *, per_column: bool = True) -> tuple[np.nda
     if w.ndim != 2:
         raise ValueError(f"pair_bounded_int8: weight of shape {w.shape} (rule: 2-D, [K, N])")
     k, n = w.shape
-    a = np.abs(w)
-    bound = a.max(axis=0) if k else np.zeros(n)
+    bound = np.abs(w).max(axis=0) if k else np.zeros(n)
     if k >= 2:
-        even, odd = w[0 : k - 1 : 2], w[1:k:2]
-        same = (even * odd) > 0
-        pair = np.where(same, np.abs(even) + np.abs(odd), 0.0)
-        bound = np.maximum(bound, pair.max(axis=0))
+        bound = np.maximum(bound, _same_sign_pair_sums(w).max(axis=0))
     if not per_column:
         bound = np.asarray(bound.max() if bound.size else 0.0)
     # float32 scales no smaller than the smallest normal float32: below it bound / 127 would round coarsely (or to
@@ -64,15 +60,20 @@ def pair_bounded_int8(w: np.ndarray, *, per_column: bool = True) -> tuple[np.nda
     return q, scale
 
 
+def _same_sign_pair_sums(w: np.ndarray) -> np.ndarray:
+    """``|w_2j| + |w_2j+1|`` where the even-aligned pair of rows has one sign, else 0 (``[K // 2, ...]``)."""
+    k = w.shape[0]
+    even, odd = w[0 : k - 1 : 2], w[1:k:2]
+    return np.where(even * odd > 0, np.abs(even) + np.abs(odd), 0)
+
+
 def max_same_sign_pair(q: np.ndarray) -> int:
     """The largest ``|q_2j| + |q_2j+1|`` over even-aligned same-sign pairs of the rows of ``q`` ([K, N], int);
     also ``max |q|`` (a lone last row, or any single weight), whichever is larger."""
     q = np.asarray(q, dtype=np.int64)
     worst = int(np.abs(q).max()) if q.size else 0
-    k = q.shape[0]
-    if k >= 2:
-        even, odd = q[0 : k - 1 : 2], q[1:k:2]
-        pair = np.where(even * odd > 0, np.abs(even) + np.abs(odd), 0)
+    if q.shape[0] >= 2:
+        pair = _same_sign_pair_sums(q)
         worst = max(worst, int(pair.max()) if pair.size else 0)
     return worst
 
@@ -81,20 +82,26 @@ def _initializers(model: Any) -> dict[str, Any]:
     return {t.name: t for t in model.graph.initializer}
 
 
+def _consumers(model: Any) -> dict[str, list[Any]]:
+    """The nodes reading each value name."""
+    out: dict[str, list[Any]] = {}
+    for node in model.graph.node:
+        for i in node.input:
+            out.setdefault(i, []).append(node)
+    return out
+
+
 def bound_weight_pairs(quantized: Any, source: Any) -> list[str]:
     """Rewrites, in place, every int8 MatMul weight of ``quantized`` (an onnxruntime-quantized ModelProto:
     ``MatMulInteger`` B, or a per-column ``DequantizeLinear`` feeding a ``MatMul``'s B) with
     :func:`pair_bounded_int8` of its float weight in ``source`` (the model that was quantized; onnxruntime names
     the int8 weight ``<w>_quantized`` and its scale ``<w>_scale``). Returns the int8 weight names rewritten.
     ValueError when a weight cannot be traced to its float source (an int8 weight left unbounded could saturate)."""
-    from onnx import numpy_helper
+    from onnx import TensorProto, numpy_helper
 
     inits = _initializers(quantized)
     floats = _initializers(source)
-    consumers: dict[str, list[Any]] = {}
-    for node in quantized.graph.node:
-        for i in node.input:
-            consumers.setdefault(i, []).append(node)
+    consumers = _consumers(quantized)
     targets: list[tuple[str, str, str]] = []  # (int8 weight, its scale, the float source)
     for node in quantized.graph.node:
         if node.op_type == "MatMulInteger" and node.input[1] in inits:
@@ -108,7 +115,7 @@ def bound_weight_pairs(quantized: Any, source: Any) -> list[str]:
             q_name, scale_name = node.input[0], node.input[1]
         else:
             continue
-        if numpy_helper.to_array(inits[q_name]).dtype != np.int8:
+        if inits[q_name].data_type != TensorProto.INT8:
             continue  # uint8 weights (U8U8 kernels) widen to int16 and cannot saturate
         src = q_name.removesuffix("_quantized")
         if src not in floats or scale_name not in inits:
@@ -162,10 +169,7 @@ def unbounded_gemm_weights(quantized: Any, bounded: set[str]) -> list[str]:
     from onnx import TensorProto
 
     int8 = {t.name for t in quantized.graph.initializer if t.data_type == TensorProto.INT8}
-    consumers: dict[str, list[Any]] = {}
-    for node in quantized.graph.node:
-        for i in node.input:
-            consumers.setdefault(i, []).append(node)
+    consumers = _consumers(quantized)
     found: list[str] = []
     for node in quantized.graph.node:
         if node.op_type in INTEGER_GEMM_WEIGHTS:

@@ -121,11 +121,15 @@ class QuantizedModel:
     quantized_nodes: list[str]  # candidate nodes that now run in int8
     float_nodes: list[str]  # candidate nodes left in float (excluded, or the quantizer declined)
     calibration_kernels: str | None  # static: "native" or "portable" (function bodies)
-    reduce_range: bool
     seconds: float
     # the int8 format chosen for this CPU and why (formats.Int8Format.line); says so when another was asked
     int8_format: str = ""
     weights: str = "8-bit"  # formats.WEIGHTS: what the int8 weights are
+
+    @property
+    def reduce_range(self) -> bool:
+        """Whether the weights are 7-bit (onnxruntime's ``reduce_range``)."""
+        return self.weights == "7-bit"
 
     @property
     def size_bytes(self) -> int:
@@ -375,13 +379,16 @@ def quantize(
             return record.kernels
 
     calibration_kernels = run_quantizer(reduce_range=weights == "7-bit")
+    out_model = onnx.load(os.fspath(output))
     if weights == "pair-bounded":
-        why_not = _bound_pairs(output, proto)  # the 8-bit model's int8 MatMul weights, rewritten
+        why_not = _bound_pairs(out_model, proto)  # the 8-bit model's int8 MatMul weights, rewritten in place
         if why_not:
             weights = "7-bit"
             format_note += f"; 7-bit weights instead of pair-bounded: {why_not}"
             calibration_kernels = run_quantizer(reduce_range=True)
-    out_model = onnx.load(os.fspath(output))
+            out_model = onnx.load(os.fspath(output))
+        else:
+            onnx.save(out_model, os.fspath(output))
     quantized = _quantized_names(out_model, candidates, config.mode)
     qset = set(quantized)
     return QuantizedModel(
@@ -390,22 +397,18 @@ def quantize(
         quantized_nodes=quantized,
         float_nodes=[n for n, _ in candidates if n not in qset],
         calibration_kernels=calibration_kernels,
-        reduce_range=weights == "7-bit",
         seconds=time.perf_counter() - t0,
         int8_format=format_note,
         weights=weights,
     )
 
 
-def _bound_pairs(path: Path, source: Any) -> str:
-    """Rewrites the int8 MatMul weights of the quantized model at ``path`` to pair-bounded ones (from their float
-    weights in ``source``); "" when done, else why pair-bounded weights do not apply (the file is then left as is,
-    and the caller quantizes again with 7-bit weights)."""
-    import onnx
-
+def _bound_pairs(model: Any, source: Any) -> str:
+    """Rewrites the int8 MatMul weights of the quantized ``model`` (in place) to pair-bounded ones from their float
+    weights in ``source``; "" when done, else why pair-bounded weights do not apply (the caller then quantizes again
+    with 7-bit weights)."""
     from softdeploy.quant.pair_bounded import bound_weight_pairs, unbounded_gemm_weights
 
-    model = onnx.load(os.fspath(path))
     try:
         done = bound_weight_pairs(model, source)
     except ValueError as e:
@@ -415,7 +418,6 @@ def _bound_pairs(path: Path, source: Any) -> str:
         return (
             f"int8 weights of GEMM-like ops other than MatMul ({', '.join(left[:3])}{', ...' if len(left) > 3 else ''})"
         )
-    onnx.save(model, os.fspath(path))
     return ""
 
 

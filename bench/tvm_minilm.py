@@ -190,7 +190,11 @@ def main() -> None:
             "host's own MLAS kernels (its best ISA, whatever the TVM target)"
         )
         if tuned.report.names_untuned:
-            print(f"- kernels without a tuning record (dlight defaults): {', '.join(tuned.report.names_untuned)}")
+            how = tuned.report.schedules
+            print(
+                "- kernels without a tuning record: "
+                + ", ".join(f"{name} ({how.get(name, 'no schedule')})" for name in tuned.report.names_untuned)
+            )
         peaks = fma_peaks() if record_class == "avx2" else {}
         flops = minilm_flops(args.batch, args.seq)
         rows = []

@@ -11,7 +11,9 @@ model-local functions and has no custom-converter hook. So, in order:
    shape arithmetic of dynamic exports (Shape -> Gather -> Concat -> Reshape), which the importer
    cannot follow;
 3. :func:`import_model` runs ``from_onnx`` with one converter per TIR-compute op added to the
-   importer's map for the duration of the call (a private API: pinned to TVM 0.27).
+   importer's map for the duration of the call (a private API: pinned to TVM 0.27), and the standard
+   ``Softmax`` imported as TwoPassSoftmax's TIR compute where that is the same function and its hand
+   schedule applies (:func:`_softmax_converter_class`).
 """
 
 from __future__ import annotations
@@ -272,6 +274,7 @@ def _our_converters() -> Iterator[None]:
         if clash:  # docs/ops/index.md: our op names never collide with standard ones; the importer is domain-blind
             raise RuntimeError(f"softdeploy op names {clash} collide with TVM converters")
         table.update({name: _converter_class(name) for name in TIR_OPS})
+        table["Softmax"] = _softmax_converter_class(table["Softmax"])
         return table
 
     onnx_frontend._get_convert_map = extended
@@ -294,6 +297,42 @@ def _converter_class(op_name: str) -> type:
         return TIR_OPS[op_name](bb, list(inputs), op.resolve_attrs(attrs))
 
     return type(f"{op_name}Converter", (OnnxOpConverter,), {"_impl_v1": classmethod(_impl_v1)})
+
+
+def _softmax_converter_class(stock: type) -> type:
+    """The standard ``Softmax`` converter, importing a float32 softmax over the last axis whose length is a
+    multiple of the vector width (``_te.lane_split_ok``: the attention softmax of every transformer) as
+    TwoPassSoftmax's TIR compute instead of Relax's ``nn.softmax``: the same function (ai.onnx.Softmax's
+    special values, softdeploy/tvm/ops/two_pass_softmax.py) with a hand schedule that vectorises it, where
+    Relax's legalised ``fast_softmax`` kernel, tuned or not, does not (all-MiniLM-L6-v2's [1, 12, 128, 128]
+    attention softmax, 1 thread, -mcpu=znver3 on Zen 4: 681 us with its tuning record, 620 us with dlight's
+    default, 145 us as TwoPassSoftmax). Other softmaxes keep the stock converter. Opset < 13 flattens the
+    axes from ``axis`` on, which is the last-axis softmax exactly when ``axis`` is the last axis."""
+    from softdeploy.tvm.ops import two_pass_softmax
+    from softdeploy.tvm.ops._te import lane_split_ok
+
+    def ours(bb: Any, x: Any, axis: int) -> Any | None:
+        shape = getattr(x.ty, "shape", None)
+        if shape is None or str(x.ty.dtype) != "float32" or len(shape) == 0:
+            return None
+        rank = len(shape)
+        if not -rank <= axis < rank or axis % rank != rank - 1 or not lane_split_ok(list(shape), rank - 1):
+            return None
+        return bb.emit_te(two_pass_softmax.compute, x, rank - 1, primfunc_name_hint="softmax")
+
+    def _impl_v1(cls: type, bb: Any, inputs: Sequence[Any], attr: dict[str, Any], params: Any) -> Any:
+        out = ours(bb, inputs[0], int(attr.get("axis", 1)))
+        return out if out is not None else stock._impl_v1(bb, inputs, attr, params)
+
+    def _impl_v13(cls: type, bb: Any, inputs: Sequence[Any], attr: dict[str, Any], params: Any) -> Any:
+        out = ours(bb, inputs[0], int(attr.get("axis", -1)))
+        return out if out is not None else stock._impl_v13(bb, inputs, attr, params)
+
+    return type(
+        "SoftmaxConverter",
+        (stock,),
+        {"_impl_v1": classmethod(_impl_v1), "_impl_v11": classmethod(_impl_v1), "_impl_v13": classmethod(_impl_v13)},
+    )
 
 
 def import_model(prepared: Prepared) -> Any:

@@ -53,7 +53,8 @@ def test_every_op_with_a_tir_compute_has_a_hand_schedule_here():
     from softdeploy.tvm.ops import SCHEDULES, TIR_OPS
 
     assert set(HAND) == set(TIR_OPS)
-    assert {rule for _, rule, _ in HAND.values()} == set(SCHEDULES)  # and every rule is used
+    # and every rule is used; "MatMul" schedules a standard op (tests/tvm/test_standard_kernels.py)
+    assert {rule for _, rule, _ in HAND.values()} == set(SCHEDULES) - {"MatMul"}
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,7 @@ from typing import Any
 
 from softdeploy.tvm.ops import (
     adaptive_temperature_softmax,
+    matmul,
     max_sim,
     multi_max,
     softmax_topk,
@@ -43,6 +44,8 @@ SCHEDULES: dict[str, Scheduler] = {
     "Softpick": softpick.schedule,
     "SoftmaxTopK": softmax_topk.schedule,  # its statistics kernel
     "TwoPassSoftmax": two_pass_softmax.schedule,
+    # not one of our ops: Relax's legalised matmul (Linear / MatMul layers and their bias adds)
+    "MatMul": matmul.schedule,
 }
 
 
@@ -114,6 +117,9 @@ KEEP_BLOCKS = frozenset(
         "row_unit",
         "row_scale",
         "row_sums",
+        # TwoPassSoftmax's output, which the standard Softmax imports as (softdeploy/tvm/frontend.py): the
+        # elementwise ops after it (attention's where(isnan(p), 0, p)) are inlined into it, not it into them
+        "softmax",
     }
 )
 

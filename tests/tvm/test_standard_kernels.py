@@ -1,0 +1,171 @@
+"""Standard ops that the TVM backend schedules by hand: MatMul (+ its bias and residual adds) through the
+"MatMul" rule (softdeploy/tvm/ops/matmul.py), and ai.onnx Softmax over the last axis imported as
+TwoPassSoftmax's compute (softdeploy/tvm/frontend.py). Each: the kernel gets its hand schedule (which a
+value test alone would not notice: dlight's default computes the same values 40-90x slower), the
+values match a float64 NumPy reference and onnxruntime, and the shapes the rule is not for keep the
+stock path. The shipped tuning records are left out (they would schedule the kernels first)."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+pytest.importorskip("tvm", reason="the TVM backend is optional: pip install 'softdeploy[tvm]'")
+
+from onnx import TensorProto, helper
+
+from softdeploy.runtime import Session
+from softdeploy.tvm.build import build
+from softdeploy.tvm.errors import ScheduleWarning
+from softdeploy.tvm.frontend import import_model, prepare
+
+
+def _model(nodes, inputs, outputs, initializers=(), opset=18):
+    graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(initializers))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
+
+
+def _value(name, shape):
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, list(shape))
+
+
+def _const(name, array):
+    return helper.make_tensor(name, TensorProto.FLOAT, list(array.shape), array.astype(np.float32).ravel())
+
+
+def _run_tvm(model, feeds):
+    """(outputs, build report) of a build without the shipped records (hand schedules and dlight only)."""
+    from tvm import relax
+
+    from softdeploy.tvm.target import import_tvm
+
+    tvm = import_tvm()
+    shapes = {k: list(v.shape) for k, v in feeds.items()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ScheduleWarning)  # no hand rule may raise on the way
+        executable, report = build(import_model(prepare(model, shapes)), shipped_records=False)
+    vm = relax.VirtualMachine(executable, tvm.cpu())
+    out = vm["main"](*[tvm.runtime.tensor(feeds[k], tvm.cpu()) for k in shapes])
+    return [out.numpy()], report  # every model here has one output
+
+
+def _projection(m, k, n, *, batch=(), residual=False, seed=0):
+    """y = x @ w + b (+ x when residual), x [*batch, m, k]; with its float64 reference and feeds."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((*batch, m, k)).astype(np.float32)
+    w = rng.standard_normal((k, n)).astype(np.float32) / np.sqrt(k)
+    b = rng.standard_normal(n).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "b"], ["hb"])]
+    ref = x.astype(np.float64) @ w.astype(np.float64) + b
+    if residual:
+        nodes.append(helper.make_node("Add", ["hb", "x"], ["y"]))
+        ref = ref + x
+    else:
+        nodes.append(helper.make_node("Identity", ["hb"], ["y"]))
+    model = _model(nodes, [_value("x", x.shape)], [_value("y", ref.shape)], [_const("w", w), _const("b", b)])
+    return model, {"x": x}, ref, k
+
+
+@pytest.mark.parametrize(
+    ("m", "k", "n", "batch", "residual"),
+    [
+        (128, 384, 384, (1,), True),  # MiniLM's output projection and residual
+        (13, 40, 32, (), False),  # rows not a multiple of the 6-row tile: a partial last tile
+        (2, 7, 16, (), False),  # two rows (a partial tile), one column tile
+        (7, 24, 48, (2, 3), False),  # batched activations
+    ],
+)
+def test_matmul_gets_the_hand_schedule_and_matches_the_reference(m, k, n, batch, residual):
+    model, feeds, ref, depth = _projection(m, k, n, batch=batch, residual=residual)
+    (got,), report = _run_tvm(model, feeds)
+    gemm = [name for name, how in report.schedules.items() if "matmul" in name]
+    assert gemm and all(report.schedules[name] == "hand (MatMul)" for name in gemm), report.summary()
+    # float32 sums of `depth` products of magnitude ~1: rounding grows ~ sqrt(depth) * eps
+    np.testing.assert_allclose(got, ref, rtol=0, atol=8 * np.sqrt(depth) * np.finfo(np.float32).eps * 4)
+    (ort,) = Session(model).run(feeds)
+    np.testing.assert_allclose(got, ort, rtol=0, atol=8 * np.sqrt(depth) * np.finfo(np.float32).eps * 4)
+
+
+def test_batched_matmul_of_two_activations_gets_the_hand_schedule():
+    """Attention's scores: [b, h, q, d] @ [b, h, d, k] with no weight."""
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((1, 4, 20, 32)).astype(np.float32)
+    bm = rng.standard_normal((1, 4, 32, 48)).astype(np.float32)
+    model = _model(
+        [helper.make_node("MatMul", ["a", "b"], ["y"])],
+        [_value("a", a.shape), _value("b", bm.shape)],
+        [_value("y", (1, 4, 20, 48))],
+    )
+    (got,), report = _run_tvm(model, {"a": a, "b": bm})
+    assert [how for name, how in report.schedules.items() if "matmul" in name] == ["hand (MatMul)"], report.summary()
+    np.testing.assert_allclose(got, a.astype(np.float64) @ bm.astype(np.float64), rtol=0, atol=1e-5)
+
+
+def test_matmul_whose_columns_do_not_fill_a_tile_keeps_dlight():
+    model, feeds, ref, _ = _projection(9, 12, 20)  # 20 columns: not a multiple of 16
+    (got,), report = _run_tvm(model, feeds)
+    gemm = [name for name in report.schedules if "matmul" in name]
+    assert gemm and all(report.schedules[name] == "dlight" for name in gemm), report.summary()
+    np.testing.assert_allclose(got, ref, rtol=0, atol=1e-5)
+
+
+def _softmax_ref(x, axis=-1):
+    x = x.astype(np.float64)
+    m = np.max(x, axis=axis, keepdims=True)
+    with np.errstate(invalid="ignore"):
+        e = np.exp(x - m)
+        return e / e.sum(axis=axis, keepdims=True)
+
+
+def test_last_axis_softmax_is_imported_as_two_pass_softmax_with_special_values():
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((2, 3, 4, 32)) * 4).astype(np.float32)
+    x[0, 0, 0, 5] = -np.inf  # an entry: exactly 0
+    x[0, 0, 1, :] = -np.inf  # no finite entry: NaN (ai.onnx.Softmax)
+    x[0, 1, 0, 7] = np.inf  # +inf: NaN row
+    x[1, 2, 3, 9] = np.nan  # NaN row
+    model = _model([helper.make_node("Softmax", ["x"], ["y"], axis=-1)], [_value("x", x.shape)], [_value("y", x.shape)])
+    (got,), report = _run_tvm(model, {"x": x})
+    assert report.schedules == {"softmax": "hand (TwoPassSoftmax)"}, report.summary()
+    ref = _softmax_ref(x)
+    ref[0, 1, 0, :] = np.nan
+    assert got[0, 0, 0, 5] == 0.0
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
+    # exp(x - m) with x - m rounded to float32: relative error |x - m| * 2^-24 (|x - m| < 30 here) on top
+    # of the op's 1e-6
+    rtol = 1e-6 + 30 * 2.0**-24
+    np.testing.assert_allclose(got, ref, rtol=rtol, atol=1e-30)
+    (ort,) = Session(model).run({"x": x})
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(ort))
+    np.testing.assert_allclose(got, ort, rtol=2 * rtol, atol=1e-30)
+
+
+@pytest.mark.parametrize(
+    ("shape", "axis", "opset"),
+    [
+        ((3, 32, 5), 1, 18),  # not the last axis
+        ((4, 20), -1, 18),  # last axis not a multiple of the vector width
+        ((2, 3, 32), 1, 11),  # opset < 13: flattens axes 1.. (not a last-axis softmax)
+    ],
+)
+def test_other_softmaxes_keep_the_stock_converter(shape, axis, opset):
+    x = (np.random.default_rng(6).standard_normal(shape) * 3).astype(np.float32)
+    model = _model(
+        [helper.make_node("Softmax", ["x"], ["y"], axis=axis)], [_value("x", shape)], [_value("y", shape)], opset=opset
+    )
+    (got,), report = _run_tvm(model, {"x": x})
+    assert not any(how.startswith("hand") for how in report.schedules.values()), report.summary()
+    (ort,) = Session(model).run({"x": x})
+    np.testing.assert_allclose(got, ort, rtol=1e-5, atol=1e-7)
+
+
+def test_opset_11_softmax_over_the_last_axis_is_imported_as_two_pass_softmax():
+    x = (np.random.default_rng(7).standard_normal((3, 48)) * 3).astype(np.float32)
+    model = _model(
+        [helper.make_node("Softmax", ["x"], ["y"], axis=1)], [_value("x", x.shape)], [_value("y", x.shape)], opset=11
+    )
+    (got,), report = _run_tvm(model, {"x": x})
+    assert report.schedules == {"softmax": "hand (TwoPassSoftmax)"}, report.summary()
+    np.testing.assert_allclose(got, _softmax_ref(x), rtol=1e-6 + 30 * 2.0**-24, atol=1e-30)  # as above

@@ -169,3 +169,21 @@ def test_opset_11_softmax_over_the_last_axis_is_imported_as_two_pass_softmax():
     (got,), report = _run_tvm(model, {"x": x})
     assert report.schedules == {"softmax": "hand (TwoPassSoftmax)"}, report.summary()
     np.testing.assert_allclose(got, _softmax_ref(x), rtol=1e-6 + 30 * 2.0**-24, atol=1e-30)  # as above
+
+
+def test_matmul_followed_by_a_layout_change_is_scheduled_or_declined_never_raises():
+    """MatMul -> Transpose: fusion puts the transpose in the GEMM's kernel; the rule folds it into the tile's
+    write-back or leaves the kernel to dlight, without raising (_run_tvm turns a ScheduleWarning into an error)."""
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((2, 12, 20)).astype(np.float32)
+    w = rng.standard_normal((20, 32)).astype(np.float32)
+    model = _model(
+        [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Transpose", ["h"], ["y"], perm=[0, 2, 1])],
+        [_value("x", x.shape)],
+        [_value("y", (2, 32, 12))],
+        [_const("w", w)],
+    )
+    (got,), report = _run_tvm(model, {"x": x})
+    assert report.schedule_errors == {}, report.summary()
+    want = np.transpose(x.astype(np.float64) @ w.astype(np.float64), (0, 2, 1))
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)

@@ -94,7 +94,10 @@ def schedule(sch: Any) -> bool:
     acc = sch.cache_write(block, 0, "local")
     sch.reverse_compute_at(acc, io)
     for epilogue in others:  # bias, residual: computed as each tile is written back
-        sch.reverse_compute_inline(epilogue)
+        try:
+            sch.reverse_compute_inline(epilogue)
+        except Exception:  # an epilogue that is not elementwise on C (a layout change): not this rule's kernel
+            return False  # (try_schedules gives every rule a fresh schedule, so the steps above are dropped)
     # column panels in parallel (before the init is hoisted: parallel, like vectorize, wants whole blocks)
     sch.parallel(sch.fuse(*batch, jo) if batch else jo)
     # the tile: vector columns, unrolled rows and vectors (vectorise before the init is hoisted out of k:

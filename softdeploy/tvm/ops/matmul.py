@@ -66,9 +66,9 @@ def _static_extent(sch: Any, loop: Any) -> int | None:
 
 
 def schedule(sch: Any) -> bool:
-    """Tiles the kernel's ``matmul`` block as the module docstring says; False (``sch`` untouched) when the
-    kernel has no such block, its shapes are dynamic or too small to tile, or another block than its
-    elementwise epilogue follows it."""
+    """Tiles the kernel's ``matmul`` block as the module docstring says; False when the kernel has no such
+    block, its shapes are dynamic or too small to tile, or it holds a block that is not an elementwise
+    epilogue of C (then ``sch`` may be partly transformed: callers give each rule a fresh schedule)."""
     try:
         block = sch.get_sblock("matmul")
     except Exception:  # not a matmul kernel

@@ -316,7 +316,7 @@ def _softmax_converter_class(stock: type) -> type:
         if shape is None or str(x.ty.dtype) != "float32" or len(shape) == 0:
             return None
         rank = len(shape)
-        if not -rank <= axis < rank or axis % rank != rank - 1 or not lane_split_ok(list(shape), rank - 1):
+        if axis not in (-1, rank - 1) or not lane_split_ok(list(shape), rank - 1):
             return None
         return bb.emit_te(two_pass_softmax.compute, x, rank - 1, primfunc_name_hint="softmax")
 

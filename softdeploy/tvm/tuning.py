@@ -212,7 +212,7 @@ def _hand_schedule(sch: Any) -> None:
 
 
 def _is_ours(task: Any) -> bool:
-    """The task is a kernel of one of our ops (a hand schedule applies to it)."""
+    """A hand rule of SCHEDULES schedules the task: a kernel of one of our ops, or a standard MatMul."""
     from softdeploy.tvm.ops import apply_schedules
 
     return apply_schedules(task.dispatched[0]["main"], task.task_name) is not None

@@ -77,14 +77,15 @@ def schedule(sch: Any) -> bool:
     if found is None:
         return False
     batch, i, j, k = found
-    m, n, kk = (_static_extent(sch, loop) for loop in (i, j, k))
-    if m is None or n is None or kk is None or n % NR != 0 or m < 2 or kk < 1:
+    extents = [_static_extent(sch, loop) for loop in (*batch, i, j, k)]
+    if None in extents:
         return False
-    if any(_static_extent(sch, loop) is None for loop in batch):
+    m, n = extents[-3], extents[-2]
+    if n % NR != 0 or m < 2:
         return False
     root = sch.get_sblock("root")
     others = [b for b in sch.get_child_blocks(root) if sch.get(b).name_hint != "matmul"]
-    if any(sch.get(b).iter_vars and any(int(v.iter_type) != 0 for v in sch.get(b).iter_vars) for b in others):
+    if any(int(v.iter_type) != 0 for b in others for v in sch.get(b).iter_vars):
         return False  # a second reduction (layer norm after the projection): not ours
 
     rows = min(MR, m)

@@ -1,13 +1,13 @@
 // TwoPassSoftmax's vector row, written once over the vector traits of ops/common/vec.h and instantiated
 // per ISA translation unit (ops/two_pass_softmax_avx2.cc, ops/two_pass_softmax_avx512.cc); the design
 // is described in ops/two_pass_softmax.cc. The variants differ only where the ISA does, which the
-// per-ISA Policy below states: how 2^k scales a value (AVX-512 vscalefps, exact down to subnormals;
-// AVX2 a product with 2^k formed in the exponent field, flushing k < -126 to 0), the one-fma range
-// reduction of blocks with small logits and the two-step pass 2 for subnormal factors (AVX-512 only),
-// and where NaN and +inf are caught. Each variant gives the results its former hand-written twin gave,
-// bit for bit (same operations in the same order, -ffp-contract=off from CMakeLists.txt).
+// per-ISA Policy below states: the exp (AVX-512: degree-5 polynomial on [-ln2/2, ln2/2], 2^k by vscalefps, exact
+// down to subnormals; AVX2: an 8-entry table and a degree-3 polynomial, 2^k formed in the exponent field, flushing
+// terms below 2^-127 to 0), the two-step pass 2 for subnormal factors (AVX-512 only), the largest |max| the fast
+// path takes, and where +inf is caught. The AVX-512 variant gives the results of the hand-written row it replaced
+// but for the order of the block sums (one accumulator, see ExpBlock); -ffp-contract=off comes from CMakeLists.txt.
 //
-// What must stay true: -inf gives exactly 0; rows with NaN, +inf, no finite entry or |max| >= 2.9e6
+// What must stay true: -inf gives exactly 0; rows with NaN, +inf, no finite entry or |max| >= Policy::kMaxAbs
 // return false (the caller then takes RowSafe); a block lane that saw only -inf never enters the row's
 // exponent (kNoExponent, not nb = 0).
 #pragma once
@@ -15,6 +15,7 @@
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "common/vec.h"
 #include "two_pass_softmax_row.h"
@@ -32,6 +33,10 @@ constexpr float kC2 = 0x1.FFFDC6p-2f;
 constexpr float kC3 = 0x1.555A80p-3f;
 constexpr float kC4 = 0x1.573A1Ap-5f;
 constexpr float kC5 = 0x1.0F9F9Cp-7f;
+// exp(t) ~ 1 + t (1 + t (kT2 + t kT3)) on [-ln2/16, ln2/16] (kTableExp): minimax relative error (Lawson
+// iterations on 4001 Chebyshev nodes, linear coefficient held at 1), coefficients rounded to float
+constexpr float kT2 = 0x1.00087Ep-1f;
+constexpr float kT3 = 0x1.5548EAp-3f;
 
 namespace {  // internal linkage on purpose: see ops/common/vec.h
 
@@ -42,11 +47,10 @@ struct Policy;
 template <>
 struct Policy<vec::Avx512> {
   using F = __m512;
-  static constexpr bool kOneStep = true;       // blocks with |max| <= kOneStepMax: one-fma reduction
   static constexpr bool kTwoStepScale = true;  // pass 2 in two steps where 2^shift / v is subnormal
-  static constexpr bool kNanInMaxLoop = false;  // NaN caught by the block sum
   static constexpr bool kInfInBlockSum = false;  // +inf caught by the final sum
-  static constexpr bool kBiasedExponent = false;  // exp's 2^(n - nb) by vscalefps
+  static constexpr bool kTableExp = false;  // exp's 2^(n - nb) by vscalefps, degree-5 polynomial
+  static constexpr float kMaxAbs = 2.9e6f;  // rows with |max| >= kMaxAbs take RowSafe (exact magic rounding)
   static SD_VEC_INLINE F scale2(F v, F e) { return _mm512_scalef_ps(v, e); }  // v * 2^e
   static SD_VEC_INLINE void accumulate(F& v, F& e, F bv, F be) {
     const F max_e = _mm512_max_ps(e, be);
@@ -60,19 +64,11 @@ struct Policy<vec::Avx512> {
 template <>
 struct Policy<vec::Avx2> {
   using F = __m256;
-  static constexpr bool kOneStep = false;
   static constexpr bool kTwoStepScale = false;
-  static constexpr bool kNanInMaxLoop = true;  // max_ps may drop a NaN: recorded while the maxima are taken
   static constexpr bool kInfInBlockSum = true;
-  // exp's 2^(n - nb) from the bits of the fma that rounds x log2e (see ExpRelative): 3 ops fewer per vector
-  static constexpr bool kBiasedExponent = true;
-  // vn = 0x1.8p23 + (n - nb + 127) (an integer in [2^23, 2^24): its low mantissa bits hold k = n - nb + 127 <= 127,
-  // since x <= the block maximum). Shifted left by 23, k lands in the exponent field: 2^(n - nb). k <= 0 (n - nb
-  // < -126) clamps to the field 0, i.e. +0 -- what pow2 gives (same bits for every k).
-  static SD_VEC_INLINE F pow2_biased(F vn) {
-    const F vc = _mm256_max_ps(vn, _mm256_set1_ps(0x1.8p23f));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_castps_si256(vc), 23));
-  }
+  // exp from an 8-entry table of 2^(j/8) and a degree-3 polynomial (see ExpRelative): 2 fma fewer per vector
+  static constexpr bool kTableExp = true;
+  static constexpr float kMaxAbs = 3.5e5f;  // the table exp's bias is exact while |8 nb| < 2^22
   // 2^e for integer-valued e <= 0: e below -126 flushes to 0 (simd::Exp2NonPositive, as in XNNPACK's
   // AVX2 kernels: outputs below ~2e-38 come out as 0, within the contract's absolute tolerance).
   static SD_VEC_INLINE F pow2(F e) {
@@ -94,41 +90,76 @@ struct Policy<vec::Avx2> {
 // Otherwise one fma with ln2 rounded to float, whose error (1.9e-9) is multiplied by n: blocks whose
 // lanes all have |max| <= kOneStepMax take that path, where every term that can reach an output
 // above 1e-37 has |x| <= kOneStepMax + 85, |n| <= 147, so t is off by <= 2.8e-7 -- inside the
-// contract's 1e-6 with the polynomial's 1.2e-7 -- for one fma less of the ~9 that bound pass 1.
+// contract's 1e-6 with the polynomial's 1.2e-7 (AVX2: 8.6e-8 and the table's 6e-8; ln2/8 and 8n scale
+// the same error) -- for one fma less of the ~8 that bound pass 1.
 //
-// kBiasedExponent (AVX2): the rounding fma adds bias = 0x1.8p23 + 127 - nb instead of 0x1.8p23, so its result vn
-// holds n - nb + 127 in its low mantissa bits and 2^(n - nb) is one shift of vn (Policy::pow2_biased), XNNPACK's
-// "magic bias" exp; n = vn - bias is the same integer as round(x log2e) with the plain magic (vn stays in
-// [2^23, 2^24): x log2e - nb is within [-160, 1]; a tie x log2e = k + 1/2, where the two biases' parities could
-// round apart, needs |x| > 4e6, outside the rows this path takes). Bit-identical to scale2(p, n - nb).
+// kTableExp (AVX2, where there is no vscalefps and two fma fewer per vector pay most): the grid is ln2/8
+// instead of ln2. The rounding fma adds bias = 0x1.8p23 + 8 (127 - nb), so vn = 0x1.8p23 + I with
+// I = round(8 x log2e) + 8 (127 - nb) = 8 (n - nb + 127) + j, j in [0, 8) (vn stays in [2^23, 2^24): x log2e - nb is
+// within [-160, 1]). Then exp(x) / 2^nb = 2^(n - nb) 2^(j/8) exp(t), t = x - (8n + j) ln2/8, |t| <= ln2/16:
+//  * 2^(n - nb) 2^(j/8) is one integer add: bits(vn) << 20 = ((n - nb + 127) << 23) + (j << 20) (the bits of
+//    0x1.8p23 shift out), and table[j] = bits(2^(j/8)) - (127 << 23) - (j << 20), read by one vpermps on the low 3
+//    bits (XNNPACK's lut8 exp; the table of ops/softmax_topk_kernels.h less the exponent bias). I < 0 is clamped
+//    to 0, which gives +0: terms below 2^(nb - 127) flush to 0, as the shift of the former AVX2 row did (I in
+//    [1, 8), n - nb = -127, come out subnormal, off by < 2^-126 absolute);
+//  * exp(t) ~ 1 + t (1 + t (c2 + t c3)): minimax relative error 2.5e-8 on [-ln2/16, ln2/16], 8.6e-8 evaluated
+//    in float (was degree 5 on [-ln2/2, ln2/2]: 1.2e-7).
+// t is Cody-Waite with ln2/8 = (hi + lo)/8 as before: x - (8n + j) hi/8 is exact (a multiple of 2^-24 below 0.05).
+// The bias is exact while |8 nb| < 2^22, i.e. |max| < 3.6e5 (Policy::kMaxAbs); larger rows take RowSafe.
+template <class V>
+struct ExpTable8 {
+  alignas(32) float v[8];
+  ExpTable8() {
+    for (int j = 0; j < 8; ++j) {
+      const float e = static_cast<float>(std::exp2(static_cast<double>(j) / 8));
+      int32_t b;
+      std::memcpy(&b, &e, sizeof b);
+      b -= (127 << 23) + (j << 20);
+      std::memcpy(&v[j], &b, sizeof b);
+    }
+  }
+};
+
 template <class V, bool kExact>
-SD_VEC_INLINE typename V::F ExpRelative(typename V::F x, typename V::F floor, typename V::F nb, typename V::F bias) {
+SD_VEC_INLINE typename V::F ExpRelative(typename V::F x, typename V::F floor, typename V::F nb, typename V::F bias,
+                                        typename V::F table) {
   using F = typename V::F;
   x = V::max(floor, x);
-  const F magic = V::set1(0x1.8p23f);  // round-to-nearest for |x log2e| < 2^22
-  F vn, nn;
-  if constexpr (Policy<V>::kBiasedExponent) {
-    vn = V::fma(x, V::set1(kLog2e), bias);
-    nn = V::sub(vn, bias);
+  if constexpr (Policy<V>::kTableExp) {
+    const F vn = V::fma(x, V::set1(8.0f * kLog2e), bias);
+    const F nn = V::sub(vn, bias);
+    F t;
+    if constexpr (kExact) {
+      t = V::fma(nn, V::set1(0.125f * kMinusLn2Hi), x);
+      t = V::fma(nn, V::set1(0.125f * kMinusLn2Lo), t);
+    } else {
+      t = V::fma(nn, V::set1(0.125f * -0x1.62E430p-1f), x);  // -ln2/8 rounded to float
+    }
+    const typename V::I bits = V::maxi(V::as_int(vn), V::set1i(0x4B400000));  // I >= 0 (bits of 0x1.8p23)
+    const F s = V::as_float(V::addi(V::as_int(V::lookup(table, bits)), V::template slli<20>(bits)));
+    F p = V::fma(V::set1(kT3), t, V::set1(kT2));
+    p = V::fma(p, t, V::set1(1.0f));
+    p = V::fma(p, t, V::set1(1.0f));
+    return V::mul(s, p);
   } else {
-    vn = V::fma(x, V::set1(kLog2e), magic);
-    nn = V::sub(vn, magic);
+    const F magic = V::set1(0x1.8p23f);  // round-to-nearest for |x log2e| < 2^22
+    const F vn = V::fma(x, V::set1(kLog2e), magic);
+    const F nn = V::sub(vn, magic);
+    F t;
+    if constexpr (kExact) {
+      t = V::fma(nn, V::set1(kMinusLn2Hi), x);
+      t = V::fma(nn, V::set1(kMinusLn2Lo), t);
+    } else {
+      t = V::fma(nn, V::set1(-0x1.62E430p-1f), x);  // -ln2 rounded to float
+    }
+    F p = V::set1(kC5);
+    p = V::fma(p, t, V::set1(kC4));
+    p = V::fma(p, t, V::set1(kC3));
+    p = V::fma(p, t, V::set1(kC2));
+    p = V::fma(p, t, V::set1(kC1));
+    p = V::fma(p, t, V::set1(1.0f));
+    return Policy<V>::scale2(p, V::sub(nn, nb));
   }
-  F t;
-  if constexpr (kExact) {
-    t = V::fma(nn, V::set1(kMinusLn2Hi), x);
-    t = V::fma(nn, V::set1(kMinusLn2Lo), t);
-  } else {
-    t = V::fma(nn, V::set1(-0x1.62E430p-1f), x);  // -ln2 rounded to float
-  }
-  F p = V::set1(kC5);
-  p = V::fma(p, t, V::set1(kC4));
-  p = V::fma(p, t, V::set1(kC3));
-  p = V::fma(p, t, V::set1(kC2));
-  p = V::fma(p, t, V::set1(kC1));
-  p = V::fma(p, t, V::set1(1.0f));
-  if constexpr (Policy<V>::kBiasedExponent) return V::mul(p, Policy<V>::pow2_biased(vn));
-  else return Policy<V>::scale2(p, V::sub(nn, nb));
 }
 
 // Pass 1 over one block: y[j] = exp(x[j]) / 2^nb; returns the per-lane sums.
@@ -137,31 +168,36 @@ SD_VEC_INLINE typename V::F ExpBlock(const float* x, float* y, int64_t j0, int64
                                      typename V::F nb) {
   using F = typename V::F;
   constexpr int L = V::kLanes;
-  const F bias = V::add(V::set1(0x1.8p23f), V::sub(V::set1(127.0f), nb));  // exact: integers below 2^24
-  F a0 = V::zero(), a1 = a0, a2 = a0, a3 = a0;
+  // kTableExp: the rounding fma's bias (exact: an integer below 2^24) and the table
+  const F bias = V::fma(V::sub(V::set1(127.0f), nb), V::set1(8.0f), V::set1(0x1.8p23f));
+  F table = bias;  // unused without kTableExp
+  if constexpr (Policy<V>::kTableExp) {
+    static const ExpTable8<V> table8;
+    table = V::loadu(table8.v);
+  }
+  // One accumulator fed by a tree of each step's four terms: four would not fit AVX2's 16 registers beside
+  // the exp's constants (they were spilled to the stack: a load and a store per vector).
+  F acc = V::zero();
   int64_t j = j0;
   for (; j + 4 * L <= j1; j += 4 * L) {
-    const F e0 = ExpRelative<V, kExact>(V::loadu(x + j), floor, nb, bias);
-    const F e1 = ExpRelative<V, kExact>(V::loadu(x + j + L), floor, nb, bias);
-    const F e2 = ExpRelative<V, kExact>(V::loadu(x + j + 2 * L), floor, nb, bias);
-    const F e3 = ExpRelative<V, kExact>(V::loadu(x + j + 3 * L), floor, nb, bias);
+    const F e0 = ExpRelative<V, kExact>(V::loadu(x + j), floor, nb, bias, table);
+    const F e1 = ExpRelative<V, kExact>(V::loadu(x + j + L), floor, nb, bias, table);
+    const F e2 = ExpRelative<V, kExact>(V::loadu(x + j + 2 * L), floor, nb, bias, table);
+    const F e3 = ExpRelative<V, kExact>(V::loadu(x + j + 3 * L), floor, nb, bias, table);
     V::storeu(y + j, e0);
     V::storeu(y + j + L, e1);
     V::storeu(y + j + 2 * L, e2);
     V::storeu(y + j + 3 * L, e3);
-    a0 = V::add(a0, e0);
-    a1 = V::add(a1, e1);
-    a2 = V::add(a2, e2);
-    a3 = V::add(a3, e3);
+    acc = V::add(acc, V::add(V::add(e0, e1), V::add(e2, e3)));
   }
   for (; j < j1; j += L) {
     const int count = j1 - j >= L ? L : static_cast<int>(j1 - j);
     const typename V::M k = V::tail_mask(count);
-    const F e0 = V::select(k, V::zero(), ExpRelative<V, kExact>(V::loadu_fill(x + j, count, -INFINITY), floor, nb, bias));
+    const F e0 = V::select(k, V::zero(), ExpRelative<V, kExact>(V::loadu_fill(x + j, count, -INFINITY), floor, nb, bias, table));
     V::storeu_tail(y + j, count, e0);
-    a0 = V::add(a0, e0);
+    acc = V::add(acc, e0);
   }
-  return V::add(V::add(a0, a1), V::add(a2, a3));
+  return acc;
 }
 
 // Pass 2 over one block: y[j] *= 2^shift / v, as one multiply by factor = 2^shift / v (kOneFactor) or
@@ -210,20 +246,18 @@ bool Row(const float* x, float* y, int64_t n, float* lane_exponents) {
         HintNonTemporal(x + j + L);
       }
       const F xa = V::loadu(x + j), xb = V::loadu(x + j + L);
-      if constexpr (P::kNanInMaxLoop) bad = V::mask_or(bad, V::unord(xa, xb));
       bm0 = V::max(bm0, xa);
       bm1 = V::max(bm1, xb);
     }
     for (; j < j1; j += L) {
       const int count = j1 - j >= L ? L : static_cast<int>(j1 - j);
       const F xa = V::loadu_fill(x + j, count, -INFINITY);
-      if constexpr (P::kNanInMaxLoop) bad = V::mask_or(bad, V::isnan(xa));
       bm0 = V::max(bm0, xa);
     }
     const F bm = V::max(bm0, bm1);
     // A lane that saw only -inf in this block gets nb = 0 and floor -110: its terms are all 0.
     const M live = V::neq(bm, neg_inf);
-    bad = V::mask_or(bad, V::mask_and(live, V::nlt(V::abs(bm), V::set1(2.9e6f))));
+    bad = V::mask_or(bad, V::mask_and(live, V::nlt(V::abs(bm), V::set1(P::kMaxAbs))));
     const F live_bm = V::select(live, V::zero(), bm);
     const F nb = V::sub(V::fma(live_bm, V::set1(kLog2e), magic), magic);
     const F floor = V::sub(live_bm, V::set1(110.0f));
@@ -233,14 +267,11 @@ bool Row(const float* x, float* y, int64_t n, float* lane_exponents) {
     // 2^-126 to 0 (outputs of 3e-30 came out 0). Its exponent is kNoExponent for the sum and pass 2.
     const F lane_e = V::select(live, V::set1(kNoExponent), nb);
     V::storeu(lane_exponents + blk * L, lane_e);
-    F block_sum;
-    if constexpr (P::kOneStep) {
-      const bool one_step = V::bits(V::mask_and(live, V::gt(V::abs(bm), V::set1(kOneStepMax)))) == 0;
-      block_sum = one_step ? ExpBlock<V, false>(x, y, j0, j1, floor, nb) : ExpBlock<V, true>(x, y, j0, j1, floor, nb);
-    } else {
-      block_sum = ExpBlock<V, true>(x, y, j0, j1, floor, nb);
-    }
-    bad = V::mask_or(bad, V::isnan(block_sum));  // NaN (or, on AVX2, +inf) in the block
+    // blocks with |max| <= kOneStepMax: the one-fma range reduction (see ExpRelative)
+    const bool one_step = V::bits(V::mask_and(live, V::gt(V::abs(bm), V::set1(kOneStepMax)))) == 0;
+    const F block_sum =
+        one_step ? ExpBlock<V, false>(x, y, j0, j1, floor, nb) : ExpBlock<V, true>(x, y, j0, j1, floor, nb);
+    bad = V::mask_or(bad, V::isnan(block_sum));  // NaN in the block: max may drop it, the exp does not
     if constexpr (P::kInfInBlockSum) bad = V::mask_or(bad, V::eq(block_sum, V::set1(INFINITY)));
     P::accumulate(sum_v, sum_e, block_sum, lane_e);
   }

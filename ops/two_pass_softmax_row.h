@@ -13,7 +13,7 @@ constexpr int64_t kMaxLanes = 16;  // lanes of the widest variant: the scratch p
 
 // Both passes over a row of n floats; lane_exponents is the caller's scratch of
 // (n + kBlock - 1) / kBlock * kMaxLanes floats. false: a row with NaN, +inf, no finite entry or
-// |max| >= 2.9e6, which the caller computes with RowSafe. non_temporal_x: prefetchnta on x (AVX-512
+// |max| >= 2.9e6 (AVX2: 3.5e5), which the caller computes with RowSafe. non_temporal_x: prefetchnta on x (AVX-512
 // only; see kNonTemporalMinElements in ops/two_pass_softmax.cc).
 bool RowAvx2(const float* x, float* y, int64_t n, float* lane_exponents);
 bool RowAvx512(const float* x, float* y, int64_t n, float* lane_exponents, bool non_temporal_x);

@@ -6,7 +6,8 @@
 //
 // Two reads of x, no max pass, no overflow, for any |x| up to ~2.9e6 (larger rows take RowSafe):
 //  * AVX-512 and AVX2: pass 1 reads x, writes exp(x_j) / 2^nb into y and accumulates the row sum
-//    as a (mantissa, exponent) pair; nb is the rounded exponent of the block's maximum per SIMD lane.
+//    as a (mantissa, exponent) pair; nb is the rounded exponent of a block reference (an entry of the
+//    row at most 79 below every entry of the block), or, where there is none, of the block's maximum per lane.
 //    Pass 2 rescales y in place (one multiply per element). See the AVX-512 section.
 //  * portable: the paper's algorithm verbatim -- pass 1 accumulates sum_j exp(x_j) as a
 //    (mantissa v, exponent e) pair with e' = max(e, n_j), v' = v 2^(e - e') + m_j 2^(n_j - e'),
@@ -113,8 +114,11 @@ constexpr int64_t kNonTemporalMinElements = 65536;
 // ---- AVX-512 and AVX2 (ops/two_pass_softmax_kernels.h) --------------------------------------------
 //
 // Pass 1 reads x once and writes exp(x_j) / 2^nb into y, where nb is the rounded base-2 exponent of
-// the block's maximum in that SIMD lane (blocks of kBlock elements; the lane maxima come from a
-// quick max over the block while it sits in L1). Each term is formed exactly as in the two-pass
+// the block's reference m (blocks of kBlock elements): the largest of its first 2L entries and the references
+// before it. An entry more than 79 above m (its term could overflow the float sums) is seen by the pass's running
+// maximum, and that block -- and the rest of the row -- takes the former route: nb from the block's maximum
+// in each SIMD lane, by a quick max over the block while it sits in L1 (also every block of the AVX-512 rows
+// read with the non-temporal hint, which rides on that max loop). Each term is formed exactly as in the two-pass
 // paper -- exp(x) = m * 2^n with n = round(x log2 e) and t = x - n ln2 by Cody-Waite -- so only the
 // integer exponent difference n - nb is taken, never the rounded difference x - max that limits a
 // three-pass softmax to ~|x - max| * 2^-24 relative error. The sum is accumulated as the paper's

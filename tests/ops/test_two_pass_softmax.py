@@ -93,3 +93,42 @@ def test_one_step_reduction_holds_the_contract_at_its_bound(top):
     for isa in conformance.available_isas():
         (y,) = conformance.run(OP, Sample("one_step", (x,)), "kernel", isa=isa)
         np.testing.assert_allclose(y, want, rtol=1e-6, atol=1e-37, err_msg=isa)
+
+
+def _block_reference_rows() -> np.ndarray:
+    """Rows that exercise the block reference of the vector rows (ops/two_pass_softmax_kernels.h, Row): each block's
+    exponent comes from its first entries (and the blocks before), entries up to 79 above it are taken as they
+    are, and more send the block (and the rest of the row) to the per-lane maxima."""
+    rng = np.random.default_rng(17)
+    n, block = 4 * 1024 + 77, 1024
+    rows = np.tile(rng.uniform(-3.0, 3.0, n).astype(np.float32), (6, 1))
+    # 0: block 0's head at 0 and its body at 79 (just inside), block 1's head at 88: block 0's sum, 2^114
+    #    relative to its reference, is 2^-127 of the next reference -- its mass (~12% of the row) must survive
+    rows[0, :block] = 79.0
+    rows[0, :32] = 0.0
+    rows[0, block] = 88.0
+    # 1: the same with the body 79.5 above the head: block 0 is redone from its lane maxima
+    rows[1, :block] = 79.5
+    rows[1, :32] = 0.0
+    # 2: a large-logit row (N(0, 120)): references far below the row's maximum, outputs down to 1e-37
+    rows[2] = rng.normal(0.0, 120.0, n).astype(np.float32)
+    # 3: a padding prefix of -1e4 (an additive mask), then the logits: the first reference fails once
+    rows[3, :1500] = -1e4
+    # 4: ascending: every block's body lies above its head (up to the 79 margin, then beyond)
+    rows[4] = np.linspace(-300.0, 300.0, n, dtype=np.float32)
+    # 5: one-step edge: heads at 16, bodies up to 95 (|x| <= 16 + 85 for every output that matters)
+    rows[5] = rng.uniform(10.0, 95.0, n).astype(np.float32)
+    for b in range(0, n, block):
+        rows[5, b : b + 32] = 16.0
+    return rows
+
+
+def test_block_reference_rows_hold_the_contract_on_every_isa():
+    """The block-reference path of pass 1 (no per-block max pass) and its fallback, on every ISA, against the
+    float64 reference: a reference far below the row's maximum must not flush a block's mass (AVX2's 2^k products
+    flush below 2^-126) or its outputs, and a failed reference recomputes the block."""
+    x = _block_reference_rows()
+    (want,) = OP.reference(x)
+    for isa in conformance.available_isas():
+        (y,) = conformance.run(OP, Sample("block_reference", (x,)), "kernel", isa=isa)
+        np.testing.assert_allclose(y, want, rtol=1e-6, atol=1e-37, err_msg=isa)

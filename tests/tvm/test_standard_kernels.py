@@ -188,3 +188,25 @@ def test_matmul_followed_by_a_layout_change_is_scheduled_or_declined_never_raise
     assert report.schedule_errors == {}, report.summary()
     want = np.transpose(x.astype(np.float64) @ w.astype(np.float64), (0, 2, 1))
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("mcpu", "n", "want"),
+    [
+        ("znver3", 1536, (6, 16, 8)),  # AVX2: 12 ymm accumulators
+        ("haswell", 48, (6, 16, 8)),
+        ("znver4", 1536, (8, 32, 16)),  # AVX-512: 16 zmm accumulators
+        ("skylake-avx512", 64, (8, 32, 16)),
+        ("znver4", 48, (14, 16, 16)),  # n not a multiple of 32: the narrow AVX-512 tile
+    ],
+)
+def test_matmul_tile_follows_the_target(mcpu, n, want):
+    """The MatMul rule's register tile comes from the target being built, not the host: code generation only,
+    so every case runs on any x86-64 CI machine."""
+    from softdeploy.tvm.build import make_target
+    from softdeploy.tvm.ops.matmul import AVX2_TILE, tile_for
+    from softdeploy.tvm.target import host_target
+
+    with make_target(host_target(mcpu, 1)):
+        assert tile_for(n) == want
+    assert tile_for(n) == AVX2_TILE  # outside a target context

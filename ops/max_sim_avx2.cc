@@ -14,6 +14,13 @@
 // D is widened to int16 once per document (into L1/L2 scratch), so the inner loop broadcasts an
 // int16 pair straight from memory.
 //
+// Documents whose every entry lies in [-64, 63] (7-bit codes: quantize_tokens(bits=7), the default where the CPU
+// has no VNNI) take the vpmaddubsw form instead, exact there: the document as u8 = D + 64 in [0, 127] (checked and
+// written once per document: Bias64I8Avx2), Q as s8, a pair at most 2 * 127 * 128 = 32512, so vpmaddubsw never
+// saturates; vpmaddwd with ones sums two pairs into int32, and the bias 64 * sum_k Q[i, k] (per query lane,
+// once per call) comes off the start of the sums. Zen 4, R = 4: 2.06x our float32 tile in the probe (the
+// vpmaddwd tile: 1.37x); any document with an entry outside the range keeps the vpmaddwd tile.
+//
 // int8 with AVX-VNNI: ops/max_sim_avxvnni.cc (its own -mavxvnni translation unit).
 #include "max_sim_kernels.h"
 
@@ -32,6 +39,13 @@ struct StepI16 {  // two int16 products per 32-bit lane
   }
 };
 
+struct StepUbs {  // four u8 (b: the document, D + 64) x s8 (q) products per 32-bit lane, in two steps
+  static constexpr int kBlock = 4;  // 8 accumulators (R = 6 spilled: 192-211 vs 212-229 GOP/s at R = 4)
+  static SD_VEC_INLINE __m256i dot(__m256i acc, __m256i q, __m256i b) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(b, q), _mm256_set1_epi16(1)));
+  }
+};
+
 }  // namespace
 
 void TileF32Avx2(const TileArgs& a, bool argmax, const Doc& doc, TileResult* out) {
@@ -42,6 +56,41 @@ void TileF32Avx2(const TileArgs& a, bool argmax, const Doc& doc, TileResult* out
 void TileI8Avx2I16(const TileArgs& a, const Doc& doc, TileResult* out) {
   const __m256i init[2] = {V::zeroi(), V::zeroi()};
   TileInt<V, StepI16>(a, (a.dim + 1) / 2, init, doc, out);
+}
+
+void TileI8Avx2Ubs(const TileArgs& a, const Doc& doc, TileResult* out) {
+  // bias[l] = 64 * sum_k Q[l, k]: sum_k (D + 64) Q - bias = sum_k D Q. Padding lanes have bias 0.
+  const __m256i init[2] = {V::subi(V::zeroi(), V::loadui(a.bias)), V::subi(V::zeroi(), V::loadui(a.bias + 8))};
+  TileInt<V, StepUbs>(a, (a.dim + 3) / 4, init, doc, out);
+}
+
+bool Bias64I8Avx2(const int8_t* d, int64_t Ld, int64_t dim, uint8_t* out) {
+  const int64_t row = (dim + 3) / 4 * 4;
+  const __m256i add = _mm256_set1_epi8(64);
+  __m256i lo = _mm256_setzero_si256(), hi = lo;
+  int32_t lo_s = 0, hi_s = 0;
+  for (int64_t j = 0; j < Ld; ++j) {
+    const int8_t* src = d + j * dim;
+    uint8_t* dst = out + j * row;
+    int64_t k = 0;
+    for (; k + 32 <= dim; k += 32) {
+      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + k));
+      lo = _mm256_min_epi8(lo, x);
+      hi = _mm256_max_epi8(hi, x);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + k), _mm256_add_epi8(x, add));
+    }
+    for (; k < dim; ++k) {
+      lo_s = src[k] < lo_s ? src[k] : lo_s;
+      hi_s = src[k] > hi_s ? src[k] : hi_s;
+      dst[k] = static_cast<uint8_t>(src[k] + 64);
+    }
+    for (; k < row; ++k) dst[k] = 0;  // Q is 0 past dim: the product is 0 whatever this byte is
+    // checked per token, so that an 8-bit document stops at its first token (it then takes the vpmaddwd tile)
+    const __m256i out_of_range =
+        _mm256_or_si256(_mm256_cmpgt_epi8(_mm256_set1_epi8(-64), lo), _mm256_cmpgt_epi8(hi, _mm256_set1_epi8(63)));
+    if (!_mm256_testz_si256(out_of_range, out_of_range) || lo_s < -64 || hi_s > 63) return false;
+  }
+  return true;
 }
 
 void WidenI8Avx2(const int8_t* d, int64_t Ld, int64_t dim, int16_t* out) {

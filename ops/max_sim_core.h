@@ -237,6 +237,12 @@ void Run(Ort::KernelContext& ctx, const Problem& p, const T* q, const T* d, Isa 
   const size_t packs = static_cast<size_t>(p.B * tiles);
   std::vector<uint8_t, AlignedAllocator<uint8_t>> qpack(path == Path::kPortable ? 0 : packs * tile_bytes);
   std::vector<int32_t> qbias(path == Path::kAvx2Vnni ? packs * lanes : 0);
+  // int8 without VNNI: Q also packed as s8 for the vpmaddubsw tile of 7-bit documents (TileI8Avx2Ubs), with its
+  // lane biases 64 * sum_k Q[i, k]
+  const bool ubs = kInt8 && path == Path::kAvx2;
+  const int64_t ubs_tile_bytes = dim4 * 4 * lanes;
+  std::vector<uint8_t, AlignedAllocator<uint8_t>> qpack_ubs(ubs ? packs * ubs_tile_bytes : 0);
+  std::vector<int32_t> qbias64(ubs ? packs * lanes : 0);
   auto q_at = [&](int64_t b, int64_t i, int64_t k) { return qe[(b * p.Lq + i) * p.dim + k]; };
   if constexpr (!kInt8) {
     if (path != Path::kPortable) {
@@ -248,6 +254,7 @@ void Run(Ort::KernelContext& ctx, const Problem& p, const T* q, const T* d, Isa 
     }
   } else if (path != Path::kPortable) {
     std::fill(qpack.begin(), qpack.end(), uint8_t{0});
+    std::fill(qpack_ubs.begin(), qpack_ubs.end(), uint8_t{0});
     for (int64_t b = 0; b < p.B; ++b) {
       for (int64_t i = 0; i < p.Lq; ++i) {
         const int64_t t = i / lanes, l = i % lanes;
@@ -263,9 +270,11 @@ void Run(Ort::KernelContext& ctx, const Problem& p, const T* q, const T* d, Isa 
           } else {
             const int16_t w = v;
             std::memcpy(tile + ((k / 2) * lanes * 2 + l * 2 + k % 2) * 2, &w, 2);
+            qpack_ubs[(b * tiles + t) * ubs_tile_bytes + (k / 4) * lanes * 4 + l * 4 + k % 4] = static_cast<uint8_t>(v);
           }
         }
         if (path == Path::kAvx2Vnni) qbias[(b * tiles + t) * lanes + l] = 128 * sum;
+        if (ubs) qbias64[(b * tiles + t) * lanes + l] = 64 * sum;
       }
     }
   }
@@ -275,7 +284,7 @@ void Run(Ort::KernelContext& ctx, const Problem& p, const T* q, const T* d, Isa 
   // Per-task scratch for one document in the tile's layout (float16 widened, int8 as int16 or u8).
   int64_t scratch = 0;
   if (kHalf) scratch = doc_elems * 4;
-  if (kInt8 && path == Path::kAvx2) scratch = p.Ld * dim2 * 2 * 2;
+  if (kInt8 && path == Path::kAvx2) scratch = std::max(p.Ld * dim2 * 2 * 2, p.Ld * dim4 * 4);  // int16 or u8 copy
   if (kInt8 && path == Path::kAvx2Vnni) scratch = p.Ld * dim4 * 4;
   std::vector<uint8_t> valid(tasks * static_cast<size_t>(p.Ld));
   std::vector<int32_t> dsum128(path == Path::kAvx512Vnni ? tasks * static_cast<size_t>(p.Ld) : 0);
@@ -313,10 +322,12 @@ void Run(Ort::KernelContext& ctx, const Problem& p, const T* q, const T* d, Isa 
         else for (int64_t i = 0; i < doc_elems; ++i) w[i] = src[i].ToFloat();
         doc.data = w;
       }
+      bool doc_ubs = false;  // this document takes the vpmaddubsw tile: all its entries in [-64, 63]
       if constexpr (kInt8) {
         const int8_t* dn = d + n * doc_elems;
         if (path == Path::kAvx512Vnni) DocSums128Avx512Vnni(dn, p.Ld, p.dim, dsum128.data() + task * p.Ld);
-        if (path == Path::kAvx2) WidenI8Avx2(dn, p.Ld, p.dim, reinterpret_cast<int16_t*>(work));
+        if (ubs) doc_ubs = Bias64I8Avx2(dn, p.Ld, p.dim, work);
+        if (path == Path::kAvx2 && !doc_ubs) WidenI8Avx2(dn, p.Ld, p.dim, reinterpret_cast<int16_t*>(work));
         if (path == Path::kAvx2Vnni) BiasI8Avx2(dn, p.Ld, p.dim, work);
         if (path == Path::kAvx2 || path == Path::kAvx2Vnni) doc.data = work;
       }
@@ -361,7 +372,15 @@ void Run(Ort::KernelContext& ctx, const Problem& p, const T* q, const T* d, Isa 
               if constexpr (kInt8) TileI8AvxVnni(a, doc, &res);
               break;
             case Path::kAvx2:
-              if constexpr (kInt8) TileI8Avx2I16(a, doc, &res);
+              if constexpr (kInt8) {
+                if (doc_ubs) {
+                  a.qp = qpack_ubs.data() + pack * ubs_tile_bytes;
+                  a.bias = qbias64.data() + pack * lanes;
+                  TileI8Avx2Ubs(a, doc, &res);
+                } else {
+                  TileI8Avx2I16(a, doc, &res);
+                }
+              }
               break;
             default:
               TilePortable<E>(p, qe + (b * p.Lq + i0) * p.dim, qs == nullptr ? 1.0f : qs[0], doc, &res);

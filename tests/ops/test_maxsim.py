@@ -14,6 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from softdeploy import OpContractError, conformance
+from softdeploy.errors import InputError
 from softdeploy.ops import REGISTRY, Sample
 from softdeploy.ops.max_sim import quantize_tokens, unit_tokens
 from softdeploy.runtime import Session
@@ -189,6 +190,42 @@ def test_int8_is_exact_on_an_avx2_cpu_without_vnni(monkeypatch, ld, dim):
     want = np.where(dm[None, :, None, :], dots, np.iinfo(np.int64).min).max(axis=3).sum(axis=2)
     got = kernel(q8, d8, None, dm, np.ones((2, 17), np.float32), np.ones((3, ld), np.float32), isa="avx2")
     np.testing.assert_array_equal(got.astype(np.int64), want)
+
+
+@pytest.mark.parametrize("dim", [1, 5, 7, 32, 48, 129])
+@pytest.mark.parametrize("ld", [3, 4, 9])
+def test_int8_seven_bit_documents_are_exact_on_an_avx2_cpu_without_vnni(monkeypatch, ld, dim):
+    """Documents whose codes all lie in [-64, 63] take the vpmaddubsw tile (D + 64 as u8 against Q as s8: a pair
+    <= 2 * 127 * 128, never saturated); a document with one code outside (-65 or 64, next to 7-bit ones in the
+    same call) keeps the vpmaddwd tile. Both exact against the integer reference, around the 4-token block, the
+    4-byte groups and the 16-lane tile."""
+    monkeypatch.setenv("SOFTDEPLOY_TEST_CPU", "avx2")
+    if "avx2" not in conformance.available_isas():
+        pytest.skip("this CPU has no AVX2")
+    rng = np.random.default_rng(ld * 100 + dim)
+    q8 = rng.choice(np.array([-128, -127, 127, 0, 1], np.int8), (2, 19, dim))
+    d8 = rng.choice(np.array([-64, 63, -1, 0], np.int8), (5, ld, dim))
+    d8[1, -1, -1] = -65  # out of range by one: the vpmaddwd tile
+    d8[3, 0, 0] = 64
+    dm = rng.random((5, ld)) < 0.8
+    dm[:, 0] = True
+    dots = np.einsum("bik,njk->bnij", q8.astype(np.int64), d8.astype(np.int64))
+    want = np.where(dm[None, :, None, :], dots, np.iinfo(np.int64).min).max(axis=3).sum(axis=2)
+    got = kernel(q8, d8, None, dm, np.ones((2, 19), np.float32), np.ones((5, ld), np.float32), isa="avx2")
+    np.testing.assert_array_equal(got.astype(np.int64), want)
+
+
+def test_quantize_tokens_seven_bits():
+    """bits=7: codes in [-63, 63] (what MaxSim's AVX2 vpmaddubsw tile takes), scale = max |x| / 63; other widths
+    are refused by name."""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((3, 5, 16)).astype(np.float32)
+    codes, scale = quantize_tokens(x, bits=7)
+    assert codes.min() >= -63 and codes.max() <= 63 and (np.abs(codes).max(-1) == 63).all()
+    np.testing.assert_allclose(scale, np.abs(x).max(-1) / 63, rtol=1e-6)
+    np.testing.assert_allclose(codes * scale[..., None], x, atol=float(scale.max()) / 2 + 1e-7)
+    with pytest.raises(InputError, match="bits=6"):
+        quantize_tokens(x, bits=6)
 
 
 def test_quantize_tokens_is_per_token_symmetric():

@@ -39,24 +39,26 @@ class TokenBank:
     count: int
     dim: int
     scales: list[np.ndarray] | None = None  # int8: float32 [n, L] per bucket
+    bits: int = 8  # int8: the codes' width (7: within [-63, 63], see quantize_tokens)
 
     @property
     def int8(self) -> bool:
         """Whether the bank holds int8 codes with per-token scales."""
         return self.scales is not None
 
-    def to_int8(self) -> TokenBank:
-        """The same bank as per-token symmetric int8 codes + scales (padding tokens encode as 0)."""
+    def to_int8(self, bits: int = 8) -> TokenBank:
+        """The same bank as per-token symmetric codes of ``bits`` bits (8 or 7: :func:`quantize_tokens`) + scales,
+        padding tokens encoding as 0. A bank that is int8 already is returned as it is."""
         from softdeploy.ops.max_sim import quantize_tokens
 
         if self.int8:
             return self
         buckets, scales = [], []
         for emb, mask, ids in self.buckets:
-            codes, scale = quantize_tokens(emb)
+            codes, scale = quantize_tokens(emb, bits=bits)
             buckets.append((codes, mask, ids))
             scales.append(scale)
-        return TokenBank(buckets, self.count, self.dim, scales)
+        return TokenBank(buckets, self.count, self.dim, scales, bits=bits)
 
     @classmethod
     def from_ragged(cls, vectors: Sequence[np.ndarray]) -> TokenBank:

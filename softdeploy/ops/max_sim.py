@@ -188,6 +188,16 @@ def quantize_tokens(x: Any, bits: int = 8) -> tuple[np.ndarray, np.ndarray]:
     return codes, scale
 
 
+def document_bits() -> int:
+    """The code width :func:`quantize_tokens` should give documents on this CPU: 7 where MaxSim's int8 kernel is the
+    AVX2 one without VNNI (an x86-64 CPU with AVX2 but neither AVX512-VNNI nor AVX-VNNI, as softdeploy detects it,
+    SOFTDEPLOY_TEST_CPU included), whose vpmaddubsw tile takes documents in [-64, 63] at ~1.2x the int8 rate of
+    8-bit ones (bench/results/maxsim.md); 8 everywhere else (VNNI multiplies 8-bit codes at full rate)."""
+    from softdeploy.quant.formats import int8_cpu_class
+
+    return 7 if int8_cpu_class() in ("avx2", "avx512") else 8
+
+
 # ---- portable function body -----------------------------------------------------------------------------
 
 # What the body gets for an omitted mask: all true, shaped like Q's [B, Lq] / D's [N, Ld].

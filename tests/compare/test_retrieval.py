@@ -81,3 +81,13 @@ def test_scorer_masks(backend: str) -> None:
     d = [-np.ones((1, 3), np.float32), np.ones((3, 3), np.float32)]
     got = MaxSimScorer(backend).score(TokenBank.from_ragged(q), TokenBank.from_ragged(d))  # type: ignore[arg-type]
     np.testing.assert_allclose(got, [[-6.0, 6.0]])
+
+
+def test_token_bank_seven_bit_documents():
+    """to_int8(bits=7): codes within [-63, 63], the width recorded; scores against the fp32 bank stay close."""
+    rng = np.random.default_rng(5)
+    bank = TokenBank.from_ragged(_ragged(rng, 6, 5))
+    b7, b8 = bank.to_int8(bits=7), bank.to_int8()
+    assert (b7.bits, b8.bits) == (7, 8)
+    assert all(np.abs(codes).max() <= 63 for codes, _, _ in b7.buckets)
+    assert any(np.abs(codes).max() > 63 for codes, _, _ in b8.buckets)

@@ -298,3 +298,17 @@ def test_int8_ranking_agrees_with_fp32_on_minilm_tokens():
     agreement = real_tokens.top_k_agreement(fp32, int8, k=10)
     assert agreement >= 0.9, agreement
     np.testing.assert_allclose(fp32[:2, :50], reference(q[:2], d[:50], qm[:2], dm[:50]), rtol=1e-4, atol=1e-4)
+
+
+def test_document_bits_follow_the_int8_kernel(monkeypatch):
+    """7-bit documents exactly where MaxSim's int8 kernel is AVX2 without VNNI (SOFTDEPLOY_TEST_CPU=avx2 detects like a
+    Zen 3); 8 on a plain x86-64 (the portable kernel: no vpmaddubsw tile) and wherever VNNI is seen."""
+    from softdeploy.ops.max_sim import document_bits
+    from softdeploy.quant.formats import int8_cpu_class
+
+    monkeypatch.setenv("SOFTDEPLOY_TEST_CPU", "avx2")
+    assert document_bits() == (7 if int8_cpu_class() == "avx2" else 8)
+    monkeypatch.setenv("SOFTDEPLOY_TEST_CPU", "portable")
+    assert document_bits() == 8
+    monkeypatch.delenv("SOFTDEPLOY_TEST_CPU")
+    assert document_bits() == (8 if int8_cpu_class() in ("vnni", "x86-64", "other") else 7)

@@ -4,7 +4,7 @@
 //
 // Python half, the contract and the float64 oracle: softdeploy/ops/two_pass_softmax.py; docs/ops/TwoPassSoftmax.md.
 //
-// Two reads of x, no max pass, no overflow, for any |x| up to ~2.9e6 (larger rows take RowSafe):
+// Two reads of x, no max pass, no overflow, for any |x| up to ~2.9e6 (AVX2: 3.5e5; larger rows take RowSafe):
 //  * AVX-512 and AVX2: pass 1 reads x, writes exp(x_j) / 2^nb into y and accumulates the row sum
 //    as a (mantissa, exponent) pair; nb is the rounded exponent of a block reference (an entry of the
 //    row at most 79 below every entry of the block), or, where there is none, of the block's maximum per lane.

@@ -97,8 +97,9 @@ struct Policy<vec::Avx2> {
 // 2^-158, i.e. exactly 0). NaN propagates (max returns its 2nd operand on NaN).
 // kExact: t = x - n ln2 in two steps (Cody-Waite, ln2 = hi + lo), exact to float rounding for any n.
 // Otherwise one fma with ln2 rounded to float, whose error (1.9e-9) is multiplied by n: blocks whose
-// lanes all have |max| <= kOneStepMax take that path, where every term that can reach an output
-// above 1e-37 has |x| <= kOneStepMax + 85, |n| <= 147, so t is off by <= 2.8e-7 -- inside the
+// reference (or, on the lane-maxima route, every lane maximum) has |m| <= kOneStepMax take that path.
+// Every term there that can reach an output above 1e-37 has |x| <= kOneStepMax + 85 (entries lie below
+// m + 79, and those below m - 85 cannot), |n| <= 147, so t is off by <= 2.8e-7 -- inside the
 // contract's 1e-6 with the polynomial's 1.2e-7 (AVX2: 8.6e-8 and the table's 6e-8; ln2/8 and 8n scale
 // the same error) -- for one fma less of the ~8 that bound pass 1.
 //

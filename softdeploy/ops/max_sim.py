@@ -21,7 +21,9 @@ traits of ops/common/vec.h in ops/max_sim_kernels.h, compiled per ISA in ops/max
 ops/max_sim_avxvnni.cc and ops/max_sim_avx512.cc) never materialises the
 ``[Lq, N * Ld]`` similarity matrix: it is a tiled GEMM that keeps a running max per (query token,
 document) in registers. :func:`quantize_tokens` gives the per-token symmetric int8 encoding
-(scale = max|x| / 127) the int8 path is meant for.
+(scale = max|x| / 127) the int8 path is meant for; on a CPU without VNNI, documents quantized with
+``bits=7`` (codes in [-63, 63]; :func:`document_bits` says which width fits this CPU) take a faster
+AVX2 tile, with the same exact integer sums.
 
 The portable function body materialises ``[B, N, Lq, Ld]`` (it is a fallback, not the fast path),
 computes int8 products in float32 (exact for dim <= 1024) and handles omitted scales. It cannot read

@@ -10,6 +10,7 @@ The rule's own choice for the target (``tile_for``) is marked. Results: bench/re
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -50,8 +51,6 @@ def main() -> None:
     p.set_defaults(threads=[1], rounds=7)
     args = p.parse_args()
     nt = args.threads[0]
-    import os
-
     os.environ["TVM_NUM_THREADS"] = str(nt)  # read by TVM's pool when it first starts, below
 
     from tvm import relax

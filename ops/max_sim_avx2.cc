@@ -46,6 +46,41 @@ struct StepUbs {  // four u8 (b: the document, D + 64) x s8 (q) products per 32-
   }
 };
 
+// The document as u8 = D + bias (mod 256) in rows of dim4 * 4 bytes, 0 past dim (Q is 0 there: the product is 0
+// whatever the byte). kSevenBit: false as soon as a token holds an entry outside [-64, 63], checked per token so
+// that an 8-bit document stops at its first one (it then takes the vpmaddwd tile).
+template <bool kSevenBit>
+bool BiasRows(const int8_t* d, int64_t Ld, int64_t dim, uint8_t* out, int8_t bias) {
+  const int64_t row = (dim + 3) / 4 * 4;
+  const __m256i vbias = _mm256_set1_epi8(bias);
+  __m256i lo = _mm256_setzero_si256(), hi = lo;
+  bool tail_in_range = true;
+  for (int64_t j = 0; j < Ld; ++j) {
+    const int8_t* src = d + j * dim;
+    uint8_t* dst = out + j * row;
+    int64_t k = 0;
+    for (; k + 32 <= dim; k += 32) {
+      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + k));
+      if constexpr (kSevenBit) {
+        lo = _mm256_min_epi8(lo, x);
+        hi = _mm256_max_epi8(hi, x);
+      }
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + k), _mm256_add_epi8(x, vbias));
+    }
+    for (; k < dim; ++k) {
+      if constexpr (kSevenBit) tail_in_range &= src[k] >= -64 && src[k] <= 63;
+      dst[k] = static_cast<uint8_t>(src[k] + bias);
+    }
+    for (; k < row; ++k) dst[k] = 0;
+    if constexpr (kSevenBit) {
+      const __m256i out_of_range =
+          _mm256_or_si256(_mm256_cmpgt_epi8(_mm256_set1_epi8(-64), lo), _mm256_cmpgt_epi8(hi, _mm256_set1_epi8(63)));
+      if (!_mm256_testz_si256(out_of_range, out_of_range) || !tail_in_range) return false;
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
 void TileF32Avx2(const TileArgs& a, bool argmax, const Doc& doc, TileResult* out) {
@@ -65,32 +100,7 @@ void TileI8Avx2Ubs(const TileArgs& a, const Doc& doc, TileResult* out) {
 }
 
 bool Bias64I8Avx2(const int8_t* d, int64_t Ld, int64_t dim, uint8_t* out) {
-  const int64_t row = (dim + 3) / 4 * 4;
-  const __m256i add = _mm256_set1_epi8(64);
-  __m256i lo = _mm256_setzero_si256(), hi = lo;
-  int32_t lo_s = 0, hi_s = 0;
-  for (int64_t j = 0; j < Ld; ++j) {
-    const int8_t* src = d + j * dim;
-    uint8_t* dst = out + j * row;
-    int64_t k = 0;
-    for (; k + 32 <= dim; k += 32) {
-      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + k));
-      lo = _mm256_min_epi8(lo, x);
-      hi = _mm256_max_epi8(hi, x);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + k), _mm256_add_epi8(x, add));
-    }
-    for (; k < dim; ++k) {
-      lo_s = src[k] < lo_s ? src[k] : lo_s;
-      hi_s = src[k] > hi_s ? src[k] : hi_s;
-      dst[k] = static_cast<uint8_t>(src[k] + 64);
-    }
-    for (; k < row; ++k) dst[k] = 0;  // Q is 0 past dim: the product is 0 whatever this byte is
-    // checked per token, so that an 8-bit document stops at its first token (it then takes the vpmaddwd tile)
-    const __m256i out_of_range =
-        _mm256_or_si256(_mm256_cmpgt_epi8(_mm256_set1_epi8(-64), lo), _mm256_cmpgt_epi8(hi, _mm256_set1_epi8(63)));
-    if (!_mm256_testz_si256(out_of_range, out_of_range) || lo_s < -64 || hi_s > 63) return false;
-  }
-  return true;
+  return BiasRows<true>(d, Ld, dim, out, 64);
 }
 
 void WidenI8Avx2(const int8_t* d, int64_t Ld, int64_t dim, int16_t* out) {
@@ -118,19 +128,7 @@ __attribute__((target("f16c"))) void WidenF16Avx2(const uint16_t* x, float* y, i
 }
 
 void BiasI8Avx2(const int8_t* d, int64_t Ld, int64_t dim, uint8_t* out) {
-  const int64_t row = (dim + 3) / 4 * 4;
-  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
-  for (int64_t j = 0; j < Ld; ++j) {
-    const int8_t* src = d + j * dim;
-    uint8_t* dst = out + j * row;
-    int64_t k = 0;
-    for (; k + 32 <= dim; k += 32) {
-      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + k));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + k), _mm256_xor_si256(x, flip));
-    }
-    for (; k < dim; ++k) dst[k] = static_cast<uint8_t>(src[k] ^ 0x80);  // two's complement: d + 128
-    for (; k < row; ++k) dst[k] = 0;  // Q is 0 past dim: the product is 0 whatever this byte is
-  }
+  BiasRows<false>(d, Ld, dim, out, -128);  // + 128 mod 256
 }
 
 }  // namespace maxsim

@@ -236,13 +236,14 @@ void Run(Ort::KernelContext& ctx, const Problem& p, const T* q, const T* d, Isa 
   }
   const size_t packs = static_cast<size_t>(p.B * tiles);
   std::vector<uint8_t, AlignedAllocator<uint8_t>> qpack(path == Path::kPortable ? 0 : packs * tile_bytes);
-  std::vector<int32_t> qbias(path == Path::kAvx2Vnni ? packs * lanes : 0);
-  // int8 without VNNI: Q also packed as s8 for the vpmaddubsw tile of 7-bit documents (TileI8Avx2Ubs), with its
-  // lane biases 64 * sum_k Q[i, k]
+  // int8 without VNNI: Q also packed as s8 for the vpmaddubsw tile of 7-bit documents (TileI8Avx2Ubs)
   const bool ubs = kInt8 && path == Path::kAvx2;
   const int64_t ubs_tile_bytes = dim4 * 4 * lanes;
   std::vector<uint8_t, AlignedAllocator<uint8_t>> qpack_ubs(ubs ? packs * ubs_tile_bytes : 0);
-  std::vector<int32_t> qbias64(ubs ? packs * lanes : 0);
+  // the lane biases of the u8 x s8 tiles: bias * sum_k Q[i, k] for documents stored as D + bias (AVX-VNNI 128,
+  // the vpmaddubsw tile 64)
+  std::vector<int32_t> qbias(path == Path::kAvx2Vnni || ubs ? packs * lanes : 0);
+  const int32_t doc_bias = path == Path::kAvx2Vnni ? 128 : 64;
   auto q_at = [&](int64_t b, int64_t i, int64_t k) { return qe[(b * p.Lq + i) * p.dim + k]; };
   if constexpr (!kInt8) {
     if (path != Path::kPortable) {
@@ -273,8 +274,7 @@ void Run(Ort::KernelContext& ctx, const Problem& p, const T* q, const T* d, Isa 
             qpack_ubs[(b * tiles + t) * ubs_tile_bytes + (k / 4) * lanes * 4 + l * 4 + k % 4] = static_cast<uint8_t>(v);
           }
         }
-        if (path == Path::kAvx2Vnni) qbias[(b * tiles + t) * lanes + l] = 128 * sum;
-        if (ubs) qbias64[(b * tiles + t) * lanes + l] = 64 * sum;
+        if (!qbias.empty()) qbias[(b * tiles + t) * lanes + l] = doc_bias * sum;
       }
     }
   }
@@ -375,7 +375,7 @@ void Run(Ort::KernelContext& ctx, const Problem& p, const T* q, const T* d, Isa 
               if constexpr (kInt8) {
                 if (doc_ubs) {
                   a.qp = qpack_ubs.data() + pack * ubs_tile_bytes;
-                  a.bias = qbias64.data() + pack * lanes;
+                  a.bias = qbias.data() + pack * lanes;
                   TileI8Avx2Ubs(a, doc, &res);
                 } else {
                   TileI8Avx2I16(a, doc, &res);

@@ -107,21 +107,6 @@ struct Design<vec::Avx512> {
 };
 #endif
 
-template <int L>
-struct Exp2Table {
-  alignas(64) float v[L];
-  Exp2Table() {
-    constexpr int kShift = 23 - __builtin_ctz(L);
-    for (int j = 0; j < L; ++j) {
-      const float e = static_cast<float>(std::exp2(static_cast<double>(j) / L));
-      int32_t b;
-      std::memcpy(&b, &e, sizeof b);
-      b -= j << kShift;
-      std::memcpy(&v[j], &b, sizeof b);
-    }
-  }
-};
-
 // Keys: an int32 whose order is the float order of the (non-NaN) value, b ^ ((b >> 31) & 0x7FFFFFFF) for
 // b = bits(v + 0) (-0 is made +0 first, so equal values get equal keys; CutCandidates computes them a
 // vector at a time). The map is its own inverse.
@@ -237,9 +222,8 @@ RowResult FastRowT(const float* x, int64_t n, int64_t k, float s, const Candidat
   constexpr int G = DS::kGrid;  // the exp's grid 1/G
   constexpr int kShift = 23 - __builtin_ctz(G);
   constexpr float kMagic = 1.5f * static_cast<float>(1 << kShift);  // the float grid is 1/G there
-  static_assert((1 << __builtin_ctz(G)) == G, "the table needs a power-of-two size");
   static_assert(G == L || G == 2 * L, "the table fills one or two registers");
-  static const Exp2Table<G> table;
+  static const vec::Exp2Table<G> table;
   using P = Exp2Poly<G>;
   constexpr float kRange = kWide ? DS::kWideLimit : DS::kLimit;
   // out of the non-wide range: the wide variant where there is one

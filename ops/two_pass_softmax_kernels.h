@@ -16,7 +16,6 @@
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 
 #include "common/vec.h"
 #include "two_pass_softmax_row.h"
@@ -109,27 +108,13 @@ struct Policy<vec::Avx2> {
 // within [-160, 1]). Then exp(x) / 2^nb = 2^(n - nb) 2^(j/8) exp(t), t = x - (8n + j) ln2/8, |t| <= ln2/16:
 //  * 2^(n - nb) 2^(j/8) is one integer add: bits(vn) << 20 = ((n - nb + 127) << 23) + (j << 20) (the bits of
 //    0x1.8p23 shift out), and table[j] = bits(2^(j/8)) - (127 << 23) - (j << 20), read by one vpermps on the low 3
-//    bits (XNNPACK's lut8 exp; the table of ops/softmax_topk_kernels.h less the exponent bias). I < 0 is clamped
+//    bits (XNNPACK's lut8 exp: vec::Exp2Table<8, 127>, SoftmaxTopK's table less the exponent bias). I < 0 is clamped
 //    to 0, which gives +0: terms below 2^(nb - 127) flush to 0, as the shift of the former AVX2 row did (I in
 //    [1, 8), n - nb = -127, come out subnormal, off by < 2^-126 absolute);
 //  * exp(t) ~ 1 + t (1 + t (c2 + t c3)): minimax relative error 2.5e-8 on [-ln2/16, ln2/16], 8.6e-8 evaluated
 //    in float (was degree 5 on [-ln2/2, ln2/2]: 1.2e-7).
 // t is Cody-Waite with ln2/8 = (hi + lo)/8 as before: x - (8n + j) hi/8 is exact (a multiple of 2^-24 below 0.05).
 // The bias is exact while |8 nb| < 2^22, i.e. |max| < 3.6e5 (Policy::kMaxAbs); larger rows take RowSafe.
-template <class V>
-struct ExpTable8 {
-  alignas(32) float v[8];
-  ExpTable8() {
-    for (int j = 0; j < 8; ++j) {
-      const float e = static_cast<float>(std::exp2(static_cast<double>(j) / 8));
-      int32_t b;
-      std::memcpy(&b, &e, sizeof b);
-      b -= (127 << 23) + (j << 20);
-      std::memcpy(&v[j], &b, sizeof b);
-    }
-  }
-};
-
 template <class V, bool kExact>
 SD_VEC_INLINE typename V::F ExpRelative(typename V::F x, typename V::F floor, typename V::F nb, typename V::F bias,
                                         typename V::F table) {
@@ -183,7 +168,7 @@ SD_VEC_INLINE typename V::F ExpBlock(const float* x, float* y, int64_t j0, int64
   const F bias = V::fma(V::sub(V::set1(127.0f), nb), V::set1(8.0f), V::set1(0x1.8p23f));
   F table = bias;  // unused without kTableExp
   if constexpr (Policy<V>::kTableExp) {
-    static const ExpTable8<V> table8;
+    static const vec::Exp2Table<8, 127> table8;
     table = V::loadu(table8.v);
   }
   // One accumulator fed by a tree of each step's four terms: four would not fit AVX2's 16 registers beside

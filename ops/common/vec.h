@@ -20,7 +20,9 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #define SD_VEC_INLINE __attribute__((always_inline)) inline
 // For lambdas in kernels over the traits (a lambda left out of line keeps its captures in memory).
@@ -328,6 +330,26 @@ struct Avx2 {
   }
 };
 #endif
+
+// 2^(j/L), j < L, as the table of the lookup exps (XNNPACK's lut form: ops/softmax_topk_kernels.h,
+// ops/two_pass_softmax_kernels.h). Each entry's bits are less j << (23 - log2 L), so that adding an integer
+// whose low log2 L bits hold j and the bits above them an exponent n, shifted left by 23 - log2 L, gives the
+// bits of 2^(n + j/L); kExponentBias: also less kExponentBias << 23, for an n that carries the float bias.
+template <int L, int kExponentBias = 0>
+struct Exp2Table {
+  static_assert((1 << __builtin_ctz(L)) == L, "the table needs a power-of-two size");
+  alignas(64) float v[L];
+  Exp2Table() {
+    constexpr int kShift = 23 - __builtin_ctz(L);
+    for (int j = 0; j < L; ++j) {
+      const float e = static_cast<float>(std::exp2(static_cast<double>(j) / L));
+      int32_t b;
+      std::memcpy(&b, &e, sizeof b);
+      b -= (kExponentBias << 23) + (j << kShift);
+      std::memcpy(&v[j], &b, sizeof b);
+    }
+  }
+};
 
 }  // namespace
 }  // namespace vec

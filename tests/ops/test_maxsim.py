@@ -153,6 +153,13 @@ def test_omitted_inputs_mean_all_valid_and_unit_scales(dtype):
 # ---- int8 exactness ------------------------------------------------------------------------------
 
 
+def _int8_scores(q8: np.ndarray, d8: np.ndarray, dm: np.ndarray) -> np.ndarray:
+    """The integer reference with unit scales: [B, N] sums over query tokens of the max over valid document tokens of
+    the exact int64 dot products."""
+    dots = np.einsum("bik,njk->bnij", q8.astype(np.int64), d8.astype(np.int64))
+    return np.where(dm[None, :, None, :], dots, np.iinfo(np.int64).min).max(axis=3).sum(axis=2)
+
+
 @pytest.mark.parametrize("isa", conformance.available_isas())
 @pytest.mark.parametrize("dim", [1, 3, 4, 5, 64, 127, 128, 300])
 def test_int8_matches_the_integer_reference_exactly(isa, dim):
@@ -163,8 +170,7 @@ def test_int8_matches_the_integer_reference_exactly(isa, dim):
     q8[0, 0] = -128
     d8[0, :3] = -128  # (-128) * (-128) products, the largest
     dm = rng.random((4, 21)) < 0.8
-    dots = np.einsum("bik,njk->bnij", q8.astype(np.int64), d8.astype(np.int64))
-    want = np.where(dm[None, :, None, :], dots, np.iinfo(np.int64).min).max(axis=3).sum(axis=2)
+    want = _int8_scores(q8, d8, dm)
     ones_q, ones_d = np.ones((2, 35), np.float32), np.ones((4, 21), np.float32)
     got = kernel(q8, d8, None, dm, ones_q, ones_d, isa=isa)
     np.testing.assert_array_equal(got.astype(np.int64), want)
@@ -186,8 +192,7 @@ def test_int8_is_exact_on_an_avx2_cpu_without_vnni(monkeypatch, ld, dim):
     q8[0, 0], d8[0, 0] = -128, -128
     dm = rng.random((3, ld)) < 0.8
     dm[:, 0] = True
-    dots = np.einsum("bik,njk->bnij", q8.astype(np.int64), d8.astype(np.int64))
-    want = np.where(dm[None, :, None, :], dots, np.iinfo(np.int64).min).max(axis=3).sum(axis=2)
+    want = _int8_scores(q8, d8, dm)
     got = kernel(q8, d8, None, dm, np.ones((2, 17), np.float32), np.ones((3, ld), np.float32), isa="avx2")
     np.testing.assert_array_equal(got.astype(np.int64), want)
 
@@ -209,8 +214,7 @@ def test_int8_seven_bit_documents_are_exact_on_an_avx2_cpu_without_vnni(monkeypa
     d8[3, 0, 0] = 64
     dm = rng.random((5, ld)) < 0.8
     dm[:, 0] = True
-    dots = np.einsum("bik,njk->bnij", q8.astype(np.int64), d8.astype(np.int64))
-    want = np.where(dm[None, :, None, :], dots, np.iinfo(np.int64).min).max(axis=3).sum(axis=2)
+    want = _int8_scores(q8, d8, dm)
     got = kernel(q8, d8, None, dm, np.ones((2, 19), np.float32), np.ones((5, ld), np.float32), isa="avx2")
     np.testing.assert_array_equal(got.astype(np.int64), want)
 

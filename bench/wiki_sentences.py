@@ -30,7 +30,8 @@ def wiki_sentences() -> list[str]:
     """The sentences of the dump's articles (redirect pages skipped), as described in the module docstring."""
     import mwparserfromhell
 
-    root = ET.fromstring(bz2.open(package_dir("gensim") / WIKI_FILE).read())
+    with bz2.open(package_dir("gensim") / WIKI_FILE) as f:
+        root = ET.fromstring(f.read())
     ns = root.tag.split("}")[0] + "}"
     out: dict[str, None] = {}
     for page in root.iter(ns + "page"):

@@ -84,7 +84,7 @@ def test_scorer_masks(backend: str) -> None:
 
 
 def test_token_bank_seven_bit_documents():
-    """to_int8(bits=7): codes within [-63, 63], the width recorded; scores against the fp32 bank stay close."""
+    """to_int8(bits=7): codes within [-63, 63] and the width recorded; the 8-bit bank uses the full range."""
     rng = np.random.default_rng(5)
     bank = TokenBank.from_ragged(_ragged(rng, 6, 5))
     b7, b8 = bank.to_int8(bits=7), bank.to_int8()

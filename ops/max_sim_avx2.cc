@@ -3,23 +3,25 @@
 // the run-time check in ops/max_sim_core.h; it includes no onnxruntime and no std containers (see
 // ops/common/vec.h on why).
 //
-// int8 without VNNI (Zen 1-3, Intel before Alder Lake): Q and D as int16 pairs and vpmaddwd, whose
-// two int16 x int16 products and their sum are exact in int32 for any int8 values. vpmaddubsw
-// (u8 x s8 -> saturating int16 pair sums) is not used: with Q + 128 in u8 a pair reaches
-// 2 * 255 * 128 = 65280 > 32767 and saturates, and the sign-transfer form (|q| x sign(q) * d) is
-// exact only without -128 yet costs the same three p0/p1 uops per 32 products as vpmaddwd's two.
-// Measured on Golden Cove (bench/micro/maxsim_i8_forms.cc; bench/results/maxsim.md): every form exact
-// for all int8 runs 1.2-1.4x our float32 tile, as this one does; the plain vpmaddubsw form, exact
-// only for D in [-64, 63], 1.8x.
+// int8 without VNNI (Zen 1-3, Intel before Alder Lake), for any int8 values: Q and D as int16 pairs and vpmaddwd,
+// whose two int16 x int16 products and their sum are exact in int32. vpmaddubsw (u8 x s8 -> saturating int16
+// pair sums) cannot take every int8 input: with Q + 128 in u8 a pair reaches 2 * 255 * 128 = 65280 > 32767 and
+// saturates, and the sign-transfer form (|q| x sign(q) * d) is exact only without -128 yet costs the same three
+// p0/p1 uops per 32 products as vpmaddwd's two (bench/micro/maxsim_i8_forms.cc; bench/results/maxsim.md).
 // D is widened to int16 once per document (into L1/L2 scratch), so the inner loop broadcasts an
 // int16 pair straight from memory.
 //
 // Documents whose every entry lies in [-64, 63] (7-bit codes: quantize_tokens(bits=7), the default where the CPU
-// has no VNNI) take the vpmaddubsw form instead, exact there: the document as u8 = D + 64 in [0, 127] (checked and
-// written once per document: Bias64I8Avx2), Q as s8, a pair at most 2 * 127 * 128 = 32512, so vpmaddubsw never
-// saturates; vpmaddwd with ones sums two pairs into int32, and the bias 64 * sum_k Q[i, k] (per query lane,
-// once per call) comes off the start of the sums. Zen 4, R = 4: 2.06x our float32 tile in the probe (the
-// vpmaddwd tile: 1.37x); any document with an entry outside the range keeps the vpmaddwd tile.
+// has no VNNI) take the vpmaddubsw form instead, exact there and read in place (no per-document copy): Q is the
+// unsigned side, packed once per call as u8 = Q + c, the document's raw bytes the signed side; the accumulators
+// start at -c * sum_k D[j, k] (DocSums7Avx2, which also checks the range, one read of the document). Two forms:
+//   TileI8Avx2Ubs   any int8 Q, c = 128: a pair at most 2 * 255 * 64 = 32640, vpmaddubsw never saturates;
+//                   vpmaddwd(ones) + vpaddd take it to int32: 32 products per 2 multiply-port uops.
+//   TileI8Avx2Ubs2  Q also 7-bit, c = 64: two groups' vpmaddubsw summed in int16 (four products at most
+//                   4 * 127 * 64 = 32512) before one vpmaddwd(ones): 64 products per 3 multiply-port uops.
+// Measured on Zen 4 (bench/micro/maxsim_i8_forms.cc; bench/results/maxsim.md): the vpmaddwd tile 1.34-1.37x our
+// float32 tile, the single-group form 2.0x, the paired form 2.3x. Any document with an entry outside the range
+// keeps the vpmaddwd tile; any query row with one outside it the single-group form.
 //
 // int8 with AVX-VNNI: ops/max_sim_avxvnni.cc (its own -mavxvnni translation unit).
 #include "max_sim_kernels.h"
@@ -39,46 +41,88 @@ struct StepI16 {  // two int16 products per 32-bit lane
   }
 };
 
-struct StepUbs {  // four u8 (b: the document, D + 64) x s8 (q) products per 32-bit lane, in two steps
-  static constexpr int kBlock = 4;  // 8 accumulators (R = 6 spilled: 192-211 vs 212-229 GOP/s at R = 4)
-  static SD_VEC_INLINE __m256i dot(__m256i acc, __m256i q, __m256i b) {
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(b, q), _mm256_set1_epi16(1)));
-  }
-};
-
-// The document as u8 = D + bias (mod 256) in rows of dim4 * 4 bytes, 0 past dim (Q is 0 there: the product is 0
-// whatever the byte). kSevenBit: false as soon as a token holds an entry outside [-64, 63], checked per token so
-// that an 8-bit document stops at its first one (it then takes the vpmaddwd tile).
-template <bool kSevenBit>
-bool BiasRows(const int8_t* d, int64_t Ld, int64_t dim, uint8_t* out, int8_t bias) {
-  const int64_t row = (dim + 3) / 4 * 4;
-  const __m256i vbias = _mm256_set1_epi8(bias);
-  __m256i lo = _mm256_setzero_si256(), hi = lo;
-  bool tail_in_range = true;
-  for (int64_t j = 0; j < Ld; ++j) {
-    const int8_t* src = d + j * dim;
-    uint8_t* dst = out + j * row;
-    int64_t k = 0;
-    for (; k + 32 <= dim; k += 32) {
-      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + k));
-      if constexpr (kSevenBit) {
-        lo = _mm256_min_epi8(lo, x);
-        hi = _mm256_max_epi8(hi, x);
+// A block of R document tokens, read in place (s8, every entry in [-64, 63]), against the tile's two vectors of
+// Q + c (u8): the vpmaddubsw forms above. kPair: two 4-byte groups per int16 sum (Q in [-64, 63], c = 64);
+// otherwise one (any Q, c = 128). dsum: sum_k D[j, k] of the document's tokens.
+template <int R, bool kPair>
+SD_VEC_INLINE void BlockUbs(const uint8_t* qp, const int8_t* d, int64_t dim, int64_t j0, const int32_t* dsum,
+                            const Doc& doc, State<V>& st) {
+  constexpr int L = V::kLanes;
+  constexpr int32_t kC = kPair ? 64 : 128;
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256i acc[R][2];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_set1_epi32(-kC * dsum[j0 + r]);
+  const int8_t* drow = d + j0 * dim;
+  auto one = [&](const __m256i& q, const __m256i& b) { return _mm256_madd_epi16(_mm256_maddubs_epi16(q, b), ones); };
+  const int64_t full = dim / 4;  // whole 4-byte groups of a row
+  // The same block of the NEXT document goes to L2 while this one computes (R * 4 bytes per group covers the
+  // block in `full` groups), so that DocSums7Avx2 then finds it there; prefetches never fault past the end.
+  const char* next = reinterpret_cast<const char*>(drow + doc.stride);
+  int64_t g = 0;
+  if constexpr (kPair) {
+    for (; g + 2 <= full; g += 2) {
+      _mm_prefetch(next + g * (R * 4), _MM_HINT_T1);
+      const __m256i q00 = V::loadi(qp + g * 8 * L), q01 = V::loadi(qp + g * 8 * L + 4 * L);
+      const __m256i q10 = V::loadi(qp + g * 8 * L + 8 * L), q11 = V::loadi(qp + g * 8 * L + 12 * L);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const __m256i b0 = V::broadcast4(drow + r * dim + g * 4), b1 = V::broadcast4(drow + r * dim + g * 4 + 4);
+        const __m256i s0 = _mm256_add_epi16(_mm256_maddubs_epi16(q00, b0), _mm256_maddubs_epi16(q10, b1));
+        const __m256i s1 = _mm256_add_epi16(_mm256_maddubs_epi16(q01, b0), _mm256_maddubs_epi16(q11, b1));
+        acc[r][0] = _mm256_add_epi32(acc[r][0], _mm256_madd_epi16(s0, ones));
+        acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(s1, ones));
       }
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + k), _mm256_add_epi8(x, vbias));
-    }
-    for (; k < dim; ++k) {
-      if constexpr (kSevenBit) tail_in_range &= src[k] >= -64 && src[k] <= 63;
-      dst[k] = static_cast<uint8_t>(src[k] + bias);
-    }
-    for (; k < row; ++k) dst[k] = 0;
-    if constexpr (kSevenBit) {
-      const __m256i out_of_range =
-          _mm256_or_si256(_mm256_cmpgt_epi8(_mm256_set1_epi8(-64), lo), _mm256_cmpgt_epi8(hi, _mm256_set1_epi8(63)));
-      if (!_mm256_testz_si256(out_of_range, out_of_range) || !tail_in_range) return false;
     }
   }
-  return true;
+  for (; g < full; ++g) {
+    _mm_prefetch(next + g * (R * 4), _MM_HINT_T1);
+    const __m256i q0 = V::loadi(qp + g * 8 * L), q1 = V::loadi(qp + g * 8 * L + 4 * L);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m256i b = V::broadcast4(drow + r * dim + g * 4);
+      acc[r][0] = _mm256_add_epi32(acc[r][0], one(q0, b));
+      acc[r][1] = _mm256_add_epi32(acc[r][1], one(q1, b));
+    }
+  }
+  if (full * 4 < dim) {  // the last 1..3 k: the missing D bytes read as 0
+    const __m256i q0 = V::loadi(qp + full * 8 * L), q1 = V::loadi(qp + full * 8 * L + 4 * L);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      int32_t w = 0;
+      std::memcpy(&w, drow + r * dim + full * 4, static_cast<size_t>(dim - full * 4));
+      const __m256i b = _mm256_set1_epi32(w);
+      acc[r][0] = _mm256_add_epi32(acc[r][0], one(q0, b));
+      acc[r][1] = _mm256_add_epi32(acc[r][1], one(q1, b));
+    }
+  }
+  __m256 facc[R][2];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) facc[r][0] = V::cvt(acc[r][0]), facc[r][1] = V::cvt(acc[r][1]);
+  Fold<V, R, false>(facc, j0, doc, st);
+}
+
+template <int R, bool kPair>
+SD_VEC_INLINE void TailUbs(int64_t rem, const uint8_t* qp, const int8_t* d, int64_t dim, int64_t j0, const int32_t* dsum,
+                           const Doc& doc, State<V>& st) {
+  if constexpr (R > 0) {
+    if (rem == R) BlockUbs<R, kPair>(qp, d, dim, j0, dsum, doc, st);
+    else TailUbs<R - 1, kPair>(rem, qp, d, dim, j0, dsum, doc, st);
+  }
+}
+
+// R: 4 tokens for the single-group form (8 accumulators; R = 6 spilled), 3 for the paired one (6 accumulators +
+// 4 Q vectors + 2 broadcasts + ones + the int16 sums: R = 4 spills, 1.97 vs 2.3x in the probe).
+template <int R, bool kPair>
+void TileUbs(const TileArgs& a, const Doc& doc, TileResult* out) {
+  State<V> st;
+  Init(st, doc, a);
+  const uint8_t* qp = static_cast<const uint8_t*>(a.qp);
+  const int8_t* d = static_cast<const int8_t*>(doc.data);
+  int64_t j = 0;
+  for (; j + R <= a.Ld; j += R) BlockUbs<R, kPair>(qp, d, a.dim, j, a.bias, doc, st);
+  TailUbs<R - 1, kPair>(a.Ld - j, qp, d, a.dim, j, a.bias, doc, st);
+  Store(st, out);
 }
 
 }  // namespace
@@ -93,14 +137,35 @@ void TileI8Avx2I16(const TileArgs& a, const Doc& doc, TileResult* out) {
   TileInt<V, StepI16>(a, (a.dim + 1) / 2, init, doc, out);
 }
 
-void TileI8Avx2Ubs(const TileArgs& a, const Doc& doc, TileResult* out) {
-  // bias[l] = 64 * sum_k Q[l, k]: sum_k (D + 64) Q - bias = sum_k D Q. Padding lanes have bias 0.
-  const __m256i init[2] = {V::subi(V::zeroi(), V::loadui(a.bias)), V::subi(V::zeroi(), V::loadui(a.bias + 8))};
-  TileInt<V, StepUbs>(a, (a.dim + 3) / 4, init, doc, out);
-}
+void TileI8Avx2Ubs(const TileArgs& a, const Doc& doc, TileResult* out) { TileUbs<4, false>(a, doc, out); }
 
-bool Bias64I8Avx2(const int8_t* d, int64_t Ld, int64_t dim, uint8_t* out) {
-  return BiasRows<true>(d, Ld, dim, out, 64);
+void TileI8Avx2Ubs2(const TileArgs& a, const Doc& doc, TileResult* out) { TileUbs<3, true>(a, doc, out); }
+
+// One read of the document: per token the sum of its entries (sadbw on D ^ 0x80 counts D + 128) and whether all lie
+// in [-64, 63], checked per token so that an 8-bit document stops at its first one (it takes the vpmaddwd tile).
+bool DocSums7Avx2(const int8_t* d, int64_t Ld, int64_t dim, int32_t* out) {
+  const __m256i flip = _mm256_set1_epi8(-128), zero = _mm256_setzero_si256();
+  const __m256i below = _mm256_set1_epi8(-64), above = _mm256_set1_epi8(63);
+  for (int64_t j = 0; j < Ld; ++j) {
+    const int8_t* src = d + j * dim;
+    __m256i sum = zero, out_of_range = zero;
+    int64_t k = 0;
+    for (; k + 32 <= dim; k += 32) {
+      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + k));
+      out_of_range = _mm256_or_si256(out_of_range, _mm256_or_si256(_mm256_cmpgt_epi8(below, x), _mm256_cmpgt_epi8(x, above)));
+      sum = _mm256_add_epi64(sum, _mm256_sad_epu8(_mm256_xor_si256(x, flip), zero));
+    }
+    const __m128i s2 = _mm_add_epi64(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+    int64_t total = _mm_cvtsi128_si64(s2) + _mm_extract_epi64(s2, 1) - 128 * k;
+    bool in_range = _mm256_testz_si256(out_of_range, out_of_range);
+    for (; k < dim; ++k) {
+      in_range &= src[k] >= -64 && src[k] <= 63;
+      total += src[k];
+    }
+    if (!in_range) return false;
+    out[j] = static_cast<int32_t>(total);
+  }
+  return true;
 }
 
 void WidenI8Avx2(const int8_t* d, int64_t Ld, int64_t dim, int16_t* out) {
@@ -127,8 +192,22 @@ __attribute__((target("f16c"))) void WidenF16Avx2(const uint16_t* x, float* y, i
   for (; i < n; ++i) y[i] = _cvtsh_ss(x[i]);
 }
 
+// The document as u8 = D + 128 (mod 256) in rows of dim4 * 4 bytes, 0 past dim (Q is 0 there: the product is 0
+// whatever the byte).
 void BiasI8Avx2(const int8_t* d, int64_t Ld, int64_t dim, uint8_t* out) {
-  BiasRows<false>(d, Ld, dim, out, -128);  // + 128 mod 256
+  const int64_t row = (dim + 3) / 4 * 4;
+  const __m256i vbias = _mm256_set1_epi8(-128);
+  for (int64_t j = 0; j < Ld; ++j) {
+    const int8_t* src = d + j * dim;
+    uint8_t* dst = out + j * row;
+    int64_t k = 0;
+    for (; k + 32 <= dim; k += 32) {
+      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + k));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + k), _mm256_add_epi8(x, vbias));
+    }
+    for (; k < dim; ++k) dst[k] = static_cast<uint8_t>(src[k] + 128);
+    for (; k < row; ++k) dst[k] = 0;
+  }
 }
 
 }  // namespace maxsim

@@ -12,7 +12,8 @@
 // over the vector traits of ops/common/vec.h (ops/max_sim_kernels.h) and compiled per ISA in their own
 // translation units (ops/max_sim_avx2.cc, ops/max_sim_avx512.cc; interface: ops/max_sim_tile.h);
 // this header has the contract checks, the portable tile and the driver. int8 sums are exact int32:
-// AVX-512 VNNI vpdpbusd on Q + 128; AVX-VNNI vpdpbusd on D + 128; other AVX2 CPUs vpmaddwd on int16.
+// AVX-512 VNNI vpdpbusd on Q + 128; AVX-VNNI vpdpbusd on D + 128; other AVX2 CPUs vpmaddubsw on Q + 128 (or
+// + 64) against documents within [-64, 63] (7-bit codes), vpmaddwd on int16 for the others.
 // float16 documents are widened to float32 one document at a time (F16C).
 //
 // What must stay true:
@@ -236,14 +237,20 @@ void Run(Ort::KernelContext& ctx, const Problem& p, const T* q, const T* d, Isa 
   }
   const size_t packs = static_cast<size_t>(p.B * tiles);
   std::vector<uint8_t, AlignedAllocator<uint8_t>> qpack(path == Path::kPortable ? 0 : packs * tile_bytes);
-  // int8 without VNNI: Q also packed as s8 for the vpmaddubsw tile of 7-bit documents (TileI8Avx2Ubs)
+  // int8 without VNNI: Q also packed as u8 = Q + c for the vpmaddubsw tiles of 7-bit documents (ops/max_sim_avx2.cc):
+  // c = 64 and the paired tile (TileI8Avx2Ubs2) for a batch row whose every entry lies in [-64, 63], else 128
   const bool ubs = kInt8 && path == Path::kAvx2;
   const int64_t ubs_tile_bytes = dim4 * 4 * lanes;
   std::vector<uint8_t, AlignedAllocator<uint8_t>> qpack_ubs(ubs ? packs * ubs_tile_bytes : 0);
-  // the lane biases of the u8 x s8 tiles: bias * sum_k Q[i, k] for documents stored as D + bias (AVX-VNNI 128,
-  // the vpmaddubsw tile 64)
-  std::vector<int32_t> qbias(path == Path::kAvx2Vnni || ubs ? packs * lanes : 0);
-  const int32_t doc_bias = path == Path::kAvx2Vnni ? 128 : 64;
+  std::vector<uint8_t> q_seven(ubs ? static_cast<size_t>(p.B) : 0);
+  if constexpr (kInt8) {
+    for (int64_t b = 0; b < static_cast<int64_t>(q_seven.size()); ++b) {
+      const int8_t* qb = qe + b * p.Lq * p.dim;
+      q_seven[b] = std::all_of(qb, qb + p.Lq * p.dim, [](int8_t v) { return v >= -64 && v <= 63; });
+    }
+  }
+  // the lane biases of AVX-VNNI's u8 x s8 tile: 128 * sum_k Q[i, k] for documents stored as D + 128
+  std::vector<int32_t> qbias(path == Path::kAvx2Vnni ? packs * lanes : 0);
   auto q_at = [&](int64_t b, int64_t i, int64_t k) { return qe[(b * p.Lq + i) * p.dim + k]; };
   if constexpr (!kInt8) {
     if (path != Path::kPortable) {
@@ -271,10 +278,11 @@ void Run(Ort::KernelContext& ctx, const Problem& p, const T* q, const T* d, Isa 
           } else {
             const int16_t w = v;
             std::memcpy(tile + ((k / 2) * lanes * 2 + l * 2 + k % 2) * 2, &w, 2);
-            qpack_ubs[(b * tiles + t) * ubs_tile_bytes + (k / 4) * lanes * 4 + l * 4 + k % 4] = static_cast<uint8_t>(v);
+            qpack_ubs[(b * tiles + t) * ubs_tile_bytes + (k / 4) * lanes * 4 + l * 4 + k % 4] =
+                static_cast<uint8_t>(v + (q_seven[b] ? 64 : 128));
           }
         }
-        if (!qbias.empty()) qbias[(b * tiles + t) * lanes + l] = doc_bias * sum;
+        if (!qbias.empty()) qbias[(b * tiles + t) * lanes + l] = 128 * sum;
       }
     }
   }
@@ -284,10 +292,11 @@ void Run(Ort::KernelContext& ctx, const Problem& p, const T* q, const T* d, Isa 
   // Per-task scratch for one document in the tile's layout (float16 widened, int8 as int16 or u8).
   int64_t scratch = 0;
   if (kHalf) scratch = doc_elems * 4;
-  if (kInt8 && path == Path::kAvx2) scratch = std::max(p.Ld * dim2 * 2 * 2, p.Ld * dim4 * 4);  // int16 or u8 copy
+  if (kInt8 && path == Path::kAvx2) scratch = p.Ld * dim2 * 2 * 2;  // int16 copy (8-bit documents)
   if (kInt8 && path == Path::kAvx2Vnni) scratch = p.Ld * dim4 * 4;
   std::vector<uint8_t> valid(tasks * static_cast<size_t>(p.Ld));
-  std::vector<int32_t> dsum128(path == Path::kAvx512Vnni ? tasks * static_cast<size_t>(p.Ld) : 0);
+  // per task, the document's token sums: 128 * sum_k D (AVX-512 VNNI) or sum_k D (the vpmaddubsw tiles)
+  std::vector<int32_t> dsum(path == Path::kAvx512Vnni || ubs ? tasks * static_cast<size_t>(p.Ld) : 0);
 
   ParallelFor(ctx, tasks, [&](size_t task) {
     int64_t n0, n1;
@@ -325,11 +334,11 @@ void Run(Ort::KernelContext& ctx, const Problem& p, const T* q, const T* d, Isa 
       bool doc_ubs = false;  // this document takes the vpmaddubsw tile: all its entries in [-64, 63]
       if constexpr (kInt8) {
         const int8_t* dn = d + n * doc_elems;
-        if (path == Path::kAvx512Vnni) DocSums128Avx512Vnni(dn, p.Ld, p.dim, dsum128.data() + task * p.Ld);
-        if (ubs) doc_ubs = Bias64I8Avx2(dn, p.Ld, p.dim, work);
+        if (path == Path::kAvx512Vnni) DocSums128Avx512Vnni(dn, p.Ld, p.dim, dsum.data() + task * p.Ld);
+        if (ubs) doc_ubs = DocSums7Avx2(dn, p.Ld, p.dim, dsum.data() + task * p.Ld);
         if (path == Path::kAvx2 && !doc_ubs) WidenI8Avx2(dn, p.Ld, p.dim, reinterpret_cast<int16_t*>(work));
         if (path == Path::kAvx2Vnni) BiasI8Avx2(dn, p.Ld, p.dim, work);
-        if (path == Path::kAvx2 || path == Path::kAvx2Vnni) doc.data = work;
+        if ((path == Path::kAvx2 && !doc_ubs) || path == Path::kAvx2Vnni) doc.data = work;
       }
       for (int64_t b = 0; b < p.B; ++b) {
         float sum = 0.0f;
@@ -364,7 +373,7 @@ void Run(Ort::KernelContext& ctx, const Problem& p, const T* q, const T* d, Isa 
           a.count = count;
           switch (path) {
             case Path::kAvx512Vnni:
-              a.bias = dsum128.data() + task * p.Ld;
+              a.bias = dsum.data() + task * p.Ld;
               if constexpr (kInt8) TileI8Avx512Vnni(a, doc, &res);
               break;
             case Path::kAvx2Vnni:
@@ -375,8 +384,9 @@ void Run(Ort::KernelContext& ctx, const Problem& p, const T* q, const T* d, Isa 
               if constexpr (kInt8) {
                 if (doc_ubs) {
                   a.qp = qpack_ubs.data() + pack * ubs_tile_bytes;
-                  a.bias = qbias.data() + pack * lanes;
-                  TileI8Avx2Ubs(a, doc, &res);
+                  a.bias = dsum.data() + task * p.Ld;
+                  if (q_seven[b]) TileI8Avx2Ubs2(a, doc, &res);
+                  else TileI8Avx2Ubs(a, doc, &res);
                 } else {
                   TileI8Avx2I16(a, doc, &res);
                 }

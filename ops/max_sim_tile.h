@@ -9,7 +9,7 @@
 //   int8 VNNI-512  qp [dim4][lanes][4] u8 = Q + 128             D [Ld][dim]          (the input)
 //   int8 int16     qp [dim2][lanes][2] int16                    D [Ld][dim2 * 2]     int16 copy, 0-padded
 //   int8 AVX-VNNI  qp [dim4][lanes][4] s8 = Q                   D [Ld][dim4 * 4]     u8 = D + 128 copy
-//   int8 AVX2 ubs  qp [dim4][lanes][4] s8 = Q                   D [Ld][dim4 * 4]     u8 = D + 64 copy (7-bit D)
+//   int8 AVX2 ubs  qp [dim4][lanes][4] u8 = Q + 128 (Ubs2: + 64) D [Ld][dim]          (the input, 7-bit)
 #pragma once
 
 #include <cstdint>
@@ -46,7 +46,7 @@ struct TileArgs {
   int64_t count = 0;
   int64_t tiles = 1, tile_stride = 0;
   const int32_t* bias = nullptr;  // VNNI-512: [Ld] 128 * sum_k D[j, k]; AVX-VNNI: [lanes] 128 * sum_k Q[i, k];
-                                  // AVX2 ubs: [lanes] 64 * sum_k Q[i, k]
+                                  // AVX2 ubs: [Ld] sum_k D[j, k] (DocSums7Avx2)
 };
 
 // float32, all a.tiles tiles in one pass over the document (argmax: SignedMaxSim also tracks the
@@ -58,14 +58,15 @@ void TileF32Avx2(const TileArgs& a, bool argmax, const Doc& doc, TileResult* out
 void TileI8Avx512Vnni(const TileArgs& a, const Doc& doc, TileResult* out);  // needs avx512vnni
 void TileI8Avx2I16(const TileArgs& a, const Doc& doc, TileResult* out);     // vpmaddwd, any AVX2 CPU
 void TileI8Avx2Ubs(const TileArgs& a, const Doc& doc, TileResult* out);     // vpmaddubsw, D in [-64, 63]
+void TileI8Avx2Ubs2(const TileArgs& a, const Doc& doc, TileResult* out);    // vpmaddubsw pairs, D and Q in [-64, 63]
 void TileI8AvxVnni(const TileArgs& a, const Doc& doc, TileResult* out);     // needs avxvnni (VEX vpdpbusd)
 
 // Per-document preparation of the int8 variants.
 void DocSums128Avx512Vnni(const int8_t* d, int64_t Ld, int64_t dim, int32_t* out);  // out[j] = 128 sum_k d[j, k]
 void WidenI8Avx2(const int8_t* d, int64_t Ld, int64_t dim, int16_t* out);           // -> [Ld][dim2 * 2]
 void BiasI8Avx2(const int8_t* d, int64_t Ld, int64_t dim, uint8_t* out);            // -> [Ld][dim4 * 4] u8
-// -> [Ld][dim4 * 4] u8 = D + 64; false when an entry lies outside [-64, 63] (out is then not for TileI8Avx2Ubs)
-bool Bias64I8Avx2(const int8_t* d, int64_t Ld, int64_t dim, uint8_t* out);
+// out[j] = sum_k d[j, k]; false when an entry lies outside [-64, 63] (the document is then not for the Ubs tiles)
+bool DocSums7Avx2(const int8_t* d, int64_t Ld, int64_t dim, int32_t* out);
 
 // float16 documents: n float16 values (their bits) -> float32, exactly (F16C; needs f16c besides AVX2).
 void WidenF16Avx2(const uint16_t* x, float* y, int64_t n);

@@ -305,6 +305,39 @@ int main(int argc, char** argv) {
   std::printf("%-52s %7.1f GOP/s  %.2fx tile fp32\n", "tile int8 vpmaddwd (library)", work / tw * 1e-9,
               tf / tw);
 
+  // Our vpmaddubsw tiles for 7-bit documents (read in place; DocSums7Avx2 per document included): Q + 128 (any Q)
+  // and, for 7-bit Q, Q + 64 with two groups per int16 sum. The data halved into [-64, 63] for both.
+  {
+    std::vector<int8_t> d7(Ld * dim), q7(Lq * dim);
+    for (int64_t i = 0; i < Ld * dim; ++i) d7[i] = static_cast<int8_t>(d8[i] >> 1);
+    for (int64_t i = 0; i < Lq * dim; ++i) q7[i] = static_cast<int8_t>(q8[i] >> 1);
+    alignas(64) static uint8_t qpu[2][2 * 32 * 64];  // [form][tiles][groups][16 lanes][4 bytes]
+    for (int64_t i = 0; i < Lq; ++i)
+      for (int64_t k = 0; k < dim; ++k) {
+        const int64_t at = (i / 16) * dim * 16 + (k / 4) * 64 + (i % 16) * 4 + k % 4;
+        qpu[0][at] = static_cast<uint8_t>(q8[i * dim + k] + 128);
+        qpu[1][at] = static_cast<uint8_t>(q7[i * dim + k] + 64);
+      }
+    std::vector<int32_t> dsum(Ld);
+    doc.data = d7.data();
+    for (int form = 0; form < 2; ++form) {
+      const double tu = MinTime(reps, [&] {
+        for (int it = 0; it < 100; ++it) {
+          if (!DocSums7Avx2(d7.data(), Ld, dim, dsum.data())) std::printf("DocSums7Avx2 refused\n");
+          for (int t = 0; t < 2; ++t) {
+            TileArgs a;
+            a.Ld = Ld, a.dim = dim, a.qp = qpu[form] + t * dim * 16, a.count = 16, a.bias = dsum.data();
+            if (form == 0) TileI8Avx2Ubs(a, doc, &res[t]);
+            else TileI8Avx2Ubs2(a, doc, &res[t]);
+          }
+        }
+      }) / 100;
+      std::printf("%-52s %7.1f GOP/s  %.2fx tile fp32\n",
+                  form == 0 ? "tile int8 vpmaddubsw, 7-bit D (library)" : "tile int8 vpmaddubsw pairs, 7-bit Q, D (library)",
+                  work / tu * 1e-9, tf / tu);
+    }
+  }
+
   // vpmaddubsw tiles: speed only (the instruction stream timed; on these full-range inputs the plain
   // form saturates, the results are not checked). Ld = 180 is a multiple of every block size here.
   alignas(64) static int8_t qpb[2 * 32 * 64];  // [tiles][groups][16 lanes][4 bytes] s8 = Q
@@ -385,5 +418,11 @@ int main(int argc, char** argv) {
   tile("tile_mubs_addw R=3 G=8 (needs |2G products| < 2^15)", [&](int t) { return TileAddw<3, 8>(qb(t), du.data(), groups, Ld); });
   tile("tile_mubs_addw R=4 G=8", [&](int t) { return TileAddw<4, 8>(qb(t), du.data(), groups, Ld); });
   tile("tile_mubs_addw R=4 G=4", [&](int t) { return TileAddw<4, 4>(qb(t), du.data(), groups, Ld); });
+  // G = 2 (4 products per int16 lane): exact when D + 64 is in [0, 127] and Q in [-64, 63] (7-bit codes on both
+  // sides: 4 * 127 * 64 = 32512).
+  tile("tile_mubs_addw R=3 G=2 (exact iff D, Q in [-64, 63])", [&](int t) { return TileAddw<3, 2>(qb(t), du.data(), groups, Ld); });
+  tile("tile_mubs_addw R=4 G=2", [&](int t) { return TileAddw<4, 2>(qb(t), du.data(), groups, Ld); });
+  tile("tile_mubs_addw R=5 G=2", [&](int t) { return TileAddw<5, 2>(qb(t), du.data(), groups, Ld); });
+  tile("tile_mubs_addw R=6 G=2", [&](int t) { return TileAddw<6, 2>(qb(t), du.data(), groups, Ld); });
   return 0;
 }

@@ -310,12 +310,13 @@ class MiniLMRetrieval:
         scorer = self.scorer(kernels, os.cpu_count() or 1)
         scorer8 = self.scorer(kernels, os.cpu_count() or 1, int8=True)
         queries, corpus = TokenBank.from_ragged(qv), TokenBank.from_ragged(dv)
-        from softdeploy.ops.max_sim import document_bits
+        from softdeploy.ops.max_sim import code_bits
 
-        corpus8 = corpus.to_int8(bits=document_bits())  # 7-bit documents where the int8 kernel has no VNNI
+        bits = code_bits()  # 7-bit codes where the int8 kernel has no VNNI
+        corpus8 = corpus.to_int8(bits=bits)
         with progress.step(f"{label}: score {len(d.queries)} x {len(d.corpus)} with {scorer.backend} and int8"):
             scores = scorer.score(queries, corpus)
-            scores8 = scorer8.score(queries.to_int8(), corpus8)
+            scores8 = scorer8.score(queries.to_int8(bits=bits), corpus8)
         if label == "ort-fp32":
             # the latency of scoring is measured on the reference embeddings for every variant
             self._ref_corpus, self._ref_corpus_int8 = corpus, corpus8
@@ -331,7 +332,7 @@ class MiniLMRetrieval:
             scores=scores,
             notes={
                 "scorer": scorer.backend,
-                "int8 scorer": f"{scorer8.backend}, {corpus8.bits}-bit documents"
+                "int8 scorer": f"{scorer8.backend}, {corpus8.bits}-bit codes"
                 + ("" if corpus8.bits == 8 else " (no VNNI: MaxSim's vpmaddubsw tile)"),
             },
         )

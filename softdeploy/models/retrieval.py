@@ -189,7 +189,7 @@ class MaxSimScorer:
 
     def score_one(self, q: np.ndarray, corpus: TokenBank) -> np.ndarray:
         """One query ([Lq, dim] float32, all tokens valid) against the whole corpus: the latency
-        measurement (int8: the query is encoded inside, as a deployment would)."""
+        measurement (int8: the query is encoded inside, as a deployment would, at the corpus's code width)."""
         corpus = self._bank(corpus)
         qb = np.ascontiguousarray(q[None])
         qm = np.ones(qb.shape[:2], bool)
@@ -197,7 +197,7 @@ class MaxSimScorer:
         if self.int8:
             from softdeploy.ops.max_sim import quantize_tokens
 
-            qb, q_scale = quantize_tokens(qb)
+            qb, q_scale = quantize_tokens(qb, bits=corpus.bits)
             extra = [q_scale]
         out = np.empty(corpus.count, np.float32)
         for di, (d, dm, dids) in enumerate(corpus.buckets):

@@ -44,11 +44,11 @@ def test_minilm_retrieval_reduced(tmp_path: Path) -> None:
     assert int8["encode p50 ms"] > 0 and ref["score p50 ms"] > 0
     assert result.floors[0].name == "best int8 encode speed-up vs ort-fp32"
     # scoring ran the MaxSim op's native kernel, fp32 and int8; int8 MaxSim keeps the ranking
-    # (its documents 7-bit where the int8 kernel has no VNNI: softdeploy.ops.max_sim.document_bits)
-    from softdeploy.ops.max_sim import document_bits
+    # (its queries and documents 7-bit where the int8 kernel has no VNNI: softdeploy.ops.max_sim.code_bits)
+    from softdeploy.ops.max_sim import code_bits
 
     assert ref["scorer"] == "MaxSim op fp32 (native kernel)"
-    assert ref["int8 scorer"].startswith(f"MaxSim op int8 (native kernel), {document_bits()}-bit documents")
+    assert ref["int8 scorer"].startswith(f"MaxSim op int8 (native kernel), {code_bits()}-bit codes")
     assert abs(ref["MRR@10 int8 MaxSim"] - ref["MRR@10"]) < 0.02
     assert ref["score int8 p50 ms"] > 0 and ref["encode CPU ms"] > 0
     assert next(f for f in result.floors if f.name.startswith("scoring runs")).met

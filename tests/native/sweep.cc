@@ -623,7 +623,7 @@ struct Aligned {
   }
 };
 
-enum class MsPath { kF32, kI8Avx2I16, kI8Avx2Ubs, kI8AvxVnni, kI8Avx512Vnni };
+enum class MsPath { kF32, kI8Avx2I16, kI8Avx2Ubs, kI8Avx2Ubs2, kI8AvxVnni, kI8Avx512Vnni };
 
 struct MsVariant {
   const char* name;
@@ -673,10 +673,15 @@ void SweepMaxSim(const MsVariant& v) {
       };
       fill(qf, qi);
       fill(df, di);
-      if (v.path == MsPath::kI8Avx2Ubs) {  // 7-bit documents, both ends of [-64, 63] reached
+      const bool ubs = v.path == MsPath::kI8Avx2Ubs || v.path == MsPath::kI8Avx2Ubs2;
+      if (ubs) {  // 7-bit documents, both ends of [-64, 63] reached; Q's ends too (8-bit: -128 and 127)
         for (auto& e : di) e = static_cast<int8_t>(e >> 1);
         di[0] = -64;
         di[di.size() - 1] = 63;
+        if (v.path == MsPath::kI8Avx2Ubs2)
+          for (auto& e : qi) e = static_cast<int8_t>(e >> 1);
+        qi[0] = v.path == MsPath::kI8Avx2Ubs2 ? -64 : -128;
+        qi[qi.size() - 1] = v.path == MsPath::kI8Avx2Ubs2 ? 63 : 127;
       }
       if (kind == kNanPair) df[static_cast<size_t>(rng() % df.size())] = NAN;
       std::vector<uint8_t> valid(static_cast<size_t>(Ld), 1);
@@ -714,7 +719,7 @@ void SweepMaxSim(const MsVariant& v) {
           const int64_t dim2 = (dim + 1) / 2, dim4 = (dim + 3) / 4;
           std::vector<int16_t> dwide;
           std::vector<uint8_t> dbias;
-          std::vector<int32_t> dsum128(static_cast<size_t>(Ld));
+          std::vector<int32_t> dsum(static_cast<size_t>(Ld));
           if (v.path == MsPath::kI8Avx2I16) {
             dwide.assign(static_cast<size_t>(Ld * dim2 * 2), 0x5555);
             sd::maxsim::WidenI8Avx2(di.data(), Ld, dim, dwide.data());
@@ -723,18 +728,23 @@ void SweepMaxSim(const MsVariant& v) {
             dbias.assign(static_cast<size_t>(Ld * dim4 * 4), 0x55);
             sd::maxsim::BiasI8Avx2(di.data(), Ld, dim, dbias.data());
             doc.data = dbias.data();
-          } else if (v.path == MsPath::kI8Avx2Ubs) {
-            // the range check on both sides: one entry out of [-64, 63] refuses the document
+          } else if (ubs) {
+            // the range check on both sides: one entry out of [-64, 63] refuses the document; the sums exact
             std::vector<int8_t> wide(di);
             wide[wide.size() / 2] = static_cast<int8_t>(wide.size() % 2 ? -65 : 64);
-            dbias.assign(static_cast<size_t>(Ld * dim4 * 4), 0x55);
-            if (sd::maxsim::Bias64I8Avx2(wide.data(), Ld, dim, dbias.data()))
+            if (sd::maxsim::DocSums7Avx2(wide.data(), Ld, dim, dsum.data()))
               Fail(std::string("MaxSim ") + v.name + ": a document with an entry out of [-64, 63] was accepted");
-            if (!sd::maxsim::Bias64I8Avx2(di.data(), Ld, dim, dbias.data()))
+            std::fill(dsum.begin(), dsum.end(), 0x55555555);
+            if (!sd::maxsim::DocSums7Avx2(di.data(), Ld, dim, dsum.data()))
               Fail(std::string("MaxSim ") + v.name + ": a 7-bit document was refused");
-            doc.data = dbias.data();
+            for (int64_t j = 0; j < Ld; ++j) {
+              int32_t sum = 0;
+              for (int64_t k = 0; k < dim; ++k) sum += di[j * dim + k];
+              if (dsum[j] != sum) Fail(std::string("MaxSim ") + v.name + ": DocSums7Avx2 row " + std::to_string(j));
+            }
+            doc.data = di.data();
           } else {
-            sd::maxsim::DocSums128Avx512Vnni(di.data(), Ld, dim, dsum128.data());
+            sd::maxsim::DocSums128Avx512Vnni(di.data(), Ld, dim, dsum.data());
             doc.data = di.data();
           }
           for (int64_t t = 0; t < tiles; ++t) {
@@ -748,21 +758,23 @@ void SweepMaxSim(const MsVariant& v) {
                 const int8_t q = qi[(i0 + l) * dim + k];
                 sum += q;
                 if (v.path == MsPath::kI8Avx512Vnni) qp.p[(k / 4) * T * 4 + l * 4 + k % 4] = static_cast<uint8_t>(q + 128);
-                else if (v.path == MsPath::kI8AvxVnni || v.path == MsPath::kI8Avx2Ubs)
-                  qp.p[(k / 4) * T * 4 + l * 4 + k % 4] = static_cast<uint8_t>(q);
+                else if (v.path == MsPath::kI8Avx2Ubs) qp.p[(k / 4) * T * 4 + l * 4 + k % 4] = static_cast<uint8_t>(q + 128);
+                else if (v.path == MsPath::kI8Avx2Ubs2) qp.p[(k / 4) * T * 4 + l * 4 + k % 4] = static_cast<uint8_t>(q + 64);
+                else if (v.path == MsPath::kI8AvxVnni) qp.p[(k / 4) * T * 4 + l * 4 + k % 4] = static_cast<uint8_t>(q);
                 else {
                   const int16_t w = q;
                   std::memcpy(qp.p + ((k / 2) * T * 2 + l * 2 + k % 2) * 2, &w, 2);
                 }
               }
-              qbias[l] = (v.path == MsPath::kI8Avx2Ubs ? 64 : 128) * sum;
+              qbias[l] = 128 * sum;
             }
             sd::maxsim::TileArgs a;
             a.Ld = Ld, a.dim = dim, a.qp = qp.p, a.count = count;
             a.qscale = qscale.empty() ? nullptr : qscale.data() + i0;
-            a.bias = v.path == MsPath::kI8AvxVnni || v.path == MsPath::kI8Avx2Ubs ? qbias.data() : dsum128.data();
+            a.bias = v.path == MsPath::kI8AvxVnni ? qbias.data() : dsum.data();
             if (v.path == MsPath::kI8Avx2I16) sd::maxsim::TileI8Avx2I16(a, doc, &res[t]);
             else if (v.path == MsPath::kI8Avx2Ubs) sd::maxsim::TileI8Avx2Ubs(a, doc, &res[t]);
+            else if (v.path == MsPath::kI8Avx2Ubs2) sd::maxsim::TileI8Avx2Ubs2(a, doc, &res[t]);
             else if (v.path == MsPath::kI8AvxVnni) sd::maxsim::TileI8AvxVnni(a, doc, &res[t]);
             else sd::maxsim::TileI8Avx512Vnni(a, doc, &res[t]);
           }
@@ -1085,6 +1097,8 @@ int main() {
     int8.push_back("vpmaddwd");
     Run("MaxSim", [&] { SweepMaxSim({"avx2 int8 vpmaddubsw (7-bit documents)", MsPath::kI8Avx2Ubs, 16, 4, nullptr}); });
     int8.push_back("vpmaddubsw");
+    Run("MaxSim", [&] { SweepMaxSim({"avx2 int8 vpmaddubsw pairs (7-bit documents and queries)", MsPath::kI8Avx2Ubs2, 16, 3, nullptr}); });
+    int8.push_back("vpmaddubsw-pairs");
     // AVX-VNNI as the library uses it: where the CPU has it and SOFTDEPLOY_TEST_CPU does not hide it.
     if (sd::CpuHasAvxVnni() && choice.cpu_limit.empty()) {
       Run("MaxSim", [&] { SweepMaxSim({"avx2 int8 avx-vnni", MsPath::kI8AvxVnni, 16, 6, nullptr}); });

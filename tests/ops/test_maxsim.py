@@ -197,18 +197,20 @@ def test_int8_is_exact_on_an_avx2_cpu_without_vnni(monkeypatch, ld, dim):
     np.testing.assert_array_equal(got.astype(np.int64), want)
 
 
-@pytest.mark.parametrize("dim", [1, 5, 7, 32, 48, 129])
-@pytest.mark.parametrize("ld", [3, 4, 9])
+@pytest.mark.parametrize("dim", [1, 5, 7, 8, 12, 32, 48, 129])
+@pytest.mark.parametrize("ld", [3, 4, 7, 9])
 def test_int8_seven_bit_documents_are_exact_on_an_avx2_cpu_without_vnni(monkeypatch, ld, dim):
-    """Documents whose codes all lie in [-64, 63] take the vpmaddubsw tile (D + 64 as u8 against Q as s8: a pair
-    <= 2 * 127 * 128, never saturated); a document with one code outside (-65 or 64, next to 7-bit ones in the
-    same call) keeps the vpmaddwd tile. Both exact against the integer reference, around the 4-token block, the
-    4-byte groups and the 16-lane tile."""
+    """Documents whose codes all lie in [-64, 63] take a vpmaddubsw tile, read in place (Q + 128 as u8 against D as
+    s8: a pair <= 2 * 255 * 64, never saturated; for a query row whose codes also lie in [-64, 63], Q + 64 and two
+    groups summed in int16: <= 4 * 127 * 64); a document with one code outside (-65 or 64, next to 7-bit ones in
+    the same call) keeps the vpmaddwd tile. All exact against the integer reference, at the ends of each range,
+    around the 3- and 4-token blocks, the 4-byte groups and their pairs, and the 16-lane tile."""
     monkeypatch.setenv("SOFTDEPLOY_TEST_CPU", "avx2")
     if "avx2" not in conformance.available_isas():
         pytest.skip("this CPU has no AVX2")
     rng = np.random.default_rng(ld * 100 + dim)
     q8 = rng.choice(np.array([-128, -127, 127, 0, 1], np.int8), (2, 19, dim))
+    q8[1] = rng.choice(np.array([-64, 63, -1, 0, 1], np.int8), (19, dim))  # a 7-bit query row: the paired tile
     d8 = rng.choice(np.array([-64, 63, -1, 0], np.int8), (5, ld, dim))
     d8[1, -1, -1] = -65  # out of range by one: the vpmaddwd tile
     d8[3, 0, 0] = 64
@@ -304,15 +306,15 @@ def test_int8_ranking_agrees_with_fp32_on_minilm_tokens():
     np.testing.assert_allclose(fp32[:2, :50], reference(q[:2], d[:50], qm[:2], dm[:50]), rtol=1e-4, atol=1e-4)
 
 
-def test_document_bits_follow_the_int8_kernel(monkeypatch):
-    """7-bit documents exactly where MaxSim's int8 kernel is AVX2 without VNNI (SOFTDEPLOY_TEST_CPU=avx2 detects like a
+def test_code_bits_follow_the_int8_kernel(monkeypatch):
+    """7-bit codes exactly where MaxSim's int8 kernel is AVX2 without VNNI (SOFTDEPLOY_TEST_CPU=avx2 detects like a
     Zen 3); 8 on a plain x86-64 (the portable kernel: no vpmaddubsw tile) and wherever VNNI is seen."""
-    from softdeploy.ops.max_sim import document_bits
+    from softdeploy.ops.max_sim import code_bits
     from softdeploy.quant.formats import int8_cpu_class
 
     monkeypatch.setenv("SOFTDEPLOY_TEST_CPU", "avx2")
-    assert document_bits() == (7 if int8_cpu_class() == "avx2" else 8)
+    assert code_bits() == (7 if int8_cpu_class() == "avx2" else 8)
     monkeypatch.setenv("SOFTDEPLOY_TEST_CPU", "portable")
-    assert document_bits() == 8
+    assert code_bits() == 8
     monkeypatch.delenv("SOFTDEPLOY_TEST_CPU")
-    assert document_bits() == (8 if int8_cpu_class() in ("vnni", "x86-64", "other") else 7)
+    assert code_bits() == (8 if int8_cpu_class() in ("vnni", "x86-64", "other") else 7)

@@ -287,6 +287,13 @@ void Run(Ort::KernelContext& ctx, const Problem& p, const T* q, const T* d, Isa 
     }
   }
 
+  // per packed tile: its query scales all finite and > 0 (the int8 tiles may then apply them once, at the end)
+  std::vector<uint8_t> qpos(kInt8 && p.q_scale != nullptr ? packs : 0);
+  for (size_t pack = 0; pack < qpos.size(); ++pack) {
+    const int64_t b = static_cast<int64_t>(pack) / tiles, i0 = static_cast<int64_t>(pack) % tiles * lanes;
+    const float* qs = p.q_scale + b * p.Lq + i0;
+    qpos[pack] = std::all_of(qs, qs + std::min(lanes, p.Lq - i0), [](float s) { return std::isfinite(s) && s > 0; });
+  }
   const size_t tasks = NumTasks(p.N, p.B * p.Lq * p.Ld * std::max<int64_t>(p.dim, 1));
   const int64_t doc_elems = p.Ld * p.dim;
   // Per-task scratch for one document in the tile's layout (float16 widened, int8 as int16 or u8).
@@ -323,6 +330,7 @@ void Run(Ort::KernelContext& ctx, const Problem& p, const T* q, const T* d, Isa 
       doc.valid = v;
       doc.stride = doc_elems;
       doc.scale = p.d_scale == nullptr ? nullptr : p.d_scale + n * p.Ld;
+      doc.scale_finite = doc.scale == nullptr || std::all_of(doc.scale, doc.scale + p.Ld, [](float s) { return std::isfinite(s); });
       doc.data = d + n * doc_elems;
       if constexpr (kHalf) {
         float* w = reinterpret_cast<float*>(work);
@@ -371,6 +379,7 @@ void Run(Ort::KernelContext& ctx, const Problem& p, const T* q, const T* d, Isa 
           a.qp = qpack.data() + pack * tile_bytes;
           a.qscale = qs;
           a.count = count;
+          a.qscale_positive = qs != nullptr && qpos[pack];
           switch (path) {
             case Path::kAvx512Vnni:
               a.bias = dsum.data() + task * p.Ld;

@@ -34,6 +34,7 @@ struct Doc {
   const float* scale;      // [Ld] or null
   int64_t first_valid;     // -1: no valid token
   int64_t stride = 0;      // elements from this document to the next in the input (prefetch distance)
+  bool scale_finite = false;  // every scale finite (or no scales): the int8 tiles may defer the query scale
 };
 
 // One query tile (float32: `tiles` consecutive tiles, `tile_stride` bytes apart, results to
@@ -45,6 +46,7 @@ struct TileArgs {
   const float* qscale = nullptr;
   int64_t count = 0;
   int64_t tiles = 1, tile_stride = 0;
+  bool qscale_positive = false;  // the `count` query scales all finite and > 0 (or none): see FoldDeferred
   const int32_t* bias = nullptr;  // VNNI-512: [Ld] 128 * sum_k D[j, k]; AVX-VNNI: [lanes] 128 * sum_k Q[i, k];
                                   // AVX2 ubs: [Ld] sum_k D[j, k] (DocSums7Avx2)
 };

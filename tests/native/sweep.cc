@@ -657,8 +657,10 @@ void SweepMaxSim(const MsVariant& v) {
   for (int64_t Lq : {1, T / 2 - 1, T / 2, T / 2 + 1, T - 1, T, T + 1, 2 * T - 1, 2 * T + 1, 4 * T, 4 * T + 1, 5 * T + 3})
     for (int64_t Ld : {static_cast<int64_t>(v.block), static_cast<int64_t>(2 * v.block + 1)})
       shapes.push_back({Lq, Ld, 9});
-  enum { kRandom, kIntegers, kMasked, kNanPair, kScaled, kMsKinds };
-  const char* kind_name[] = {"random", "integers", "masked", "nan", "scaled"};
+  // scaled: positive scales (the int8 tiles defer the query scale); signed scales: in [-1, 1], one query scale 0
+  // (they apply it per token)
+  enum { kRandom, kIntegers, kMasked, kNanPair, kScaled, kSignedScales, kMsKinds };
+  const char* kind_name[] = {"random", "integers", "masked", "nan", "scaled", "signed scales"};
   for (const Shape& sh : shapes) {
     const int64_t Lq = sh.Lq, Ld = sh.Ld, dim = sh.dim, tiles = (Lq + T - 1) / T;
     for (int kind = 0; kind < kMsKinds; ++kind) {
@@ -695,14 +697,21 @@ void SweepMaxSim(const MsVariant& v) {
         for (int64_t j = 0; j < Ld; ++j) dscale.push_back(0.01f + unit(rng));
         for (int64_t i = 0; i < Lq; ++i) qscale.push_back(0.01f + unit(rng));
       }
+      const bool scaled = kind == kScaled || kind == kSignedScales;
+      if (kind == kSignedScales) {
+        for (int64_t j = 0; j < Ld; ++j) dscale.push_back(2.0f * unit(rng) - 1.0f);
+        for (int64_t i = 0; i < Lq; ++i) qscale.push_back(2.0f * unit(rng) - 1.0f);
+        qscale[static_cast<size_t>(rng() % Lq)] = 0.0f;
+      }
       sd::maxsim::Doc doc;
       doc.valid = valid.data();
       doc.scale = dscale.empty() ? nullptr : dscale.data();
       doc.first_valid = std::find(valid.begin(), valid.end(), 1) - valid.begin();
       doc.stride = Ld * dim;
+      doc.scale_finite = std::all_of(dscale.begin(), dscale.end(), [](float x) { return std::isfinite(x); });
       std::vector<sd::maxsim::TileResult> res(static_cast<size_t>(tiles));
       for (bool argmax : {false, true}) {
-        if (argmax && (int8 || kind == kScaled)) continue;  // SignedMaxSim: float32, no scales
+        if (argmax && (int8 || scaled)) continue;  // SignedMaxSim: float32, no scales
         if (v.path == MsPath::kF32) {
           const int64_t tile_bytes = dim * T * 4;
           Aligned qp(static_cast<size_t>(tiles * tile_bytes));
@@ -771,6 +780,9 @@ void SweepMaxSim(const MsVariant& v) {
             sd::maxsim::TileArgs a;
             a.Ld = Ld, a.dim = dim, a.qp = qp.p, a.count = count;
             a.qscale = qscale.empty() ? nullptr : qscale.data() + i0;
+            a.qscale_positive = a.qscale != nullptr && std::all_of(a.qscale, a.qscale + count, [](float x) {
+                                  return std::isfinite(x) && x > 0;
+                                });
             a.bias = v.path == MsPath::kI8AvxVnni ? qbias.data() : dsum.data();
             if (v.path == MsPath::kI8Avx2I16) sd::maxsim::TileI8Avx2I16(a, doc, &res[t]);
             else if (v.path == MsPath::kI8Avx2Ubs) sd::maxsim::TileI8Avx2Ubs(a, doc, &res[t]);
@@ -801,11 +813,11 @@ void SweepMaxSim(const MsVariant& v) {
             sim[j] = dot * scale;
             if (!valid[j]) continue;
             nan |= std::isnan(sim[j]);
-            bound = std::max(bound, mag * scale);
+            bound = std::max(bound, mag * std::fabs(scale));
             if (sim[j] > best) best = sim[j], arg = j;
           }
           if (arg < 0) arg = doc.first_valid;
-          const double tol = int8 ? (kind == kScaled ? 2.5e-7 * std::fabs(best) : 0.0)
+          const double tol = int8 ? (scaled ? 2.5e-7 * std::fabs(best) : 0.0)
                                   : (dim + 2) * 1.2e-7 * bound + 1e-30;
           std::string err;
           if ((r.nan[lane] != 0) != nan) err = "NaN flag " + std::to_string(r.nan[lane]);

@@ -221,6 +221,36 @@ def test_int8_seven_bit_documents_are_exact_on_an_avx2_cpu_without_vnni(monkeypa
     np.testing.assert_array_equal(got.astype(np.int64), want)
 
 
+@pytest.mark.parametrize("scales", ["positive", "signed", "non-finite"])
+def test_int8_seven_bit_scales_on_an_avx2_cpu_without_vnni(monkeypatch, scales):
+    """The vpmaddubsw tiles apply the query scale once per lane after the max when every query scale of the tile is
+    finite and > 0 and the document's scales are finite (monotone rounding: the same floats), and per token
+    otherwise: negative and zero query scales (max of the scaled values, not of the sums), an infinite document
+    scale (inf x 0 = NaN poisons the score, inf x a positive sum dominates it). Against the float64 reference."""
+    monkeypatch.setenv("SOFTDEPLOY_TEST_CPU", "avx2")
+    if "avx2" not in conformance.available_isas():
+        pytest.skip("this CPU has no AVX2")
+    rng = np.random.default_rng(7)
+    q8 = rng.integers(-64, 64, (2, 21, 40), dtype=np.int8)
+    q8[0, 0, 0] = -128  # row 0 8-bit (the single-group tile), row 1 7-bit (the paired one)
+    d8 = rng.integers(-64, 64, (6, 11, 40), dtype=np.int8)
+    qs = rng.uniform(0.01, 1.0, (2, 21)).astype(np.float32)
+    ds = rng.uniform(0.01, 1.0, (6, 11)).astype(np.float32)
+    if scales == "signed":
+        qs = rng.uniform(-1.0, 1.0, (2, 21)).astype(np.float32)
+        qs[1, 5] = 0.0
+        ds[2] = rng.uniform(-1.0, 1.0, 11).astype(np.float32)
+    if scales == "non-finite":
+        ds[1, 3] = np.inf
+        d8[1, 3] = 0  # inf x 0: NaN for every query token
+        ds[4, 7] = -np.inf
+    want = reference(q8, d8, None, None, qs, ds)
+    got = kernel(q8, d8, None, None, qs, ds, isa="avx2")
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    # two roundings per similarity and Lq additions in float32
+    np.testing.assert_allclose(got, want, rtol=3e-6, atol=1e-6)
+
+
 def test_quantize_tokens_seven_bits():
     """bits=7: codes in [-63, 63] (what MaxSim's AVX2 vpmaddubsw tile takes), scale = max |x| / 63; other widths
     are refused by name."""

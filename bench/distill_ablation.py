@@ -93,7 +93,8 @@ def main():
     ap.add_argument("--bs", type=int, default=16)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--maxlen", type=int, default=32)
-    ap.add_argument("--layers", default="0,2,4")
+    ap.add_argument("--layers", default="0,2,4", help='teacher layers kept; "a+b" merges layers a and b into one')
+    ap.add_argument("--merge", choices=["mean", "laco"], default="mean", help="how --layers merges a group")
     ap.add_argument("--hidden", type=float, default=0.0)
     ap.add_argument("--freeze-emb", action="store_true")
     ap.add_argument("--no-dropout", action="store_true")
@@ -208,8 +209,22 @@ def main():
         more, removed = held_out(random.Random(a.seed).sample(lines, min(a.extra_n, len(lines))), data.queries)
         pool = pool + more
         print(f"pool: {len(texts)} + {len(more)} from {a.extra_file} ({removed} equal to an evaluation question)")
-    keep_layers = [int(x) for x in a.layers.split(",")]
+    # "0,2+3+4,5": a student layer initialised from several teacher layers merged (--merge)
+    groups = [[int(x) for x in g.split("+")] for g in a.layers.split(",")]
+    keep_layers = [g[0] for g in groups]
     student = layer_reduce(teacher, keep_layers)
+    for slot, group in enumerate(groups):
+        if len(group) > 1:
+            sds = [teacher.bert.encoder.layer[i].state_dict() for i in group]
+            if a.merge == "mean":  # parameter average
+                merged = {k: sum(sd[k] for sd in sds) / len(sds) for k in sds[0]}
+            else:  # LaCo (Yang et al. 2024): the first layer plus the others' differences to it
+                merged = {k: sds[0][k] + sum(sd[k] - sds[0][k] for sd in sds[1:]) for k in sds[0]}
+            student.bert.encoder.layer[slot].load_state_dict(merged)
+    if a.steps == 0:  # the initial student alone
+        mrr, ndcg = evaluate(student.eval(), tok, data)
+        print(json.dumps(dict(layers=a.layers, merge=a.merge, steps=0, mrr=round(mrr, 4), ndcg=round(ndcg, 4))))
+        return
     if a.soup:  # a uniform weight soup of students trained from the same initial layers (Wortsman et al. 2022)
         from safetensors.torch import load_file
 

@@ -19,9 +19,11 @@
 //                   vpmaddwd(ones) + vpaddd take it to int32: 32 products per 2 multiply-port uops.
 //   TileI8Avx2Ubs2  Q also 7-bit, c = 64: two groups' vpmaddubsw summed in int16 (four products at most
 //                   4 * 127 * 64 = 32512) before one vpmaddwd(ones): 64 products per 3 multiply-port uops.
-// Measured on Zen 4 (bench/micro/maxsim_i8_forms.cc; bench/results/maxsim.md): the vpmaddwd tile 1.34-1.37x our
-// float32 tile, the single-group form 2.0x, the paired form 2.3x. Any document with an entry outside the range
-// keeps the vpmaddwd tile; any query row with one outside it the single-group form.
+// Measured on Zen 4 against our float32 tile (bench/micro/maxsim_i8_forms.cc, hot document; bench/results/maxsim.md):
+// the vpmaddwd tile 1.37-1.42x; the single-group and paired forms' bare loops 2.05x and 2.27-2.29x, these tiles
+// with their per-document pass 1.70x and 2.00-2.03x; end to end (bench/maxsim.py, N = 10,000) 1.72-1.78x and
+// 1.84-1.99x our float32 kernel. Any document with an entry outside the range keeps the vpmaddwd tile; any query
+// row with one outside it the single-group form.
 //
 // int8 with AVX-VNNI: ops/max_sim_avxvnni.cc (its own -mavxvnni translation unit).
 #include "max_sim_kernels.h"
@@ -140,12 +142,12 @@ void TileI8Avx2I16(const TileArgs& a, const Doc& doc, TileResult* out) {
 }
 
 void TileI8Avx2Ubs(const TileArgs& a, const Doc& doc, TileResult* out) {
-  if (Deferred<V>(a, doc)) TileUbs<4, false, true>(a, doc, out);
+  if (Deferred(a, doc)) TileUbs<4, false, true>(a, doc, out);
   else TileUbs<4, false, false>(a, doc, out);
 }
 
 void TileI8Avx2Ubs2(const TileArgs& a, const Doc& doc, TileResult* out) {
-  if (Deferred<V>(a, doc)) TileUbs<3, true, true>(a, doc, out);
+  if (Deferred(a, doc)) TileUbs<3, true, true>(a, doc, out);
   else TileUbs<3, true, false>(a, doc, out);
 }
 

@@ -89,8 +89,7 @@ SD_VEC_INLINE void Fold(const typename V::F (&acc)[R][2], int64_t j0, const Doc&
 // qs > 0, so round(max_j x_j * qs) = max_j round(x_j * qs); and a finite integer sum times finite scales is never
 // NaN (it may overflow to +-inf, as the eager order would). Half of Fold's vector work per token (6 ops of 12 per
 // 16 lanes), which was ~20% of the paired vpmaddubsw tile (perf, Zen 4).
-template <class V>
-SD_VEC_INLINE bool Deferred(const TileArgs& a, const Doc& doc) {
+inline bool Deferred(const TileArgs& a, const Doc& doc) {
   return doc.scale_finite && (a.qscale == nullptr || a.qscale_positive);
 }
 

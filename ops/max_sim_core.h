@@ -287,8 +287,9 @@ void Run(Ort::KernelContext& ctx, const Problem& p, const T* q, const T* d, Isa 
     }
   }
 
-  // per packed tile: its query scales all finite and > 0 (the int8 tiles may then apply them once, at the end)
-  std::vector<uint8_t> qpos(kInt8 && p.q_scale != nullptr ? packs : 0);
+  // per packed tile: its query scales all finite and > 0 (the int8 tiles may then apply them once, at the end).
+  // Sized whenever scales are given (float inputs accept them too), so qpos[pack] is valid wherever qs is.
+  std::vector<uint8_t> qpos(p.q_scale != nullptr ? packs : 0);
   for (size_t pack = 0; pack < qpos.size(); ++pack) {
     const int64_t b = static_cast<int64_t>(pack) / tiles, i0 = static_cast<int64_t>(pack) % tiles * lanes;
     const float* qs = p.q_scale + b * p.Lq + i0;

@@ -104,6 +104,12 @@ def main():
     ap.add_argument("--rel", type=float, default=0.0, help="in-batch MaxSim score KD weight")
     ap.add_argument("--rel-scale", type=float, default=1.0)
     ap.add_argument("--cos", action="store_true", help="1-cos token loss instead of mse")
+    ap.add_argument(
+        "--idf",
+        type=float,
+        default=0.0,
+        help="token MSE weighted by (smoothed idf of the word-piece over the texts) ** this; 0: unweighted",
+    )
     ap.add_argument("--wd", type=float, default=0.01)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tag", default="")
@@ -275,6 +281,12 @@ def main():
         if a.replace
         else []
     )
+    idf = None
+    if a.idf:  # smoothed idf (sklearn's): log((1 + n) / (1 + df)) + 1, so [CLS] / [SEP] weigh 1 and rare names most
+        df = torch.zeros(len(tok), dtype=torch.float64)
+        for ids_t in tok(pool, truncation=True, max_length=a.maxlen)["input_ids"]:
+            df[sorted(set(ids_t))] += 1
+        idf = ((torch.log((1 + len(pool)) / (1 + df)) + 1) ** a.idf).float()
     for step in range(a.steps):
         n_extra = round(a.rt_frac * a.bs) if a.rt_frac else 0
         n_q = round(a.q_frac * a.bs)
@@ -327,6 +339,9 @@ def main():
         if a.cos:
             m = mask.to(s_tok.dtype)
             loss = ((1 - (s_tok * t_tok).sum(-1)) * m).sum() / m.sum()
+        elif idf is not None:  # weights normalised to mean 1 over the batch's tokens
+            w = idf[ids] * mask.to(s_tok.dtype)
+            loss = (((s_tok - t_tok) ** 2).sum(-1) * w).sum() / (w.sum() * s_tok.shape[-1])
         else:
             loss = masked_mse(s_tok, t_tok, mask)
         if a.attn > 0:

@@ -24,7 +24,7 @@
 //    one (u = x*s - C first, then the same steps: one op more, for |C| < kWideLimit), else the
 //    generic path.
 //  * selection: entries above the threshold (compare NLE_UQ: NaN passes) are appended, in index
-//    order, to the candidate buffer; when it holds more than k + kSlack, it is cut back to
+//    order, to the candidate buffer; when it holds more than k + CutSlack(k), it is cut back to
 //    exactly the k best by the contract's order (CutCandidates), and the threshold rises to the k-th
 //    value. No entry at or below it can enter the top k (k entries rank above it), so the cut loses
 //    nothing; the caller ranks the final buffer exactly (value, then lower index). A
@@ -79,8 +79,8 @@ struct Exp2Poly<32> {
 //   kMaskCount   the cut's bisection counts by popcounts of compare masks, else in vector lanes with
 //                one reduction per count
 //   kFinalCut    the row ends with a cut to exactly k (the caller then sorts k entries), else it hands
-//                up to k + kSlack to the caller's partial sort
-// The buffer is cut when it holds more than k + softmax_topk::kSlack, for every design.
+//                up to k + CutSlack(k) to the caller's partial sort
+// The buffer is cut when it holds more than k + CutSlack(k) (ops/softmax_topk_row.h), for every design.
 template <class V>
 struct Design {
   static constexpr int kGrid = V::kLanes;
@@ -161,6 +161,8 @@ int32_t CutCandidates(const Candidates& b, int64_t m, int64_t k, int64_t lo, int
     }
   };
   // Invariant: count(key >= lo) >= k > count(key >= hi); count(key >= x) = count_above(x - 1).
+  // k = 1: the maximum key is the k-th, no bisection.
+  if (k == 1) lo = hi - 1;
   bool exact = false;
   while (hi - lo > 1) {
     const int64_t mid = lo + (hi - lo) / 2;
@@ -305,7 +307,7 @@ RowResult FastRowT(const float* x, int64_t n, int64_t k, float s, const Candidat
     return true;
   };
   int64_t count = 0;
-  const int64_t cut_at = k + kSlack;
+  const int64_t cut_at = k + CutSlack(k);
   // Every key in the buffer is >= key_thr, the threshold's (INT32_MIN + 1 before the first cut: below the
   // key of every finite value).
   int32_t key_thr = INT32_MIN + 1;

@@ -142,7 +142,7 @@ void SweepSoftmaxTopK(const char* variant, TopKRow row, int lanes) {
               Fail(at + ": fast path refused a finite row");
             continue;
           }
-          if (count < k || count > k + sd::softmax_topk::kSlack) {
+          if (count < k || count > k + sd::softmax_topk::CutSlack(k)) {
             Fail(at + ": candidate count " + std::to_string(count));
             continue;
           }

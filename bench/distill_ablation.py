@@ -264,9 +264,8 @@ def main():
     init_params = [p.detach().clone() for p in params] if a.l2sp else []
     order: list[int] = []
     # the library's length-grouped batches and cached teacher outputs (softdeploy.distill.train)
-    lengths = (
-        [len(x) for x in tok(pool, truncation=True, max_length=a.maxlen)["input_ids"]] if a.bucket or a.cache else []
-    )
+    pool_ids = tok(pool, truncation=True, max_length=a.maxlen)["input_ids"] if a.bucket or a.cache or a.idf else []
+    lengths = [len(x) for x in pool_ids] if a.bucket or a.cache else []
     grouped = _Batches(len(pool), a.bs, a.seed, lengths) if a.bucket else None
     if a.mix:  # the library's two length-grouped streams (distill's extra_texts): in-domain and --extra-file texts
         grouped = _MixedBatches(len(texts), len(pool) - len(texts), a.bs, round(a.mix * a.bs), a.seed, lengths)
@@ -284,7 +283,7 @@ def main():
     idf = None
     if a.idf:  # smoothed idf (sklearn's): log((1 + n) / (1 + df)) + 1, so [CLS] / [SEP] weigh 1 and rare names most
         df = torch.zeros(len(tok), dtype=torch.float64)
-        for ids_t in tok(pool, truncation=True, max_length=a.maxlen)["input_ids"]:
+        for ids_t in pool_ids:
             df[sorted(set(ids_t))] += 1
         idf = ((torch.log((1 + len(pool)) / (1 + df)) + 1) ** a.idf).float()
     for step in range(a.steps):
@@ -339,9 +338,8 @@ def main():
         if a.cos:
             m = mask.to(s_tok.dtype)
             loss = ((1 - (s_tok * t_tok).sum(-1)) * m).sum() / m.sum()
-        elif idf is not None:  # weights normalised to mean 1 over the batch's tokens
-            w = idf[ids] * mask.to(s_tok.dtype)
-            loss = (((s_tok - t_tok) ** 2).sum(-1) * w).sum() / (w.sum() * s_tok.shape[-1])
+        elif idf is not None:  # the masked MSE with the mask's 0 / 1 replaced by each token's weight
+            loss = masked_mse(s_tok, t_tok, idf[ids] * mask)
         else:
             loss = masked_mse(s_tok, t_tok, mask)
         if a.attn > 0:

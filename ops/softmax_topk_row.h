@@ -4,6 +4,7 @@
 // Plain types only (no std containers cross it; see ops/common/vec.h on why).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 namespace sd {
@@ -27,7 +28,7 @@ struct Candidates {
 // cuts at every group (slack 0; the cut is then a maximum, no bisection) and sends 9 instead of 46.
 constexpr int64_t kSlack = 48;
 constexpr int64_t kGroup = 64;
-inline int64_t CutSlack(int64_t k) { return k == 1 ? 0 : (k < 8 ? 8 : (k < kSlack ? k : kSlack)); }
+inline int64_t CutSlack(int64_t k) { return k == 1 ? 0 : std::clamp<int64_t>(k, 8, kSlack); }
 inline int64_t CandidateCapacity(int64_t k) { return k + kSlack + kGroup + 16; }
 
 // A finite row's top k among buf's first *count entries (k <= *count <= k + CutSlack(k), exactly k for the

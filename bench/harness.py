@@ -271,6 +271,7 @@ def header(title: str) -> None:
     info = library_status().info  # the library says which variant its kernels run
     print(f"- CPU flags: {' '.join(flags)}; softdeploy kernel variant: {info.isa_summary() if info else 'no library'}")
     print(f"- env: {env}; idle spinning of thread pools {'ON (PERF_SPIN=1)' if SPIN else 'OFF (see common.py)'}")
+    print(f"- {cpuid_note()}")
     print(
         "- timing: median per call over interleaved rounds; spread = IQR/median; bg load = CPU cores used by other "
         "processes DURING the measurement (shared machine; a configuration is re-measured while it is > 0.3)\n"
@@ -457,3 +458,49 @@ class Avx2VsBody:
         )
         for label, r in lost:
             sync_print(f"- AVX2 loses at {label}: body/avx2 {r:.2f}x")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# an AVX2-only CPU without VNNI, on this host (bench/cpuid_avx2.c)
+
+CPUID_ENV = "SOFTDEPLOY_BENCH_CPUID"  # "avx2" in a process re-executed under the shim
+
+
+def emulate_avx2() -> None:
+    """Re-execute this benchmark (same interpreter, same arguments) with every library in it seeing an AVX2-only CPU
+    without VNNI: bench/cpuid_avx2.c, built here with gcc, preloaded (CPUID faulting; the AVX-512 and VNNI bits
+    cleared). onnxruntime's MLAS, numpy, torch and softdeploy's kernels then run their AVX2 paths on this core. In
+    the re-executed process this returns once it has checked that the shim is active. Exits with a message where
+    gcc is missing or the host cannot fault CPUID."""
+    import ctypes
+    import subprocess
+    import tempfile
+
+    if os.environ.get(CPUID_ENV) == "avx2":
+        try:
+            active = ctypes.CDLL(None).cpuid_avx2_active()
+        except AttributeError:
+            active = 0
+        if active != 1:
+            raise SystemExit("--emulate-avx2: the CPUID shim is not loaded in the re-executed process")
+        return
+    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpuid_avx2.c")
+    out = os.path.join(tempfile.mkdtemp(prefix="softdeploy-cpuid-"), "cpuid_avx2.so")
+    try:
+        subprocess.run(["gcc", "-O2", "-shared", "-fPIC", src, "-o", out], check=True)
+    except (OSError, subprocess.CalledProcessError) as e:
+        raise SystemExit(f"--emulate-avx2: cannot build {src} with gcc: {e}") from None
+    preload = " ".join(x for x in (out, os.environ.get("LD_PRELOAD", "")) if x)
+    env = dict(os.environ, LD_PRELOAD=preload, **{CPUID_ENV: "avx2"})
+    sys.stdout.flush()
+    os.execve(sys.executable, [sys.executable, *sys.argv], env)
+
+
+def cpuid_note() -> str:
+    """One line for a report's header: whether this process sees the host's CPUID or the emulated AVX2 CPU."""
+    if os.environ.get(CPUID_ENV) == "avx2":
+        return (
+            "CPUID: an AVX2-only CPU without VNNI, emulated on this host (bench/cpuid_avx2.c: AVX-512 and VNNI bits "
+            "cleared for every library; the instruction set of such a CPU, the microarchitecture of this one)"
+        )
+    return "CPUID: the host's"

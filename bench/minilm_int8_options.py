@@ -18,7 +18,10 @@ Accuracy on the case's data (653 queries, 871 documents): MRR@10 drop and mean s
 the fp32 of the same graph. Latency: batch 1 x 128 tokens, 1 thread, interleaved rounds; wall p50 and CPU
 time p50 (this process), speed-up vs the fp32 of the same graph. Prints markdown.
 
-    python bench/minilm_int8_options.py [--quick]
+    python bench/minilm_int8_options.py [--quick] [--emulate-avx2]
+
+--emulate-avx2 measures them as on an AVX2 CPU without VNNI (bench/cpuid_avx2.c hides AVX-512 and VNNI from
+every library in the process: onnxruntime's int8 GEMM runs its vpmaddubsw kernel, its float GEMM the AVX2 one).
 """
 
 from __future__ import annotations
@@ -72,7 +75,15 @@ def main() -> None:
     p.add_argument(
         "--only", type=harness.str_list, default=[], help="variant-label substrings to run (plus their fp32 graphs)"
     )
+    p.add_argument(
+        "--emulate-avx2",
+        action="store_true",
+        help="rerun with every library seeing an AVX2-only CPU without VNNI (bench/cpuid_avx2.c): onnxruntime then runs "
+        "its non-VNNI int8 kernels (vpmaddubsw) and its AVX2 float ones",
+    )
     args = p.parse_args()
+    if args.emulate_avx2:
+        harness.emulate_avx2()
 
     case = get_case("minilm_retrieval", quick=args.quick)
     case.prepare(SilentProgress())
@@ -173,6 +184,7 @@ def main() -> None:
     from softdeploy.quant.formats import format_lines
 
     print("# all-MiniLM-L6-v2: int8 options (bench/minilm_int8_options.py)\n")
+    print(f"- {harness.cpuid_note()}")
     for line in format_lines():
         print(f"- int8 format, {line}")
     print(

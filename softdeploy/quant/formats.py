@@ -135,16 +135,20 @@ def _flags() -> set[str]:
     return cpuinfo()[1]
 
 
+def _flags_isa(flags: set[str]) -> str:
+    """The kernel library's ISA rule on CPU flags (ops/common/cpu.cc: AVX-512 = F, BW, VL, DQ; AVX2 = AVX2 + FMA)."""
+    return "avx512" if _AVX512 <= flags else "avx2" if {"avx2", "fma"} <= flags else "portable"
+
+
 def _detected_isa(flags: set[str], limit: str | None) -> str:
-    """softdeploy's ISA detection (portable | avx2 | avx512): the kernel library's answer where it loads, else the
-    same rule on ``flags`` (ops/common/cpu.cc: AVX-512 = F, BW, VL, DQ; AVX2 = AVX2 + FMA; capped by
-    SOFTDEPLOY_TEST_CPU)."""
+    """softdeploy's ISA detection (portable | avx2 | avx512): the kernel library's answer where it loads (CPUID),
+    else the same rule on ``flags``, capped by SOFTDEPLOY_TEST_CPU."""
     from softdeploy.runtime import library_status
 
     info = library_status().info
     if info is not None:
         return info.isa_detected
-    isa = "avx512" if _AVX512 <= flags else "avx2" if {"avx2", "fma"} <= flags else "portable"
+    isa = _flags_isa(flags)
     order = ("portable", "avx2", "avx512")
     if limit is not None and limit.lower() in order and order.index(limit.lower()) < order.index(isa):
         isa = limit.lower()
@@ -156,7 +160,9 @@ def int8_cpu_class(flags: set[str] | None = None, *, machine: str | None = None)
 
     The ISA is softdeploy's detection (SOFTDEPLOY_TEST_CPU included); VNNI is read from the CPU flags
     (``flags``, default /proc/cpuinfo) and, as the kernels' own VNNI check does, counts only while no
-    SOFTDEPLOY_TEST_CPU limit is set (the emulated CPU is one without it)."""
+    SOFTDEPLOY_TEST_CPU limit is set (the emulated CPU is one without it) and while the detected ISA is the one the
+    flags give: a process whose CPUID hides AVX-512 and VNNI (bench/cpuid_avx2.c) runs every library's AVX2 kernels,
+    onnxruntime's int8 GEMM included, whatever /proc/cpuinfo says."""
     import platform
 
     machine = (machine or platform.machine()).lower()
@@ -165,7 +171,7 @@ def int8_cpu_class(flags: set[str] | None = None, *, machine: str | None = None)
     flags = _flags() if flags is None else flags
     limit = os.environ.get("SOFTDEPLOY_TEST_CPU") or None
     isa = _detected_isa(flags, limit)
-    if limit is None and flags & VNNI_FLAGS and isa != "portable":
+    if limit is None and flags & VNNI_FLAGS and isa != "portable" and isa == _flags_isa(flags):
         return "vnni"
     return {"avx512": "avx512", "avx2": "avx2"}.get(isa, "x86-64")
 

@@ -66,6 +66,57 @@ def test_the_class_follows_the_kernel_librarys_detection(monkeypatch):
     assert int8_cpu_class(AVX512_VNNI, machine="x86_64") == want
 
 
+def test_vnni_counts_only_where_cpuid_agrees_with_the_flags(monkeypatch):
+    """A process whose CPUID hides AVX-512 and VNNI (bench/cpuid_avx2.c) runs every library's AVX2 kernels: the kernel
+    library detects avx2 from CPUID while /proc/cpuinfo still lists avx512_vnni; the class is then avx2."""
+    from types import SimpleNamespace
+
+    from softdeploy.runtime.library import LibraryStatus
+
+    monkeypatch.delenv("SOFTDEPLOY_TEST_CPU", raising=False)
+    for detected, want in (("avx2", "avx2"), ("avx512", "vnni")):
+        status = LibraryStatus(None, None, SimpleNamespace(isa_detected=detected))
+        monkeypatch.setattr("softdeploy.runtime.library_status", lambda status=status: status)
+        assert int8_cpu_class(AVX512_VNNI, machine="x86_64") == want
+    # an AVX2 CPU with AVX-VNNI (Alder Lake): CPUID and flags agree on avx2, VNNI counts
+    status = LibraryStatus(None, None, SimpleNamespace(isa_detected="avx2"))
+    monkeypatch.setattr("softdeploy.runtime.library_status", lambda: status)
+    assert int8_cpu_class({"avx2", "fma", "avx_vnni"}, machine="x86_64") == "vnni"
+
+
+def test_the_cpuid_shim_gives_the_avx2_class_for_real(tmp_path):
+    """bench/cpuid_avx2.c preloaded into a fresh interpreter: the kernel library detects avx2 and the int8 class is
+    avx2 (needs gcc and a kernel with CPUID faulting; both are reported when missing)."""
+    import os
+    import platform
+    import shutil
+    import subprocess
+    import sys
+
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        pytest.skip("the CPUID shim is x86-64 only")
+    if shutil.which("gcc") is None:
+        pytest.skip("no gcc to build bench/cpuid_avx2.c")
+    root = Path(__file__).resolve().parents[2]
+    shim = tmp_path / "cpuid_avx2.so"
+    subprocess.run(
+        ["gcc", "-O2", "-shared", "-fPIC", str(root / "bench" / "cpuid_avx2.c"), "-o", str(shim)], check=True
+    )
+    code = (
+        "from softdeploy.quant.formats import int8_cpu_class\n"
+        "from softdeploy.runtime import library_status\n"
+        "print(library_status().info.isa_detected, int8_cpu_class())\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("SOFTDEPLOY_TEST_CPU", "SOFTDEPLOY_ISA")}
+    env["LD_PRELOAD"] = " ".join(x for x in (str(shim), env.get("LD_PRELOAD", "")) if x)
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    if done.returncode == 3 and "no CPUID faulting" in done.stderr:
+        pytest.skip(done.stderr.strip())
+    assert done.returncode == 0, done.stderr
+    isa, cls = done.stdout.split()
+    assert isa in ("avx2", "portable") and cls in ("avx2", "x86-64"), done.stdout
+
+
 def test_the_table_bounds_weight_pairs_exactly_where_vpmaddubsw_saturates():
     assert {name for name, row in TABLE.items() if row.weights == "pair-bounded"} == {"avx512", "avx2", "x86-64"}
     assert {name for name, row in TABLE.items() if row.weights == "8-bit"} == {"vnni", "other"}

@@ -15,8 +15,10 @@
 // recurs); the handler re-enables CPUID only around its own CPUID instruction. Where the kernel or the
 // hypervisor has no CPUID faulting (arch_prctl fails), the shim says so on stderr and exits with status
 // 3 rather than let a benchmark run on the unmasked CPU. Glibc's own ifunc choices are made before any
-// shim runs and stay the host's (memcpy and friends; no effect on the kernels measured). A library that
-// later installs its own SIGSEGV handler would break the emulation; none of the benchmarked ones does.
+// shim runs and stay the host's (memcpy and friends; no effect on the kernels measured). A program that
+// installs its own SIGSEGV handler takes the CPUID faults from then on and fails on the next CPUID (GCC's
+// cc1plus does: an "internal compiler error"); none of the benchmarked libraries does, and bench/harness.py
+// takes the shim out of LD_PRELOAD in the emulated process, so that the programs it starts run unemulated.
 #define _GNU_SOURCE
 #include <asm/prctl.h>
 #include <cpuid.h>

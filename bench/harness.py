@@ -483,6 +483,13 @@ def emulate_avx2() -> None:
             active = 0
         if active != 1:
             raise SystemExit("--emulate-avx2: the CPUID shim is not loaded in the re-executed process")
+        # Only this process is emulated: the programs it starts (the compilers of bench/micro's helpers) see the
+        # host's CPUID. GCC installs a SIGSEGV handler of its own, which would take the shim's CPUID faults.
+        rest = [x for x in os.environ.get("LD_PRELOAD", "").split() if not x.endswith("/cpuid_avx2.so")]
+        if rest:
+            os.environ["LD_PRELOAD"] = " ".join(rest)
+        else:
+            os.environ.pop("LD_PRELOAD", None)
         return
     src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpuid_avx2.c")
     out = os.path.join(tempfile.mkdtemp(prefix="softdeploy-cpuid-"), "cpuid_avx2.so")

@@ -56,6 +56,7 @@ def base_parser(desc: str) -> argparse.ArgumentParser:
         default=30.0,
         help="before each block, wait up to this many seconds for other processes to go idle",
     )
+    add_emulate_avx2(p)
     p.add_argument(
         "--tries",
         type=int,
@@ -501,6 +502,26 @@ def emulate_avx2() -> None:
     env = dict(os.environ, LD_PRELOAD=preload, **{CPUID_ENV: "avx2"})
     sys.stdout.flush()
     os.execve(sys.executable, [sys.executable, *sys.argv], env)
+
+
+class _EmulateAvx2(argparse.Action):
+    """--emulate-avx2: re-executes the script under the CPUID shim while the arguments are parsed."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, True)
+        emulate_avx2()
+
+
+def add_emulate_avx2(p: argparse.ArgumentParser) -> None:
+    """The --emulate-avx2 flag (see :func:`emulate_avx2`); base_parser has it."""
+    p.add_argument(
+        "--emulate-avx2",
+        action=_EmulateAvx2,
+        nargs=0,
+        default=False,
+        help="rerun with every library seeing an AVX2-only CPU without VNNI (bench/cpuid_avx2.c): onnxruntime, numpy "
+        "and torch then run their AVX2 (non-VNNI) kernels too",
+    )
 
 
 def cpuid_note() -> str:

@@ -49,7 +49,6 @@ from harness import (
     avx2_session,
     base_parser,
     body_session,
-    emulate_avx2,
     fmt_num,
     header,
     int_list,
@@ -304,15 +303,7 @@ def main() -> None:
     p.add_argument("--no-ranking", action="store_true")
     p.add_argument("--isa", choices=["portable", "avx2", "avx512"], help="SOFTDEPLOY_ISA for our kernels")
     p.add_argument("--test-cpu", choices=["portable", "avx2"], help="SOFTDEPLOY_TEST_CPU (detect like that CPU)")
-    p.add_argument(
-        "--emulate-avx2",
-        action="store_true",
-        help="rerun with every library seeing an AVX2-only CPU without VNNI (bench/cpuid_avx2.c): the onnxruntime and "
-        "torch int8 peers then run their non-VNNI kernels too",
-    )
     args = p.parse_args()
-    if args.emulate_avx2:
-        emulate_avx2()
     if args.isa:
         os.environ["SOFTDEPLOY_ISA"] = args.isa
     if args.test_cpu:

@@ -75,15 +75,8 @@ def main() -> None:
     p.add_argument(
         "--only", type=harness.str_list, default=[], help="variant-label substrings to run (plus their fp32 graphs)"
     )
-    p.add_argument(
-        "--emulate-avx2",
-        action="store_true",
-        help="rerun with every library seeing an AVX2-only CPU without VNNI (bench/cpuid_avx2.c): onnxruntime then runs "
-        "its non-VNNI int8 kernels (vpmaddubsw) and its AVX2 float ones",
-    )
+    harness.add_emulate_avx2(p)
     args = p.parse_args()
-    if args.emulate_avx2:
-        harness.emulate_avx2()
 
     case = get_case("minilm_retrieval", quick=args.quick)
     case.prepare(SilentProgress())

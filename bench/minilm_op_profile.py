@@ -59,14 +59,8 @@ def profile(path: Path, feeds: dict, runs: int) -> dict[str, float]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", type=int, default=50)
-    p.add_argument(
-        "--emulate-avx2",
-        action="store_true",
-        help="rerun with every library seeing an AVX2-only CPU without VNNI (bench/cpuid_avx2.c)",
-    )
+    harness.add_emulate_avx2(p)
     args = p.parse_args()
-    if args.emulate_avx2:
-        harness.emulate_avx2()
 
     from softdeploy.compare.environment import environment
     from softdeploy.compare.progress import SilentProgress

@@ -16,12 +16,14 @@
 // hypervisor has no CPUID faulting (arch_prctl fails), the shim says so on stderr and exits with status
 // 3 rather than let a benchmark run on the unmasked CPU. Glibc's own ifunc choices are made before any
 // shim runs and stay the host's (memcpy and friends; no effect on the kernels measured). A program that
-// installs its own SIGSEGV handler takes the CPUID faults from then on and fails on the next CPUID (GCC's
-// cc1plus does: an "internal compiler error"); none of the benchmarked libraries does, and bench/harness.py
-// takes the shim out of LD_PRELOAD in the emulated process, so that the programs it starts run unemulated.
+// installs its own SIGSEGV handler (GCC's cc1plus does, Python's faulthandler does) keeps the shim's: its
+// sigaction() and signal() for SIGSEGV are recorded here instead, and the shim's handler passes every
+// fault that is not a CPUID on to the recorded handler (or to the default action). A handler installed by a
+// direct syscall would bypass that; none of the programs run under the shim here does so.
 #define _GNU_SOURCE
 #include <asm/prctl.h>
 #include <cpuid.h>
+#include <dlfcn.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -54,12 +56,21 @@ static void masked_cpuid(uint32_t leaf, uint32_t sub, uint32_t r[4]) {
   }
 }
 
+// The process's own SIGSEGV disposition (what it asked sigaction() or signal() for), and the real sigaction.
+static struct sigaction user_segv;  // zero: SIG_DFL
+typedef int (*sigaction_fn)(int, const struct sigaction*, struct sigaction*);
+static sigaction_fn real_sigaction_fn;
+
+static int real_sigaction(int sig, const struct sigaction* act, struct sigaction* old) {
+  if (real_sigaction_fn == NULL) real_sigaction_fn = (sigaction_fn)dlsym(RTLD_NEXT, "sigaction");
+  return real_sigaction_fn(sig, act, old);
+}
+
 static void on_segv(int sig, siginfo_t* info, void* context) {
-  (void)info;
   ucontext_t* uc = (ucontext_t*)context;
   greg_t* g = uc->uc_mcontext.gregs;
   const unsigned char* ip = (const unsigned char*)g[REG_RIP];
-  if (ip[0] == 0x0F && ip[1] == 0xA2) {  // CPUID
+  if (info->si_code == SI_KERNEL && ip[0] == 0x0F && ip[1] == 0xA2) {  // CPUID (a #GP: SI_KERNEL)
     uint32_t r[4];
     masked_cpuid((uint32_t)g[REG_RAX], (uint32_t)g[REG_RCX], r);
     g[REG_RAX] = r[0];  // a 32-bit result zero-extends, as CPUID's does
@@ -69,7 +80,35 @@ static void on_segv(int sig, siginfo_t* info, void* context) {
     g[REG_RIP] += 2;
     return;
   }
-  signal(sig, SIG_DFL);  // not ours: the fault recurs with the default action
+  // Not ours: the process's own handler, else the default action (the fault then recurs and ends the process).
+  if (user_segv.sa_flags & SA_SIGINFO) {
+    user_segv.sa_sigaction(sig, info, context);
+  } else if (user_segv.sa_handler != SIG_DFL && user_segv.sa_handler != SIG_IGN) {
+    user_segv.sa_handler(sig);
+  } else {
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    real_sigaction(sig, &dfl, NULL);
+  }
+}
+
+// SIGSEGV dispositions are recorded, not installed: the shim's handler stays.
+int sigaction(int sig, const struct sigaction* act, struct sigaction* old) {
+  if (sig != SIGSEGV) return real_sigaction(sig, act, old);
+  if (old != NULL) *old = user_segv;
+  if (act != NULL) user_segv = *act;
+  return 0;
+}
+
+sighandler_t signal(int sig, sighandler_t handler) {
+  struct sigaction act, old;
+  memset(&act, 0, sizeof act);
+  act.sa_handler = handler;
+  act.sa_flags = SA_RESTART;
+  sigemptyset(&act.sa_mask);
+  if (sigaction(sig, &act, &old) != 0) return SIG_ERR;
+  return old.sa_handler;
 }
 
 // For the process to check that the shim is loaded (bench/harness.py: ctypes.CDLL(None).cpuid_avx2_active()).
@@ -81,7 +120,7 @@ __attribute__((constructor)) static void cpuid_avx2_init(void) {
   sa.sa_sigaction = on_segv;
   sa.sa_flags = SA_SIGINFO;
   sigemptyset(&sa.sa_mask);
-  sigaction(SIGSEGV, &sa, NULL);
+  real_sigaction(SIGSEGV, &sa, NULL);
   if (syscall(SYS_arch_prctl, ARCH_SET_CPUID, 0) != 0) {
     static const char msg[] = "cpuid_avx2: this kernel or hypervisor has no CPUID faulting; cannot emulate an AVX2-only CPU\n";
     (void)!write(2, msg, sizeof msg - 1);

@@ -485,7 +485,7 @@ def emulate_avx2() -> None:
         if active != 1:
             raise SystemExit("--emulate-avx2: the CPUID shim is not loaded in the re-executed process")
         # Only this process is emulated: the programs it starts (the compilers of bench/micro's helpers) see the
-        # host's CPUID. GCC installs a SIGSEGV handler of its own, which would take the shim's CPUID faults.
+        # host's CPUID, as they would build for it.
         rest = [x for x in os.environ.get("LD_PRELOAD", "").split() if not x.endswith("/cpuid_avx2.so")]
         if rest:
             os.environ["LD_PRELOAD"] = " ".join(rest)

@@ -8,7 +8,7 @@
 // microarchitecture of the host. Issue 13 uses it to measure "int8 on a CPU without VNNI" on a host
 // that has VNNI (bench/minilm_int8_options.py --emulate-avx2, bench/maxsim.py --emulate-avx2).
 //
-//   gcc -O2 -shared -fPIC bench/cpuid_avx2.c -o /tmp/cpuid_avx2.so
+//   gcc -O2 -shared -fPIC bench/cpuid_avx2.c -o /tmp/cpuid_avx2.so -ldl   (dlsym: libdl before glibc 2.34)
 //   LD_PRELOAD=/tmp/cpuid_avx2.so python -c "import numpy; numpy.show_runtime()"   # no AVX512* listed
 //
 // What must stay true: only CPUID faults are handled (any other SIGSEGV gets the default action and

@@ -495,7 +495,7 @@ def emulate_avx2() -> None:
     src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpuid_avx2.c")
     out = os.path.join(tempfile.mkdtemp(prefix="softdeploy-cpuid-"), "cpuid_avx2.so")
     try:
-        subprocess.run(["gcc", "-O2", "-shared", "-fPIC", src, "-o", out], check=True)
+        subprocess.run(["gcc", "-O2", "-shared", "-fPIC", src, "-o", out, "-ldl"], check=True)
     except (OSError, subprocess.CalledProcessError) as e:
         raise SystemExit(f"--emulate-avx2: cannot build {src} with gcc: {e}") from None
     preload = " ".join(x for x in (out, os.environ.get("LD_PRELOAD", "")) if x)

@@ -100,7 +100,7 @@ def test_the_cpuid_shim_gives_the_avx2_class_for_real(tmp_path):
     root = Path(__file__).resolve().parents[2]
     shim = tmp_path / "cpuid_avx2.so"
     subprocess.run(
-        ["gcc", "-O2", "-shared", "-fPIC", str(root / "bench" / "cpuid_avx2.c"), "-o", str(shim)], check=True
+        ["gcc", "-O2", "-shared", "-fPIC", str(root / "bench" / "cpuid_avx2.c"), "-o", str(shim), "-ldl"], check=True
     )
     code = (
         "from softdeploy.quant.formats import int8_cpu_class\n"

@@ -35,9 +35,6 @@ def profile(path: Path, feeds: dict, runs: int) -> dict[str, float]:
     so.inter_op_num_threads = 1
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.register_custom_ops_library(str(library_path()))
-    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-    for _ in range(10):
-        sess.run(None, feeds)
     so.enable_profiling = True
     so.profile_file_prefix = str(path.with_suffix(""))
     sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])

@@ -15,11 +15,11 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <random>
 #include <vector>
 
 #include "../../ops/softmax_topk.cc"
+#include "common/vec.h"
 
 SD_TARGET_AVX512 float RowMax(const float* x, int64_t n) {
   __m512 a0 = _mm512_set1_ps(-INFINITY), a1 = a0, a2 = a0, a3 = a0;
@@ -42,15 +42,8 @@ SD_TARGET_AVX512 float RowMax(const float* x, int64_t n) {
 // costs at least; the degree-3 polynomial is the least that keeps 1e-6 (degree 2 on [-1/16, 1/16]: 3.4e-6).
 // Entries must lie within 2^19 of C (N(0, 2^2) logits and C = 0 here).
 SD_TARGET_AVX2 double ExpSumAvx2(const float* x, int64_t n, float s) {
-  alignas(32) float table[8];
-  for (int j = 0; j < 8; ++j) {  // vec::Exp2Table<8>: 2^(j/8) less j << 20 in its bits
-    const float e = static_cast<float>(std::exp2(j / 8.0));
-    int32_t b;
-    std::memcpy(&b, &e, sizeof b);
-    b -= j << 20;
-    std::memcpy(&table[j], &b, sizeof b);
-  }
-  const __m256 tab = _mm256_load_ps(table), vs = _mm256_set1_ps(s), vk = _mm256_set1_ps(1.5f * (1 << 20));
+  static const sd::vec::Exp2Table<8> table;  // the row's table: 2^(j/8) less j << 20 in its bits
+  const __m256 tab = _mm256_load_ps(table.v), vs = _mm256_set1_ps(s), vk = _mm256_set1_ps(1.5f * (1 << 20));
   const __m256 q1 = _mm256_set1_ps(0.6931472420692444f), q2 = _mm256_set1_ps(0.2402576357126236f);
   const __m256 q3 = _mm256_set1_ps(0.0554962232708931f), one = _mm256_set1_ps(1.0f);
   auto term = [&](__m256 v, __m256 acc) __attribute__((always_inline)) {

@@ -24,8 +24,9 @@ import harness
 INT8_GEMM = ("MatMulInteger", "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "DynamicQuantizeLinear")
 
 
-def profile(path: Path, feeds: dict, runs: int) -> dict[str, float]:
-    """ms per call by op type (onnxruntime's profiler, node kernel time)."""
+def profile(path: Path, feeds: dict, runs: int, extra_library: Path | None = None) -> dict[str, float]:
+    """ms per call by op type (onnxruntime's profiler, node kernel time); ``extra_library``: another custom-op
+    library the graph needs (bench/minilm_int8_rowwise.py's)."""
     import onnxruntime as ort
 
     from softdeploy.runtime import library_path
@@ -35,6 +36,8 @@ def profile(path: Path, feeds: dict, runs: int) -> dict[str, float]:
     so.inter_op_num_threads = 1
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.register_custom_ops_library(str(library_path()))
+    if extra_library is not None:
+        so.register_custom_ops_library(str(extra_library))
     so.enable_profiling = True
     so.profile_file_prefix = str(path.with_suffix(""))
     sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])

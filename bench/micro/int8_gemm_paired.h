@@ -97,15 +97,18 @@ void Tile(const uint8_t* xq, int64_t kp, const int8_t* panel, __m256i out[MR][2]
   for (int64_t k = 0; k < kp; k += 16, panel += 8 * 32) {
     for (int g0 = 0; g0 < 4; g0 += kGroups) {
       for (int r = 0; r < MR; ++r) {
-        for (int h = 0; h < 2; ++h) {
-          __m256i s = _mm256_setzero_si256();
-          for (int g = g0; g < g0 + kGroups; ++g) {
-            const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + (2 * g + h) * 32));
-            const __m256i p = _mm256_maddubs_epi16(Bcast4(xq + r * kp + k + 4 * g), w);
-            s = g == g0 ? p : _mm256_add_epi16(s, p);
-          }
-          acc[r][h] = _mm256_add_epi32(acc[r][h], _mm256_madd_epi16(s, ones));
+        // one row at a time, both halves together: live are the broadcast, two int16 sums and a product
+        __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+        for (int g = g0; g < g0 + kGroups; ++g) {
+          const __m256i a = Bcast4(xq + r * kp + k + 4 * g);
+          const __m256i p0 = _mm256_maddubs_epi16(a, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + 64 * g)));
+          const __m256i p1 =
+              _mm256_maddubs_epi16(a, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + 64 * g + 32)));
+          s0 = g == g0 ? p0 : _mm256_add_epi16(s0, p0);
+          s1 = g == g0 ? p1 : _mm256_add_epi16(s1, p1);
         }
+        acc[r][0] = _mm256_add_epi32(acc[r][0], _mm256_madd_epi16(s0, ones));
+        acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(s1, ones));
       }
     }
   }

@@ -172,8 +172,21 @@ void Gemm(const Weights& p, const float* x, int64_t M, int levels, float* y, Scr
   const int32_t* za = scratch.za.data();
   const int64_t full = M / kMR * kMR;
   static_assert(kMR == 6, "the remainder switch below covers 1..5 rows");
+  // The next panel is prefetched (into L1: measured better than L2 here) while this one runs, a share per row tile:
+  // in a model the weights are read once per call from L3 or DRAM, which cost ~10% of the GEMM's time without it
+  // (bench/results/minilm_int8_options.md).
+  const int64_t panel_lines = p.kp * kNR / 64, tiles = std::max<int64_t>(1, full / kMR);
+  const int64_t per_tile = (panel_lines + tiles - 1) / tiles;
   for (int64_t n0 = 0; n0 < p.np; n0 += kNR) {
-    for (int64_t m = 0; m < full; m += kMR) TileAndStore<kMR, kGroups>(p, xq, sa, za, m, n0, y);
+    const char* next = reinterpret_cast<const char*>(p.panels + (n0 + kNR) * p.kp);
+    const bool prefetch = n0 + kNR < p.np;
+    for (int64_t m = 0, t = 0; m < full; m += kMR, ++t) {
+      if (prefetch) {
+        for (int64_t l = t * per_tile; l < std::min(panel_lines, (t + 1) * per_tile); ++l)
+          _mm_prefetch(next + 64 * l, _MM_HINT_T0);
+      }
+      TileAndStore<kMR, kGroups>(p, xq, sa, za, m, n0, y);
+    }
     switch (M - full) {  // the last rows in one tile of their own height
       case 5: TileAndStore<5, kGroups>(p, xq, sa, za, full, n0, y); break;
       case 4: TileAndStore<4, kGroups>(p, xq, sa, za, full, n0, y); break;

@@ -1,8 +1,9 @@
 // Issue 13 probe: can an int8 GEMM on AVX2 without VNNI beat onnxruntime's (MLAS u8s8, vpmaddubsw +
-// vpmaddwd per 32 products) by the 1.19x that MiniLM int8 needs for 1.8x fp32? A benchmark-only prototype (this
-// header, used by int8_gemm_paired.cc and the custom op in int8_gemm_ort/), not a library kernel: Y[M, N] = X[M, K] W[K, N] + bias in float32 with
+// vpmaddwd per 32 products) by the 1.19x that MiniLM int8 needs for 1.8x fp32? A benchmark-only prototype, not a
+// library kernel (this header; used by int8_gemm_paired.cc and by the custom op in int8_gemm_ort/):
+// Y[M, N] = X[M, K] W[K, N] + bias in float32 with
 //   X  float32, quantized per row (one asymmetric range per token, 0 included: DynamicQuantizeLinear's rule on
-//      each row, on 0..L with L = 255 or 127) inside the call: xq = clip(round(x / sa) + za, 0, L);
+//      each row, on 0..L with L = 255 or 127) inside the call: xq = clip(round(x * (1 / sa)) + za, 0, L);
 //   W  int8, symmetric per column (sb), packed once (outside the call) in 16-column panels, bounded so that the
 //      int16 lane sums below cannot saturate (the positive weights of a lane's group summing to at most 32767 / L,
 //      the negative ones to at least -32767 / L), which makes every sum exact;

@@ -16,8 +16,9 @@ timed per MiniLM GEMM shape (128 tokens; Q/K/V/attention-output 384 x 384, FFN u
   ort int8   the same model through onnxruntime's quantize_dynamic (per-channel u8s8: DynamicQuantizeMatMul, as in
              the MiniLM int8 graph)
 
-and weighed by MiniLM's per-layer mix (4 + 1 + 1) into one "per encoder layer" row. The prototype's results are
-checked against a float64 evaluation of the same integer formula. Run it with --emulate-avx2 on a VNNI host: MLAS
+and weighed by MiniLM's per-layer mix (4 + 1 + 1) into one "per encoder layer" row; then each form's best shape
+against the register-only loop of its instruction mix (no loads or stores: the ceiling of that form's loop on this
+core). The prototype's results are checked against a float64 evaluation of the same integer formula. Run it with --emulate-avx2 on a VNNI host: MLAS
 then takes its non-VNNI kernels (bench/cpuid_avx2.c).
 
     PYTHONPATH=. python bench/int8_gemm_paired.py [--emulate-avx2] [--rounds 15]
@@ -29,6 +30,7 @@ import ctypes
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import harness
@@ -73,7 +75,20 @@ def build() -> ctypes.CDLL:
         ctypes.c_int,
         ctypes.c_int,
     ]
+    lib.sd_mix_peak.restype = ctypes.c_double
+    lib.sd_mix_peak.argtypes = [ctypes.c_int, ctypes.c_int64]
     return lib
+
+
+def mix_peak(lib: ctypes.CDLL, groups: int, iters: int = 20_000_000, tries: int = 5) -> float:
+    """GMAC/s of the register-only loop of a form's instruction mix (sd_mix_peak; best of ``tries``, this thread's
+    CPU time): the ceiling of that form's GEMM loop on this core."""
+    best = 0.0
+    for _ in range(tries):
+        t0 = time.thread_time()
+        macs = lib.sd_mix_peak(groups, iters)
+        best = max(best, macs / (time.thread_time() - t0) / 1e9)
+    return best
 
 
 def float_model(w: np.ndarray, b: np.ndarray) -> bytes:
@@ -115,6 +130,7 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="int8-gemm-paired-"))
     names = PEERS + [f[0] for f in FORMS]
     rows, totals = [], dict.fromkeys(names, 0.0)
+    best = dict.fromkeys(names, 0.0)  # the best GMAC/s of each over the shapes
     for k, n, count, what in SHAPES:
         x = rng.standard_normal((M, k)).astype(np.float32)
         w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
@@ -150,6 +166,7 @@ def main() -> None:
         macs = M * k * n
         for name in names:
             totals[name] += count * t[name].median
+            best[name] = max(best[name], macs / t[name].median / 1e9)
         rows.append(
             [f"{M} x {k} x {n} ({what})"]
             + [f"{t[name].median * 1e6:.1f}" for name in names]
@@ -179,6 +196,20 @@ def main() -> None:
                 "max spread",
             ],
             rows,
+        )
+    )
+    peaks = {label: mix_peak(lib, groups) for label, groups, _ in FORMS}
+    print(
+        "\nEach form against the register-only loop of its instruction mix (bench/micro/int8_gemm_paired.cc, "
+        "sd_mix_peak: no loads or stores; measured after the shapes, in this process):\n"
+    )
+    print(
+        harness.md_table(
+            ["form", "register-only mix GMAC/s", "best shape GMAC/s", "% of the mix"],
+            [
+                [label, f"{peaks[label]:.0f}", f"{best[label]:.0f}", f"{best[label] / peaks[label]:.0%}"]
+                for label, _, _ in FORMS
+            ],
         )
     )
     print(

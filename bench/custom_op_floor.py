@@ -18,13 +18,13 @@ thread (harness.ort_session's options), through the plain call (`run`: onnxrunti
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import (  # first: it sets the thread-pool environment
     base_parser,
+    build_cmake_library,
     header,
     int_list,
     md_table,
@@ -41,15 +41,6 @@ ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "bench" / "micro" / "custom_op_floor"
 BUILD = ROOT / "build" / "custom_op_floor"
 PEERS = ["ort_identity", "ort_softmax", "floor_custom_op", "softdeploy"]
-
-
-def build_floor_library() -> Path:
-    """Configures and builds the CopyOp library (once; CMake finds onnxruntime's headers as for the kernels)."""
-    for cmd in (["cmake", "-S", str(SOURCE), "-B", str(BUILD)], ["cmake", "--build", str(BUILD)]):
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        if done.returncode != 0:
-            sys.exit(f"{' '.join(cmd)} failed:\n{done.stdout}\n{done.stderr}")
-    return BUILD / "libcustom_op_floor.so"
 
 
 def one_node_model(op: str, domain: str = "") -> bytes:
@@ -73,7 +64,7 @@ def main() -> None:
     p.set_defaults(rounds=21)
     args = p.parse_args()
     header("The per-call cost of a custom op in onnxruntime")
-    floor_library = build_floor_library()
+    floor_library = build_cmake_library(SOURCE, BUILD, "custom_op_floor")
     ours = REGISTRY["TwoPassSoftmax"].make_model(Sample("bench", (np.zeros((1, 2), np.float32),)), with_function=False)
     models = {
         "ort_identity": (one_node_model("Identity"), None),

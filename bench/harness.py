@@ -19,6 +19,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 
 # Several runtimes share this process (torch/OpenMP, onnxruntime's pool, OpenBLAS). With their default idle SPINNING,
 # the workers of the runtime that ran last keep a core busy while the next one runs: on a 2-core machine that made
@@ -97,6 +98,19 @@ def threads(n: int):
             import torch
 
             torch.set_num_threads(old_torch)
+
+
+def build_cmake_library(source: Path, build: Path, name: str) -> Path:
+    """Configures and builds a benchmark-only CMake project (bench/micro/<name>/: a custom-op library; CMake finds
+    onnxruntime's headers as for the kernels) into ``build``; returns ``build/lib<name>.so``. Exits with CMake's
+    output when a step fails."""
+    import subprocess
+
+    for cmd in (["cmake", "-S", str(source), "-B", str(build)], ["cmake", "--build", str(build)]):
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            sys.exit(f"{' '.join(cmd)} failed:\n{done.stdout}\n{done.stderr}")
+    return build / f"lib{name}.so"
 
 
 def ort_session(model_bytes_or_path, n_threads: int, opt_level: str = "all", providers=None, library=None):

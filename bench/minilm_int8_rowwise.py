@@ -23,7 +23,6 @@ onnxruntime then runs its non-VNNI kernels, the comparison the issue's floor ask
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -51,15 +50,6 @@ NR = 16  # the prototype's panel width (i8gemm::kNR)
 
 # (label, activation levels, vpmaddubsw results per int16 sum)
 FORMS = [("rowwise u8, paired", 255, 2), ("rowwise u7, octet", 127, 4)]
-
-
-def build_library() -> Path:
-    """Configures and builds the RowwiseInt8MatMul library (CMake finds onnxruntime's headers as for the kernels)."""
-    for cmd in (["cmake", "-S", str(SOURCE), "-B", str(BUILD)], ["cmake", "--build", str(BUILD)]):
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        if done.returncode != 0:
-            sys.exit(f"{' '.join(cmd)} failed:\n{done.stdout}\n{done.stderr}")
-    return BUILD / "libint8_gemm_ort.so"
 
 
 def pack_weights(q: np.ndarray) -> np.ndarray:
@@ -155,7 +145,7 @@ def main() -> None:
     harness.add_emulate_avx2(p)
     args = p.parse_args()
 
-    library = build_library()
+    library = harness.build_cmake_library(SOURCE, BUILD, "int8_gemm_ort")
     case = get_case("minilm_retrieval", quick=args.quick)
     case.prepare(SilentProgress())
     tmp = Path(tempfile.mkdtemp(prefix="minilm-int8-rowwise-"))
@@ -170,15 +160,17 @@ def main() -> None:
             sys.exit(f"{label}: {count} MatMuls replaced, expected MiniLM's 36")
         paths[label] = out
 
-    def runner(path: Path, threads: int) -> Any:
-        if DOMAIN in path.read_bytes().decode("latin-1"):
-            sess = harness.ort_session(str(path), threads, library=library)
-            return lambda feeds: sess.run(None, feeds)
-        return Session(path, threads=threads).run
+    rowwise = {label for label, _, _ in FORMS}  # the graphs that need the prototype's library
 
-    evals = {label: case.evaluate(runner(path, 2), "native", SilentProgress(), label) for label, path in paths.items()}
+    def runner(label: str, threads: int) -> Any:
+        if label in rowwise:
+            sess = harness.ort_session(str(paths[label]), threads, library=library)
+            return lambda feeds: sess.run(None, feeds)
+        return Session(paths[label], threads=threads).run
+
+    evals = {label: case.evaluate(runner(label, 2), "native", SilentProgress(), label) for label in paths}
     feeds = case.latency_feeds()
-    runs = {label: runner(path, 1) for label, path in paths.items()}
+    runs = {label: runner(label, 1) for label in paths}
     meter = LoadMeter().start()
     stats, _ = measure_interleaved(
         {label: (lambda r=r: r(feeds)) for label, r in runs.items()}, rounds=args.rounds, round_seconds=0.3

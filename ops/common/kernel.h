@@ -14,8 +14,9 @@
 //  * No C++ exception crosses the C ABI: kernel creation and Compute run inside Guard(), which turns
 //    sd::OpError (contract violations) into ORT_INVALID_ARGUMENT statuses and anything else into a
 //    failure status naming the op.
-//  * Compute is const and kernels hold only attributes: onnxruntime may call Run() concurrently on
-//    one session, i.e. Compute concurrently on one kernel instance.
+//  * Compute is const and kernels hold only attributes and what they derive at creation from
+//    constant inputs (Attrs::ConstantInput), never written afterwards: onnxruntime may call Run()
+//    concurrently on one session, i.e. Compute concurrently on one kernel instance.
 //  * Threads come from onnxruntime's intra-op pool (KernelContext_ParallelFor), so the session's
 //    thread settings hold. Work inside ParallelFor must not throw.
 #pragma once
@@ -130,6 +131,15 @@ class Attrs {
     return fallback;
   }
   const char* op() const { return op_; }
+
+  // Input `index` when the model holds it as a constant initializer (onnxruntime keeps the value alive and
+  // unchanged for the session's life), else nullptr: a graph input or a computed value, known only at Compute.
+  const OrtValue* ConstantInput(size_t index) const {
+    int is_constant = 0;
+    const OrtValue* value = nullptr;
+    if (!Ok(api_.KernelInfoGetConstantInput_tensor(info_, index, &is_constant, &value)) || !is_constant) return nullptr;
+    return value;
+  }
 
  private:
   bool Ok(OrtStatus* status) const {

@@ -1,0 +1,286 @@
+// RowwiseInt8MatMul: a float32 MatMul through int8, the activations quantized per row inside the call.
+//
+//   per row m of A [M, K] (A's leading dimensions flattened), in float32, round half to even:
+//     lo = min(0, min_k A[m, k]),  hi = max(0, max_k A[m, k]),  s = (hi - lo) / L  (1 when below 2^-126)
+//     z  = round(clip(-lo / s, 0, L)),  q[m, k] = clip(round(A[m, k] * (1 / s)) + z, 0, L)
+//   Y[m, n] = s_m * BScale[n] * sum_k (q[m, k] - z_m) * B[k, n] + Bias[n]
+//
+// The equation and rules: softdeploy/ops/rowwise_int8_matmul.py, rendered in docs/ops/RowwiseInt8MatMul.md. The
+// integers are exact (int32; K <= 65536); the result is fma(float(acc - z colsum), s * BScale, Bias) in float32.
+//
+// Variants: AVX2 (ops/rowwise_int8_matmul_avx2.cc: vpmaddubsw results summed in int16 under the lane bound of
+// ops/rowwise_int8_matmul_kernels.h) on AVX2 and AVX-512 CPUs alike, and portable C++ (also the path for weights
+// outside the lane bound, exact for any int8 B). A constant B (an initializer) is packed and its lane bound found
+// once, at kernel creation; a B fed at run time is packed on every call.
+//
+// What must stay true: every contract check runs before ParallelFor; both variants produce the same integers and
+// the same bits (the same float32 operations; see the AVX2 unit's header); the kernel's state after creation is
+// read-only (concurrent Run).
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "common/kernel.h"
+#include "rowwise_int8_matmul_kernels.h"
+
+namespace sd {
+namespace {
+
+using namespace rowwise_int8;  // NOLINT: the kernel's own compute pieces
+
+constexpr const char* kOp = "RowwiseInt8MatMul";
+// |sum_k (q - z) B[k, n]| <= K * 255 * 128 and z * colsum alike must fit in int32.
+constexpr int64_t kMaxK = 65536;
+constexpr float kMinScale = 0x1p-126f;  // as in the AVX2 unit
+
+constexpr int64_t RoundUp(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
+
+// B packed for the AVX2 tile (layout: ops/rowwise_int8_matmul_kernels.h), its column sums and lane bound.
+struct Packed {
+  std::vector<int8_t> panels;  // empty when groups == 0 or the portable variant runs
+  std::vector<int32_t> colsum;
+  int64_t K = 0, N = 0, kp = 0, np = 0;
+  int groups = 0;
+  PackedView View() const { return {panels.data(), colsum.data(), K, N, kp, np, groups}; }
+};
+
+// The largest of 4, 2, 1 vpmaddubsw results that may be summed in int16 for activations on 0..levels (0: not even
+// single pairs are exact). See the lane bound in ops/rowwise_int8_matmul_kernels.h.
+int LaneGroups(const int8_t* b, int64_t K, int64_t N, int levels) {
+  const int64_t blocks = RoundUp(K, kKB) / kKB;
+  bool ok[3] = {true, true, true};  // groups 1, 2, 4
+  for (int64_t n = 0; n < N && ok[0]; ++n) {
+    for (int64_t i = 0; i < blocks; ++i) {
+      int32_t pos[4][2] = {}, neg[4][2] = {};  // per group g and pair p
+      for (int g = 0; g < 4; ++g) {
+        for (int t = 0; t < 4; ++t) {
+          const int64_t k = i * kKB + 4 * g + t;
+          const int32_t w = k < K ? b[k * N + n] : 0;
+          (w > 0 ? pos : neg)[g][t / 2] += w;
+        }
+      }
+      for (int p = 0; p < 2; ++p) {
+        const auto fits = [&](int g0, int count) {
+          int32_t sp = 0, sn = 0;
+          for (int g = g0; g < g0 + count; ++g) sp += pos[g][p], sn += neg[g][p];
+          return levels * sp <= 32767 && levels * sn >= -32768;
+        };
+        for (int g = 0; g < 4; ++g) ok[0] = ok[0] && fits(g, 1);
+        ok[1] = ok[1] && fits(0, 2) && fits(2, 2);
+        ok[2] = ok[2] && fits(0, 4);
+      }
+    }
+  }
+  return ok[2] ? 4 : ok[1] ? 2 : ok[0] ? 1 : 0;
+}
+
+// Column sums always; panels and lane bound only for the AVX2 variant.
+Packed Pack(const int8_t* b, int64_t K, int64_t N, int levels, bool for_avx2) {
+  Packed p;
+  p.K = K;
+  p.N = N;
+  p.kp = RoundUp(K, kKB);
+  p.np = RoundUp(N, kNR);
+  p.colsum.assign(static_cast<size_t>(p.np), 0);
+  for (int64_t k = 0; k < K; ++k) {
+    for (int64_t n = 0; n < N; ++n) p.colsum[n] += b[k * N + n];
+  }
+  if (!for_avx2) return p;
+  p.groups = LaneGroups(b, K, N, levels);
+  if (p.groups == 0) return p;
+  p.panels.assign(static_cast<size_t>(p.kp * p.np), 0);
+  for (int64_t n0 = 0; n0 < p.np; n0 += kNR) {
+    int8_t* panel = p.panels.data() + n0 * p.kp;
+    for (int64_t i = 0; i < p.kp / kKB; ++i) {
+      for (int g = 0; g < 4; ++g) {
+        for (int h = 0; h < 2; ++h) {
+          int8_t* vec = panel + i * 8 * 32 + (g * 2 + h) * 32;
+          for (int j = 0; j < 8; ++j) {
+            const int64_t n = n0 + 8 * h + j;
+            for (int t = 0; t < 4; ++t) {
+              const int64_t k = i * kKB + 4 * g + t;
+              vec[4 * j + t] = k < K && n < N ? b[k * N + n] : 0;
+            }
+          }
+        }
+      }
+    }
+  }
+  return p;
+}
+
+// The portable row quantization: the AVX2 unit's operations, one entry at a time. Returns the first bad row or -1.
+int64_t QuantizeRowsPortable(const float* x, int64_t M, int64_t K, int64_t kp, int levels, uint8_t* xq, float* sa,
+                             int32_t* za) {
+  const float top = static_cast<float>(levels);
+  for (int64_t m = 0; m < M; ++m) {
+    const float* row = x + m * K;
+    float mn = 0.f, mx = 0.f, bad = 0.f;
+    for (int64_t k = 0; k < K; ++k) {
+      mn = row[k] < mn ? row[k] : mn;
+      mx = row[k] > mx ? row[k] : mx;
+      bad += row[k] * 0.f;  // NaN once any entry is NaN or +-inf
+    }
+    const float range = mx - mn;
+    if (bad != bad || !(range <= 3.40282347e38f)) return m;
+    float scale = range / top;
+    if (!(scale >= kMinScale)) scale = 1.f;
+    const float neg_lo = -mn / scale;
+    const float zp = std::nearbyint(neg_lo < 0.f ? 0.f : (neg_lo > top ? top : neg_lo));
+    sa[m] = scale;
+    za[m] = static_cast<int32_t>(zp);
+    const float inv = 1.f / scale;
+    uint8_t* dst = xq + m * kp;
+    int64_t k = 0;
+    for (; k < K; ++k) {
+      const float q = std::nearbyint(row[k] * inv) + zp;
+      dst[k] = static_cast<uint8_t>(q < 0.f ? 0.f : (q > top ? top : q));
+    }
+    for (; k < kp; ++k) dst[k] = static_cast<uint8_t>(zp);
+  }
+  return -1;
+}
+
+// Fails naming the bad row and what is wrong with it (the error path: a plain scan of that row).
+[[noreturn]] void FailRow(const float* x, int64_t K, int64_t m) {
+  const float* row = x + m * K;
+  for (int64_t k = 0; k < K; ++k) {
+    if (!std::isfinite(row[k])) {
+      Fail(kOp, "A[", m, ", ", k, "] = ", row[k], " is not finite (rule: A is finite, each row's range sets its ",
+           "scale; rows are A's leading dimensions flattened)");
+    }
+  }
+  Fail(kOp, "A row ", m, " spans max - min = inf in float32 (rule: each row's range max(0, max A) - min(0, min A) ",
+       "is a finite float32)");
+}
+
+struct RowwiseInt8MatMulKernel {
+  static constexpr const char* kName = kOp;
+  static constexpr Port kInputs[] = {{Elem::kT}, {Elem::kInt8}, {Elem::kFloat}, {Elem::kFloat, /*optional=*/true}};
+  static constexpr Port kOutputs[] = {{Elem::kT}};
+
+  int levels;
+  Isa isa;
+  std::shared_ptr<const Packed> constant_b;  // B packed at creation when it is an initializer
+
+  explicit RowwiseInt8MatMulKernel(const Attrs& attrs) : isa(SelectIsa()) {
+    const int64_t l = attrs.Int("levels", 255);
+    if (l != 255 && l != 127) {
+      Fail(kOp, "levels ", l, " is neither 255 nor 127 (rule: the activations' top code L is 255 (uint8) or 127 ",
+           "(7 bits))");
+    }
+    levels = static_cast<int>(l);
+    if (const OrtValue* b = attrs.ConstantInput(1)) {
+      Ort::ConstValue v(b);
+      const std::vector<int64_t> shape = v.GetTensorTypeAndShapeInfo().GetShape();
+      if (shape.size() == 2 && shape[0] <= kMaxK) {  // otherwise Compute names the rule broken
+        constant_b = std::make_shared<const Packed>(
+            Pack(v.GetTensorData<int8_t>(), shape[0], shape[1], levels, isa != Isa::kPortable));
+      }
+    }
+  }
+
+  template <class T>
+  void Compute(Ort::KernelContext& ctx) const {
+    const Input<T> a = GetInput<T>(ctx, 0);
+    const Input<int8_t> b = GetInput<int8_t>(ctx, 1);
+    const Input<float> b_scale = GetInput<float>(ctx, 2), bias = GetInput<float>(ctx, 3);
+    if (a.rank() == 0) Fail(kOp, "A must have rank >= 1 ([..., K]), got a scalar");
+    if (b.rank() != 2) Fail(kOp, "B must have rank 2 ([K, N]), got shape ", ShapeStr(b.shape));
+    const int64_t K = b.shape[0], N = b.shape[1];
+    if (a.shape.back() != K) {
+      Fail(kOp, "A has K = ", a.shape.back(), " features, B has K = ", K, " rows (rule: A [..., K] and B [K, N] agree ",
+           "on K)");
+    }
+    if (K > kMaxK) Fail(kOp, "K = ", K, " exceeds ", kMaxK, " (rule: K <= 65536 keeps the int32 sums exact)");
+    if (b_scale.shape != std::vector<int64_t>{N}) {
+      Fail(kOp, "BScale must have shape [N] = [", N, "], got ", ShapeStr(b_scale.shape), " (rule: one scale per ",
+           "column of B)");
+    }
+    if (bias.present && bias.shape != std::vector<int64_t>{N}) {
+      Fail(kOp, "Bias must have shape [N] = [", N, "], got ", ShapeStr(bias.shape), " (rule: one bias per column ",
+           "of B)");
+    }
+    for (int64_t n = 0; n < N; ++n) {
+      if (!(std::isfinite(b_scale.data[n]) && b_scale.data[n] > 0.f)) {
+        Fail(kOp, "BScale[", n, "] = ", b_scale.data[n], " is not a finite number > 0 (rule: weight scales are ",
+             "finite and positive)");
+      }
+    }
+    std::vector<int64_t> y_shape(a.shape.begin(), a.shape.end() - 1);
+    const int64_t M = NumElements(y_shape);  // rows: A's leading dimensions flattened
+    y_shape.push_back(N);
+    float* y = AllocOutput<float>(ctx, 0, y_shape);
+    if (M == 0 || N == 0) return;
+
+    const float* x = reinterpret_cast<const float*>(a.data);
+    const bool vector = isa != Isa::kPortable;
+    Packed local;
+    const Packed* packed = constant_b.get();
+    if (packed == nullptr || packed->K != K || packed->N != N) {
+      local = Pack(b.data, K, N, levels, vector);
+      packed = &local;
+    }
+    const int64_t kp = packed->kp;
+    std::vector<uint8_t> xq(static_cast<size_t>(M * kp));
+    std::vector<float> sa(static_cast<size_t>(M));
+    std::vector<int32_t> za(static_cast<size_t>(M));
+    const int64_t bad = vector ? QuantizeRowsAvx2(x, M, K, kp, levels, xq.data(), sa.data(), za.data())
+                               : QuantizeRowsPortable(x, M, K, kp, levels, xq.data(), sa.data(), za.data());
+    if (bad >= 0) FailRow(x, K, bad);
+    const float* sb = b_scale.data;
+    const float* bias_data = bias.present ? bias.data : nullptr;
+
+    if (vector && packed->groups > 0) {
+      // Tasks over 16-column panels: the weights are read once, the quantized rows (M * kp bytes) by every task.
+      const int64_t panels = packed->np / kNR;
+      const size_t tasks = NumTasks(panels, M * kp * kNR / 32);  // a unit ~ 32 int8 products
+      const PackedView whole = packed->View();
+      ParallelFor(ctx, tasks, [&](size_t task) {
+        int64_t p0, p1;
+        TaskRange(task, tasks, panels, &p0, &p1);
+        const int64_t n0 = p0 * kNR;
+        PackedView part = whole;
+        part.panels = whole.panels + n0 * kp;
+        part.colsum = whole.colsum + n0;
+        part.np = (p1 - p0) * kNR;
+        part.N = std::min(N, p1 * kNR) - n0;
+        GemmAvx2(part, xq.data(), sa.data(), za.data(), M, sb + n0, bias_data == nullptr ? nullptr : bias_data + n0,
+                 y + n0, N);
+      });
+      return;
+    }
+    // Portable (and weights outside the lane bound): rows in tasks, int32 sums over B as stored.
+    const size_t tasks = NumTasks(M, K * N / 8);
+    const int8_t* bw = b.data;
+    const int32_t* colsum = packed->colsum.data();
+    ParallelFor(ctx, tasks, [&](size_t task) {
+      int64_t r0, r1;
+      TaskRange(task, tasks, M, &r0, &r1);
+      std::vector<int32_t> acc(static_cast<size_t>(N));
+      for (int64_t m = r0; m < r1; ++m) {
+        std::fill(acc.begin(), acc.end(), 0);
+        const uint8_t* q = xq.data() + m * kp;
+        for (int64_t k = 0; k < K; ++k) {
+          const int32_t qk = q[k];
+          const int8_t* brow = bw + k * N;
+          for (int64_t n = 0; n < N; ++n) acc[n] += qk * brow[n];
+        }
+        float* yrow = y + m * N;
+        for (int64_t n = 0; n < N; ++n) {
+          const float v = static_cast<float>(acc[n] - za[m] * colsum[n]);
+          yrow[n] = std::fma(v, sa[m] * sb[n], bias_data == nullptr ? 0.f : bias_data[n]);
+        }
+      }
+    });
+  }
+};
+
+}  // namespace
+
+// float32 only: the int8 path exists for speed on float32 models (a float16 A would be quantized from float32 the
+// same way; no caller needs it).
+void RegisterRowwiseInt8MatMul(Ort::CustomOpDomain& domain) { AddOp<RowwiseInt8MatMulKernel, float>(domain); }
+
+}  // namespace sd

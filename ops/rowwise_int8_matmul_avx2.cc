@@ -1,0 +1,202 @@
+// RowwiseInt8MatMul for AVX2 (no VNNI needed): the row quantization and the int16-summing GEMM tile. Compiled with
+// -mavx2 -mfma -ffp-contract=off (CMakeLists.txt) and only called after the run-time ISA check in
+// ops/rowwise_int8_matmul.cc; no onnxruntime, no std containers (see ops/common/vec.h on why).
+//
+// Why this form (bench/results/minilm_int8_options.md, "Past MLAS without VNNI"): onnxruntime's u8s8 AVX2 GEMM
+// spends vpmaddubsw + vpmaddwd + vpaddd on every 32 products. Summing `groups` vpmaddubsw results in int16 first
+// (vpaddw) spends 2.5 ops per 32 products for groups = 2 and 2.25 for groups = 4: register-only loops of the three
+// mixes ran at 108, 142 and 156 GMAC/s on one Zen 4 core. Exact under the lane bound of
+// ops/rowwise_int8_matmul_kernels.h, which Pack checks.
+//
+// What must stay true: the quantized integers equal the portable variant's (the same float32 operations in the
+// same order; a row's min and max do not depend on order); every int16 sum is exact (groups from Pack); the
+// epilogue is fma(float(acc - z * colsum), sa * sb, bias), as in the portable variant, so both give the same bits.
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "rowwise_int8_matmul_kernels.h"
+
+namespace sd {
+namespace rowwise_int8 {
+namespace {
+
+constexpr float kMinScale = 0x1p-126f;  // the smallest normal float32: 1 / s stays finite
+
+inline int64_t Min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+inline __m256i Broadcast4(const uint8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
+}
+
+// acc[r][h] (int32 x 8) = rows r of xq times the panel's columns 8h..8h+7, over kp (a multiple of 16).
+template <int MR, int kGroups>
+inline void Tile(const uint8_t* xq, int64_t kp, const int8_t* panel, __m256i out[MR][2]) {
+  static_assert(kGroups == 1 || kGroups == 2 || kGroups == 4, "groups per int16 sum");
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256i acc[MR][2];  // local, not `out`: GCC keeps a local array in registers, the caller's it stores per step
+  for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+  for (int64_t k = 0; k < kp; k += kKB, panel += 8 * 32) {
+    for (int g0 = 0; g0 < 4; g0 += kGroups) {
+      for (int r = 0; r < MR; ++r) {
+        // one row at a time, both halves together: live are the broadcast, two int16 sums and a product
+        __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+        for (int g = g0; g < g0 + kGroups; ++g) {
+          const __m256i a = Broadcast4(xq + r * kp + k + 4 * g);
+          const __m256i p0 =
+              _mm256_maddubs_epi16(a, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + 64 * g)));
+          const __m256i p1 =
+              _mm256_maddubs_epi16(a, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + 64 * g + 32)));
+          s0 = g == g0 ? p0 : _mm256_add_epi16(s0, p0);
+          s1 = g == g0 ? p1 : _mm256_add_epi16(s1, p1);
+        }
+        acc[r][0] = _mm256_add_epi32(acc[r][0], _mm256_madd_epi16(s0, ones));
+        acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(s1, ones));
+      }
+    }
+  }
+  for (int r = 0; r < MR; ++r) out[r][0] = acc[r][0], out[r][1] = acc[r][1];
+}
+
+// y[r, 0..ncols) = fma(float(acc - za[r] colsum), sa[r] * sb, bias) for the MR rows of a tile; sb, colsum and bias
+// hold 16 entries.
+template <int MR>
+inline void Epilogue(__m256i acc[MR][2], const float* sa, const int32_t* za, const float* sb, const int32_t* colsum,
+                     const float* bias, float* y, int64_t ldy, int64_t ncols) {
+  for (int r = 0; r < MR; ++r) {
+    alignas(32) float out[kNR];
+    float* dst = ncols == kNR ? y + r * ldy : out;  // a full panel straight to y, an edge one through `out`
+    for (int h = 0; h < 2; ++h) {
+      const __m256i corr = _mm256_mullo_epi32(
+          _mm256_set1_epi32(za[r]), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(colsum + 8 * h)));
+      const __m256 v = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[r][h], corr));
+      const __m256 s = _mm256_mul_ps(_mm256_set1_ps(sa[r]), _mm256_loadu_ps(sb + 8 * h));
+      _mm256_storeu_ps(dst + 8 * h, _mm256_fmadd_ps(v, s, _mm256_loadu_ps(bias + 8 * h)));
+    }
+    if (ncols != kNR) std::memcpy(y + r * ldy, out, sizeof(float) * ncols);
+  }
+}
+
+template <int MR, int kGroups>
+inline void TileAndStore(const PackedView& w, const uint8_t* xq, const float* sa, const int32_t* za, int64_t m,
+                         int64_t n0, const float* sb, const float* bias, float* y, int64_t ldy) {
+  __m256i acc[MR][2];
+  Tile<MR, kGroups>(xq + m * w.kp, w.kp, w.panels + n0 * w.kp, acc);
+  Epilogue<MR>(acc, sa + m, za + m, sb, w.colsum + n0, bias, y + m * ldy + n0, ldy, Min64(kNR, w.N - n0));
+}
+
+template <int kGroups>
+void Gemm(const PackedView& w, const uint8_t* xq, const float* sa, const int32_t* za, int64_t M, const float* sb,
+          const float* bias, float* y, int64_t ldy) {
+  const int64_t full = M / kMR * kMR;
+  static_assert(kMR == 6, "the remainder switch below covers 1..5 rows");
+  // The next panel is prefetched (into L1: measured better than L2) while this one runs, a share per row tile: in a
+  // model the weights are read once per call from L3 or DRAM, which cost ~10% of the GEMM's time without it.
+  const int64_t panel_lines = w.kp * kNR / 64, tiles = full / kMR > 1 ? full / kMR : 1;
+  const int64_t per_tile = (panel_lines + tiles - 1) / tiles;
+  alignas(32) float sb_edge[kNR], bias_edge[kNR];
+  alignas(32) static const float kZeros[kNR] = {};
+  for (int64_t n0 = 0; n0 < w.np; n0 += kNR) {
+    const float* sb_p = sb + n0;
+    const float* bias_p = bias == nullptr ? kZeros : bias + n0;
+    if (n0 + kNR > w.N) {  // the last, partial panel: its scales and bias padded to 16 (never read past N)
+      for (int j = 0; j < kNR; ++j) {
+        sb_edge[j] = n0 + j < w.N ? sb[n0 + j] : 0.f;
+        bias_edge[j] = bias != nullptr && n0 + j < w.N ? bias[n0 + j] : 0.f;
+      }
+      sb_p = sb_edge;
+      bias_p = bias_edge;
+    }
+    const char* next = reinterpret_cast<const char*>(w.panels + (n0 + kNR) * w.kp);
+    const bool prefetch = n0 + kNR < w.np;
+    for (int64_t m = 0, t = 0; m < full; m += kMR, ++t) {
+      if (prefetch) {
+        for (int64_t l = t * per_tile; l < Min64(panel_lines, (t + 1) * per_tile); ++l)
+          _mm_prefetch(next + 64 * l, _MM_HINT_T0);
+      }
+      TileAndStore<kMR, kGroups>(w, xq, sa, za, m, n0, sb_p, bias_p, y, ldy);
+    }
+    switch (M - full) {  // the last rows in one tile of their own height
+      case 5: TileAndStore<5, kGroups>(w, xq, sa, za, full, n0, sb_p, bias_p, y, ldy); break;
+      case 4: TileAndStore<4, kGroups>(w, xq, sa, za, full, n0, sb_p, bias_p, y, ldy); break;
+      case 3: TileAndStore<3, kGroups>(w, xq, sa, za, full, n0, sb_p, bias_p, y, ldy); break;
+      case 2: TileAndStore<2, kGroups>(w, xq, sa, za, full, n0, sb_p, bias_p, y, ldy); break;
+      case 1: TileAndStore<1, kGroups>(w, xq, sa, za, full, n0, sb_p, bias_p, y, ldy); break;
+      default: break;
+    }
+  }
+}
+
+}  // namespace
+
+void GemmAvx2(const PackedView& w, const uint8_t* xq, const float* sa, const int32_t* za, int64_t M, const float* sb,
+              const float* bias, float* y, int64_t ldy) {
+  if (w.groups == 4) Gemm<4>(w, xq, sa, za, M, sb, bias, y, ldy);
+  else if (w.groups == 2) Gemm<2>(w, xq, sa, za, M, sb, bias, y, ldy);
+  else Gemm<1>(w, xq, sa, za, M, sb, bias, y, ldy);
+}
+
+int64_t QuantizeRowsAvx2(const float* x, int64_t M, int64_t K, int64_t kp, int levels, uint8_t* xq, float* sa,
+                         int32_t* za) {
+  const float top = static_cast<float>(levels);
+  for (int64_t m = 0; m < M; ++m) {
+    const float* row = x + m * K;
+    __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps(), nan = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 8 <= K; k += 8) {
+      const __m256 v = _mm256_loadu_ps(row + k);
+      lo = _mm256_min_ps(lo, v);
+      hi = _mm256_max_ps(hi, v);
+      nan = _mm256_add_ps(nan, _mm256_mul_ps(v, _mm256_setzero_ps()));  // NaN once any entry is NaN or +-inf
+    }
+    alignas(32) float l8[8], h8[8], n8[8];
+    _mm256_store_ps(l8, lo);
+    _mm256_store_ps(h8, hi);
+    _mm256_store_ps(n8, nan);
+    float mn = 0.f, mx = 0.f, bad = 0.f;
+    for (int i = 0; i < 8; ++i) {
+      mn = l8[i] < mn ? l8[i] : mn;
+      mx = h8[i] > mx ? h8[i] : mx;
+      bad += n8[i];
+    }
+    for (; k < K; ++k) {
+      mn = row[k] < mn ? row[k] : mn;
+      mx = row[k] > mx ? row[k] : mx;
+      bad += row[k] * 0.f;
+    }
+    const float range = mx - mn;
+    if (bad != bad || !(range <= 3.40282347e38f)) return m;  // a NaN or +-inf entry, or hi - lo overflows
+    float scale = range / top;
+    if (!(scale >= kMinScale)) scale = 1.f;
+    const float neg_lo = -mn / scale;
+    const float zp = __builtin_nearbyintf(neg_lo < 0.f ? 0.f : (neg_lo > top ? top : neg_lo));
+    sa[m] = scale;
+    za[m] = static_cast<int32_t>(zp);
+    const float inv = 1.f / scale;
+    const __m256 vinv = _mm256_set1_ps(inv), vzp = _mm256_set1_ps(zp);
+    uint8_t* dst = xq + m * kp;
+    constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;  // half to even
+    k = 0;
+    for (; k + 16 <= K; k += 16) {  // round(x * inv) + z, then saturate to 0..255 and clip to levels
+      const __m256i a = _mm256_cvtps_epi32(
+          _mm256_add_ps(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(row + k), vinv), kRound), vzp));
+      const __m256i b = _mm256_cvtps_epi32(
+          _mm256_add_ps(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(row + k + 8), vinv), kRound), vzp));
+      const __m256i w = _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xD8);  // 16 x int16 in order
+      const __m128i u = _mm_min_epu8(_mm_packus_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1)),
+                                     _mm_set1_epi8(static_cast<char>(levels)));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + k), u);
+    }
+    for (; k < K; ++k) {
+      const float q = __builtin_nearbyintf(row[k] * inv) + zp;
+      dst[k] = static_cast<uint8_t>(q < 0.f ? 0.f : (q > top ? top : q));
+    }
+    for (; k < kp; ++k) dst[k] = static_cast<uint8_t>(zp);
+  }
+  return -1;
+}
+
+}  // namespace rowwise_int8
+}  // namespace sd

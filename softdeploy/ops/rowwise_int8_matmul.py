@@ -66,9 +66,11 @@ def _shape(v: Any) -> list[int]:
     return [int(d) for d in np.shape(v)]
 
 
-def validate(a: Any, b: Any, b_scale: Any, bias: Any, levels: int) -> None:
+def validate(a: Any, b: Any, b_scale: Any, bias: Any, levels: int, *, values: bool = True) -> None:
     """Checks RowwiseInt8MatMul's inputs and attribute in the kernel's order and raises OpContractError naming the
-    op, the value and the rule (in the kernel's words). ``a`` and friends are numpy arrays or torch tensors."""
+    op, the value and the rule (in the kernel's words). ``a`` and friends are numpy arrays or torch tensors;
+    ``values=False`` checks shapes only (torch's fake tensors while tracing have no values, and A's leading
+    dimensions may be symbolic)."""
     if levels not in LEVELS:
         raise OpContractError(
             f"{NAME}: levels {levels} is neither 255 nor 127 (rule: the activations' top code L is 255 (uint8) or "
@@ -79,9 +81,10 @@ def validate(a: Any, b: Any, b_scale: Any, bias: Any, levels: int) -> None:
     if np.ndim(b) != 2:
         raise OpContractError(f"{NAME}: B must have rank 2 ([K, N]), got shape {_shape(b)}")
     k, n = _shape(b)
-    if _shape(a)[-1] != k:
+    a_k = int(np.shape(a)[-1])
+    if a_k != k:
         raise OpContractError(
-            f"{NAME}: A has K = {_shape(a)[-1]} features, B has K = {k} rows (rule: A [..., K] and B [K, N] agree on K)"
+            f"{NAME}: A has K = {a_k} features, B has K = {k} rows (rule: A [..., K] and B [K, N] agree on K)"
         )
     if k > MAX_K:
         raise OpContractError(f"{NAME}: K = {k} exceeds {MAX_K} (rule: K <= 65536 keeps the int32 sums exact)")
@@ -93,6 +96,8 @@ def validate(a: Any, b: Any, b_scale: Any, bias: Any, levels: int) -> None:
         raise OpContractError(
             f"{NAME}: Bias must have shape [N] = [{n}], got {_shape(bias)} (rule: one bias per column of B)"
         )
+    if not values:
+        return
     scales = np.asarray(b_scale, dtype=np.float32)
     bad = np.flatnonzero(~(np.isfinite(scales) & (scales > 0)))
     if bad.size:
@@ -198,6 +203,12 @@ def torch_impl(a: Any, b: Any, b_scale: Any, bias: Any = None, levels: int = 255
     return y.reshape([*lead, n])
 
 
+def torch_fake(a: Any, b: Any, b_scale: Any, bias: Any = None, levels: int = 255) -> Any:
+    """RowwiseInt8MatMul on torch's fake tensors (export tracing): the shape checks, then an empty Y [..., N]."""
+    validate(a, b, b_scale, bias, levels, values=False)
+    return a.new_empty([*a.shape[:-1], b.shape[1]], dtype=a.dtype)
+
+
 def infer_shapes(ctx: Any) -> None:
     """ONNX shape inference for RowwiseInt8MatMul: Y has A's type, A's leading dimensions and B's last one."""
     from onnx import TensorShapeProto
@@ -247,11 +258,12 @@ def lane_bounded_weights(w: np.ndarray, levels: int, groups: int) -> tuple[np.nd
     """``(q int8 [K, N], BScale float32 [N])``: symmetric per-column int8 of float weights ``w [K, N]`` on the 8-bit
     grid, the step of a column widened only as far as the lane bound for ``groups`` and ``levels`` needs, so that
     ``lane_groups(q, levels) >= groups``: step = max(max |w| / 127, largest same-sign lane set sum / (32767 // levels
-    - groups)) (rounding 2 G weights adds at most G to a set's sum). All-zero columns get step 1."""
+    - groups)) (rounding 2 G weights adds at most G to a set's sum). Columns whose step is 0 in float32 get 1."""
     w64 = np.asarray(w, np.float64)
     limit = 32767 // levels - groups
     step = np.maximum(np.abs(w64).max(axis=0, initial=0) / 127, lane_set_sums(w64, groups).max(axis=(0, 1)) / limit)
-    step = np.where(step > 0, step, 1.0).astype(np.float32)
+    step = step.astype(np.float32)  # then 1 where it is 0 in float32 (all-zero or ~1e-45 columns: every q is 0)
+    step = np.where(step > 0, step, np.float32(1))
     q = np.clip(np.rint(w64 / step.astype(np.float64)), -127, 127).astype(np.int8)
     if lane_groups(q, levels) < groups:  # cannot happen by the rounding argument; checked, not assumed
         raise AssertionError(f"{NAME}: lane-bounded weights exceed the bound for groups={groups}, levels={levels}")
@@ -374,6 +386,7 @@ DEF = OpDef(
     samples=samples,
     errors=errors,
     torch_impl=torch_impl,
+    torch_fake=torch_fake,
     infer_shapes=infer_shapes,
     float_types=("float32",),
     tolerance={"float32": (3e-7, 1e-30)},

@@ -97,6 +97,8 @@ WEIGHTS: dict[str, str] = {
     "8-bit": "8-bit weights",
     "7-bit": "7-bit weights (reduce_range)",
     "pair-bounded": "pair-bounded 8-bit weights (same-sign pairs |w_2j| + |w_2j+1| <= 128)",
+    # softdeploy.quant.rowwise: not an onnxruntime format; dynamic mode only, asked for explicitly
+    "lane-bounded": "lane-bounded 8-bit weights in com.softdeploy RowwiseInt8MatMul (activations 7-bit per row)",
 }
 
 _NO_VNNI_WHY = (

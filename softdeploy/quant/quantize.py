@@ -54,8 +54,9 @@ class QuantConfig:
     calibrated activation ranges); ``per_channel`` weight scales (default) or one per tensor; ``op_types`` (None:
     onnxruntime's integer-op set for dynamic, MatMul/Gemm/Conv for static); ``calibrate_method`` (minmax, percentile,
     entropy); ``exclude``: nodes kept in float; ``only``: quantize just these (the sensitivity probe); ``weights``
-    ("8-bit", "7-bit", "pair-bounded"; None: this CPU's row of softdeploy.quant.formats.TABLE -- pair-bounded on
-    x86-64 without VNNI, where unbounded 8-bit products can saturate); ``reduce_range``: onnxruntime's spelling,
+    ("8-bit", "7-bit", "pair-bounded", "lane-bounded"; None: this CPU's row of softdeploy.quant.formats.TABLE --
+    pair-bounded on x86-64 without VNNI, where unbounded 8-bit products can saturate; "lane-bounded": dynamic mode's
+    weight MatMuls become com.softdeploy RowwiseInt8MatMul, see softdeploy.quant.rowwise); ``reduce_range``: onnxruntime's spelling,
     True = "7-bit", False = "8-bit" (give one of the two)."""
 
     mode: Mode = "dynamic"
@@ -378,6 +379,8 @@ def quantize(
                 cache.with_suffix(".kernels").write_text(record.kernels)
             return record.kernels
 
+    if weights == "lane-bounded":
+        return _quantize_rowwise(proto, output, config, candidates, only, exclude, format_note, t0)
     calibration_kernels = run_quantizer(reduce_range=weights == "7-bit")
     out_model = onnx.load(os.fspath(output))
     if weights == "pair-bounded":
@@ -400,6 +403,43 @@ def quantize(
         seconds=time.perf_counter() - t0,
         int8_format=format_note,
         weights=weights,
+    )
+
+
+def _quantize_rowwise(
+    proto: Any,
+    output: Path,
+    config: QuantConfig,
+    candidates: Sequence[tuple[str, str]],
+    only: Sequence[str] | None,
+    exclude: Sequence[str],
+    format_note: str,
+    t0: float,
+) -> QuantizedModel:
+    """The ``lane-bounded`` format (:mod:`softdeploy.quant.rowwise`): the weight MatMuls become RowwiseInt8MatMul
+    nodes; every other candidate stays float. Dynamic mode only: the op quantizes its activations per row itself."""
+    import onnx
+
+    from softdeploy.quant.rowwise import rewrite_matmuls
+
+    if config.mode != "dynamic":
+        raise QuantizationError(
+            f"lane-bounded weights are a dynamic format (RowwiseInt8MatMul quantizes its activations per row at run "
+            f"time); mode {config.mode!r} takes 8-bit, 7-bit or pair-bounded weights"
+        )
+    matmuls = {name for name, op_type in candidates if op_type == "MatMul"}
+    rewritten = rewrite_matmuls(proto, only=matmuls if only is None else matmuls & set(only), exclude=exclude)
+    onnx.save(proto, os.fspath(output))
+    done = set(rewritten)
+    return QuantizedModel(
+        path=output,
+        config=config,
+        quantized_nodes=rewritten,
+        float_nodes=[n for n, _ in candidates if n not in done],
+        calibration_kernels=None,
+        seconds=time.perf_counter() - t0,
+        int8_format=format_note,
+        weights="lane-bounded",
     )
 
 

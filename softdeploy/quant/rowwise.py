@@ -1,0 +1,110 @@
+"""The ``lane-bounded`` int8 format: weight MatMuls become com.softdeploy ``RowwiseInt8MatMul`` nodes.
+
+onnxruntime's dynamic int8 quantizes a MatMul's activations with one uint8 range per tensor and, on a CPU without
+VNNI, multiplies with ``vpmaddubsw`` + ``vpmaddwd`` + ``vpaddd`` per 32 products (3 vector ops). This format instead
+rewrites every MatMul whose B is a 2-D float32 initializer into softdeploy's ``RowwiseInt8MatMul``
+(softdeploy/ops/rowwise_int8_matmul.py, docs/ops/RowwiseInt8MatMul.md):
+
+* activations quantized per row (per token) inside the op, on 0..127 (``levels``; 7 bits) by default;
+* weights symmetric per column on the 8-bit grid, each column's step widened only as far as the AVX2 kernel's
+  int16 lanes need to stay exact when ``groups`` (4: 8 products per lane) ``vpmaddubsw`` results are summed
+  (``lane_bounded_weights``): 2.25 vector ops per 32 products;
+* a bias ``Add`` of a constant ``[N]`` right after the MatMul folds into the op (its epilogue adds it).
+
+Measured on all-MiniLM-L6-v2 (bench/results/minilm_int8_options.md; 653 queries): sentence cosine to float32
+0.9949 at ``levels`` 127 / ``groups`` 4 (0.9979 at 255 / 2) against onnxruntime's 0.9911, and on an AVX2 core
+without VNNI 1.79x (1.68x) float32 encode against onnxruntime's int8 1.56x.
+
+The model then needs softdeploy's kernel library for speed: every rewritten node carries its standard-ONNX
+function body (an exact float64 MatMul), so stock onnxruntime still runs it and gives the same values, but slower
+than float32.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import Any
+
+import numpy as np
+
+# The default: 7-bit activations with 8-product lanes (the fastest exact form; accuracy above).
+LEVELS = 127
+GROUPS = 4
+
+
+def rewrite_matmuls(
+    model: Any,
+    *,
+    levels: int = LEVELS,
+    groups: int = GROUPS,
+    only: Collection[str] | None = None,
+    exclude: Collection[str] = (),
+) -> list[str]:
+    """Rewrites (in place) each MatMul of ``model``'s main graph whose second input is a 2-D float32 initializer
+    into a RowwiseInt8MatMul with lane-bounded weights (``levels``, ``groups``), folding a following bias Add of a
+    constant [N]; ``only`` / ``exclude`` select nodes by name. Returns the names of the rewritten MatMuls. Attaches
+    the function bodies and the com.softdeploy import."""
+    from onnx import TensorProto, numpy_helper
+
+    from softdeploy.export.functions import attach_function_bodies
+    from softdeploy.ops import REGISTRY
+    from softdeploy.ops.rowwise_int8_matmul import lane_bounded_weights
+
+    op = REGISTRY["RowwiseInt8MatMul"]
+    graph = model.graph
+    inits = {t.name: t for t in graph.initializer}
+    consumers: dict[str, list[Any]] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    graph_outputs = {o.name for o in graph.output}
+    done: list[str] = []
+    new_nodes: list[Any] = []
+    folded: set[int] = set()  # id() of bias Adds folded into a rewritten node
+    for node in graph.node:
+        if id(node) in folded:
+            continue
+        w = inits.get(node.input[1]) if node.op_type == "MatMul" and node.domain in ("", "ai.onnx") else None
+        selected = (only is None or node.name in only) and node.name not in exclude
+        if w is None or not selected or len(w.dims) != 2 or w.data_type != TensorProto.FLOAT:
+            new_nodes.append(node)
+            continue
+        q, step = lane_bounded_weights(numpy_helper.to_array(w), levels, groups)
+        base = node.name or node.output[0]
+        q_name, s_name = f"{base}_rowwise_weight", f"{base}_rowwise_scale"
+        graph.initializer.extend([numpy_helper.from_array(q, q_name), numpy_helper.from_array(step, s_name)])
+        inputs, output = [node.input[0], q_name, s_name], node.output[0]
+        users = consumers.get(output, [])
+        if output not in graph_outputs and len(users) == 1 and users[0].op_type == "Add":
+            add = users[0]
+            other = add.input[1] if add.input[0] == output else add.input[0]
+            bias = inits.get(other)
+            if bias is not None and list(bias.dims) == [q.shape[1]] and bias.data_type == TensorProto.FLOAT:
+                inputs.append(other)
+                output = add.output[0]
+                folded.add(id(add))
+        new_nodes.append(op.make_node(inputs, [output], name=f"{base}_rowwise", levels=levels))
+        done.append(node.name)
+    del graph.node[:]
+    graph.node.extend(new_nodes)
+    used = {i for n in graph.node for i in n.input}
+    for t in [t for t in graph.initializer if t.name not in used]:
+        graph.initializer.remove(t)  # the float weights (and folded biases) no other node reads
+    attach_function_bodies(model)
+    return done
+
+
+def weight_groups(model: Any) -> dict[str, int]:
+    """Per RowwiseInt8MatMul node of ``model``: the int16 groups its weights allow (``lane_groups``) -- what the
+    kernel will run: 4, 2, 1, or 0 for its portable path."""
+    from onnx import numpy_helper
+
+    from softdeploy.ops.rowwise_int8_matmul import lane_groups
+
+    inits = {t.name: t for t in model.graph.initializer}
+    out = {}
+    for node in model.graph.node:
+        if node.op_type == "RowwiseInt8MatMul" and node.input[1] in inits:
+            levels = next((a.i for a in node.attribute if a.name == "levels"), 255)
+            out[node.name] = lane_groups(np.asarray(numpy_helper.to_array(inits[node.input[1]])), levels)
+    return out

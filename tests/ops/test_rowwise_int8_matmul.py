@@ -1,0 +1,104 @@
+"""RowwiseInt8MatMul beyond the registry-wide tests: the kernel's creation-time packing of a constant B gives the
+bits of the per-call path; the lane bound's weights keep every int16 lane exact (hypothesis); and the bound is a
+speed condition only: weights past it (every form) still give the reference's integers on every variant."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+from onnx import TensorProto, helper, numpy_helper
+
+from softdeploy import DOMAIN, OPSET_VERSION, conformance
+from softdeploy.ops import REGISTRY, Sample
+from softdeploy.ops.rowwise_int8_matmul import lane_bounded_weights, lane_groups, lane_set_sums
+from softdeploy.runtime import Session
+
+OP = REGISTRY["RowwiseInt8MatMul"]
+
+
+def _model(b: np.ndarray, scale: np.ndarray, bias: np.ndarray | None, levels: int, *, constant: bool):
+    """One node; B, BScale and Bias as initializers (constant) or as graph inputs."""
+    names = ["A", "B", "BScale"] + (["Bias"] if bias is not None else [])
+    values = {"B": b, "BScale": scale, "Bias": bias}
+    k = b.shape[0]
+    inputs = [helper.make_tensor_value_info("A", TensorProto.FLOAT, ["m", k])]
+    inits = []
+    for name in names[1:]:
+        v = values[name]
+        if constant:
+            inits.append(numpy_helper.from_array(v, name))
+        else:
+            inputs.append(helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(v.dtype), list(v.shape)))
+    node = OP.make_node(names, ["Y"], levels=levels)
+    graph = helper.make_graph(
+        [node], "rowwise", inputs, [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)], inits
+    )
+    return helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid(DOMAIN, OPSET_VERSION)], ir_version=10
+    )
+
+
+@pytest.mark.parametrize("isa", conformance.available_isas())
+@pytest.mark.parametrize(("levels", "bound"), [(127, 20), (255, 20), (255, 128)])
+def test_constant_weights_packed_at_creation_give_the_per_call_bits(isa, levels, bound):
+    """A constant B is packed (and its lane bound found) once, at kernel creation; a B fed at run time on every
+    call. Both must give the same bits, and the reference's values, on every variant and form (groups 4, 2, 0)."""
+    rng = np.random.default_rng(levels + bound)
+    b = rng.integers(-bound, bound + 1, size=(70, 45)).astype(np.int8)
+    scale = rng.uniform(0.001, 0.02, 45).astype(np.float32)
+    bias = rng.uniform(50, 60, 45).astype(np.float32)
+    a = rng.standard_normal((19, 70)).astype(np.float32)
+    want = OP.reference(a, b, scale, bias, levels=levels)[0]
+    with conformance.forced_isa(isa):
+        packed = Session(_model(b, scale, bias, levels, constant=True), kernels="native")
+        per_call = Session(_model(b, scale, bias, levels, constant=False), kernels="native")
+    got_packed = packed.run({"A": a})[0]
+    got_call = per_call.run({"A": a, "B": b, "BScale": scale, "Bias": bias})[0]
+    np.testing.assert_array_equal(got_packed, got_call)
+    rtol, atol = OP.tolerance["float32"]
+    np.testing.assert_allclose(got_packed, want, rtol=rtol, atol=atol)
+
+
+def test_every_variant_gives_the_same_bits():
+    """The AVX2 tile and the portable loop compute the same integers and the same float32 epilogue."""
+    for sample in OP.samples(np.random.default_rng(3)):
+        outs = [conformance.run(OP, sample, "kernel", isa=isa)[0] for isa in conformance.available_isas()]
+        for other in outs[1:]:
+            np.testing.assert_array_equal(outs[0], other, err_msg=sample.name)
+
+
+@given(
+    w=hnp.arrays(np.float64, st.tuples(st.integers(1, 40), st.integers(1, 12)), elements=st.floats(-4, 4)),
+    levels=st.sampled_from([255, 127]),
+    groups=st.sampled_from([1, 2, 4]),
+)
+def test_lane_bounded_weights_keep_every_lane_exact(w, levels, groups):
+    """lane_bounded_weights: int8 on the 8-bit grid whose every lane set, per sign, sums to at most 32767 // levels
+    (so the kernel may sum `groups` vpmaddubsw results in int16), with a step no smaller than the 8-bit one."""
+    q, step = lane_bounded_weights(w, levels, groups)
+    assert q.dtype == np.int8 and step.dtype == np.float32 and q.shape == w.shape
+    assert lane_groups(q, levels) >= groups
+    assert int(lane_set_sums(q, groups).max(initial=0)) * levels <= 32767
+    eight_bit = np.abs(w).max(axis=0) / 127
+    assert np.all(step >= np.float32(eight_bit) * (1 - 1e-6))
+    # the dequantized weights are the float ones within half a step
+    assert np.all(np.abs(q.astype(np.float64) * step - w) <= step.astype(np.float64) * (0.5 + 1e-6))
+
+
+def test_weights_past_the_bound_take_the_exact_path():
+    """Full-range weights at levels 255 saturate even single vpmaddubsw pairs (2 x 255 x 127 > 32767): the kernel
+    must not run the int16 form on them. The worst case, every pair at 127 and every activation at 255, has the
+    reference's exact sums on every variant."""
+    b = np.full((64, 20), 127, np.int8)
+    b[::3] = -128
+    a = np.full((7, 64), 255.0, np.float32)
+    a[:, 0] = 0.0  # lo = 0, s = 1: q = 255 exactly
+    sample = Sample("saturating", (a, b, np.full(20, 1.0, np.float32)))
+    assert lane_groups(b, 255) == 0
+    want = conformance.run(OP, sample, "reference")
+    for isa in conformance.available_isas():
+        got = conformance.run(OP, sample, "kernel", isa=isa)
+        np.testing.assert_array_equal(got[0], want[0].astype(np.float32), err_msg=isa)

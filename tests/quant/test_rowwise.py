@@ -1,0 +1,101 @@
+"""The lane-bounded int8 format (softdeploy.quant.rowwise): quantize() turns the weight MatMuls into
+RowwiseInt8MatMul nodes with lane-bounded weights and folded biases; the model runs on the kernels and, through the
+function bodies, on stock onnxruntime with the same values; static mode refuses the format."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from quant.tiny import mlp_with_custom_op
+from softdeploy import DOMAIN, OPSET_VERSION
+from softdeploy.quant import QuantConfig, QuantizationError, quantize
+from softdeploy.quant.rowwise import GROUPS, LEVELS, weight_groups
+from softdeploy.runtime import Session
+
+
+def _mlp_with_bias(tmp_path):
+    """X [b, 3, 24] -> MatMul(W1) + b1 -> Relu -> MatMul(W2) + b2 -> Y, plus an activation x activation MatMul."""
+    rng = np.random.default_rng(0)
+    w1 = rng.standard_normal((24, 40)).astype(np.float32) * 0.3
+    w2 = rng.standard_normal((40, 24)).astype(np.float32) * 0.3
+    nodes = [
+        helper.make_node("MatMul", ["X", "W1"], ["h"], name="fc1"),
+        helper.make_node("Add", ["h", "b1"], ["hb"], name="fc1_bias"),
+        helper.make_node("Relu", ["hb"], ["r"], name="act"),
+        helper.make_node("MatMul", ["r", "W2"], ["o"], name="fc2"),
+        helper.make_node("Add", ["b2", "o"], ["ob"], name="fc2_bias"),  # bias first: folded all the same
+        helper.make_node("Transpose", ["ob"], ["obt"], name="t", perm=[0, 2, 1]),
+        helper.make_node("MatMul", ["ob", "obt"], ["Y"], name="scores"),  # activation x activation: stays float
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "mlp_bias",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["b", 3, 24])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["b", 3, 3])],
+        initializer=[
+            numpy_helper.from_array(w1, "W1"),
+            numpy_helper.from_array(rng.standard_normal(40).astype(np.float32), "b1"),
+            numpy_helper.from_array(w2, "W2"),
+            numpy_helper.from_array(rng.standard_normal(24).astype(np.float32), "b2"),
+        ],
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid(DOMAIN, OPSET_VERSION)], ir_version=10
+    )
+    path = tmp_path / "mlp_bias.onnx"
+    onnx.save(model, path)
+    return path, rng.standard_normal((5, 3, 24)).astype(np.float32)
+
+
+def test_weight_matmuls_become_rowwise_nodes_with_folded_biases(tmp_path):
+    src, x = _mlp_with_bias(tmp_path)
+    q = quantize(src, tmp_path / "q.onnx", QuantConfig("dynamic", weights="lane-bounded"))
+    assert q.weights == "lane-bounded" and sorted(q.quantized_nodes) == ["fc1", "fc2"]
+    assert "lane-bounded weights as asked" in q.int8_format
+    model = onnx.load(q.path)
+    ops = [n.op_type for n in model.graph.node]
+    assert ops.count("RowwiseInt8MatMul") == 2 and "Add" not in ops  # both biases folded into the op
+    assert ops.count("MatMul") == 1  # the activation x activation one
+    assert {f.name for f in model.functions} == {"RowwiseInt8MatMul"}  # portable: carries its body
+    assert {t.name for t in model.graph.initializer}.isdisjoint({"W1", "W2"})  # float weights dropped
+    assert all(g >= GROUPS for g in weight_groups(model).values())  # the kernel's fast form applies
+    levels = {a.i for n in model.graph.node if n.op_type == "RowwiseInt8MatMul" for a in n.attribute}
+    assert levels == {LEVELS}
+
+    want = Session(src, kernels="portable").run({"X": x})[0]
+    native = Session(q.path, kernels="native").run({"X": x})[0]
+    body = Session(q.path, kernels="portable").run({"X": x})[0]  # stock onnxruntime, the function bodies
+    np.testing.assert_allclose(body, native, rtol=1e-5, atol=1e-5)  # the same integers, float32 epilogues
+    cos = float(np.dot(native.ravel(), want.ravel()) / np.linalg.norm(native) / np.linalg.norm(want))
+    assert cos > 0.995, cos
+    assert not np.allclose(native, want, rtol=1e-6, atol=1e-6)  # int8 really ran
+
+
+def test_only_and_exclude_select_nodes(tmp_path):
+    src, _ = _mlp_with_bias(tmp_path)
+    q = quantize(src, tmp_path / "q.onnx", QuantConfig("dynamic", weights="lane-bounded", exclude=("fc2",)))
+    assert q.quantized_nodes == ["fc1"] and "fc2" in q.float_nodes
+    ops = [n.op_type for n in onnx.load(q.path).graph.node]
+    assert ops.count("RowwiseInt8MatMul") == 1 and ops.count("Add") == 1
+
+
+def test_models_with_custom_ops_keep_them(tmp_path):
+    src = tmp_path / "m.onnx"
+    onnx.save(mlp_with_custom_op(with_function=True), src)
+    q = quantize(src, tmp_path / "q.onnx", QuantConfig("dynamic", weights="lane-bounded"))
+    model = onnx.load(q.path)
+    assert sorted(q.quantized_nodes) == ["fc1", "fc2", "fc3"]
+    assert {f.name for f in model.functions} == {"RowwiseInt8MatMul", "TwoPassSoftmax"}
+    x = np.random.default_rng(1).standard_normal((4, 16)).astype(np.float32)
+    native = Session(q.path, kernels="native").run({"X": x})[0]
+    body = Session(q.path, kernels="portable").run({"X": x})[0]
+    np.testing.assert_allclose(body, native, rtol=1e-5, atol=1e-6)
+
+
+def test_static_mode_refuses_the_format(tmp_path):
+    src, x = _mlp_with_bias(tmp_path)
+    with pytest.raises(QuantizationError, match="lane-bounded weights are a dynamic format"):
+        quantize(src, tmp_path / "q.onnx", QuantConfig("static", weights="lane-bounded"), calibration=[{"X": x}])

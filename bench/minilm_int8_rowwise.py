@@ -12,12 +12,14 @@ its fp32 graph and onnxruntime's dynamic int8 of the same graph (softdeploy.quan
                             this CPU's format (pair-bounded where MLAS has no VNNI)
   rowwise u8, paired        per-row u8 activations, lane-bounded weights (4-product lanes), 2 vpmaddubsw per sum
   rowwise u7, octet         per-row u7 activations, lane-bounded weights (8-product lanes), 4 vpmaddubsw per sum
+  softdeploy lane-bounded   the shipped form of octet: softdeploy.quant.quantize(dynamic, weights="lane-bounded"),
+                            com.softdeploy RowwiseInt8MatMul run by softdeploy's kernel library (its AVX2 variant)
 
 Accuracy on the case's data (653 queries, 871 documents; MaxSim scoring) against the fp32 graph; latency of batch
 1 x 128 tokens, 1 thread, interleaved rounds. On a host with VNNI run it with --emulate-avx2 (bench/cpuid_avx2.c):
 onnxruntime then runs its non-VNNI kernels, the comparison the issue's floor asks for.
 
-    PYTHONPATH=. python bench/minilm_int8_rowwise.py [--emulate-avx2] [--quick] [--rounds 10]
+    PYTHONPATH=. python bench/minilm_int8_rowwise.py [--emulate-avx2] [--quick] [--rounds 10] [--shipped-only]
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ BUILD = ROOT / "build" / "int8_gemm_ort"
 DOMAIN = "bench.int8"
 NR = 16  # the prototype's panel width (i8gemm::kNR)
 
+SHIPPED = "softdeploy lane-bounded (RowwiseInt8MatMul)"
 # (label, activation levels, vpmaddubsw results per int16 sum)
 FORMS = [("rowwise u8, paired", 255, 2), ("rowwise u7, octet", 127, 4)]
 
@@ -142,6 +145,7 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="100 queries")
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--profile", type=int, default=0, help="also: onnxruntime's profile by op type over this many calls")
+    p.add_argument("--shipped-only", action="store_true", help="without the prototype's graphs")
     harness.add_emulate_avx2(p)
     args = p.parse_args()
 
@@ -153,7 +157,14 @@ def main() -> None:
     case.export_fp32(fp32, fuse=True)
     int8 = quantize(fp32, tmp / "int8.onnx", QuantConfig("dynamic"))
     paths: dict[str, Path] = {"ort fp32": fp32, f"ort int8 dynamic ({int8.weights} weights)": int8.path}
+    # The shipped path: softdeploy.quant's lane-bounded format (com.softdeploy RowwiseInt8MatMul, the library's kernel)
+    shipped = quantize(fp32, tmp / "lane_bounded.onnx", QuantConfig("dynamic", weights="lane-bounded"))
+    if len(shipped.quantized_nodes) != 36:
+        sys.exit(f"lane-bounded: {len(shipped.quantized_nodes)} MatMuls rewritten, expected MiniLM's 36")
+    paths[SHIPPED] = shipped.path
     for label, levels, groups in FORMS:
+        if args.shipped_only:
+            break
         out = tmp / f"rowwise_{levels}_{groups}.onnx"
         count = rowwise_graph(fp32, out, levels, groups)
         if count != 36:

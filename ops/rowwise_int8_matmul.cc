@@ -16,6 +16,7 @@
 // What must stay true: every contract check runs before ParallelFor; both variants produce the same integers and
 // the same bits (the same float32 operations; see the AVX2 unit's header); the kernel's state after creation is
 // read-only (concurrent Run).
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -212,7 +213,7 @@ struct RowwiseInt8MatMulKernel {
     const int64_t M = NumElements(y_shape);  // rows: A's leading dimensions flattened
     y_shape.push_back(N);
     float* y = AllocOutput<float>(ctx, 0, y_shape);
-    if (M == 0 || N == 0) return;
+    if (M == 0) return;
 
     const float* x = reinterpret_cast<const float*>(a.data);
     const bool vector = isa != Isa::kPortable;
@@ -228,14 +229,16 @@ struct RowwiseInt8MatMulKernel {
     std::vector<int32_t> za(static_cast<size_t>(M));
     const int64_t bad = vector ? QuantizeRowsAvx2(x, M, K, kp, levels, xq.data(), sa.data(), za.data())
                                : QuantizeRowsPortable(x, M, K, kp, levels, xq.data(), sa.data(), za.data());
-    if (bad >= 0) FailRow(x, K, bad);
+    if (bad >= 0) FailRow(x, K, bad);  // checked for every row, even when N = 0 leaves nothing to compute
+    if (N == 0) return;
     const float* sb = b_scale.data;
     const float* bias_data = bias.present ? bias.data : nullptr;
 
+    // Tasks over 16-column panels in both variants (the same split: results never depend on it): the weights are
+    // read once, the quantized rows (M * kp bytes) by every task. A unit of work ~ 32 int8 products.
+    const int64_t panels = packed->np / kNR;
+    const size_t tasks = NumTasks(panels, M * kp * kNR / 32);
     if (vector && packed->groups > 0) {
-      // Tasks over 16-column panels: the weights are read once, the quantized rows (M * kp bytes) by every task.
-      const int64_t panels = packed->np / kNR;
-      const size_t tasks = NumTasks(panels, M * kp * kNR / 32);  // a unit ~ 32 int8 products
       const PackedView whole = packed->View();
       ParallelFor(ctx, tasks, [&](size_t task) {
         int64_t p0, p1;
@@ -251,25 +254,25 @@ struct RowwiseInt8MatMulKernel {
       });
       return;
     }
-    // Portable (and weights outside the lane bound): rows in tasks, int32 sums over B as stored.
-    const size_t tasks = NumTasks(M, K * N / 8);
+    // Portable (and weights outside the lane bound): int32 sums over B as stored, a row of the task's columns at a time.
     const int8_t* bw = b.data;
     const int32_t* colsum = packed->colsum.data();
     ParallelFor(ctx, tasks, [&](size_t task) {
-      int64_t r0, r1;
-      TaskRange(task, tasks, M, &r0, &r1);
-      std::vector<int32_t> acc(static_cast<size_t>(N));
-      for (int64_t m = r0; m < r1; ++m) {
+      int64_t p0, p1;
+      TaskRange(task, tasks, panels, &p0, &p1);
+      const int64_t n0 = p0 * kNR, n1 = std::min(N, p1 * kNR);
+      std::vector<int32_t> acc(static_cast<size_t>(n1 - n0));
+      for (int64_t m = 0; m < M; ++m) {
         std::fill(acc.begin(), acc.end(), 0);
         const uint8_t* q = xq.data() + m * kp;
         for (int64_t k = 0; k < K; ++k) {
           const int32_t qk = q[k];
-          const int8_t* brow = bw + k * N;
-          for (int64_t n = 0; n < N; ++n) acc[n] += qk * brow[n];
+          const int8_t* brow = bw + k * N + n0;
+          for (int64_t n = 0; n < n1 - n0; ++n) acc[n] += qk * brow[n];
         }
         float* yrow = y + m * N;
-        for (int64_t n = 0; n < N; ++n) {
-          const float v = static_cast<float>(acc[n] - za[m] * colsum[n]);
+        for (int64_t n = n0; n < n1; ++n) {
+          const float v = static_cast<float>(acc[n - n0] - za[m] * colsum[n]);
           yrow[n] = std::fma(v, sa[m] * sb[n], bias_data == nullptr ? 0.f : bias_data[n]);
         }
       }

@@ -306,6 +306,7 @@ def samples(rng: np.random.Generator) -> Iterator[Sample]:
     for m, k, n in ((1, 16, 16), (2, 1, 1), (5, 17, 15), (6, 15, 17), (7, 33, 31), (12, 48, 48), (13, 31, 65)):
         yield Sample(f"m{m}_k{k}_n{n}", (acts(m, k), weights(k, n, 16), scales(n)), kind="edge")
     yield Sample("empty_rows", (acts(0, 8), weights(8, 5, 10), scales(5)), kind="edge")
+    yield Sample("empty_batch_3d", (acts(0, 6, 9), weights(9, 4, 10), scales(4)), kind="edge")
     yield Sample("empty_columns", (acts(4, 8), weights(8, 0, 10), scales(0)), kind="edge")
     bias = rng.uniform(1, 2, 5).astype(np.float32)
     yield Sample("empty_k_gives_bias", (acts(3, 0), weights(0, 5, 10), scales(5), bias), kind="edge")

@@ -9,7 +9,8 @@ rewrites every MatMul whose B is a 2-D float32 initializer into softdeploy's ``R
 * weights symmetric per column on the 8-bit grid, each column's step widened only as far as the AVX2 kernel's
   int16 lanes need to stay exact when ``groups`` (4: 8 products per lane) ``vpmaddubsw`` results are summed
   (``lane_bounded_weights``): 2.25 vector ops per 32 products;
-* a bias ``Add`` of a constant ``[N]`` right after the MatMul folds into the op (its epilogue adds it).
+* a bias ``Add`` of a constant ``[N]`` right after the MatMul folds into the op (its epilogue adds it), as does the
+  bias of onnxruntime's fused ``BiasGelu`` (which then becomes com.microsoft ``Gelu``).
 
 Measured on all-MiniLM-L6-v2 (bench/results/minilm_int8_options.md; 653 queries): sentence cosine to float32
 0.9949 at ``levels`` 127 / ``groups`` 4 (0.9979 at 255 / 2) against onnxruntime's 0.9911, and on an AVX2 core
@@ -41,10 +42,10 @@ def rewrite_matmuls(
     exclude: Collection[str] = (),
 ) -> list[str]:
     """Rewrites (in place) each MatMul of ``model``'s main graph whose second input is a 2-D float32 initializer
-    into a RowwiseInt8MatMul with lane-bounded weights (``levels``, ``groups``), folding a following bias Add of a
-    constant [N]; ``only`` / ``exclude`` select nodes by name. Returns the names of the rewritten MatMuls. Attaches
+    into a RowwiseInt8MatMul with lane-bounded weights (``levels``, ``groups``), folding a following bias Add (or
+    com.microsoft BiasGelu) of a constant [N]; ``only`` / ``exclude`` select nodes by name. Returns the names of the rewritten MatMuls. Attaches
     the function bodies and the com.softdeploy import."""
-    from onnx import TensorProto, numpy_helper
+    from onnx import TensorProto, helper, numpy_helper
 
     from softdeploy.export.functions import attach_function_bodies
     from softdeploy.ops import REGISTRY
@@ -75,15 +76,21 @@ def rewrite_matmuls(
         graph.initializer.extend([numpy_helper.from_array(q, q_name), numpy_helper.from_array(step, s_name)])
         inputs, output = [node.input[0], q_name, s_name], node.output[0]
         users = consumers.get(output, [])
-        if output not in graph_outputs and len(users) == 1 and users[0].op_type == "Add":
-            add = users[0]
-            other = add.input[1] if add.input[0] == output else add.input[0]
-            bias = inits.get(other)
+        gelu = None
+        if output not in graph_outputs and len(users) == 1 and users[0].op_type in ("Add", "BiasGelu"):
+            user = users[0]
+            other = [i for i in user.input if i != output]
+            bias = inits.get(other[0]) if len(other) == 1 else None
             if bias is not None and list(bias.dims) == [q.shape[1]] and bias.data_type == TensorProto.FLOAT:
-                inputs.append(other)
-                output = add.output[0]
-                folded.add(id(add))
+                inputs.append(other[0])
+                folded.add(id(user))
+                if user.op_type == "Add":
+                    output = user.output[0]
+                else:  # onnxruntime's fused BiasGelu(x, bias): the bias moves into the op, Gelu stays
+                    gelu = helper.make_node("Gelu", [output], list(user.output), name=user.name, domain=user.domain)
         new_nodes.append(op.make_node(inputs, [output], name=f"{base}_rowwise", levels=levels))
+        if gelu is not None:
+            new_nodes.append(gelu)
         done.append(node.name)
     del graph.node[:]
     graph.node.extend(new_nodes)

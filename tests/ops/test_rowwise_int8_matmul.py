@@ -102,3 +102,29 @@ def test_weights_past_the_bound_take_the_exact_path():
     for isa in conformance.available_isas():
         got = conformance.run(OP, sample, "kernel", isa=isa)
         np.testing.assert_array_equal(got[0], want[0].astype(np.float32), err_msg=isa)
+
+
+def test_threads_share_one_session_with_packed_weights():
+    """The weights packed at creation are the kernel's only state: 8 threads running one session (2 intra-op
+    threads, several panel tasks) get the serial run's bits."""
+    import threading
+
+    rng = np.random.default_rng(7)
+    b = rng.integers(-20, 21, size=(96, 100)).astype(np.int8)
+    scale = rng.uniform(0.001, 0.02, 100).astype(np.float32)
+    a = rng.standard_normal((64, 96)).astype(np.float32)
+    session = Session(_model(b, scale, None, 127, constant=True), kernels="native", threads=2)
+    want = session.run({"A": a})[0].tobytes()
+    bad: list[int] = []
+
+    def worker() -> None:
+        for _ in range(50):
+            if session.run({"A": a})[0].tobytes() != want:
+                bad.append(1)
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not bad

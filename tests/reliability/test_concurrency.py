@@ -57,6 +57,10 @@ def expected_tasks(op: OpDef, sample: Sample) -> int:
     if "Landmarks" in ports:  # ops/nystrom_gaussian_attention.cc: one task per (batch, head)
         b, h = np.shape(ports["Q"])[:2]
         return b * h
+    if {"A", "B", "BScale"} <= set(ports):  # ops/rowwise_int8_matmul.cc: 16-column panels, M * kp * 16 / 32 each
+        m = math.prod(np.shape(ports["A"])[:-1])
+        k, n = np.shape(ports["B"])
+        return 0 if m == 0 or n == 0 else num_tasks(-(-n // 16), m * (-(-k // 16) * 16) * 16 // 32)
     if set(ports) in (
         {"Q", "K", "V"},
         {"Q", "K", "V", "Mask"},
@@ -66,13 +70,18 @@ def expected_tasks(op: OpDef, sample: Sample) -> int:
     raise AssertionError(f"{op.name}: no task model here; add its NumTasks call site to expected_tasks()")
 
 
+def _int8_tokens(op: OpDef, sample: Sample) -> bool:
+    """Whether the sample's "T" inputs are int8 (MaxSim's int8 samples): the float32 runs here skip those. Ports
+    that are int8 by contract (RowwiseInt8MatMul's B) do not count."""
+    return any(
+        p.dtype == "T" and v is not None and np.asarray(v).dtype == np.int8
+        for p, v in zip(op.inputs, sample.inputs, strict=False)
+    )
+
+
 def small_sample(op: OpDef) -> Sample:
     """The op's typical float32 sample with the fewest elements."""
-    typical = [
-        s
-        for s in op.samples(np.random.default_rng(0))
-        if s.kind == "typical" and not any(v is not None and np.asarray(v).dtype == np.int8 for v in s.inputs)
-    ]
+    typical = [s for s in op.samples(np.random.default_rng(0)) if s.kind == "typical" and not _int8_tokens(op, s)]
     return min(typical, key=lambda s: sum(np.size(v) for v in s.inputs if v is not None))
 
 
@@ -81,7 +90,7 @@ def splitting_sample(op: OpDef) -> Sample:
     until the kernel splits it into >= 2 tasks (values re-drawn from the sample's own)."""
     best: tuple[int, Sample] | None = None
     for s in op.samples(np.random.default_rng(0)):
-        if s.kind != "typical" or any(v is not None and np.asarray(v).dtype == np.int8 for v in s.inputs):
+        if s.kind != "typical" or _int8_tokens(op, s):
             continue
         sizes = {g: g for g in dim_groups(s)}
         rng = np.random.default_rng(1)

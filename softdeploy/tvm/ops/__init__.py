@@ -145,6 +145,8 @@ def inline_neighbours(sch: Any) -> None:
 FUNCTION_BODY_ONLY: dict[str, str] = {
     "LoRAMixer": "its routed form (group tokens by selected expert, then per-expert GEMMs of data-dependent "
     "sizes) has no static TE compute; the dense function body (two GEMMs over all experts) imports as is",
+    "RowwiseInt8MatMul": "no TIR int8 compute yet: TVM runs the function body (the row quantization and an "
+    "exact float64 MatMul of the integers), right but slower than float32",
     "SoftpickAttention": "no TIR flash-style compute yet: TVM runs the float64 function body, which "
     "materialises the [B, H, Tq, Tk] scores",
 }

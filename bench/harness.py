@@ -131,7 +131,14 @@ def ort_session(model_bytes_or_path, n_threads: int, opt_level: str = "all", pro
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if library is not None:
         so.register_custom_ops_library(str(library))
-    return ort.InferenceSession(model_bytes_or_path, so, providers=providers or ["CPUExecutionProvider"])
+    from softdeploy.runtime.session import DISABLED_OPTIMIZERS  # as softdeploy's own sessions (measured slower)
+
+    return ort.InferenceSession(
+        model_bytes_or_path,
+        so,
+        providers=providers or ["CPUExecutionProvider"],
+        disabled_optimizers=list(DISABLED_OPTIMIZERS),
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -986,6 +986,7 @@ def _graph_counts(model: Any) -> dict[str, int]:
         "QLinearMatMul",
         "MatMulIntegerToFloat",
         "DynamicQuantizeLinear",
+        "RowwiseInt8MatMul",  # softdeploy's (the lane-bounded format: softdeploy.quant.rowwise)
     }
     ops = [n.op_type for n in model.graph.node]
     return {

@@ -1021,7 +1021,8 @@ def _int8_graph(path: Path) -> dict[str, Any]:
 
     model = onnx.load(path)
     inits = {i.name: i for i in model.graph.initializer}
-    int8_ops = {"MatMulInteger", "DynamicQuantizeMatMul", "QLinearMatMul", "MatMulIntegerToFloat"}
+    # onnxruntime's integer MatMuls, and softdeploy's (the lane-bounded format: softdeploy.quant.rowwise)
+    int8_ops = {"MatMulInteger", "DynamicQuantizeMatMul", "QLinearMatMul", "MatMulIntegerToFloat", "RowwiseInt8MatMul"}
     found = [n for n in model.graph.node if n.op_type in int8_ops]
     float_mm = [n for n in model.graph.node if n.op_type == "MatMul"]
     mixer = [n for n in model.graph.node if n.op_type == "LoRAMixer"]

@@ -35,10 +35,22 @@ CPU class            u8s8 kernel  weights       why
 ==================== ============ ============= =============================================================
 vnni                 vpdpbusd     8-bit         exact int32 sums: fewer bits would only lose accuracy
 avx512 (no VNNI)     vpmaddubsw   pair-bounded  int16 pair saturation at 8-bit weights; bounded pairs cannot
-avx2 (no VNNI)       vpmaddubsw   pair-bounded  the same (the issue's Zen 3 / client-CPU case)
+avx2 (no VNNI)       vpmaddubsw   pair-bounded  the same (the issue's Zen 3 / client-CPU case); dynamic mode:
+                                  (dynamic:     lane-bounded, see below
+                                  lane-bounded)
 x86-64 (no AVX2)     SSE          pair-bounded  onnxruntime's guidance (no VNNI: guard against saturation)
 other                --           8-bit         no vpmaddubsw (ARM: onnxruntime's guidance is reduce_range off)
 ==================== ============ ============= =============================================================
+
+Dynamic mode on an AVX2 CPU without VNNI takes softdeploy's own format, ``lane-bounded``
+(:mod:`softdeploy.quant.rowwise`): the weight MatMuls become com.softdeploy ``RowwiseInt8MatMul`` nodes, whose AVX2
+kernel sums four ``vpmaddubsw`` results in int16 before one ``vpmaddwd`` (2.25 vector ops per 32 products against
+MLAS's 3; exact because the weights are bounded per int16 lane) and quantizes activations per row. Measured on
+all-MiniLM-L6-v2 with an AVX2 CPU's instruction set (bench/results/minilm_int8_options.md): 1.80-1.95x fp32
+against onnxruntime's 1.56-1.61x, sentence cosine 0.995 against 0.991. It is not the choice where onnxruntime's
+int8 is faster (VNNI: vpdpbusd; AVX-512 without VNNI: 64-byte vpmaddubsw, where our kernel would run its AVX2 form),
+nor in static mode (QDQ), nor without softdeploy's kernel library (quantize() then says so and takes the row's
+onnxruntime format).
 
 The rest is the same on every class, and measured (bench/results/minilm_int8_options.md, on a VNNI
 core): weights per output channel (per-tensor lost 0.018 MRR@10 on MiniLM); dynamic mode is
@@ -70,24 +82,41 @@ class Int8Format:
 
     cpu_class: str
     kernel: str  # MLAS's u8s8 multiply on this class
-    weights: str  # one of WEIGHTS
+    weights: str  # one of WEIGHTS: static mode's (and dynamic mode's unless dynamic_weights says otherwise)
     why: str
     per_channel: bool = True
     dynamic_format: str = "QOperator (DynamicQuantizeLinear + MatMulInteger)"
     static_format: str = "QDQ"
     float_matmuls: str = "activation x activation MatMuls (attention)"
     types: str = "u8s8 (uint8 activations, int8 weights)"
+    # dynamic mode's weights where they differ from ``weights`` ("lane-bounded": softdeploy.quant.rowwise), and why
+    dynamic_weights: str | None = None
+    dynamic_why: str = ""
 
     @property
     def reduce_range(self) -> bool:
         """Whether onnxruntime's quantizer runs with ``reduce_range`` (7-bit weights)."""
         return self.weights == "7-bit"
 
+    def weights_for(self, mode: str) -> str:
+        """The weight format (:data:`WEIGHTS`) this class gets in ``mode`` ("dynamic" or "static")."""
+        return self.dynamic_weights if mode == "dynamic" and self.dynamic_weights else self.weights
+
+    def why_for(self, mode: str) -> str:
+        """Why this class gets :meth:`weights_for` ``mode`` (one line)."""
+        return self.dynamic_why if mode == "dynamic" and self.dynamic_weights else self.why
+
     def line(self, mode: str = "dynamic") -> str:
         """One line for reports: the class, the format chosen for ``mode`` and why."""
+        weights = self.weights_for(mode)
+        if weights == "lane-bounded":
+            return (
+                f"int8 format for a {self.cpu_class} CPU: {LANE_BOUNDED_FORMAT}, {WEIGHTS[weights]}, per-channel, "
+                f"{self.float_matmuls} in float -- {self.why_for(mode)}"
+            )
         fmt = self.dynamic_format if mode == "dynamic" else self.static_format
         return (
-            f"int8 format for a {self.cpu_class} CPU: {fmt}, {self.types}, {WEIGHTS[self.weights]}, "
+            f"int8 format for a {self.cpu_class} CPU: {fmt}, {self.types}, {WEIGHTS[weights]}, "
             f"{'per-channel' if self.per_channel else 'per-tensor'}, {self.float_matmuls} in float -- {self.why}"
         )
 
@@ -100,6 +129,17 @@ WEIGHTS: dict[str, str] = {
     # softdeploy.quant.rowwise: not an onnxruntime format; dynamic mode only, asked for explicitly
     "lane-bounded": "lane-bounded 8-bit weights in com.softdeploy RowwiseInt8MatMul (activations 7-bit per row)",
 }
+
+# How reports name the lane-bounded graph format (softdeploy.quant.rowwise).
+LANE_BOUNDED_FORMAT = "com.softdeploy RowwiseInt8MatMul (activations quantized per row inside the op, u7s8)"
+
+_LANE_BOUNDED_WHY = (
+    "without VNNI onnxruntime's u8s8 GEMM (vpmaddubsw + vpmaddwd + vpaddd per 32 products) holds MiniLM int8 at "
+    "1.56-1.61x fp32; softdeploy's RowwiseInt8MatMul sums four vpmaddubsw results in int16 (exact for lane-bounded "
+    "weights) and quantizes activations per row: 1.80-1.95x fp32, sentence cosine 0.995 against 0.991 "
+    "(bench/results/minilm_int8_options.md); it needs softdeploy's kernel library to run fast (stock onnxruntime "
+    "runs its exact function body, slower than fp32)"
+)
 
 _NO_VNNI_WHY = (
     "without VNNI MLAS multiplies with vpmaddubsw, whose int16 pair sums saturate at 8-bit weights; pair-bounded "
@@ -114,7 +154,14 @@ TABLE: dict[str, Int8Format] = {
         "VNNI's vpdpbusd sums u8 x s8 products exactly in int32: 8-bit weights; fewer bits would only lose accuracy",
     ),
     "avx512": Int8Format("avx512 (no VNNI)", "vpmaddubsw", "pair-bounded", _NO_VNNI_WHY),
-    "avx2": Int8Format("avx2 (no VNNI)", "vpmaddubsw", "pair-bounded", _NO_VNNI_WHY),
+    "avx2": Int8Format(
+        "avx2 (no VNNI)",
+        "vpmaddubsw",
+        "pair-bounded",
+        _NO_VNNI_WHY,
+        dynamic_weights="lane-bounded",
+        dynamic_why=_LANE_BOUNDED_WHY,
+    ),
     "x86-64": Int8Format(
         "x86-64 (no AVX2)",
         "SSE",
@@ -192,5 +239,5 @@ def format_lines(mode: str = "dynamic") -> list[str]:
         lines[0] += " (SOFTDEPLOY_TEST_CPU emulates the class; onnxruntime still runs this machine's own int8 kernels)"
     if here.cpu_class != TABLE["avx2"].cpu_class:
         other = TABLE["avx2"]
-        lines.append(f"an AVX2 CPU without VNNI would get: {WEIGHTS[other.weights]} -- {other.why}")
+        lines.append(f"an AVX2 CPU without VNNI would get: {WEIGHTS[other.weights_for(mode)]} -- {other.why_for(mode)}")
     return lines

@@ -318,10 +318,24 @@ def quantize(
 
     chosen = int8_format()
     asked = config.asked_weights()
-    weights = asked or chosen.weights
+    table_weights = chosen.weights_for(config.mode)
+    weights = asked or table_weights
     format_note = chosen.line(config.mode)
-    if asked is not None and asked != chosen.weights:
-        format_note += f"; {asked} weights as asked, not the table's {chosen.weights}"
+    if asked is not None and asked != table_weights:
+        format_note += f"; {asked} weights as asked, not the table's {table_weights}"
+    if asked is None and weights == "lane-bounded":
+        why_not = (
+            ""
+            if config.per_channel
+            else "per-tensor weights were asked (lane-bounded weights have one scale per output channel)"
+        )
+        if not why_not and not _rowwise_kernel_loads():
+            why_not = (
+                "softdeploy's kernel library (RowwiseInt8MatMul) does not load here (`softdeploy doctor` says why)"
+            )
+        if why_not:
+            weights = chosen.weights
+            format_note += f"; {weights} weights in onnxruntime's format instead of lane-bounded: {why_not}"
     op_types = list(config.resolved_op_types())
     exclude = [n for n in config.exclude if n in names]
     if config.mode == "static":
@@ -380,7 +394,37 @@ def quantize(
             return record.kernels
 
     if weights == "lane-bounded":
-        return _quantize_rowwise(proto, output, config, candidates, only, exclude, format_note, t0)
+        # The weight MatMuls become RowwiseInt8MatMul (softdeploy.quant.rowwise); onnxruntime's dynamic quantizer
+        # then takes the other candidates (embedding Gathers, Conv, ...) in its own 8-bit format.
+        if config.mode != "dynamic" or not config.per_channel:
+            raise QuantizationError(
+                "lane-bounded weights are a dynamic, per-channel format (RowwiseInt8MatMul quantizes its activations "
+                f"per row at run time, its weights per output channel); got mode {config.mode!r}, "
+                f"{'per-channel' if config.per_channel else 'per-tensor'}: use 8-bit, 7-bit or pair-bounded weights"
+            )
+        from softdeploy.quant.rowwise import rewrite_matmuls
+
+        matmuls = {name for name, op_type in candidates if op_type == "MatMul"}
+        rewritten = rewrite_matmuls(proto, only=matmuls if only is None else matmuls & set(only), exclude=exclude)
+        rest = [(n, t) for n, t in candidates if t != "MatMul" and (only is None or n in only) and n not in exclude]
+        if rest:
+            op_types, only = sorted({t for _, t in rest}), [n for n, _ in rest]
+            run_quantizer(reduce_range=False)
+            out_model = onnx.load(os.fspath(output))
+            rewritten += _quantized_names(out_model, rest, "dynamic")
+        else:
+            onnx.save(proto, os.fspath(output))
+        done = set(rewritten)
+        return QuantizedModel(
+            path=output,
+            config=config,
+            quantized_nodes=[n for n, _ in candidates if n in done],
+            float_nodes=[n for n, _ in candidates if n not in done],
+            calibration_kernels=None,
+            seconds=time.perf_counter() - t0,
+            int8_format=format_note,
+            weights="lane-bounded",
+        )
     calibration_kernels = run_quantizer(reduce_range=weights == "7-bit")
     out_model = onnx.load(os.fspath(output))
     if weights == "pair-bounded":
@@ -406,41 +450,12 @@ def quantize(
     )
 
 
-def _quantize_rowwise(
-    proto: Any,
-    output: Path,
-    config: QuantConfig,
-    candidates: Sequence[tuple[str, str]],
-    only: Sequence[str] | None,
-    exclude: Sequence[str],
-    format_note: str,
-    t0: float,
-) -> QuantizedModel:
-    """The ``lane-bounded`` format (:mod:`softdeploy.quant.rowwise`): the weight MatMuls become RowwiseInt8MatMul
-    nodes; every other candidate stays float. Dynamic mode only: the op quantizes its activations per row itself."""
-    import onnx
+def _rowwise_kernel_loads() -> bool:
+    """Whether softdeploy's kernel library loads here and runs RowwiseInt8MatMul (the lane-bounded format's speed)."""
+    from softdeploy.runtime import library_status
 
-    from softdeploy.quant.rowwise import rewrite_matmuls
-
-    if config.mode != "dynamic":
-        raise QuantizationError(
-            f"lane-bounded weights are a dynamic format (RowwiseInt8MatMul quantizes its activations per row at run "
-            f"time); mode {config.mode!r} takes 8-bit, 7-bit or pair-bounded weights"
-        )
-    matmuls = {name for name, op_type in candidates if op_type == "MatMul"}
-    rewritten = rewrite_matmuls(proto, only=matmuls if only is None else matmuls & set(only), exclude=exclude)
-    onnx.save(proto, os.fspath(output))
-    done = set(rewritten)
-    return QuantizedModel(
-        path=output,
-        config=config,
-        quantized_nodes=rewritten,
-        float_nodes=[n for n, _ in candidates if n not in done],
-        calibration_kernels=None,
-        seconds=time.perf_counter() - t0,
-        int8_format=format_note,
-        weights="lane-bounded",
-    )
+    info = library_status().info
+    return info is not None and "RowwiseInt8MatMul" in info.ops
 
 
 def _bound_pairs(model: Any, source: Any) -> str:

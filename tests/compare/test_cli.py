@@ -36,7 +36,7 @@ def test_quantize_with_budget(model_and_data: tuple[Path, Path], tmp_path: Path)
     assert [k["node"] for k in report["kept_float"]] == ["fc2"] and report["met"]
 
 
-@pytest.mark.parametrize("weights", ["8-bit", "7-bit", "pair-bounded"])
+@pytest.mark.parametrize("weights", ["8-bit", "7-bit", "pair-bounded", "lane-bounded"])
 def test_quantize_weights_option(model_and_data: tuple[Path, Path], tmp_path: Path, weights: str) -> None:
     model, _ = model_and_data
     out = tmp_path / "q.onnx"

@@ -53,7 +53,7 @@ def test_reports_are_written(result) -> None:  # type: ignore[no-untyped-def]
     want = int8_format().line("dynamic")
     assert data["quantization"]["ort-int8-dynamic"]["int8_format"] == want
     assert data["quantization"]["ort-int8-dynamic"]["reduce_range"] == int8_format().reduce_range
-    assert data["quantization"]["ort-int8-dynamic"]["weights"] == int8_format().weights
+    assert data["quantization"]["ort-int8-dynamic"]["weights"] == int8_format().weights_for("dynamic")
     assert paths["plot"].read_bytes()[:4] == b"\x89PNG"
     md = to_markdown(r)
     assert "## Floors" in md and "ort-int8-dynamic" in md and "## Environment" in md

@@ -124,6 +124,17 @@ def test_the_table_bounds_weight_pairs_exactly_where_vpmaddubsw_saturates():
         assert row.weights in formats.WEIGHTS and not row.reduce_range
         assert row.per_channel and row.static_format == "QDQ" and "attention" in row.float_matmuls
         assert row.why and ("pair-bounded" in row.why or "8-bit" in row.why)
+        assert row.weights_for("static") == row.weights  # static mode is always onnxruntime's QDQ
+
+
+def test_dynamic_mode_takes_rowwise_int8_only_on_avx2_without_vnni():
+    """softdeploy's RowwiseInt8MatMul beats onnxruntime's int8 where MLAS multiplies with 32-byte vpmaddubsw (AVX2
+    without VNNI); with VNNI, or 64-byte vpmaddubsw (AVX-512), onnxruntime's own format stays."""
+    lane = {name for name, row in TABLE.items() if row.weights_for("dynamic") == "lane-bounded"}
+    assert lane == {"avx2"}
+    row = TABLE["avx2"]
+    assert "RowwiseInt8MatMul" in row.line("dynamic") and "lane-bounded" in row.line("dynamic")
+    assert "pair-bounded" in row.line("static") and "RowwiseInt8MatMul" not in row.line("static")
 
 
 def _int8_weights(path: Path) -> list[np.ndarray]:
@@ -143,16 +154,23 @@ def test_quantize_bounds_weight_pairs_on_an_avx2_cpu_and_says_why(tmp_path, monk
     monkeypatch.setenv("SOFTDEPLOY_TEST_CPU", "avx2")
     cls = int8_cpu_class()
     assert cls in ("avx2", "x86-64")  # avx2 on any AVX2 machine; x86-64 on an older one
+    table = int8_format(cls).weights_for("dynamic")  # lane-bounded (avx2) or pair-bounded (x86-64)
     q = quantize(src, tmp_path / "q.onnx", QuantConfig("dynamic"))
+    assert q.weights == table and not q.reduce_range
+    assert q.int8_format == int8_format(cls).line("dynamic")
+    ops = {n.op_type for n in onnx.load(q.path).graph.node}
+    if table == "lane-bounded":  # softdeploy's int8 GEMM: RowwiseInt8MatMul instead of onnxruntime's integer ops
+        assert "RowwiseInt8MatMul" in ops and "MatMulInteger" not in ops and "RowwiseInt8MatMul" in q.int8_format
+    # onnxruntime's format on this class: pair-bounded (the table's where MLAS runs the model)
+    q = quantize(src, tmp_path / "pairs.onnx", QuantConfig("dynamic", weights="pair-bounded"))
     assert q.weights == "pair-bounded" and not q.reduce_range
     weights = _int8_weights(q.path)
     assert weights and max(max_same_sign_pair(w) for w in weights) <= PAIR_LIMIT  # no saturation
     assert max(int(np.abs(w.astype(np.int32)).max()) for w in weights) > 64  # finer than 7 bits
-    assert q.int8_format == int8_format(cls).line("dynamic")
     assert "pair-bounded" in q.int8_format and ("vpmaddubsw" in q.int8_format or "guidance" in q.int8_format)
     # an explicit setting wins, and the report says it overrode the table
     full = quantize(src, tmp_path / "full.onnx", QuantConfig("dynamic", reduce_range=False))
-    assert full.weights == "8-bit" and "8-bit weights as asked, not the table's pair-bounded" in full.int8_format
+    assert full.weights == "8-bit" and f"8-bit weights as asked, not the table's {table}" in full.int8_format
     assert max(max_same_sign_pair(w) for w in _int8_weights(full.path)) > PAIR_LIMIT
     seven = quantize(src, tmp_path / "seven.onnx", QuantConfig("dynamic", weights="7-bit"))
     assert seven.reduce_range and seven.weights == "7-bit"
@@ -167,7 +185,8 @@ def test_reports_record_the_format(tmp_path, monkeypatch):
     monkeypatch.setenv("SOFTDEPLOY_TEST_CPU", "avx2")
     q = quantize(src, tmp_path / "q.onnx", QuantConfig("dynamic"))
     report = json.loads(write_report(q, tmp_path / "q.json").read_text())
-    assert report["int8_format"] == q.int8_format and report["weights"] == "pair-bounded"
+    want = int8_format(int8_cpu_class()).weights_for("dynamic")  # lane-bounded on an AVX2 machine
+    assert report["int8_format"] == q.int8_format and report["weights"] == want
     assert report["reduce_range"] is False
 
 
@@ -176,9 +195,10 @@ def test_doctor_lines_name_this_cpus_format_and_the_avx2_one(monkeypatch):
     monkeypatch.delenv("SOFTDEPLOY_TEST_CPU", raising=False)
     here, avx2 = format_lines()
     assert here.startswith("this CPU (vnni): ") and "8-bit weights" in here
-    assert avx2.startswith("an AVX2 CPU without VNNI would get: pair-bounded 8-bit weights")
+    assert avx2.startswith("an AVX2 CPU without VNNI would get: lane-bounded 8-bit weights in com.softdeploy")
+    assert format_lines("static")[1].startswith("an AVX2 CPU without VNNI would get: pair-bounded 8-bit weights")
     monkeypatch.setattr(formats, "int8_cpu_class", lambda *a, **k: "avx2")
     monkeypatch.setenv("SOFTDEPLOY_TEST_CPU", "avx2")
     (only,) = format_lines()
-    assert only.startswith("this CPU (avx2 (no VNNI)): ") and "pair-bounded 8-bit weights" in only
+    assert only.startswith("this CPU (avx2 (no VNNI)): ") and "RowwiseInt8MatMul" in only
     assert "SOFTDEPLOY_TEST_CPU emulates" in only

@@ -40,7 +40,11 @@ def profile(path: Path, feeds: dict, runs: int, extra_library: Path | None = Non
         so.register_custom_ops_library(str(extra_library))
     so.enable_profiling = True
     so.profile_file_prefix = str(path.with_suffix(""))
-    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    from softdeploy.runtime.session import DISABLED_OPTIMIZERS  # profile the graph softdeploy's Session runs
+
+    sess = ort.InferenceSession(
+        str(path), so, providers=["CPUExecutionProvider"], disabled_optimizers=list(DISABLED_OPTIMIZERS)
+    )
     for _ in range(5):  # the first calls after creation allocate
         sess.run(None, feeds)
     for _ in range(runs):

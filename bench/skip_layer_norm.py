@@ -165,7 +165,6 @@ def main() -> None:
     harness.add_emulate_avx2(p)
     args = p.parse_args()
     harness.header("onnxruntime's SkipLayerNormFusion on CPU")
-    print(f"- {harness.cpuid_note()}\n")
     one_node(args.rounds)
     minilm(args.rounds)
 

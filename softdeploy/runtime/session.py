@@ -44,10 +44,10 @@ KERNELS = ("native", "portable", "auto")
 OPTIMIZATIONS = ("all", "basic", "none")  # onnxruntime's graph optimization levels, by their short names
 # onnxruntime graph optimizers every Session turns off, each for a measured reason:
 # * SkipLayerNormFusion fuses Add (+ bias Add) + LayerNormalization into com.microsoft SkipLayerNormalization, whose
-#   CPU kernel (onnxruntime 1.32) ran 2-6x slower than the three ops it replaces: 255 against 55 us at [1, 128, 384],
-#   1.96 against 0.33 ms at [1, 1024, 384], one thread (bench/skip_layer_norm.py). all-MiniLM-L6-v2 encodes 8% faster
-#   in float32 and 12-18% faster in int8 without it (bench/results/skip_layer_norm.md). A model that already holds
-#   SkipLayerNormalization nodes keeps them.
+#   CPU kernel (onnxruntime 1.32) ran 2.2-5x slower than the three ops it replaces (261 against 52 us at [1, 128, 384],
+#   one thread); without it all-MiniLM-L6-v2 encodes 5-6% faster in float32 and 13-27% faster in int8
+#   (bench/skip_layer_norm.py, bench/results/skip_layer_norm.md). A model that already holds SkipLayerNormalization
+#   nodes keeps them.
 DISABLED_OPTIMIZERS = ("SkipLayerNormFusion",)
 
 

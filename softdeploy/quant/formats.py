@@ -46,8 +46,8 @@ Dynamic mode on an AVX2 CPU without VNNI takes softdeploy's own format, ``lane-b
 (:mod:`softdeploy.quant.rowwise`): the weight MatMuls become com.softdeploy ``RowwiseInt8MatMul`` nodes, whose AVX2
 kernel sums four ``vpmaddubsw`` results in int16 before one ``vpmaddwd`` (2.25 vector ops per 32 products against
 MLAS's 3; exact because the weights are bounded per int16 lane) and quantizes activations per row. Measured on
-all-MiniLM-L6-v2 with an AVX2 CPU's instruction set (bench/results/minilm_int8_options.md): 1.80-1.95x fp32
-against onnxruntime's 1.56-1.61x, sentence cosine 0.995 against 0.991. It is not the choice where onnxruntime's
+all-MiniLM-L6-v2 with an AVX2 CPU's instruction set (bench/results/minilm_int8_options.md): 1.96-2.04x fp32
+against onnxruntime's 1.61-1.66x, sentence cosine 0.995 against 0.991. It is not the choice where onnxruntime's
 int8 is faster (VNNI: vpdpbusd; AVX-512 without VNNI: 64-byte vpmaddubsw, where our kernel would run its AVX2 form),
 nor in static mode (QDQ), nor without softdeploy's kernel library (quantize() then says so and takes the row's
 onnxruntime format).
@@ -135,8 +135,8 @@ LANE_BOUNDED_FORMAT = "com.softdeploy RowwiseInt8MatMul (activations quantized p
 
 _LANE_BOUNDED_WHY = (
     "without VNNI onnxruntime's u8s8 GEMM (vpmaddubsw + vpmaddwd + vpaddd per 32 products) holds MiniLM int8 at "
-    "1.56-1.61x fp32; softdeploy's RowwiseInt8MatMul sums four vpmaddubsw results in int16 (exact for lane-bounded "
-    "weights) and quantizes activations per row: 1.80-1.95x fp32, sentence cosine 0.995 against 0.991 "
+    "1.61-1.66x fp32; softdeploy's RowwiseInt8MatMul sums four vpmaddubsw results in int16 (exact for lane-bounded "
+    "weights) and quantizes activations per row: 1.96-2.04x fp32, sentence cosine 0.995 against 0.991 "
     "(bench/results/minilm_int8_options.md); it needs softdeploy's kernel library to run fast (stock onnxruntime "
     "runs its exact function body, slower than fp32)"
 )

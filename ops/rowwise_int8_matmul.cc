@@ -58,7 +58,11 @@ int LaneGroups(const int8_t* b, int64_t K, int64_t N, int levels) {
         for (int t = 0; t < 4; ++t) {
           const int64_t k = i * kKB + 4 * g + t;
           const int32_t w = k < K ? b[k * N + n] : 0;
-          (w > 0 ? pos : neg)[g][t / 2] += w;
+          if (w > 0) {
+            pos[g][t / 2] += w;
+          } else {
+            neg[g][t / 2] += w;
+          }
         }
       }
       for (int p = 0; p < 2; ++p) {

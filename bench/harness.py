@@ -113,8 +113,12 @@ def build_cmake_library(source: Path, build: Path, name: str) -> Path:
     return build / f"lib{name}.so"
 
 
-def ort_session(model_bytes_or_path, n_threads: int, opt_level: str = "all", providers=None, library=None):
-    """A raw onnxruntime session with the benchmarks' options; ``library``: a custom-op library to register."""
+def ort_session(
+    model_bytes_or_path, n_threads: int, opt_level: str = "all", providers=None, library=None, disabled_optimizers=None
+):
+    """A raw onnxruntime session with the benchmarks' options; ``library``: a custom-op library to register;
+    ``disabled_optimizers``: onnxruntime optimizers turned off (None: softdeploy's DISABLED_OPTIMIZERS, as its own
+    sessions)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -137,7 +141,7 @@ def ort_session(model_bytes_or_path, n_threads: int, opt_level: str = "all", pro
         model_bytes_or_path,
         so,
         providers=providers or ["CPUExecutionProvider"],
-        disabled_optimizers=list(DISABLED_OPTIMIZERS),
+        disabled_optimizers=list(DISABLED_OPTIMIZERS if disabled_optimizers is None else disabled_optimizers),
     )
 
 

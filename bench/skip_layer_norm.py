@@ -67,7 +67,7 @@ def one_node(rounds: int) -> None:
     rows = []
     for seq in (8, 128, 1024):
         fused, unfused, feeds = one_node_models(seq)
-        a = harness.ort_session(fused, 1)
+        a = harness.ort_session(fused, 1, disabled_optimizers=[])
         b = harness.ort_session(unfused, 1, opt_level="none")
         diff = float(np.abs(a.run(None, feeds)[0] - b.run(None, feeds)[0]).max())
         stats, _ = measure_interleaved(
@@ -87,8 +87,6 @@ def one_node(rounds: int) -> None:
 
 
 def minilm(rounds: int) -> None:
-    import onnxruntime as ort
-
     from softdeploy.compare.progress import SilentProgress
     from softdeploy.models import get_case
     from softdeploy.quant import QuantConfig, quantize
@@ -110,17 +108,10 @@ def minilm(rounds: int) -> None:
     }
     feeds = case.latency_feeds()
 
-    def session(path: Path, disabled: list[str]) -> ort.InferenceSession:
-        so = ort.SessionOptions()
-        so.intra_op_num_threads, so.inter_op_num_threads = 1, 1
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        so.register_custom_ops_library(str(library_path()))
-        return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"], disabled_optimizers=disabled)
-
     runs = {}
     for name, path in models.items():
-        runs[(name, "fused")] = session(path, [])
-        runs[(name, "off")] = session(path, ["SkipLayerNormFusion"])
+        runs[(name, "fused")] = harness.ort_session(str(path), 1, library=library_path(), disabled_optimizers=[])
+        runs[(name, "off")] = harness.ort_session(str(path), 1, library=library_path())
     meter = LoadMeter().start()
     stats, _ = measure_interleaved(
         {k: (lambda s=s: s.run(None, feeds)) for k, s in runs.items()}, rounds=rounds, round_seconds=0.3

@@ -405,37 +405,29 @@ def quantize(
         from softdeploy.quant.rowwise import rewrite_matmuls
 
         matmuls = {name for name, op_type in candidates if op_type == "MatMul"}
-        rewritten = rewrite_matmuls(proto, only=matmuls if only is None else matmuls & set(only), exclude=exclude)
+        rewrite_matmuls(proto, only=matmuls if only is None else matmuls & set(only), exclude=exclude)
         rest = [(n, t) for n, t in candidates if t != "MatMul" and (only is None or n in only) and n not in exclude]
+        calibration_kernels = None
         if rest:
             op_types, only = sorted({t for _, t in rest}), [n for n, _ in rest]
             run_quantizer(reduce_range=False)
             out_model = onnx.load(os.fspath(output))
-            rewritten += _quantized_names(out_model, rest, "dynamic")
         else:
             onnx.save(proto, os.fspath(output))
-        done = set(rewritten)
-        return QuantizedModel(
-            path=output,
-            config=config,
-            quantized_nodes=[n for n, _ in candidates if n in done],
-            float_nodes=[n for n, _ in candidates if n not in done],
-            calibration_kernels=None,
-            seconds=time.perf_counter() - t0,
-            int8_format=format_note,
-            weights="lane-bounded",
-        )
-    calibration_kernels = run_quantizer(reduce_range=weights == "7-bit")
-    out_model = onnx.load(os.fspath(output))
-    if weights == "pair-bounded":
-        why_not = _bound_pairs(out_model, proto)  # the 8-bit model's int8 MatMul weights, rewritten in place
-        if why_not:
-            weights = "7-bit"
-            format_note += f"; 7-bit weights instead of pair-bounded: {why_not}"
-            calibration_kernels = run_quantizer(reduce_range=True)
-            out_model = onnx.load(os.fspath(output))
-        else:
-            onnx.save(out_model, os.fspath(output))
+            out_model = proto
+    else:
+        calibration_kernels = run_quantizer(reduce_range=weights == "7-bit")
+        out_model = onnx.load(os.fspath(output))
+        if weights == "pair-bounded":
+            why_not = _bound_pairs(out_model, proto)  # the 8-bit model's int8 MatMul weights, rewritten in place
+            if why_not:
+                weights = "7-bit"
+                format_note += f"; 7-bit weights instead of pair-bounded: {why_not}"
+                calibration_kernels = run_quantizer(reduce_range=True)
+                out_model = onnx.load(os.fspath(output))
+            else:
+                onnx.save(out_model, os.fspath(output))
+    # A rewritten MatMul (RowwiseInt8MatMul) or a quantized node no longer stands under its name and op type.
     quantized = _quantized_names(out_model, candidates, config.mode)
     qset = set(quantized)
     return QuantizedModel(

@@ -61,6 +61,7 @@ def main() -> None:
     import onnx
 
     from softdeploy.quant import QuantConfig, quantize
+    from softdeploy.quant.rowwise import rewrite_matmuls
     from softdeploy.runtime import Session
 
     header("RowwiseInt8MatMul vs onnxruntime's float32 MatMul and dynamic int8")
@@ -76,17 +77,21 @@ def main() -> None:
         onnx.save(fp32_model(k, n, rng), src)
         ort8 = quantize(src, tmp / f"ort_int8_{k}_{n}.onnx", QuantConfig("dynamic", weights="pair-bounded")).path
         ours = quantize(src, tmp / f"rowwise_{k}_{n}.onnx", QuantConfig("dynamic", weights="lane-bounded")).path
-        models[(k, n)] = (src, ort8, ours)
+        u8 = onnx.load(src)
+        rewrite_matmuls(u8, levels=255, groups=0)
+        onnx.save(u8, tmp / f"rowwise_u8_{k}_{n}.onnx")
+        models[(k, n)] = (src, ort8, ours, tmp / f"rowwise_u8_{k}_{n}.onnx")
     floor = Avx2VsBody("RowwiseInt8MatMul")
     for nt in args.threads:
         rows = []
         for m, k, n in shapes:
-            src, ort8, ours = models[(k, n)]
+            src, ort8, ours, ours_u8 = models[(k, n)]
             x = {"X": rng.standard_normal((m, k)).astype(np.float32)}
             sessions = {
                 "ort_fp32": Session(src, threads=nt),
                 "ort_int8": Session(ort8, threads=nt),
                 "softdeploy": Session(ours, kernels="native", threads=nt),
+                "softdeploy_u8": Session(ours_u8, kernels="native", threads=nt),
                 "avx2": avx2_session(ours, nt),
                 "ort_body": body_session(ours, nt),
             }
@@ -109,6 +114,7 @@ def main() -> None:
                     *(f"{us[name]:.1f}" for name in sessions),
                     f"{us['ort_fp32'] / us['softdeploy']:.2f}",
                     f"{us['ort_int8'] / us['softdeploy']:.2f}",
+                    f"{us['ort_int8'] / us['softdeploy_u8']:.2f}",
                     floor.add(label, us["ort_body"], us["avx2"]),
                     f"{m * k * n / us['softdeploy'] / 1e3:.0f}",
                     f"{m * k * n / us['ort_int8'] / 1e3:.0f}",
@@ -125,10 +131,12 @@ def main() -> None:
                     "ort_fp32",
                     "ort_int8",
                     "softdeploy",
+                    "softdeploy_u8",
                     "avx2",
                     "ort_body",
                     "fp32 / ours",
                     "ort int8 / ours",
+                    "ort int8 / ours_u8",
                     "body/avx2",
                     "ours GMAC/s",
                     "ort int8 GMAC/s",

@@ -8,10 +8,12 @@
 // The equation and rules: softdeploy/ops/rowwise_int8_matmul.py, rendered in docs/ops/RowwiseInt8MatMul.md. The
 // integers are exact (int32; K <= 65536); the result is fma(float(acc - z colsum), s * BScale, Bias) in float32.
 //
-// Variants: AVX2 (ops/rowwise_int8_matmul_avx2.cc: vpmaddubsw results summed in int16 under the lane bound of
-// ops/rowwise_int8_matmul_kernels.h) on AVX2 and AVX-512 CPUs alike, and portable C++ (also the path for weights
-// outside the lane bound, exact for any int8 B). A constant B (an initializer) is packed and its lane bound found
-// once, at kernel creation; a B fed at run time is packed on every call.
+// Variants: AVX-512 with VNNI (ops/rowwise_int8_matmul_avx512.cc: vpdpbusd zmm, every int8 B); AVX2
+// (ops/rowwise_int8_matmul_avx2.cc: vpmaddubsw results summed in int16 under the lane bound of
+// ops/rowwise_int8_matmul_kernels.h), also on AVX-512 CPUs without VNNI; and portable C++ (also the AVX2 path for
+// weights outside the lane bound, exact for any int8 B). The row quantization is the AVX2 unit's on both vector
+// variants. A constant B (an initializer) is packed (and its lane bound found) once, at kernel creation; a B fed at
+// run time is packed on every call.
 //
 // What must stay true: every contract check runs before ParallelFor; both variants produce the same integers and
 // the same bits (the same float32 operations; see the AVX2 unit's header); the kernel's state after creation is
@@ -37,9 +39,13 @@ constexpr float kMinScale = 0x1p-126f;  // as in the AVX2 unit
 
 constexpr int64_t RoundUp(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
-// B packed for the AVX2 tile (layout: ops/rowwise_int8_matmul_kernels.h), its column sums and lane bound.
+// How a call multiplies, fixed at kernel creation: the portable loops, the AVX2 tile (when the lane bound allows;
+// else the portable loops) or the VNNI tile.
+enum class Path { kPortable, kAvx2, kAvx512Vnni };
+
+// B packed for the vector tiles (layout: ops/rowwise_int8_matmul_kernels.h), its column sums and lane bound.
 struct Packed {
-  std::vector<int8_t> panels;  // empty when groups == 0 or the portable variant runs
+  std::vector<int8_t> panels;  // empty on the portable path, and on the AVX2 path when groups == 0
   std::vector<int32_t> colsum;
   int64_t K = 0, N = 0, kp = 0, np = 0;
   int groups = 0;
@@ -80,8 +86,8 @@ int LaneGroups(const int8_t* b, int64_t K, int64_t N, int levels) {
   return ok[2] ? 4 : ok[1] ? 2 : ok[0] ? 1 : 0;
 }
 
-// Column sums always; panels and lane bound only for the AVX2 variant.
-Packed Pack(const int8_t* b, int64_t K, int64_t N, int levels, bool for_avx2) {
+// Column sums always; the lane bound for the AVX2 path; panels where a vector tile will read them.
+Packed Pack(const int8_t* b, int64_t K, int64_t N, int levels, Path path) {
   Packed p;
   p.K = K;
   p.N = N;
@@ -91,9 +97,11 @@ Packed Pack(const int8_t* b, int64_t K, int64_t N, int levels, bool for_avx2) {
   for (int64_t k = 0; k < K; ++k) {
     for (int64_t n = 0; n < N; ++n) p.colsum[n] += b[k * N + n];
   }
-  if (!for_avx2) return p;
-  p.groups = LaneGroups(b, K, N, levels);
-  if (p.groups == 0) return p;
+  if (path == Path::kPortable) return p;
+  if (path == Path::kAvx2) {
+    p.groups = LaneGroups(b, K, N, levels);
+    if (p.groups == 0) return p;
+  }
   p.panels.assign(static_cast<size_t>(p.kp * p.np), 0);
   for (int64_t n0 = 0; n0 < p.np; n0 += kNR) {
     int8_t* panel = p.panels.data() + n0 * p.kp;
@@ -167,9 +175,14 @@ struct RowwiseInt8MatMulKernel {
 
   int levels;
   Isa isa;
+  Path path;
   std::shared_ptr<const Packed> constant_b;  // B packed at creation when it is an initializer
 
-  explicit RowwiseInt8MatMulKernel(const Attrs& attrs) : isa(SelectIsa()) {
+  explicit RowwiseInt8MatMulKernel(const Attrs& attrs)
+      : isa(SelectIsa()),
+        path(isa == Isa::kPortable                            ? Path::kPortable
+             : isa == Isa::kAvx512 && CpuHasAvx512Vnni() ? Path::kAvx512Vnni
+                                                              : Path::kAvx2) {
     const int64_t l = attrs.Int("levels", 255);
     if (l != 255 && l != 127) {
       Fail(kOp, "levels ", l, " is neither 255 nor 127 (rule: the activations' top code L is 255 (uint8) or 127 ",
@@ -181,7 +194,7 @@ struct RowwiseInt8MatMulKernel {
       const std::vector<int64_t> shape = v.GetTensorTypeAndShapeInfo().GetShape();
       if (shape.size() == 2 && shape[0] <= kMaxK) {  // otherwise Compute names the rule broken
         constant_b = std::make_shared<const Packed>(
-            Pack(v.GetTensorData<int8_t>(), shape[0], shape[1], levels, isa != Isa::kPortable));
+            Pack(v.GetTensorData<int8_t>(), shape[0], shape[1], levels, path));
       }
     }
   }
@@ -220,11 +233,11 @@ struct RowwiseInt8MatMulKernel {
     if (M == 0) return;
 
     const float* x = reinterpret_cast<const float*>(a.data);
-    const bool vector = isa != Isa::kPortable;
+    const bool vector = path != Path::kPortable;
     Packed local;
     const Packed* packed = constant_b.get();
     if (packed == nullptr || packed->K != K || packed->N != N) {
-      local = Pack(b.data, K, N, levels, vector);
+      local = Pack(b.data, K, N, levels, path);
       packed = &local;
     }
     const int64_t kp = packed->kp;
@@ -242,7 +255,7 @@ struct RowwiseInt8MatMulKernel {
     // read once, the quantized rows (M * kp bytes) by every task. A unit of work ~ 32 int8 products.
     const int64_t panels = packed->np / kNR;
     const size_t tasks = NumTasks(panels, M * kp * kNR / 32);
-    if (vector && packed->groups > 0) {
+    if (path == Path::kAvx512Vnni || (path == Path::kAvx2 && packed->groups > 0)) {
       const PackedView whole = packed->View();
       ParallelFor(ctx, tasks, [&](size_t task) {
         int64_t p0, p1;
@@ -253,8 +266,12 @@ struct RowwiseInt8MatMulKernel {
         part.colsum = whole.colsum + n0;
         part.np = (p1 - p0) * kNR;
         part.N = std::min(N, p1 * kNR) - n0;
-        GemmAvx2(part, xq.data(), sa.data(), za.data(), M, sb + n0, bias_data == nullptr ? nullptr : bias_data + n0,
-                 y + n0, N);
+        const float* bias_part = bias_data == nullptr ? nullptr : bias_data + n0;
+        if (path == Path::kAvx512Vnni) {
+          GemmAvx512Vnni(part, xq.data(), sa.data(), za.data(), M, sb + n0, bias_part, y + n0, N);
+        } else {
+          GemmAvx2(part, xq.data(), sa.data(), za.data(), M, sb + n0, bias_part, y + n0, N);
+        }
       });
       return;
     }

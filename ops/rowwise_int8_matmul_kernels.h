@@ -1,8 +1,8 @@
 // RowwiseInt8MatMul's compute pieces shared by the binding (ops/rowwise_int8_matmul.cc: contract checks, weight
-// packing, the portable variant) and the AVX2 translation unit (ops/rowwise_int8_matmul_avx2.cc). The equation and
-// rules: softdeploy/ops/rowwise_int8_matmul.py, rendered in docs/ops/RowwiseInt8MatMul.md.
+// packing, the portable variant) and the vector translation units (ops/rowwise_int8_matmul_avx2.cc,
+// ops/rowwise_int8_matmul_avx512.cc). The equation and rules: softdeploy/ops/rowwise_int8_matmul.py, rendered in docs/ops/RowwiseInt8MatMul.md.
 //
-// The packed weights: B [K, N] int8 in 16-column panels. Per panel and block of 16 k, eight 32-byte vectors
+// The packed weights (both vector tiles read them): B [K, N] int8 in 16-column panels. Per panel and block of 16 k, eight 32-byte vectors
 // [group g = (k / 4) % 4][half h = columns 8h..8h+7]; lane j (4 bytes) of vector [g][h] holds B[16i + 4g + t,
 // n0 + 8h + j] for t = 0..3. K is padded to kp (a multiple of 16) and N to np (a multiple of 16) with 0, and colsum
 // (np entries, 0 past N) holds sum_k B[k, n].
@@ -15,7 +15,7 @@
 // activations' top code (levels). Pack computes the largest of 4, 2, 1 that holds for every lane set; 0 when even
 // single pairs can saturate (then no vpmaddubsw form is exact and the portable path runs).
 //
-// No onnxruntime and no std containers here: the AVX2 translation unit includes this header (see ops/common/vec.h
+// No onnxruntime and no std containers here: the vector translation units include this header (see ops/common/vec.h
 // on why inline code shared with an -mavx2 unit must have internal linkage).
 #pragma once
 
@@ -41,6 +41,11 @@ struct PackedView {
 // = sum_k xq[m, k] B[k, n] in int32. bias may be nullptr (0). AVX2 + FMA only; w.groups must be 4, 2 or 1.
 void GemmAvx2(const PackedView& w, const uint8_t* xq, const float* sa, const int32_t* za, int64_t M, const float* sb,
               const float* bias, float* y, int64_t ldy);
+
+// The same on vpdpbusd zmm (ops/rowwise_int8_matmul_avx512.cc): exact for every int8 B, w.groups is not read.
+// AVX-512 F/BW/VL/DQ + VNNI only.
+void GemmAvx512Vnni(const PackedView& w, const uint8_t* xq, const float* sa, const int32_t* za, int64_t M,
+                    const float* sb, const float* bias, float* y, int64_t ldy);
 
 // Quantizes rows [0, M) of X (row stride K) as the contract says (per row: lo = min(0, min x), hi = max(0, max x),
 // s = (hi - lo) / L or 1 when that is below 2^-126, z = round(clip(-lo / s, 0, L)), q = clip(round(x * (1 / s)) + z,

@@ -969,11 +969,12 @@ def _add_quantize_parser(sub: argparse._SubParsersAction) -> None:  # type: igno
     p.add_argument("--exclude", help="comma-separated node names to keep in float")
     p.add_argument(
         "--weights",
-        choices=("8-bit", "7-bit", "pair-bounded", "lane-bounded"),
+        choices=("8-bit", "7-bit", "pair-bounded", "lane-bounded", "rowwise-8-bit"),
         default=None,
         help="int8 weight format (default: this CPU's; `softdeploy doctor` shows it): pair-bounded and 7-bit "
-        "cannot saturate onnxruntime's kernels on CPUs without VNNI; lane-bounded (dynamic mode) turns the weight "
-        "MatMuls into softdeploy's RowwiseInt8MatMul: per-row activations, faster without VNNI, needs the kernels",
+        "cannot saturate onnxruntime's kernels on CPUs without VNNI; lane-bounded and rowwise-8-bit (dynamic mode) "
+        "turn the weight MatMuls into softdeploy's RowwiseInt8MatMul with per-row activations (lane-bounded: fast "
+        "without VNNI; rowwise-8-bit: fast with AVX-512 VNNI), and need the kernels",
     )
     p.add_argument(
         "--data",

@@ -114,6 +114,15 @@ bool CpuHasAvxVnni() noexcept {
 #endif
 }
 
+bool CpuHasAvx512Vnni() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  unsigned a, b, c, d;
+  return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (c & (1u << 11)) && OsSavesAvxState();
+#else
+  return false;
+#endif
+}
+
 const char* IsaName(Isa isa) noexcept {
   switch (isa) {
     case Isa::kAvx512: return "avx512";

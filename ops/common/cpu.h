@@ -57,6 +57,9 @@ const char* IsaName(Isa isa) noexcept;
 // __builtin_cpu_supports requires for them: same answer under GCC and clang.
 bool CpuHasF16c() noexcept;     // CPUID.1:ECX[29]
 bool CpuHasAvxVnni() noexcept;  // CPUID.(7,1):EAX[4] (VEX vpdpbusd on ymm)
+// CPUID.(7,0):ECX[11] (EVEX vpdpbusd). Only meaningful with the avx512 variant selected, whose detection has
+// checked that the OS saves the zmm state. CPUID traps to the hypervisor on a VM: read it at kernel creation.
+bool CpuHasAvx512Vnni() noexcept;
 
 }  // namespace sd
 

@@ -258,10 +258,12 @@ def lane_bounded_weights(w: np.ndarray, levels: int, groups: int) -> tuple[np.nd
     """``(q int8 [K, N], BScale float32 [N])``: symmetric per-column int8 of float weights ``w [K, N]`` on the 8-bit
     grid, the step of a column widened only as far as the lane bound for ``groups`` and ``levels`` needs, so that
     ``lane_groups(q, levels) >= groups``: step = max(max |w| / 127, largest same-sign lane set sum / (32767 // levels
-    - groups)) (rounding 2 G weights adds at most G to a set's sum). Columns whose step is 0 in float32 get 1."""
+    - groups)) (rounding 2 G weights adds at most G to a set's sum). ``groups`` 0: no bound, the plain 8-bit grid
+    (max |w| / 127; for the VNNI tile, exact for every int8 B). Columns whose step is 0 in float32 get 1."""
     w64 = np.asarray(w, np.float64)
-    limit = 32767 // levels - groups
-    step = np.maximum(np.abs(w64).max(axis=0, initial=0) / 127, lane_set_sums(w64, groups).max(axis=(0, 1)) / limit)
+    step = np.abs(w64).max(axis=0, initial=0) / 127
+    if groups:
+        step = np.maximum(step, lane_set_sums(w64, groups).max(axis=(0, 1), initial=0) / (32767 // levels - groups))
     step = step.astype(np.float32)  # then 1 where it is 0 in float32 (all-zero or ~1e-45 columns: every q is 0)
     step = np.where(step > 0, step, np.float32(1))
     q = np.clip(np.rint(w64 / step.astype(np.float64)), -127, 127).astype(np.int8)

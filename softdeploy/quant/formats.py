@@ -33,7 +33,9 @@ The table (:data:`TABLE`), one row per CPU class (:func:`int8_cpu_class`):
 ==================== ============ ============= =============================================================
 CPU class            u8s8 kernel  weights       why
 ==================== ============ ============= =============================================================
-vnni                 vpdpbusd     8-bit         exact int32 sums: fewer bits would only lose accuracy
+vnni                 vpdpbusd     8-bit         exact int32 sums: fewer bits would only lose accuracy; dynamic
+                                  (dynamic:     mode with AVX-512 VNNI: rowwise-8-bit, see below
+                                  rowwise-8-bit)
 avx512 (no VNNI)     vpmaddubsw   pair-bounded  int16 pair saturation at 8-bit weights; bounded pairs cannot
 avx2 (no VNNI)       vpmaddubsw   pair-bounded  the same (the issue's Zen 3 / client-CPU case); dynamic mode:
                                   (dynamic:     lane-bounded, see below
@@ -51,6 +53,13 @@ against onnxruntime's 1.61-1.66x, sentence cosine 0.995 against 0.991. It is not
 int8 is faster (VNNI: vpdpbusd; AVX-512 without VNNI: 64-byte vpmaddubsw, where our kernel would run its AVX2 form),
 nor in static mode (QDQ), nor without softdeploy's kernel library (quantize() then says so and takes the row's
 onnxruntime format).
+
+Dynamic mode on a CPU with AVX-512 VNNI takes ``rowwise-8-bit`` (:mod:`softdeploy.quant.rowwise`): the same
+RowwiseInt8MatMul nodes with 8-bit activations per row and plain 8-bit weights, run by the kernel's vpdpbusd tile
+(exact for every int8 weight). On all-MiniLM-L6-v2 it is as fast as onnxruntime's VNNI int8 and more accurate
+(sentence cosine 0.9985 against 0.9913; bench/results/minilm_int8_options.md). Where VNNI comes only as AVX-VNNI on
+an AVX2 core (Alder Lake), softdeploy's kernel has no vpdpbusd ymm tile yet, so quantize() keeps onnxruntime's
+8-bit format there and says so.
 
 The rest is the same on every class, and measured (bench/results/minilm_int8_options.md, on a VNNI
 core): weights per output channel (per-tensor lost 0.018 MRR@10 on MiniLM); dynamic mode is
@@ -109,10 +118,10 @@ class Int8Format:
     def line(self, mode: str = "dynamic") -> str:
         """One line for reports: the class, the format chosen for ``mode`` and why."""
         weights = self.weights_for(mode)
-        if weights == "lane-bounded":
+        if weights in ROWWISE_FORMAT:
             return (
-                f"int8 format for a {self.cpu_class} CPU: {LANE_BOUNDED_FORMAT}, {WEIGHTS[weights]}, per-channel, "
-                f"{self.float_matmuls} in float -- {self.why_for(mode)}"
+                f"int8 format for a {self.cpu_class} CPU: {ROWWISE_FORMAT[weights]}, {WEIGHTS[weights]}, "
+                f"per-channel, {self.float_matmuls} in float -- {self.why_for(mode)}"
             )
         fmt = self.dynamic_format if mode == "dynamic" else self.static_format
         return (
@@ -126,12 +135,23 @@ WEIGHTS: dict[str, str] = {
     "8-bit": "8-bit weights",
     "7-bit": "7-bit weights (reduce_range)",
     "pair-bounded": "pair-bounded 8-bit weights (same-sign pairs |w_2j| + |w_2j+1| <= 128)",
-    # softdeploy.quant.rowwise: not an onnxruntime format; dynamic mode only, asked for explicitly
+    # softdeploy.quant.rowwise: not onnxruntime formats; dynamic, per-channel only
     "lane-bounded": "lane-bounded 8-bit weights in com.softdeploy RowwiseInt8MatMul (activations 7-bit per row)",
+    "rowwise-8-bit": "8-bit weights in com.softdeploy RowwiseInt8MatMul (activations 8-bit per row)",
 }
 
-# How reports name the lane-bounded graph format (softdeploy.quant.rowwise).
-LANE_BOUNDED_FORMAT = "com.softdeploy RowwiseInt8MatMul (activations quantized per row inside the op, u7s8)"
+# How reports name softdeploy's graph formats (softdeploy.quant.rowwise), by weight format.
+ROWWISE_FORMAT: dict[str, str] = {
+    "lane-bounded": "com.softdeploy RowwiseInt8MatMul (activations quantized per row inside the op, u7s8)",
+    "rowwise-8-bit": "com.softdeploy RowwiseInt8MatMul (activations quantized per row inside the op, u8s8)",
+}
+
+_ROWWISE_VNNI_WHY = (
+    "with AVX-512 VNNI softdeploy's RowwiseInt8MatMul (vpdpbusd zmm, 82% of the core's vpdpbusd peak) encodes "
+    "MiniLM as fast as onnxruntime's int8 (2.50x fp32 against 2.55x) and quantizes activations per row: sentence "
+    "cosine 0.9985 against 0.9913, MRR@10 drop 0.0014 against 0.0046 (bench/results/minilm_int8_options.md); it "
+    "needs softdeploy's kernel library to run fast (stock onnxruntime runs its exact function body, slower than fp32)"
+)
 
 _LANE_BOUNDED_WHY = (
     "without VNNI onnxruntime's u8s8 GEMM (vpmaddubsw + vpmaddwd + vpaddd per 32 products) holds MiniLM int8 at "
@@ -152,6 +172,8 @@ TABLE: dict[str, Int8Format] = {
         "vpdpbusd",
         "8-bit",
         "VNNI's vpdpbusd sums u8 x s8 products exactly in int32: 8-bit weights; fewer bits would only lose accuracy",
+        dynamic_weights="rowwise-8-bit",
+        dynamic_why=_ROWWISE_VNNI_WHY,
     ),
     "avx512": Int8Format("avx512 (no VNNI)", "vpmaddubsw", "pair-bounded", _NO_VNNI_WHY),
     "avx2": Int8Format(

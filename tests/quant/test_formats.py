@@ -127,14 +127,17 @@ def test_the_table_bounds_weight_pairs_exactly_where_vpmaddubsw_saturates():
         assert row.weights_for("static") == row.weights  # static mode is always onnxruntime's QDQ
 
 
-def test_dynamic_mode_takes_rowwise_int8_only_on_avx2_without_vnni():
+def test_dynamic_mode_takes_rowwise_int8_on_avx2_without_vnni_and_on_vnni():
     """softdeploy's RowwiseInt8MatMul beats onnxruntime's int8 where MLAS multiplies with 32-byte vpmaddubsw (AVX2
-    without VNNI); with VNNI, or 64-byte vpmaddubsw (AVX-512), onnxruntime's own format stays."""
+    without VNNI: lane-bounded), and matches it with better accuracy on VNNI (rowwise-8-bit); with 64-byte
+    vpmaddubsw (AVX-512 without VNNI) onnxruntime's own format stays. Static mode is always onnxruntime's QDQ."""
     lane = {name for name, row in TABLE.items() if row.weights_for("dynamic") == "lane-bounded"}
     assert lane == {"avx2"}
-    row = TABLE["avx2"]
-    assert "RowwiseInt8MatMul" in row.line("dynamic") and "lane-bounded" in row.line("dynamic")
-    assert "pair-bounded" in row.line("static") and "RowwiseInt8MatMul" not in row.line("static")
+    assert {name for name, row in TABLE.items() if row.weights_for("dynamic") == "rowwise-8-bit"} == {"vnni"}
+    for name, fmt in (("avx2", "u7s8"), ("vnni", "u8s8")):
+        row = TABLE[name]
+        assert "RowwiseInt8MatMul" in row.line("dynamic") and fmt in row.line("dynamic")
+        assert "RowwiseInt8MatMul" not in row.line("static")
 
 
 def _int8_weights(path: Path) -> list[np.ndarray]:

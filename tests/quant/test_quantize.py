@@ -9,6 +9,7 @@ import pytest
 from quant.tiny import feeds, mlp_with_custom_op
 from softdeploy.quant import QuantConfig, QuantizationError, candidate_nodes, output_cosine, quantize
 from softdeploy.quant.quantize import load_named
+from softdeploy.quant.rowwise import FORMS as ROWWISE_FORMS
 from softdeploy.runtime import Session
 
 
@@ -29,8 +30,8 @@ def test_dynamic_quantizes_matmuls_and_keeps_custom_op(tmp_path: Path) -> None:
     assert q.quantized_nodes == ["fc1", "fc2", "fc3"] and q.float_nodes == []
     out = onnx.load(q.path)
     ops = {n.op_type for n in out.graph.node}
-    # onnxruntime's integer MatMuls, or softdeploy's RowwiseInt8MatMul where this CPU's format is lane-bounded
-    int8_op = "RowwiseInt8MatMul" if q.weights == "lane-bounded" else "MatMulInteger"
+    # onnxruntime's integer MatMuls, or softdeploy's RowwiseInt8MatMul where this CPU's format is one of softdeploy's
+    int8_op = "RowwiseInt8MatMul" if q.weights in ROWWISE_FORMS else "MatMulInteger"
     assert int8_op in ops and "TwoPassSoftmax" in ops
     assert any(f.name == "TwoPassSoftmax" for f in out.functions)
     assert _cosine(src, q.path) > 0.99

@@ -1,8 +1,11 @@
-"""The lane-bounded int8 format (softdeploy.quant.rowwise): quantize() turns the weight MatMuls into
-RowwiseInt8MatMul nodes with lane-bounded weights and folded biases; the model runs on the kernels and, through the
-function bodies, on stock onnxruntime with the same values; static mode refuses the format."""
+"""softdeploy's int8 formats (softdeploy.quant.rowwise): quantize() turns the weight MatMuls into RowwiseInt8MatMul
+nodes with lane-bounded (or plain 8-bit: rowwise-8-bit) weights and folded biases; the model runs on the kernels and,
+through the function bodies, on stock onnxruntime with the same values; static mode refuses the formats; the table's
+rowwise-8-bit falls back to onnxruntime's 8-bit format, saying why, where the kernel's VNNI tile cannot run."""
 
 from __future__ import annotations
+
+import importlib
 
 import numpy as np
 import onnx
@@ -12,8 +15,12 @@ from onnx import TensorProto, helper, numpy_helper
 from quant.tiny import mlp_with_custom_op
 from softdeploy import DOMAIN, OPSET_VERSION
 from softdeploy.quant import QuantConfig, QuantizationError, quantize
-from softdeploy.quant.rowwise import GROUPS, LEVELS, weight_groups
+from softdeploy.quant.formats import TABLE
+from softdeploy.quant.rowwise import FORMS, GROUPS, LEVELS, weight_groups
 from softdeploy.runtime import Session
+
+# the module (softdeploy.quant re-exports its function under the same name)
+quantize_module = importlib.import_module("softdeploy.quant.quantize")
 
 
 def _mlp_with_bias(tmp_path):
@@ -99,3 +106,62 @@ def test_static_mode_refuses_the_format(tmp_path):
     src, x = _mlp_with_bias(tmp_path)
     with pytest.raises(QuantizationError, match="lane-bounded weights are a dynamic, per-channel format"):
         quantize(src, tmp_path / "q.onnx", QuantConfig("static", weights="lane-bounded"), calibration=[{"X": x}])
+
+
+def test_rowwise_8_bit_keeps_the_plain_8_bit_grid_and_8_bit_rows(tmp_path):
+    """rowwise-8-bit: levels 255 and weights on max |w| / 127 per column (no lane bound: full-range columns reach
+    +-127), the same values on the kernels (on a VNNI CPU its vpdpbusd tile) and through the function bodies."""
+    src, x = _mlp_with_bias(tmp_path)
+    q = quantize(src, tmp_path / "q.onnx", QuantConfig("dynamic", weights="rowwise-8-bit"))
+    assert FORMS["rowwise-8-bit"] == (255, 0)
+    assert q.weights == "rowwise-8-bit" and sorted(q.quantized_nodes) == ["fc1", "fc2"]
+    assert "rowwise-8-bit" in q.int8_format or "u8s8" in q.int8_format
+    model = onnx.load(q.path)
+    levels = {a.i for n in model.graph.node if n.op_type == "RowwiseInt8MatMul" for a in n.attribute}
+    assert levels == {255}
+    inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "RowwiseInt8MatMul":
+            assert int(np.abs(inits[node.input[1]].astype(np.int32)).max(axis=0).min()) == 127  # every column
+    want = Session(src, kernels="portable").run({"X": x})[0]
+    native = Session(q.path, kernels="native").run({"X": x})[0]
+    body = Session(q.path, kernels="portable").run({"X": x})[0]
+    np.testing.assert_allclose(body, native, rtol=1e-5, atol=1e-5)
+    cos = float(np.dot(native.ravel(), want.ravel()) / np.linalg.norm(native) / np.linalg.norm(want))
+    assert cos > 0.998, cos  # finer than lane-bounded (0.995 above): 8-bit rows and steps
+    assert not np.allclose(native, want, rtol=1e-6, atol=1e-6)
+
+
+def test_the_tables_rowwise_8_bit_needs_the_vnni_tile(tmp_path, monkeypatch):
+    """On the vnni row dynamic mode takes rowwise-8-bit where the kernel's vpdpbusd tile runs; where it cannot (an
+    AVX-VNNI core, a lowered SOFTDEPLOY_ISA), onnxruntime's 8-bit format, and the report says why."""
+    src, _ = _mlp_with_bias(tmp_path)
+    import softdeploy.quant.formats as formats
+
+    monkeypatch.setattr(formats, "int8_format", lambda *a, **k: TABLE["vnni"])
+    monkeypatch.setattr(quantize_module, "_rowwise_vnni_runs", lambda: True)
+    q = quantize(src, tmp_path / "q.onnx", QuantConfig("dynamic"))
+    assert q.weights == "rowwise-8-bit" and q.int8_format == TABLE["vnni"].line("dynamic")
+    assert "RowwiseInt8MatMul" in {n.op_type for n in onnx.load(q.path).graph.node}
+    monkeypatch.setattr(quantize_module, "_rowwise_vnni_runs", lambda: False)
+    q = quantize(src, tmp_path / "ort.onnx", QuantConfig("dynamic"))
+    assert q.weights == "8-bit" and "instead of rowwise-8-bit" in q.int8_format and "AVX-512 VNNI" in q.int8_format
+    ops = {n.op_type for n in onnx.load(q.path).graph.node}
+    assert "RowwiseInt8MatMul" not in ops and "MatMulInteger" in ops
+    # asked for explicitly, it is what the user gets (correct everywhere; fast only with the VNNI tile)
+    q = quantize(src, tmp_path / "asked.onnx", QuantConfig("dynamic", weights="rowwise-8-bit"))
+    assert q.weights == "rowwise-8-bit"
+
+
+def test_rowwise_vnni_rule_follows_the_selected_variant(monkeypatch):
+    """_rowwise_vnni_runs is the kernel's rule: the avx512 variant selected and AVX-512 VNNI in the CPU flags."""
+    from softdeploy.compare.environment import cpuinfo
+
+    vnni = bool(cpuinfo()[1] & {"avx512_vnni", "avx512vnni"})
+    monkeypatch.setenv("SOFTDEPLOY_ISA", "avx2")
+    assert not quantize_module._rowwise_vnni_runs()
+    monkeypatch.delenv("SOFTDEPLOY_ISA")
+    from softdeploy.runtime import library_status
+
+    info = library_status().info
+    assert quantize_module._rowwise_vnni_runs() == (info is not None and info.isa_selected == "avx512" and vnni)

@@ -15,6 +15,8 @@ its fp32 graph and onnxruntime's dynamic int8 of the same graph (softdeploy.quan
   rowwise u7, octet         per-row u7 activations, lane-bounded weights (8-product lanes), 4 vpmaddubsw per sum
   softdeploy lane-bounded   the shipped form of octet: softdeploy.quant.quantize(dynamic, weights="lane-bounded"),
                             com.softdeploy RowwiseInt8MatMul run by softdeploy's kernel library (its AVX2 variant)
+  softdeploy rowwise-8-bit  (only where the kernel's VNNI tile runs: AVX-512 VNNI, not emulated) quantize(dynamic,
+                            weights="rowwise-8-bit"): per-row u8 activations, plain 8-bit weights, vpdpbusd zmm
 
 Accuracy on the case's data (653 queries, 871 documents; MaxSim scoring) against the fp32 graph; latency of batch
 1 x 128 tokens, 1 thread, interleaved rounds. On a host with VNNI run it with --emulate-avx2 (bench/cpuid_avx2.c):
@@ -52,6 +54,7 @@ DOMAIN = "bench.int8"
 NR = 16  # the prototype's panel width (i8gemm::kNR)
 
 SHIPPED = "softdeploy lane-bounded (RowwiseInt8MatMul)"
+SHIPPED_VNNI = "softdeploy rowwise-8-bit (RowwiseInt8MatMul, VNNI tile)"
 # (label, activation levels, vpmaddubsw results per int16 sum)
 FORMS = [("rowwise u8, paired", 255, 2), ("rowwise u7, octet", 127, 4)]
 
@@ -165,6 +168,11 @@ def main() -> None:
     if len(shipped.quantized_nodes) != 36:
         sys.exit(f"lane-bounded: {len(shipped.quantized_nodes)} MatMuls rewritten, expected MiniLM's 36")
     paths[SHIPPED] = shipped.path
+    from softdeploy.quant.quantize import _rowwise_vnni_runs
+
+    if _rowwise_vnni_runs():  # false under --emulate-avx2 (the kernels then select avx2)
+        vnni = quantize(fp32, tmp / "rowwise_8_bit.onnx", QuantConfig("dynamic", weights="rowwise-8-bit"))
+        paths[SHIPPED_VNNI] = vnni.path
     for label, levels, groups in FORMS:
         if args.shipped_only:
             break

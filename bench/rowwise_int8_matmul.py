@@ -9,9 +9,12 @@ Peers, one-node models of Y = X W + bias with W a float32 initializer, measured 
                 uint8 activations, per-channel pair-bounded weights; DynamicQuantizeMatMul after onnxruntime's fusion)
   softdeploy    com.softdeploy RowwiseInt8MatMul of the same weights (softdeploy.quant.rowwise: lane-bounded, 7-bit
                 per-row activations, groups 4, bias folded), softdeploy's kernel library
+  softdeploy_u8 the same op in the rowwise-8-bit form (8-bit rows, plain 8-bit weights: the AVX-512 VNNI default;
+                on a CPU without the VNNI tile its weights take the exact portable loops, slowly)
 Issue 13's pair: avx2 (the kernel under SOFTDEPLOY_ISA=avx2) and ort_body (its function body in stock onnxruntime:
 the row quantization and an exact float64 MatMul); `body/avx2` >= 1 at every shape is the floor.
-`GMAC/s` counts M x K x N multiply-adds per call. On a host with VNNI, --emulate-avx2 shows an AVX2 CPU without it
+`GMAC/s` counts M x K x N multiply-adds per call; where the VNNI tile runs, a register-only vpdpbusd zmm loop timed in
+the same rounds gives its limit. On a host with VNNI, --emulate-avx2 shows an AVX2 CPU without it
 (bench/cpuid_avx2.c): onnxruntime's MLAS then runs its non-VNNI int8 kernel too.
 """
 
@@ -82,6 +85,21 @@ def main() -> None:
         onnx.save(u8, tmp / f"rowwise_u8_{k}_{n}.onnx")
         models[(k, n)] = (src, ort8, ours, tmp / f"rowwise_u8_{k}_{n}.onnx")
     floor = Avx2VsBody("RowwiseInt8MatMul")
+    from maxsim import peak_library
+
+    from softdeploy.quant.quantize import _rowwise_vnni_runs
+
+    # The physical limit where the op runs its AVX-512 VNNI tile: a register-only vpdpbusd zmm loop
+    # (bench/micro/fma_peak.cc, kind 4), timed in the same interleaved rounds as the sessions.
+    peak_lib = peak_library() if _rowwise_vnni_runs() else None
+    peak_iters = 100_000
+    if peak_lib is not None:
+        sync_print(
+            "- softdeploy runs RowwiseInt8MatMul's AVX-512 VNNI tile here: `% vpdpbusd peak` is against a "
+            "register-only vpdpbusd zmm loop timed in the same rounds, times the threads"
+        )
+    else:
+        sync_print("- softdeploy runs RowwiseInt8MatMul's AVX2 (or portable) code here: no VNNI peak column applies")
     for nt in args.threads:
         rows = []
         for m, k, n in shapes:
@@ -99,14 +117,20 @@ def main() -> None:
             got = sessions["avx2"].run(x)[0]
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)  # the same integers, float32 epilogues
             wait_quiet(args.quiet_wait)
+            fns = {name: (lambda s=s: s.run(x)) for name, s in sessions.items()}
+            if peak_lib is not None:
+                fns["vnni_peak"] = lambda: peak_lib.sd_peak(4, peak_iters)
             t, bg = quiet_bench(
-                {name: (lambda s=s: s.run(x)) for name, s in sessions.items()},
+                fns,
                 rounds=args.rounds,
                 batch_ms=args.batch_ms,
                 max_tries=args.tries,
                 wait_s=args.quiet_wait,
             )
             us = {name: t[name].median * 1e6 for name in sessions}
+            peak_gmacs = (
+                peak_lib.sd_peak(4, peak_iters) / 2 / t["vnni_peak"].median / 1e9 * nt if peak_lib is not None else None
+            )
             label = f"{nt} thr {m}x{k}x{n}"
             rows.append(
                 [
@@ -118,6 +142,8 @@ def main() -> None:
                     floor.add(label, us["ort_body"], us["avx2"]),
                     f"{m * k * n / us['softdeploy'] / 1e3:.0f}",
                     f"{m * k * n / us['ort_int8'] / 1e3:.0f}",
+                    "" if peak_gmacs is None else f"{peak_gmacs:.0f}",
+                    "" if peak_gmacs is None else f"{m * k * n / us['softdeploy_u8'] / 1e3 / peak_gmacs:.0%}",
                     f"{max(t[name].spread for name in sessions):.0%}",
                     f"{bg:.1f}",
                 ]
@@ -140,6 +166,8 @@ def main() -> None:
                     "body/avx2",
                     "ours GMAC/s",
                     "ort int8 GMAC/s",
+                    "vpdpbusd peak GMAC/s",
+                    "ours_u8 % vpdpbusd peak",
                     "max spread",
                     "bg load",
                 ],

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "common/kernel.h"
+#include "rowwise_int8_matmul_common.h"
 #include "rowwise_int8_matmul_kernels.h"
 
 namespace sd {
@@ -35,126 +36,6 @@ using namespace rowwise_int8;  // NOLINT: the kernel's own compute pieces
 constexpr const char* kOp = "RowwiseInt8MatMul";
 // |sum_k (q - z) B[k, n]| <= K * 255 * 128 and z * colsum alike must fit in int32.
 constexpr int64_t kMaxK = 65536;
-constexpr float kMinScale = 0x1p-126f;  // as in the AVX2 unit
-
-constexpr int64_t RoundUp(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
-
-// How a call multiplies, fixed at kernel creation: the portable loops, the AVX2 tile (when the lane bound allows;
-// else the portable loops) or the VNNI tile.
-enum class Path { kPortable, kAvx2, kAvx512Vnni };
-
-// B packed for the vector tiles (layout: ops/rowwise_int8_matmul_kernels.h), its column sums and lane bound.
-struct Packed {
-  std::vector<int8_t> panels;  // empty on the portable path, and on the AVX2 path when groups == 0
-  std::vector<int32_t> colsum;
-  int64_t K = 0, N = 0, kp = 0, np = 0;
-  int groups = 0;
-  PackedView View() const { return {panels.data(), colsum.data(), K, N, kp, np, groups}; }
-};
-
-// The largest of 4, 2, 1 vpmaddubsw results that may be summed in int16 for activations on 0..levels (0: not even
-// single pairs are exact). See the lane bound in ops/rowwise_int8_matmul_kernels.h.
-int LaneGroups(const int8_t* b, int64_t K, int64_t N, int levels) {
-  const int64_t blocks = RoundUp(K, kKB) / kKB;
-  bool ok[3] = {true, true, true};  // groups 1, 2, 4
-  for (int64_t n = 0; n < N && ok[0]; ++n) {
-    for (int64_t i = 0; i < blocks; ++i) {
-      int32_t pos[4][2] = {}, neg[4][2] = {};  // per group g and pair p
-      for (int g = 0; g < 4; ++g) {
-        for (int t = 0; t < 4; ++t) {
-          const int64_t k = i * kKB + 4 * g + t;
-          const int32_t w = k < K ? b[k * N + n] : 0;
-          if (w > 0) {
-            pos[g][t / 2] += w;
-          } else {
-            neg[g][t / 2] += w;
-          }
-        }
-      }
-      for (int p = 0; p < 2; ++p) {
-        const auto fits = [&](int g0, int count) {
-          int32_t sp = 0, sn = 0;
-          for (int g = g0; g < g0 + count; ++g) sp += pos[g][p], sn += neg[g][p];
-          return levels * sp <= 32767 && levels * sn >= -32768;
-        };
-        for (int g = 0; g < 4; ++g) ok[0] = ok[0] && fits(g, 1);
-        ok[1] = ok[1] && fits(0, 2) && fits(2, 2);
-        ok[2] = ok[2] && fits(0, 4);
-      }
-    }
-  }
-  return ok[2] ? 4 : ok[1] ? 2 : ok[0] ? 1 : 0;
-}
-
-// Column sums always; the lane bound for the AVX2 path; panels where a vector tile will read them.
-Packed Pack(const int8_t* b, int64_t K, int64_t N, int levels, Path path) {
-  Packed p;
-  p.K = K;
-  p.N = N;
-  p.kp = RoundUp(K, kKB);
-  p.np = RoundUp(N, kNR);
-  p.colsum.assign(static_cast<size_t>(p.np), 0);
-  for (int64_t k = 0; k < K; ++k) {
-    for (int64_t n = 0; n < N; ++n) p.colsum[n] += b[k * N + n];
-  }
-  if (path == Path::kPortable) return p;
-  if (path == Path::kAvx2) {
-    p.groups = LaneGroups(b, K, N, levels);
-    if (p.groups == 0) return p;
-  }
-  p.panels.assign(static_cast<size_t>(p.kp * p.np), 0);
-  for (int64_t n0 = 0; n0 < p.np; n0 += kNR) {
-    int8_t* panel = p.panels.data() + n0 * p.kp;
-    for (int64_t i = 0; i < p.kp / kKB; ++i) {
-      for (int g = 0; g < 4; ++g) {
-        for (int h = 0; h < 2; ++h) {
-          int8_t* vec = panel + i * 8 * 32 + (g * 2 + h) * 32;
-          for (int j = 0; j < 8; ++j) {
-            const int64_t n = n0 + 8 * h + j;
-            for (int t = 0; t < 4; ++t) {
-              const int64_t k = i * kKB + 4 * g + t;
-              vec[4 * j + t] = k < K && n < N ? b[k * N + n] : 0;
-            }
-          }
-        }
-      }
-    }
-  }
-  return p;
-}
-
-// The portable row quantization: the AVX2 unit's operations, one entry at a time. Returns the first bad row or -1.
-int64_t QuantizeRowsPortable(const float* x, int64_t M, int64_t K, int64_t kp, int levels, uint8_t* xq, float* sa,
-                             int32_t* za) {
-  const float top = static_cast<float>(levels);
-  for (int64_t m = 0; m < M; ++m) {
-    const float* row = x + m * K;
-    float mn = 0.f, mx = 0.f, bad = 0.f;
-    for (int64_t k = 0; k < K; ++k) {
-      mn = row[k] < mn ? row[k] : mn;
-      mx = row[k] > mx ? row[k] : mx;
-      bad += row[k] * 0.f;  // NaN once any entry is NaN or +-inf
-    }
-    const float range = mx - mn;
-    if (bad != bad || !(range <= 3.40282347e38f)) return m;
-    float scale = range / top;
-    if (!(scale >= kMinScale)) scale = 1.f;
-    const float neg_lo = -mn / scale;
-    const float zp = std::nearbyint(neg_lo < 0.f ? 0.f : (neg_lo > top ? top : neg_lo));
-    sa[m] = scale;
-    za[m] = static_cast<int32_t>(zp);
-    const float inv = 1.f / scale;
-    uint8_t* dst = xq + m * kp;
-    int64_t k = 0;
-    for (; k < K; ++k) {
-      const float q = std::nearbyint(row[k] * inv) + zp;
-      dst[k] = static_cast<uint8_t>(q < 0.f ? 0.f : (q > top ? top : q));
-    }
-    for (; k < kp; ++k) dst[k] = static_cast<uint8_t>(zp);
-  }
-  return -1;
-}
-
 // Fails naming the bad row and what is wrong with it (the error path: a plain scan of that row).
 [[noreturn]] void FailRow(const float* x, int64_t K, int64_t m) {
   const float* row = x + m * K;
@@ -276,27 +157,11 @@ struct RowwiseInt8MatMulKernel {
       return;
     }
     // Portable (and weights outside the lane bound): int32 sums over B as stored, a row of the task's columns at a time.
-    const int8_t* bw = b.data;
-    const int32_t* colsum = packed->colsum.data();
     ParallelFor(ctx, tasks, [&](size_t task) {
       int64_t p0, p1;
       TaskRange(task, tasks, panels, &p0, &p1);
-      const int64_t n0 = p0 * kNR, n1 = std::min(N, p1 * kNR);
-      std::vector<int32_t> acc(static_cast<size_t>(n1 - n0));
-      for (int64_t m = 0; m < M; ++m) {
-        std::fill(acc.begin(), acc.end(), 0);
-        const uint8_t* q = xq.data() + m * kp;
-        for (int64_t k = 0; k < K; ++k) {
-          const int32_t qk = q[k];
-          const int8_t* brow = bw + k * N + n0;
-          for (int64_t n = 0; n < n1 - n0; ++n) acc[n] += qk * brow[n];
-        }
-        float* yrow = y + m * N;
-        for (int64_t n = n0; n < n1; ++n) {
-          const float v = static_cast<float>(acc[n - n0] - za[m] * colsum[n]);
-          yrow[n] = std::fma(v, sa[m] * sb[n], bias_data == nullptr ? 0.f : bias_data[n]);
-        }
-      }
+      GemmPortable(b.data, K, N, packed->colsum.data(), xq.data(), kp, sa.data(), za.data(), M, sb, bias_data, y,
+                   p0 * kNR, std::min(N, p1 * kNR));
     });
   }
 };

@@ -31,13 +31,18 @@ in the reference). The kernel then returns ``fma(float32(sum - z colsum), s * BS
 roundings, so its error against the float64 reference is at most ~3 * 2^-24 of ``|s BScale[n] sum|`` plus half an
 ulp of ``Y`` (rtol 3e-7 on samples whose Bias does not cancel the product; without Bias there is nothing to cancel).
 
-The kernel (ops/rowwise_int8_matmul.cc) has an AVX2 variant that runs on AVX2 and AVX-512 CPUs alike and needs no
-VNNI: ``vpmaddubsw`` products summed in int16 over 2 or 4 groups before one ``vpmaddwd`` + ``vpaddd``, 2.25-2.5 vector
-ops per 32 products against onnxruntime's 3 (bench/results/minilm_int8_options.md). That is exact only while no
-int16 lane can saturate, i.e. for "lane-bounded" weights (see :func:`lane_groups`), which
-:func:`lane_bounded_weights` produces; the kernel checks the bound when it packs ``B`` (once per session for an
-initializer) and takes an exact portable path for weights outside it. The bound is a speed condition, never a
-correctness one.
+The kernel (ops/rowwise_int8_matmul.cc) has three variants, all giving the same bits:
+
+* AVX-512 with VNNI (ops/rowwise_int8_matmul_avx512.cc): ``vpdpbusd`` on zmm, 8 rows x 32 columns per tile, exact
+  for every int8 ``B``; 82% of the core's ``vpdpbusd`` peak at MiniLM's shapes, level with onnxruntime's VNNI int8
+  (bench/results/rowwise_int8_matmul.md). An AVX-512 CPU without VNNI runs the AVX2 variant.
+* AVX2 (ops/rowwise_int8_matmul_avx2.cc), no VNNI needed: ``vpmaddubsw`` products summed in int16 over 2 or 4
+  groups before one ``vpmaddwd`` + ``vpaddd``, 2.25-2.5 vector ops per 32 products against onnxruntime's 3
+  (bench/results/minilm_int8_options.md). That is exact only while no int16 lane can saturate, i.e. for
+  "lane-bounded" weights (see :func:`lane_groups`), which :func:`lane_bounded_weights` produces; the kernel checks
+  the bound when it packs ``B`` (once per session for an initializer) and takes the exact portable loops for weights
+  outside it. The bound is a speed condition, never a correctness one.
+* portable C++.
 """
 
 from __future__ import annotations

@@ -29,6 +29,9 @@
 //   LoRAMixer pieces (portable, AVX2, AVX-512; the routing once): the up-projection bit-identical to
 //     the scalar fma chain, the transpose and the finiteness flags exactly, dot tiles to the float64 dot
 //     within (n + 2) u sum |terms| and bit-identical where the kernel promises it (see SweepLoRAMixerDot).
+//   RowwiseInt8MatMul (not over the traits either: its tiles are integer): the AVX2 row quantization bit-identical
+//     to the portable one; every GEMM path (portable loops, AVX2 int16 groups 4 / 2 / 1, AVX-512 VNNI) exactly:
+//     the int64 sums recomputed here, then the contract's float32 epilogue, bit for bit.
 // (Each sweep's own comment below states its equations and tolerances.)
 #include <algorithm>
 #include <cmath>
@@ -46,6 +49,7 @@
 #include "lora_mixer_tiles.h"
 #include "max_sim_tile.h"
 #include "multi_max_row.h"
+#include "rowwise_int8_matmul_common.h"
 #include "soft_nms_row.h"
 #include "softmax_topk_row.h"
 #include "softpick_row.h"
@@ -1076,6 +1080,106 @@ void SweepLoRAMixerRoute() {
   }
 }
 
+// ---- RowwiseInt8MatMul ------------------------------------------------------------------------------
+// Rows M = 1 .. 25 (the AVX2 tile's 6 and the VNNI tile's 8, with every remainder), columns around the 16-column
+// panels and the VNNI tile's pairs of them, k around the 4-byte steps and 16-k blocks, weights whose bound allows
+// each lane-group count (|w| <= 16, 32, 64 at L = 255: groups 4, 2, 1 at least; full range: 0, the portable loops,
+// but for the smallest K), with
+// and without a bias, and each call also split at a panel boundary as the binding's tasks split it. Expected:
+// acc = sum_k xq[m, k] B[k, n] in int64, y = fma(float(acc - z colsum), s * BScale, bias) -- every path exactly.
+namespace rw = sd::rowwise_int8;
+using RowwiseGemm = void (*)(const rw::PackedView&, const uint8_t*, const float*, const int32_t*, int64_t,
+                             const float*, const float*, float*, int64_t);
+
+void SweepRowwise(const char* variant, rw::Path path, RowwiseGemm gemm, bool vector_quantize) {
+  std::mt19937 rng(31);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_real_distribution<float> unit(0.5f, 2.0f);
+  std::vector<int64_t> ns, ks = {1, 2, 3, 4, 5, 7, 8, 12, 15, 16, 17, 20, 31, 32, 33, 64};
+  for (int64_t n = 1; n <= 18; ++n) ns.push_back(n);
+  for (int64_t n : {31, 32, 33, 47, 48, 49, 63, 64, 65, 80}) ns.push_back(n);
+  const int levels = 255;
+  for (int64_t K : ks) {
+    for (int64_t N : ns) {
+      for (int bound : {16, 32, 64, 128}) {
+        std::uniform_int_distribution<int> wdist(-bound, bound - (bound == 128 ? 1 : 0));
+        std::vector<int8_t> b(static_cast<size_t>(K * N));
+        for (auto& v : b) v = static_cast<int8_t>(wdist(rng));
+        const rw::Packed packed = rw::Pack(b.data(), K, N, levels, path);
+        const bool tile = path == rw::Path::kAvx512Vnni || (path == rw::Path::kAvx2 && packed.groups > 0);
+        if (path == rw::Path::kAvx2 && packed.groups != rw::LaneGroups(b.data(), K, N, levels)) {
+          Fail(std::string("RowwiseInt8MatMul ") + variant + ": Pack's groups differ from LaneGroups");
+        }
+        std::vector<float> sb(static_cast<size_t>(N)), bias(static_cast<size_t>(N));
+        for (auto& v : sb) v = unit(rng) / 127.0f;
+        for (auto& v : bias) v = normal(rng);
+        const int64_t M = 25, kp = packed.kp;
+        std::vector<float> x(static_cast<size_t>(M * K));
+        for (int64_t m = 0; m < M; ++m) {
+          for (int64_t k = 0; k < K; ++k) {
+            float v = normal(rng) * (m % 3 == 0 ? 40.0f : 1.0f);
+            if (m % 5 == 1) v = std::round(v * 4.0f) / 4.0f;  // ties at half steps of some scales
+            if (m % 7 == 2) v = 0.0f;                          // an all-zero row: scale 1, zero point 0
+            x[m * K + k] = v;
+          }
+        }
+        std::vector<uint8_t> xq(static_cast<size_t>(M * kp)), xq_ref(xq.size());
+        std::vector<float> sa(static_cast<size_t>(M)), sa_ref(sa.size());
+        std::vector<int32_t> za(static_cast<size_t>(M)), za_ref(za.size());
+        rw::QuantizeRowsPortable(x.data(), M, K, kp, levels, xq_ref.data(), sa_ref.data(), za_ref.data());
+        if (vector_quantize) {
+          rw::QuantizeRowsAvx2(x.data(), M, K, kp, levels, xq.data(), sa.data(), za.data());
+          ++g_checks;
+          if (xq != xq_ref || sa != sa_ref || za != za_ref) {
+            Fail(std::string("RowwiseInt8MatMul ") + variant + ": row quantization differs from the portable one, K=" +
+                 std::to_string(K));
+          }
+        }
+        for (int64_t m_count = 1; m_count <= M; ++m_count) {
+          for (bool with_bias : {false, true}) {
+            const float* bias_p = with_bias ? bias.data() : nullptr;
+            std::vector<float> y(static_cast<size_t>(m_count * N), NAN);
+            if (!tile) {
+              rw::GemmPortable(b.data(), K, N, packed.colsum.data(), xq_ref.data(), kp, sa_ref.data(), za_ref.data(),
+                               m_count, sb.data(), bias_p, y.data(), 0, N);
+            } else {
+              // as the binding's tasks call it: the whole packing, or two parts split at panel 1
+              const rw::PackedView whole = packed.View();
+              const int64_t split = packed.np > rw::kNR && (m_count % 2 == 0) ? rw::kNR : packed.np;
+              for (int64_t n0 = 0; n0 < packed.np; n0 = split) {
+                const int64_t n1 = n0 == 0 ? split : packed.np;
+                rw::PackedView part = whole;
+                part.panels = whole.panels + n0 * kp;
+                part.colsum = whole.colsum + n0;
+                part.np = n1 - n0;
+                part.N = std::min(N, n1) - n0;
+                gemm(part, xq_ref.data(), sa_ref.data(), za_ref.data(), m_count, sb.data() + n0,
+                     bias_p == nullptr ? nullptr : bias_p + n0, y.data() + n0, N);
+                if (n1 == packed.np) break;
+              }
+            }
+            for (int64_t m = 0; m < m_count; ++m) {
+              for (int64_t n = 0; n < N; ++n) {
+                int64_t acc = 0;
+                for (int64_t k = 0; k < K; ++k) acc += int64_t{xq_ref[m * kp + k]} * b[k * N + n];
+                const float v = static_cast<float>(acc - int64_t{za_ref[m]} * packed.colsum[n]);
+                const float want = std::fma(v, sa_ref[m] * sb[n], with_bias ? bias[n] : 0.0f);
+                ++g_checks;
+                if (std::memcmp(&want, &y[m * N + n], sizeof(float)) != 0) {
+                  Fail(std::string("RowwiseInt8MatMul ") + variant + (tile ? " tile" : " portable loops") +
+                       ": M=" + std::to_string(m_count) + " K=" + std::to_string(K) + " N=" + std::to_string(N) +
+                       " groups=" + std::to_string(packed.groups) + " y[" + std::to_string(m) + "," +
+                       std::to_string(n) + "]=" + std::to_string(y[m * N + n]) + " want " + std::to_string(want));
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 int main() {
   const sd::IsaChoice choice = sd::ChooseIsa();
   const sd::Isa isa = choice.detected;  // SOFTDEPLOY_TEST_CPU lowers it, as for the library
@@ -1116,6 +1220,8 @@ int main() {
       Run("MaxSim", [&] { SweepMaxSim({"avx2 int8 avx-vnni", MsPath::kI8AvxVnni, 16, 6, nullptr}); });
       int8.push_back("avx-vnni");
     }
+    Run("RowwiseInt8MatMul", [&] { SweepRowwise("avx2", rw::Path::kAvx2, rw::GemmAvx2, true); });
+    Run("RowwiseInt8MatMul", [&] { SweepRowwise("portable", rw::Path::kPortable, nullptr, false); });
     ran.push_back("avx2");
   }
   if (isa >= sd::Isa::kAvx512) {
@@ -1137,6 +1243,8 @@ int main() {
     if (__builtin_cpu_supports("avx512vnni")) {
       Run("MaxSim", [&] { SweepMaxSim({"avx512 int8 vnni", MsPath::kI8Avx512Vnni, 32, 8, nullptr}); });
       int8.push_back("avx512-vnni");
+      // as the library: the VNNI tile where the avx512 variant runs on a CPU with AVX-512 VNNI
+      Run("RowwiseInt8MatMul", [&] { SweepRowwise("avx512 vnni", rw::Path::kAvx512Vnni, rw::GemmAvx512Vnni, true); });
     }
     ran.push_back("avx512");
   }

@@ -1,5 +1,5 @@
 """The native size-sweep tester (tests/native/sweep.cc, CMake target softdeploy_sweep): every kernel
-written over the vector traits and LoRAMixer's pieces (SWEPT_OPS), for every variant the CPU runs, at generated sizes around its vector
+written over the vector traits and LoRAMixer's and RowwiseInt8MatMul's pieces (SWEPT_OPS), for every variant the CPU runs, at generated sizes around its vector
 width and tiles, against float64 references from the equations. Built here from this source tree in a
 private build directory (never installed), then run as the CPU is and as an AVX2-only and a plain
 x86-64 CPU (SOFTDEPLOY_TEST_CPU)."""
@@ -24,6 +24,7 @@ SWEPT_OPS = {
     "LoRAMixer",
     "MaxSim",
     "MultiMax",
+    "RowwiseInt8MatMul",
     "SoftNMS",
     "SoftmaxTopK",
     "Softpick",

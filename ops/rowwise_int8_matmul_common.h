@@ -1,0 +1,47 @@
+// RowwiseInt8MatMul's scalar pieces shared by the binding (ops/rowwise_int8_matmul.cc) and the size-sweep tester
+// (tests/native/sweep.cc): the weight packing and its lane bound, the portable row quantization and the portable
+// GEMM loop. Baseline x86-64 code with no onnxruntime (defined in ops/rowwise_int8_matmul_common.cc); std
+// containers are fine here, since no per-ISA translation unit includes this header.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "rowwise_int8_matmul_kernels.h"
+
+namespace sd {
+namespace rowwise_int8 {
+
+// How a call multiplies, fixed at kernel creation: the portable loops, the AVX2 tile (when the lane bound allows;
+// else the portable loops) or the VNNI tile.
+enum class Path { kPortable, kAvx2, kAvx512Vnni };
+
+// B packed for the vector tiles (layout: ops/rowwise_int8_matmul_kernels.h), its column sums and lane bound.
+struct Packed {
+  std::vector<int8_t> panels;  // empty on the portable path, and on the AVX2 path when groups == 0
+  std::vector<int32_t> colsum;
+  int64_t K = 0, N = 0, kp = 0, np = 0;
+  int groups = 0;
+  PackedView View() const { return {panels.data(), colsum.data(), K, N, kp, np, groups}; }
+};
+
+// The largest of 4, 2, 1 vpmaddubsw results that may be summed in int16 for activations on 0..levels (0: not even
+// single pairs are exact). See the lane bound in ops/rowwise_int8_matmul_kernels.h.
+int LaneGroups(const int8_t* b, int64_t K, int64_t N, int levels);
+
+// Column sums always; the lane bound for the AVX2 path; panels where a vector tile will read them.
+Packed Pack(const int8_t* b, int64_t K, int64_t N, int levels, Path path);
+
+// The portable row quantization: the AVX2 unit's operations, one entry at a time. Returns the first bad row or -1.
+int64_t QuantizeRowsPortable(const float* x, int64_t M, int64_t K, int64_t kp, int levels, uint8_t* xq, float* sa,
+                             int32_t* za);
+
+// Columns [n0, n1) of Y [M, N] from B [K, N] as stored (int32 sums, a row at a time) and the quantized rows: the
+// portable variant, and the AVX2 one's path for weights outside the lane bound. The epilogue is the tiles':
+// fma(float(acc - za colsum), sa sb, bias), bias nullptr for 0.
+void GemmPortable(const int8_t* b, int64_t K, int64_t N, const int32_t* colsum, const uint8_t* xq, int64_t kp,
+                  const float* sa, const int32_t* za, int64_t M, const float* sb, const float* bias, float* y,
+                  int64_t n0, int64_t n1);
+
+}  // namespace rowwise_int8
+}  // namespace sd

@@ -10,7 +10,7 @@ its fp32 graph and onnxruntime's dynamic int8 of the same graph (softdeploy.quan
   ort fp32                  the case's fp32 graph
   ort int8 dynamic          onnxruntime's own dynamic int8 through softdeploy.quant.quantize: per-tensor u8
                             activations, per-channel weights (8-bit with VNNI, pair-bounded without, even where this
-                            CPU's table row is softdeploy's lane-bounded format)
+                            CPU's table row is one of softdeploy's formats)
   rowwise u8, paired        per-row u8 activations, lane-bounded weights (4-product lanes), 2 vpmaddubsw per sum
   rowwise u7, octet         per-row u7 activations, lane-bounded weights (8-product lanes), 4 vpmaddubsw per sum
   softdeploy lane-bounded   the shipped form of octet: softdeploy.quant.quantize(dynamic, weights="lane-bounded"),
@@ -45,6 +45,7 @@ from softdeploy.compare.metrics import cosine_rows
 from softdeploy.compare.progress import SilentProgress
 from softdeploy.models import get_case
 from softdeploy.quant import QuantConfig, quantize
+from softdeploy.quant.formats import int8_format
 from softdeploy.runtime import Session
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -159,9 +160,9 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="minilm-int8-rowwise-"))
     fp32 = tmp / "fp32.onnx"
     case.export_fp32(fp32, fuse=True)
-    int8 = quantize(fp32, tmp / "int8.onnx", QuantConfig("dynamic"))
-    if int8.weights == "lane-bounded":  # this CPU's table row is softdeploy's format: onnxruntime's own instead
-        int8 = quantize(fp32, tmp / "int8.onnx", QuantConfig("dynamic", weights="pair-bounded"))
+    # onnxruntime's own format (the table row's static-mode weights: 8-bit with VNNI, pair-bounded without), where
+    # dynamic mode's default may be one of softdeploy's RowwiseInt8MatMul formats
+    int8 = quantize(fp32, tmp / "int8.onnx", QuantConfig("dynamic", weights=int8_format().weights))
     paths: dict[str, Path] = {"ort fp32": fp32, f"ort int8 dynamic ({int8.weights} weights)": int8.path}
     # The shipped path: softdeploy.quant's lane-bounded format (com.softdeploy RowwiseInt8MatMul, the library's kernel)
     shipped = quantize(fp32, tmp / "lane_bounded.onnx", QuantConfig("dynamic", weights="lane-bounded"))

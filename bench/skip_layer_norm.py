@@ -90,6 +90,7 @@ def minilm(rounds: int) -> None:
     from softdeploy.compare.progress import SilentProgress
     from softdeploy.models import get_case
     from softdeploy.quant import QuantConfig, quantize
+    from softdeploy.quant.formats import int8_format
     from softdeploy.runtime.library import library_path
 
     case = get_case("minilm_retrieval", quick=True)
@@ -97,9 +98,9 @@ def minilm(rounds: int) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="skip-layer-norm-"))
     fp32 = tmp / "fp32.onnx"
     case.export_fp32(fp32, fuse=True)
-    ort_int8 = quantize(fp32, tmp / "ort_int8.onnx", QuantConfig("dynamic", weights=None))
-    if ort_int8.weights == "lane-bounded":  # onnxruntime's own format for the second row
-        ort_int8 = quantize(fp32, tmp / "ort_int8.onnx", QuantConfig("dynamic", weights="pair-bounded"))
+    # onnxruntime's own format for the second row: the table row's static-mode weights (8-bit, pair-bounded), never
+    # softdeploy's RowwiseInt8MatMul formats, which dynamic mode takes on AVX2 without VNNI and on AVX-512 VNNI
+    ort_int8 = quantize(fp32, tmp / "ort_int8.onnx", QuantConfig("dynamic", weights=int8_format().weights))
     lane = quantize(fp32, tmp / "lane.onnx", QuantConfig("dynamic", weights="lane-bounded"))
     models = {
         "fp32": fp32,

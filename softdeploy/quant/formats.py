@@ -57,7 +57,7 @@ onnxruntime format).
 Dynamic mode on a CPU with AVX-512 VNNI takes ``rowwise-8-bit`` (:mod:`softdeploy.quant.rowwise`): the same
 RowwiseInt8MatMul nodes with 8-bit activations per row and plain 8-bit weights, run by the kernel's vpdpbusd tile
 (exact for every int8 weight). On all-MiniLM-L6-v2 it is as fast as onnxruntime's VNNI int8 and more accurate
-(sentence cosine 0.9985 against 0.9913; bench/results/minilm_int8_options.md). Where VNNI comes only as AVX-VNNI on
+(sentence cosine 0.9981 against 0.9913; bench/results/minilm_int8_options.md). Where VNNI comes only as AVX-VNNI on
 an AVX2 core (Alder Lake), softdeploy's kernel has no vpdpbusd ymm tile yet, so quantize() keeps onnxruntime's
 8-bit format there and says so.
 
@@ -147,9 +147,9 @@ ROWWISE_FORMAT: dict[str, str] = {
 }
 
 _ROWWISE_VNNI_WHY = (
-    "with AVX-512 VNNI softdeploy's RowwiseInt8MatMul (vpdpbusd zmm, 82% of the core's vpdpbusd peak) encodes "
-    "MiniLM as fast as onnxruntime's int8 (2.50x fp32 against 2.55x) and quantizes activations per row: sentence "
-    "cosine 0.9985 against 0.9913, MRR@10 drop 0.0014 against 0.0046 (bench/results/minilm_int8_options.md); it "
+    "with AVX-512 VNNI softdeploy's RowwiseInt8MatMul (vpdpbusd zmm, 72-81% of the core's vpdpbusd peak) encodes "
+    "MiniLM as fast as onnxruntime's int8 (2.52x fp32 against 2.51x) and quantizes activations per row: sentence "
+    "cosine 0.9981 against 0.9913, MRR@10 drop 0.0029 against 0.0046 (bench/results/minilm_int8_options.md); it "
     "needs softdeploy's kernel library to run fast (stock onnxruntime runs its exact function body, slower than fp32)"
 )
 

@@ -3,9 +3,9 @@
 
 ``rowwise-8-bit`` is the form for a CPU with AVX-512 VNNI: 8-bit activations per row, the plain 8-bit per-column
 weight grid (``groups`` 0: no lane bound; the kernel's VNNI tile sums every int8 B exactly). On all-MiniLM-L6-v2 it
-encodes as fast as onnxruntime's VNNI int8 (2.50x fp32 against 2.55x, within the noise of one run) with a sentence
-cosine to fp32 of 0.9985 against 0.9913 and an MRR@10 drop of 0.0014 against 0.0046: the per-row activation scales
-are what onnxruntime's one range per tensor lacks (bench/results/minilm_int8_options.md).
+encodes as fast as onnxruntime's VNNI int8 (2.52x fp32 against 2.51x) with a sentence cosine to fp32 of 0.9981
+against 0.9913 and an MRR@10 drop of 0.0029 against 0.0046: the per-row activation scales are what onnxruntime's
+one range per tensor lacks (bench/results/minilm_int8_options.md).
 
 The rest of this docstring is about ``lane-bounded``, the form for an AVX2 CPU without VNNI.
 

@@ -15,8 +15,8 @@
 // variants. A constant B (an initializer) is packed (and its lane bound found) once, at kernel creation; a B fed at
 // run time is packed on every call.
 //
-// What must stay true: every contract check runs before ParallelFor; both variants produce the same integers and
-// the same bits (the same float32 operations; see the AVX2 unit's header); the kernel's state after creation is
+// What must stay true: every contract check runs before ParallelFor; all variants produce the same integers and
+// the same bits (the same float32 operations; see the vector units' headers); the kernel's state after creation is
 // read-only (concurrent Run).
 #include <algorithm>
 #include <cmath>

@@ -255,8 +255,13 @@ def int8_format(cpu_class: str | None = None) -> Int8Format:
 def format_lines(mode: str = "dynamic") -> list[str]:
     """Two lines for ``softdeploy doctor`` and reports: the format chosen for this CPU, and the one an AVX2 CPU
     without VNNI would get (or that this one is such a CPU)."""
+    from softdeploy.quant.quantize import table_weights
+
     here = int8_format()
     lines = [f"this CPU ({here.cpu_class}): {here.line(mode).split(': ', 1)[1]}"]
+    weights, why_not = table_weights(mode)
+    if why_not:  # softdeploy's format cannot run fast here: quantize() takes onnxruntime's, as it will say
+        lines[0] += f"; here quantize() takes {WEIGHTS[weights]} in onnxruntime's format instead: {why_not}"
     if os.environ.get("SOFTDEPLOY_TEST_CPU"):
         lines[0] += " (SOFTDEPLOY_TEST_CPU emulates the class; onnxruntime still runs this machine's own int8 kernels)"
     if here.cpu_class != TABLE["avx2"].cpu_class:

@@ -10,6 +10,7 @@
 //
 //   gcc -O2 -shared -fPIC bench/cpuid_avx2.c -o /tmp/cpuid_avx2.so -ldl   (dlsym: libdl before glibc 2.34)
 //   LD_PRELOAD=/tmp/cpuid_avx2.so python -c "import numpy; numpy.show_runtime()"   # no AVX512* listed
+//   SD_CPUID_MASK=vnni LD_PRELOAD=/tmp/cpuid_avx2.so ...   # AVX-512 kept, only VNNI hidden (see vnni_only)
 //
 // What must stay true: only CPUID faults are handled (any other SIGSEGV gets the default action and
 // recurs); the handler re-enables CPUID only around its own CPUID instruction. Where the kernel or the
@@ -42,10 +43,20 @@
 #define EAX71_MASK ((1u << 4) | (1u << 5) | (1u << 23))
 #define EDX71_MASK (1u << 4)
 
+// SD_CPUID_MASK=vnni (read once, at load): hide only the VNNI bits (AVX512_VNNI; AVX-VNNI, AVX-VNNI-INT8) and keep
+// AVX-512 -- an AVX-512 CPU without VNNI (Skylake-SP / Skylake-X), whose MLAS int8 kernel is the 64-byte
+// vpmaddubsw one. Unset: the AVX2-only CPU above.
+static int vnni_only;
+
 static void masked_cpuid(uint32_t leaf, uint32_t sub, uint32_t r[4]) {
   syscall(SYS_arch_prctl, ARCH_SET_CPUID, 1);
   __cpuid_count(leaf, sub, r[0], r[1], r[2], r[3]);
   syscall(SYS_arch_prctl, ARCH_SET_CPUID, 0);
+  if (vnni_only) {
+    if (leaf == 7 && sub == 0) r[2] &= ~(1u << 11);
+    if (leaf == 7 && sub == 1) r[0] &= ~(1u << 4), r[3] &= ~(1u << 4);
+    return;
+  }
   if (leaf == 7 && sub == 0) {
     r[1] &= ~EBX7_MASK;
     r[2] &= ~ECX7_MASK;
@@ -115,6 +126,8 @@ sighandler_t signal(int sig, sighandler_t handler) {
 int cpuid_avx2_active(void) { return 1; }
 
 __attribute__((constructor)) static void cpuid_avx2_init(void) {
+  const char* mask = getenv("SD_CPUID_MASK");
+  vnni_only = mask != NULL && strcmp(mask, "vnni") == 0;
   struct sigaction sa;
   memset(&sa, 0, sizeof sa);
   sa.sa_sigaction = on_segv;

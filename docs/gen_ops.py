@@ -81,14 +81,14 @@ def kernel_variants(stem: str) -> dict[str, bool]:
     the ISA in the kernel's own sources (SD_TARGET_*), or a per-ISA translation unit (isa_units)."""
     text = "\n".join(p.read_text() for p in kernel_sources(stem))
     units = isa_units(stem)
-    # A per-ISA unit CMake compiles for AVX-512 VNNI only (_avx512vnni_sources): the variant needs VNNI.
+    # A unit CMake compiles for AVX-512 VNNI (_avx512vnni_sources: ops/<stem>_avx512vnni.cc), which the avx512
+    # variant calls where the CPU has VNNI.
     cmake = (ROOT / "CMakeLists.txt").read_text()
     vnni_units = re.search(r"set\(_avx512vnni_sources([^)]*)\)", cmake)
-    vnni_only = vnni_units is not None and f"ops/{stem}_avx512.cc" in vnni_units.group(1).split()
+    vnni_unit = vnni_units is not None and f"ops/{stem}_avx512vnni.cc" in vnni_units.group(1).split()
     return {
         "avx512": "SD_TARGET_AVX512" in text or "avx512" in units,
-        "avx512vnni": '"avx512vnni"' in text or vnni_only,
-        "avx512vnni_only": vnni_only,
+        "avx512vnni": '"avx512vnni"' in text or vnni_unit,
         "avx2": "SD_TARGET_AVX2" in text or "avx2" in units,
         "portable": True,
     }
@@ -285,9 +285,7 @@ def op_page(d: OpDef, tvm: tuple[set[str], dict[str, str], dict[str, str]]) -> s
         "| --- | --- |",
     ]
     avx512 = "yes" if variants["avx512"] else "no (runs the AVX2 code)" if variants["avx2"] else "no (runs portable)"
-    if variants["avx512vnni_only"]:
-        avx512 = "with AVX-512 VNNI (`vpdpbusd`); without VNNI the AVX2 code runs"
-    elif variants["avx512vnni"]:
+    if variants["avx512vnni"]:
         avx512 += "; int8 with AVX-512 VNNI (`vpdpbusd`) where the CPU has it"
     out.append(f"| AVX-512 | {avx512} |")
     out.append(f"| AVX2 + FMA | {'yes' if variants['avx2'] else 'no (runs portable)'} |")
@@ -331,8 +329,6 @@ def index_page(tvm: tuple[set[str], dict[str, str], dict[str, str]]) -> str:
         v = kernel_variants(d.stem)
         tvm_cell = "TIR" if d.name in tir else ("not importable" if d.name in not_importable else "function body")
         avx512 = ("yes + VNNI" if v["avx512vnni"] else "yes") if v["avx512"] else "no"
-        if v["avx512vnni_only"]:
-            avx512 = "VNNI only"
         out.append(
             f"| [{d.name}]({d.name}.md) | {_cell(_summary(d))} | {avx512} | {'yes' if v['avx2'] else 'no'} | {tvm_cell} |"
         )

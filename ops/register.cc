@@ -113,6 +113,9 @@ std::string LibraryInfoJson() {
       ", \"isa_selected\": ", isa.valid ? JsonString(sd::IsaName(isa.selected)) : std::string("null"),
       ", \"isa_note\": ", isa.note.empty() ? std::string("null") : JsonString(isa.note),
       ", \"isa_cpu_limit\": ", isa.cpu_limit.empty() ? std::string("null") : JsonString(isa.cpu_limit),
+      // what the int8 kernels check at creation (RowwiseInt8MatMul's VNNI tile): CPUID, so an emulated CPU
+      // (bench/cpuid_avx2.c) reads as the kernels see it
+      ", \"avx512_vnni\": ", isa.detected == sd::Isa::kAvx512 && sd::CpuHasAvx512Vnni() ? "true" : "false",
       ", \"compiler\": ", JsonString(kCompiler), ", \"cuda\": ", kCudaJson, "}");
 }
 
@@ -124,7 +127,8 @@ std::string LibraryInfoJson() {
 // ops, isa_detected, isa_requested (SOFTDEPLOY_ISA or null), isa_request_valid, isa_selected (what a
 // kernel created now runs; null when the request is invalid and kernel creation fails), isa_note
 // (why selected differs from requested, or null), isa_cpu_limit (SOFTDEPLOY_TEST_CPU, a test setting
-// capping isa_detected, or null), compiler, cuda ({"compiled": false}, or compiled true with
+// capping isa_detected, or null), avx512_vnni (the detected variant is avx512 and CPUID reports AVX-512 VNNI: the
+// int8 kernels' vpdpbusd tiles run), compiler, cuda ({"compiled": false}, or compiled true with
 // architectures (CMAKE_CUDA_ARCHITECTURES, e.g. "80-real,90"), cuda_version, ops, execution_provider and
 // c_abi). Computed at each call: the ISA fields follow
 // SOFTDEPLOY_ISA and SOFTDEPLOY_TEST_CPU as kernels created at that moment would.

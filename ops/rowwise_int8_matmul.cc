@@ -8,11 +8,11 @@
 // The equation and rules: softdeploy/ops/rowwise_int8_matmul.py, rendered in docs/ops/RowwiseInt8MatMul.md. The
 // integers are exact (int32; K <= 65536); the result is fma(float(acc - z colsum), s * BScale, Bias) in float32.
 //
-// Variants: AVX-512 with VNNI (ops/rowwise_int8_matmul_avx512.cc: vpdpbusd zmm, every int8 B); AVX2
-// (ops/rowwise_int8_matmul_avx2.cc: vpmaddubsw results summed in int16 under the lane bound of
-// ops/rowwise_int8_matmul_kernels.h), also on AVX-512 CPUs without VNNI; and portable C++ (also the AVX2 path for
-// weights outside the lane bound, exact for any int8 B). The row quantization is the AVX2 unit's on both vector
-// variants. A constant B (an initializer) is packed (and its lane bound found) once, at kernel creation; a B fed at
+// Variants: AVX-512 (ops/rowwise_int8_matmul_zmm.h: on a CPU with VNNI the vpdpbusd tile of
+// ops/rowwise_int8_matmul_avx512vnni.cc, every int8 B; without VNNI ops/rowwise_int8_matmul_avx512.cc, the AVX2
+// tile's form on zmm); AVX2 (ops/rowwise_int8_matmul_avx2.cc: vpmaddubsw results summed in int16 under the lane
+// bound of ops/rowwise_int8_matmul_kernels.h); and portable C++ (also the vpmaddubsw paths' way for weights outside
+// the lane bound, exact for any int8 B). The row quantization is the AVX2 unit's on every vector path. A constant B (an initializer) is packed (and its lane bound found) once, at kernel creation; a B fed at
 // run time is packed on every call.
 //
 // What must stay true: every contract check runs before ParallelFor; all variants produce the same integers and
@@ -61,9 +61,10 @@ struct RowwiseInt8MatMulKernel {
 
   explicit RowwiseInt8MatMulKernel(const Attrs& attrs)
       : isa(SelectIsa()),
-        path(isa == Isa::kPortable                            ? Path::kPortable
-             : isa == Isa::kAvx512 && CpuHasAvx512Vnni() ? Path::kAvx512Vnni
-                                                              : Path::kAvx2) {
+        path(isa == Isa::kPortable ? Path::kPortable
+             : isa == Isa::kAvx2   ? Path::kAvx2
+             : CpuHasAvx512Vnni()  ? Path::kAvx512Vnni
+                                   : Path::kAvx512Bw) {
     const int64_t l = attrs.Int("levels", 255);
     if (l != 255 && l != 127) {
       Fail(kOp, "levels ", l, " is neither 255 nor 127 (rule: the activations' top code L is 255 (uint8) or 127 ",
@@ -136,7 +137,7 @@ struct RowwiseInt8MatMulKernel {
     // read once, the quantized rows (M * kp bytes) by every task. A unit of work ~ 32 int8 products.
     const int64_t panels = packed->np / kNR;
     const size_t tasks = NumTasks(panels, M * kp * kNR / 32);
-    if (path == Path::kAvx512Vnni || (path == Path::kAvx2 && packed->groups > 0)) {
+    if (path == Path::kAvx512Vnni || packed->groups > 0) {  // groups > 0 only on the vpmaddubsw paths
       const PackedView whole = packed->View();
       ParallelFor(ctx, tasks, [&](size_t task) {
         int64_t p0, p1;
@@ -148,10 +149,14 @@ struct RowwiseInt8MatMulKernel {
         part.np = (p1 - p0) * kNR;
         part.N = std::min(N, p1 * kNR) - n0;
         const float* bias_part = bias_data == nullptr ? nullptr : bias_data + n0;
-        if (path == Path::kAvx512Vnni) {
-          GemmAvx512Vnni(part, xq.data(), sa.data(), za.data(), M, sb + n0, bias_part, y + n0, N);
-        } else {
-          GemmAvx2(part, xq.data(), sa.data(), za.data(), M, sb + n0, bias_part, y + n0, N);
+        switch (path) {
+          case Path::kAvx512Vnni:
+            GemmAvx512Vnni(part, xq.data(), sa.data(), za.data(), M, sb + n0, bias_part, y + n0, N);
+            break;
+          case Path::kAvx512Bw:
+            GemmAvx512Bw(part, xq.data(), sa.data(), za.data(), M, sb + n0, bias_part, y + n0, N);
+            break;
+          default: GemmAvx2(part, xq.data(), sa.data(), za.data(), M, sb + n0, bias_part, y + n0, N); break;
         }
       });
       return;

@@ -49,7 +49,7 @@ int LaneGroups(const int8_t* b, int64_t K, int64_t N, int levels) {
   return ok[2] ? 4 : ok[1] ? 2 : ok[0] ? 1 : 0;
 }
 
-// Column sums always; the lane bound for the AVX2 path; panels where a vector tile will read them.
+// Column sums always; the lane bound for the vpmaddubsw paths; panels where a vector tile will read them.
 Packed Pack(const int8_t* b, int64_t K, int64_t N, int levels, Path path) {
   Packed p;
   p.K = K;
@@ -61,7 +61,7 @@ Packed Pack(const int8_t* b, int64_t K, int64_t N, int levels, Path path) {
     for (int64_t n = 0; n < N; ++n) p.colsum[n] += b[k * N + n];
   }
   if (path == Path::kPortable) return p;
-  if (path == Path::kAvx2) {
+  if (path == Path::kAvx2 || path == Path::kAvx512Bw) {
     p.groups = LaneGroups(b, K, N, levels);
     if (p.groups == 0) return p;
   }

@@ -12,9 +12,9 @@
 namespace sd {
 namespace rowwise_int8 {
 
-// How a call multiplies, fixed at kernel creation: the portable loops, the AVX2 tile (when the lane bound allows;
-// else the portable loops) or the VNNI tile.
-enum class Path { kPortable, kAvx2, kAvx512Vnni };
+// How a call multiplies, fixed at kernel creation: the portable loops; the AVX2 tile or its zmm form (AVX-512
+// without VNNI), each where the lane bound allows and else the portable loops; or the VNNI tile.
+enum class Path { kPortable, kAvx2, kAvx512Bw, kAvx512Vnni };
 
 // B packed for the vector tiles (layout: ops/rowwise_int8_matmul_kernels.h), its column sums and lane bound.
 struct Packed {
@@ -29,7 +29,7 @@ struct Packed {
 // single pairs are exact). See the lane bound in ops/rowwise_int8_matmul_kernels.h.
 int LaneGroups(const int8_t* b, int64_t K, int64_t N, int levels);
 
-// Column sums always; the lane bound for the AVX2 path; panels where a vector tile will read them.
+// Column sums always; the lane bound for the vpmaddubsw paths; panels where a vector tile will read them.
 Packed Pack(const int8_t* b, int64_t K, int64_t N, int levels, Path path);
 
 // The portable row quantization: the AVX2 unit's operations, one entry at a time. Returns the first bad row or -1.

@@ -1,6 +1,7 @@
 // RowwiseInt8MatMul's compute pieces shared by the binding (ops/rowwise_int8_matmul.cc: contract checks, weight
 // packing, the portable variant) and the vector translation units (ops/rowwise_int8_matmul_avx2.cc,
-// ops/rowwise_int8_matmul_avx512.cc). The equation and rules: softdeploy/ops/rowwise_int8_matmul.py, rendered in docs/ops/RowwiseInt8MatMul.md.
+// ops/rowwise_int8_matmul_avx512.cc, ops/rowwise_int8_matmul_avx512vnni.cc). The equation and rules:
+// softdeploy/ops/rowwise_int8_matmul.py, rendered in docs/ops/RowwiseInt8MatMul.md.
 //
 // The packed weights (both vector tiles read them): B [K, N] int8 in 16-column panels. Per panel and block of 16 k, eight 32-byte vectors
 // [group g = (k / 4) % 4][half h = columns 8h..8h+7]; lane j (4 bytes) of vector [g][h] holds B[16i + 4g + t,
@@ -42,10 +43,15 @@ struct PackedView {
 void GemmAvx2(const PackedView& w, const uint8_t* xq, const float* sa, const int32_t* za, int64_t M, const float* sb,
               const float* bias, float* y, int64_t ldy);
 
-// The same on vpdpbusd zmm (ops/rowwise_int8_matmul_avx512.cc): exact for every int8 B, w.groups is not read.
+// The same on vpdpbusd zmm (ops/rowwise_int8_matmul_avx512vnni.cc): exact for every int8 B, w.groups is not read.
 // AVX-512 F/BW/VL/DQ + VNNI only.
 void GemmAvx512Vnni(const PackedView& w, const uint8_t* xq, const float* sa, const int32_t* za, int64_t M,
                     const float* sb, const float* bias, float* y, int64_t ldy);
+
+// The AVX2 tile's int16-summing form on zmm (ops/rowwise_int8_matmul_avx512.cc), for AVX-512 CPUs without VNNI:
+// w.groups must be 4, 2 or 1. AVX-512 F/BW/VL/DQ only.
+void GemmAvx512Bw(const PackedView& w, const uint8_t* xq, const float* sa, const int32_t* za, int64_t M,
+                  const float* sb, const float* bias, float* y, int64_t ldy);
 
 // Quantizes rows [0, M) of X (row stride K) as the contract says (per row: lo = min(0, min x), hi = max(0, max x),
 // s = (hi - lo) / L or 1 when that is below 2^-126, z = round(clip(-lo / s, 0, L)), q = clip(round(x * (1 / s)) + z,

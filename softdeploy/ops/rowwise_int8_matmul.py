@@ -33,9 +33,10 @@ ulp of ``Y`` (rtol 3e-7 on samples whose Bias does not cancel the product; witho
 
 The kernel (ops/rowwise_int8_matmul.cc) has three variants, all giving the same bits:
 
-* AVX-512 with VNNI (ops/rowwise_int8_matmul_avx512.cc): ``vpdpbusd`` on zmm, 8 rows x 32 columns per tile, exact
-  for every int8 ``B``; 72-81% of the core's ``vpdpbusd`` peak at MiniLM's shapes, level with onnxruntime's VNNI int8
-  (bench/results/rowwise_int8_matmul.md). An AVX-512 CPU without VNNI runs the AVX2 variant.
+* AVX-512 (ops/rowwise_int8_matmul_zmm.h: 8 rows x 32 columns per tile), in two forms chosen by the CPU:
+  with VNNI (ops/rowwise_int8_matmul_avx512vnni.cc) ``vpdpbusd``, exact for every int8 ``B``, 72-81% of the core's
+  ``vpdpbusd`` peak at MiniLM's shapes and level with onnxruntime's VNNI int8 (bench/results/rowwise_int8_matmul.md);
+  without VNNI (ops/rowwise_int8_matmul_avx512.cc) the AVX2 form below on zmm, under the same lane bound.
 * AVX2 (ops/rowwise_int8_matmul_avx2.cc), no VNNI needed: ``vpmaddubsw`` products summed in int16 over 2 or 4
   groups before one ``vpmaddwd`` + ``vpaddd``, 2.25-2.5 vector ops per 32 products against onnxruntime's 3
   (bench/results/minilm_int8_options.md). That is exact only while no int16 lane can saturate, i.e. for

@@ -476,12 +476,12 @@ def _rowwise_kernel_loads() -> bool:
 
 def _rowwise_vnni_runs() -> bool:
     """Whether RowwiseInt8MatMul runs its vpdpbusd tile here (rowwise-8-bit's speed): the kernels' avx512 variant
-    selected on a CPU with AVX-512 VNNI (the kernel's own rule, ops/rowwise_int8_matmul.cc)."""
-    from softdeploy.compare.environment import cpuinfo
+    selected on a CPU with AVX-512 VNNI, as the library reads CPUID (the kernel's own rule,
+    ops/rowwise_int8_matmul.cc)."""
     from softdeploy.runtime import library_status
 
     info = library_status().info
-    return info is not None and info.isa_selected == "avx512" and bool(cpuinfo()[1] & {"avx512_vnni", "avx512vnni"})
+    return info is not None and info.isa_selected == "avx512" and info.avx512_vnni
 
 
 def _bound_pairs(model: Any, source: Any) -> str:

@@ -80,6 +80,9 @@ class LibraryInfo:
     isa_note: str | None
     compiler: str
     isa_cpu_limit: str | None = None  # SOFTDEPLOY_TEST_CPU: a test setting that caps isa_detected
+    # The detected variant is avx512 and CPUID reports AVX-512 VNNI: the int8 kernels' vpdpbusd tiles run
+    # (RowwiseInt8MatMul's with the avx512 variant selected). CPUID, as the kernels read it.
+    avx512_vnni: bool = False
     # The GPU path (docs/guide/gpu.md): whether the CUDA kernels (C ABI sd_cuda_*, CUDAExecutionProvider
     # ops) are compiled into the library, for which architectures ("sm_80", ...) and with which CUDA.
     cuda_compiled: bool = False
@@ -184,6 +187,7 @@ def _query(path: Path) -> LibraryInfo:
             isa_note=raw["isa_note"],
             compiler=str(raw.get("compiler", "")),
             isa_cpu_limit=raw.get("isa_cpu_limit"),
+            avx512_vnni=bool(raw.get("avx512_vnni", False)),
             **_cuda_fields(raw.get("cuda") or {"compiled": False}),
         )
     except (ValueError, KeyError, TypeError) as e:

@@ -30,8 +30,8 @@
 //     the scalar fma chain, the transpose and the finiteness flags exactly, dot tiles to the float64 dot
 //     within (n + 2) u sum |terms| and bit-identical where the kernel promises it (see SweepLoRAMixerDot).
 //   RowwiseInt8MatMul (not over the traits either: its tiles are integer): the AVX2 row quantization bit-identical
-//     to the portable one; every GEMM path (portable loops, AVX2 int16 groups 4 / 2 / 1, AVX-512 VNNI) exactly:
-//     the int64 sums recomputed here, then the contract's float32 epilogue, bit for bit.
+//     to the portable one; every GEMM path (portable loops, AVX2 and AVX-512 BW int16 groups 4 / 2 / 1, AVX-512 VNNI)
+//     exactly: the int64 sums recomputed here, then the contract's float32 epilogue, bit for bit.
 // (Each sweep's own comment below states its equations and tolerances.)
 #include <algorithm>
 #include <cmath>
@@ -1106,8 +1106,9 @@ void SweepRowwise(const char* variant, rw::Path path, RowwiseGemm gemm, bool vec
         std::vector<int8_t> b(static_cast<size_t>(K * N));
         for (auto& v : b) v = static_cast<int8_t>(wdist(rng));
         const rw::Packed packed = rw::Pack(b.data(), K, N, levels, path);
-        const bool tile = path == rw::Path::kAvx512Vnni || (path == rw::Path::kAvx2 && packed.groups > 0);
-        if (path == rw::Path::kAvx2 && packed.groups != rw::LaneGroups(b.data(), K, N, levels)) {
+        const bool bounded = path == rw::Path::kAvx2 || path == rw::Path::kAvx512Bw;  // the vpmaddubsw tiles
+        const bool tile = path == rw::Path::kAvx512Vnni || (bounded && packed.groups > 0);
+        if (bounded && packed.groups != rw::LaneGroups(b.data(), K, N, levels)) {
           Fail(std::string("RowwiseInt8MatMul ") + variant + ": Pack's groups differ from LaneGroups");
         }
         std::vector<float> sb(static_cast<size_t>(N)), bias(static_cast<size_t>(N));
@@ -1234,6 +1235,8 @@ int main() {
     Run("SoftNMS", [&] { SweepSoftNms("avx512", {sd::soft_nms::ScanAvx512, sd::soft_nms::MaxAvx512, sd::soft_nms::FirstEqualAvx512}, 16); });
     Run("SoftNMS", [&] { SweepSoftNmsWeigh("avx512", sd::soft_nms::WeighAvx512); });
     Run("MaxSim", [&] { SweepMaxSim({"avx512 float32", MsPath::kF32, 32, 8, sd::maxsim::TileF32Avx512}); });
+    // the zmm form of the AVX2 tile: what the library runs on AVX-512 CPUs without VNNI (swept on every AVX-512 CPU)
+    Run("RowwiseInt8MatMul", [&] { SweepRowwise("avx512 bw", rw::Path::kAvx512Bw, rw::GemmAvx512Bw, true); });
     Run("LoRAMixer", [&] {
       SweepLoRAMixerDot("avx512", sd::lora_mixer::DotTileAvx512, 16);
       SweepLoRAMixerAxpy("avx512", sd::lora_mixer::AxpyAvx512, 16);

@@ -158,3 +158,54 @@ def test_threads_share_one_session_with_packed_weights():
     for t in threads:
         t.join()
     assert not bad
+
+
+_NO_VNNI_SCRIPT = """
+import numpy as np
+from softdeploy import conformance
+from softdeploy.ops import REGISTRY
+from softdeploy.runtime import library_status
+
+info = library_status().info
+assert info.isa_detected == "avx512" and not info.avx512_vnni, (info.isa_detected, info.avx512_vnni)
+op = REGISTRY["RowwiseInt8MatMul"]
+for sample in op.samples(np.random.default_rng(3)):
+    got = conformance.run(op, sample, "kernel", isa="avx512")
+    want = conformance.run(op, sample, "kernel", isa="portable")
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w, err_msg=sample.name)
+print("bw tile: same bits as the portable variant on", sum(1 for _ in op.samples(np.random.default_rng(3))), "samples")
+"""
+
+
+def test_avx512_without_vnni_runs_the_zmm_lane_tile(tmp_path):
+    """On an AVX-512 CPU without VNNI the avx512 variant runs the AVX2 tile's form on zmm (ops/rowwise_int8_matmul
+    _avx512.cc). On a host with VNNI that path is reached through bench/cpuid_avx2.c with SD_CPUID_MASK=vnni (CPUID
+    faulting: only the VNNI bits hidden, as the kernels read them); every sample must give the portable variant's
+    bits. (On a CPU without VNNI the registry-wide tests run this path natively; an AVX2-only CPU has no avx512.)"""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from softdeploy.runtime import library_status
+
+    info = library_status().info
+    if info is None or info.isa_detected != "avx512" or not info.avx512_vnni:
+        pytest.skip("needs an AVX-512 CPU with VNNI to emulate one without it (without VNNI: the other tests run it)")
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc is needed to build bench/cpuid_avx2.c")
+    root = Path(__file__).resolve().parents[2]
+    shim = tmp_path / "cpuid_avx2.so"
+    subprocess.run(
+        ["gcc", "-O2", "-shared", "-fPIC", str(root / "bench" / "cpuid_avx2.c"), "-o", str(shim), "-ldl"], check=True
+    )
+    # after what is preloaded already (the sanitizer stage's libasan must stay first)
+    preload = " ".join(filter(None, [os.environ.get("LD_PRELOAD", ""), str(shim)]))
+    env = dict(os.environ, SD_CPUID_MASK="vnni", LD_PRELOAD=preload)
+    done = subprocess.run([sys.executable, "-c", _NO_VNNI_SCRIPT], env=env, capture_output=True, text=True, timeout=600)
+    if done.returncode == 3 and "no CPUID faulting" in done.stderr:
+        pytest.skip("this kernel or hypervisor has no CPUID faulting (bench/cpuid_avx2.c cannot emulate)")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "bw tile: same bits" in done.stdout

@@ -154,7 +154,8 @@ def test_the_tables_rowwise_8_bit_needs_the_vnni_tile(tmp_path, monkeypatch):
 
 
 def test_rowwise_vnni_rule_follows_the_selected_variant(monkeypatch):
-    """_rowwise_vnni_runs is the kernel's rule: the avx512 variant selected and AVX-512 VNNI in the CPU flags."""
+    """_rowwise_vnni_runs is the kernel's rule: the avx512 variant selected and AVX-512 VNNI, which the library reads
+    from CPUID as /proc/cpuinfo reports it (outside an emulated CPU)."""
     from softdeploy.compare.environment import cpuinfo
 
     vnni = bool(cpuinfo()[1] & {"avx512_vnni", "avx512vnni"})
@@ -165,3 +166,5 @@ def test_rowwise_vnni_rule_follows_the_selected_variant(monkeypatch):
 
     info = library_status().info
     assert quantize_module._rowwise_vnni_runs() == (info is not None and info.isa_selected == "avx512" and vnni)
+    if info is not None:
+        assert info.avx512_vnni == (info.isa_detected == "avx512" and vnni)

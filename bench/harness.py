@@ -492,17 +492,18 @@ class Avx2VsBody:
 CPUID_ENV = "SOFTDEPLOY_BENCH_CPUID"  # "avx2" in a process re-executed under the shim
 
 
-def emulate_avx2() -> None:
+def emulate_avx2(cpu: str = "avx2") -> None:
     """Re-execute this benchmark (same interpreter, same arguments) with every library in it seeing an AVX2-only CPU
     without VNNI: bench/cpuid_avx2.c, built here with gcc, preloaded (CPUID faulting; the AVX-512 and VNNI bits
-    cleared). onnxruntime's MLAS, numpy, torch and softdeploy's kernels then run their AVX2 paths on this core. In
-    the re-executed process this returns once it has checked that the shim is active. Exits with a message where
-    gcc is missing or the host cannot fault CPUID."""
+    cleared). onnxruntime's MLAS, numpy, torch and softdeploy's kernels then run their AVX2 paths on this core.
+    ``cpu="no-vnni"``: only the VNNI bits cleared (SD_CPUID_MASK=vnni), an AVX-512 CPU without VNNI (Skylake-SP),
+    whose MLAS int8 kernel is the 64-byte vpmaddubsw one. In the re-executed process this returns once it has
+    checked that the shim is active. Exits with a message where gcc is missing or the host cannot fault CPUID."""
     import ctypes
     import subprocess
     import tempfile
 
-    if os.environ.get(CPUID_ENV) == "avx2":
+    if os.environ.get(CPUID_ENV) in ("avx2", "no-vnni"):
         try:
             active = ctypes.CDLL(None).cpuid_avx2_active()
         except AttributeError:
@@ -524,7 +525,9 @@ def emulate_avx2() -> None:
     except (OSError, subprocess.CalledProcessError) as e:
         raise SystemExit(f"--emulate-avx2: cannot build {src} with gcc: {e}") from None
     preload = " ".join(x for x in (out, os.environ.get("LD_PRELOAD", "")) if x)
-    env = dict(os.environ, LD_PRELOAD=preload, **{CPUID_ENV: "avx2"})
+    env = dict(os.environ, LD_PRELOAD=preload, **{CPUID_ENV: cpu})
+    if cpu == "no-vnni":
+        env["SD_CPUID_MASK"] = "vnni"
     sys.stdout.flush()
     os.execve(sys.executable, [sys.executable, *sys.argv], env)
 
@@ -537,8 +540,16 @@ class _EmulateAvx2(argparse.Action):
         emulate_avx2()
 
 
+class _EmulateNoVnni(argparse.Action):
+    """--emulate-no-vnni: re-executes the script under the CPUID shim, only the VNNI bits hidden."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, True)
+        emulate_avx2("no-vnni")
+
+
 def add_emulate_avx2(p: argparse.ArgumentParser) -> None:
-    """The --emulate-avx2 flag (see :func:`emulate_avx2`); base_parser has it."""
+    """The --emulate-avx2 and --emulate-no-vnni flags (see :func:`emulate_avx2`); base_parser has them."""
     p.add_argument(
         "--emulate-avx2",
         action=_EmulateAvx2,
@@ -546,6 +557,14 @@ def add_emulate_avx2(p: argparse.ArgumentParser) -> None:
         default=False,
         help="rerun with every library seeing an AVX2-only CPU without VNNI (bench/cpuid_avx2.c): onnxruntime, numpy "
         "and torch then run their AVX2 (non-VNNI) kernels too",
+    )
+    p.add_argument(
+        "--emulate-no-vnni",
+        action=_EmulateNoVnni,
+        nargs=0,
+        default=False,
+        help="rerun with every library seeing an AVX-512 CPU without VNNI (bench/cpuid_avx2.c, SD_CPUID_MASK=vnni): "
+        "onnxruntime's int8 then runs its 64-byte vpmaddubsw kernel",
     )
 
 
@@ -555,5 +574,10 @@ def cpuid_note() -> str:
         return (
             "CPUID: an AVX2-only CPU without VNNI, emulated on this host (bench/cpuid_avx2.c: AVX-512 and VNNI bits "
             "cleared for every library; the instruction set of such a CPU, the microarchitecture of this one)"
+        )
+    if os.environ.get(CPUID_ENV) == "no-vnni":
+        return (
+            "CPUID: an AVX-512 CPU without VNNI, emulated on this host (bench/cpuid_avx2.c with SD_CPUID_MASK=vnni: "
+            "only the VNNI bits cleared for every library)"
         )
     return "CPUID: the host's"

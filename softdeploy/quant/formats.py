@@ -226,6 +226,14 @@ def _detected_isa(flags: set[str], limit: str | None) -> str:
     return isa
 
 
+def _library_avx512_vnni() -> bool | None:
+    """Whether the kernel library reads AVX-512 VNNI from CPUID (None where the library does not load)."""
+    from softdeploy.runtime import library_status
+
+    info = library_status().info
+    return None if info is None else info.avx512_vnni
+
+
 def int8_cpu_class(flags: set[str] | None = None, *, machine: str | None = None) -> str:
     """This CPU's row of :data:`TABLE`: ``vnni``, ``avx512``, ``avx2``, ``x86-64`` or ``other``.
 
@@ -242,7 +250,12 @@ def int8_cpu_class(flags: set[str] | None = None, *, machine: str | None = None)
     flags = _flags() if flags is None else flags
     limit = os.environ.get("SOFTDEPLOY_TEST_CPU") or None
     isa = _detected_isa(flags, limit)
-    if limit is None and flags & VNNI_FLAGS and isa != "portable" and isa == _flags_isa(flags):
+    vnni = bool(flags & VNNI_FLAGS)
+    if isa == "avx512" and _library_avx512_vnni() is not None:
+        # the kernel library's CPUID answer: an AVX-512 CPU has AVX-VNNI only alongside AVX512_VNNI, and a process
+        # whose CPUID hides the VNNI bits alone (bench/cpuid_avx2.c, SD_CPUID_MASK=vnni) is the CPU without it
+        vnni = bool(_library_avx512_vnni())
+    if limit is None and vnni and isa != "portable" and isa == _flags_isa(flags):
         return "vnni"
     return {"avx512": "avx512", "avx2": "avx2"}.get(isa, "x86-64")
 

@@ -75,12 +75,13 @@ def test_vnni_counts_only_where_cpuid_agrees_with_the_flags(monkeypatch):
     from softdeploy.runtime.library import LibraryStatus
 
     monkeypatch.delenv("SOFTDEPLOY_TEST_CPU", raising=False)
-    for detected, want in (("avx2", "avx2"), ("avx512", "vnni")):
-        status = LibraryStatus(None, None, SimpleNamespace(isa_detected=detected))
+    # the library's CPUID also answers for VNNI on an AVX-512 CPU: SD_CPUID_MASK=vnni hides it alone (Skylake-SP)
+    for detected, vnni, want in (("avx2", False, "avx2"), ("avx512", True, "vnni"), ("avx512", False, "avx512")):
+        status = LibraryStatus(None, None, SimpleNamespace(isa_detected=detected, avx512_vnni=vnni))
         monkeypatch.setattr("softdeploy.runtime.library_status", lambda status=status: status)
         assert int8_cpu_class(AVX512_VNNI, machine="x86_64") == want
     # an AVX2 CPU with AVX-VNNI (Alder Lake): CPUID and flags agree on avx2, VNNI counts
-    status = LibraryStatus(None, None, SimpleNamespace(isa_detected="avx2"))
+    status = LibraryStatus(None, None, SimpleNamespace(isa_detected="avx2", avx512_vnni=False))
     monkeypatch.setattr("softdeploy.runtime.library_status", lambda: status)
     assert int8_cpu_class({"avx2", "fma", "avx_vnni"}, machine="x86_64") == "vnni"
 
@@ -116,6 +117,20 @@ def test_the_cpuid_shim_gives_the_avx2_class_for_real(tmp_path):
     assert done.returncode == 0, done.stderr
     isa, cls = done.stdout.split()
     assert isa in ("avx2", "portable") and cls in ("avx2", "x86-64"), done.stdout
+    # SD_CPUID_MASK=vnni hides only the VNNI bits: on an AVX-512 host, an AVX-512 CPU without VNNI (Skylake-SP)
+    from softdeploy.runtime import library_status
+
+    info = library_status().info
+    if info is not None and info.isa_detected == "avx512" and not os.environ.get("SOFTDEPLOY_TEST_CPU"):
+        done = subprocess.run(
+            [sys.executable, "-c", code],
+            env=dict(env, SD_CPUID_MASK="vnni"),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.split() == ["avx512", "avx512"], done.stdout
 
 
 def test_the_table_bounds_weight_pairs_exactly_where_vpmaddubsw_saturates():

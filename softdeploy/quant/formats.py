@@ -36,7 +36,9 @@ CPU class            u8s8 kernel  weights       why
 vnni                 vpdpbusd     8-bit         exact int32 sums: fewer bits would only lose accuracy; dynamic
                                   (dynamic:     mode with AVX-512 VNNI: rowwise-8-bit, see below
                                   rowwise-8-bit)
-avx512 (no VNNI)     vpmaddubsw   pair-bounded  int16 pair saturation at 8-bit weights; bounded pairs cannot
+avx512 (no VNNI)     vpmaddubsw   pair-bounded  int16 pair saturation at 8-bit weights; bounded pairs cannot;
+                                  (dynamic:     dynamic mode: lane-bounded, see below
+                                  lane-bounded)
 avx2 (no VNNI)       vpmaddubsw   pair-bounded  the same (the issue's Zen 3 / client-CPU case); dynamic mode:
                                   (dynamic:     lane-bounded, see below
                                   lane-bounded)
@@ -44,15 +46,15 @@ x86-64 (no AVX2)     SSE          pair-bounded  onnxruntime's guidance (no VNNI:
 other                --           8-bit         no vpmaddubsw (ARM: onnxruntime's guidance is reduce_range off)
 ==================== ============ ============= =============================================================
 
-Dynamic mode on an AVX2 CPU without VNNI takes softdeploy's own format, ``lane-bounded``
-(:mod:`softdeploy.quant.rowwise`): the weight MatMuls become com.softdeploy ``RowwiseInt8MatMul`` nodes, whose AVX2
-kernel sums four ``vpmaddubsw`` results in int16 before one ``vpmaddwd`` (2.25 vector ops per 32 products against
-MLAS's 3; exact because the weights are bounded per int16 lane) and quantizes activations per row. Measured on
-all-MiniLM-L6-v2 with an AVX2 CPU's instruction set (bench/results/minilm_int8_options.md): 1.96-2.04x fp32
-against onnxruntime's 1.61-1.66x, sentence cosine 0.995 against 0.991. It is not the choice where onnxruntime's
-int8 is faster (VNNI: vpdpbusd; AVX-512 without VNNI: 64-byte vpmaddubsw, where our kernel would run its AVX2 form),
-nor in static mode (QDQ), nor without softdeploy's kernel library (quantize() then says so and takes the row's
-onnxruntime format).
+Dynamic mode on a CPU without VNNI (AVX2, or AVX-512 without VNNI) takes softdeploy's own format, ``lane-bounded``
+(:mod:`softdeploy.quant.rowwise`): the weight MatMuls become com.softdeploy ``RowwiseInt8MatMul`` nodes, whose kernel
+sums four ``vpmaddubsw`` results in int16 before one ``vpmaddwd`` (2.25 vector ops per vector of products against
+MLAS's 3; exact because the weights are bounded per int16 lane; on zmm for AVX-512) and quantizes activations per
+row. Measured on all-MiniLM-L6-v2 (bench/results/minilm_int8_options.md) with an AVX2 CPU's instruction set:
+1.96-2.04x fp32 against onnxruntime's 1.61-1.66x; with an AVX-512 CPU's without VNNI: 2.05x against 1.69x; sentence
+cosine 0.995 against 0.991. It is not the choice with VNNI (onnxruntime's vpdpbusd is as fast; see rowwise-8-bit
+below), nor in static mode (QDQ), nor without softdeploy's kernel library (quantize() then says so and takes the
+row's onnxruntime format).
 
 Dynamic mode on a CPU with AVX-512 VNNI takes ``rowwise-8-bit`` (:mod:`softdeploy.quant.rowwise`): the same
 RowwiseInt8MatMul nodes with 8-bit activations per row and plain 8-bit weights, run by the kernel's vpdpbusd tile
@@ -161,6 +163,14 @@ _LANE_BOUNDED_WHY = (
     "runs its exact function body, slower than fp32)"
 )
 
+_LANE_BOUNDED_AVX512_WHY = (
+    "without VNNI onnxruntime's u8s8 GEMM (64-byte vpmaddubsw + vpmaddwd + vpaddd) holds MiniLM int8 at 1.69x fp32; "
+    "softdeploy's RowwiseInt8MatMul sums four vpmaddubsw results in int16 on zmm (exact for lane-bounded weights) "
+    "and quantizes activations per row: 2.05x fp32, sentence cosine 0.995 against 0.991 (measured with an AVX-512 "
+    "CPU's instruction set without VNNI, bench/results/minilm_int8_options.md); it needs softdeploy's kernel "
+    "library to run fast (stock onnxruntime runs its exact function body, slower than fp32)"
+)
+
 _NO_VNNI_WHY = (
     "without VNNI MLAS multiplies with vpmaddubsw, whose int16 pair sums saturate at 8-bit weights; pair-bounded "
     "weights cannot, and keep the 8-bit grid (7-bit weights cannot either, at twice the step)"
@@ -175,7 +185,14 @@ TABLE: dict[str, Int8Format] = {
         dynamic_weights="rowwise-8-bit",
         dynamic_why=_ROWWISE_VNNI_WHY,
     ),
-    "avx512": Int8Format("avx512 (no VNNI)", "vpmaddubsw", "pair-bounded", _NO_VNNI_WHY),
+    "avx512": Int8Format(
+        "avx512 (no VNNI)",
+        "vpmaddubsw",
+        "pair-bounded",
+        _NO_VNNI_WHY,
+        dynamic_weights="lane-bounded",
+        dynamic_why=_LANE_BOUNDED_AVX512_WHY,
+    ),
     "avx2": Int8Format(
         "avx2 (no VNNI)",
         "vpmaddubsw",

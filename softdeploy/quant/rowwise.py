@@ -7,7 +7,7 @@ encodes as fast as onnxruntime's VNNI int8 (2.52x fp32 against 2.51x) with a sen
 against 0.9913 and an MRR@10 drop of 0.0029 against 0.0046: the per-row activation scales are what onnxruntime's
 one range per tensor lacks (bench/results/minilm_int8_options.md).
 
-The rest of this docstring is about ``lane-bounded``, the form for an AVX2 CPU without VNNI.
+The rest of this docstring is about ``lane-bounded``, the form for a CPU without VNNI (AVX2; AVX-512 runs it on zmm).
 
 onnxruntime's dynamic int8 quantizes a MatMul's activations with one uint8 range per tensor and, on a CPU without
 VNNI, multiplies with ``vpmaddubsw`` + ``vpmaddwd`` + ``vpaddd`` per 32 products (3 vector ops). This format instead

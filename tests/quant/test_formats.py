@@ -144,13 +144,13 @@ def test_the_table_bounds_weight_pairs_exactly_where_vpmaddubsw_saturates():
 
 
 def test_dynamic_mode_takes_rowwise_int8_on_avx2_without_vnni_and_on_vnni():
-    """softdeploy's RowwiseInt8MatMul beats onnxruntime's int8 where MLAS multiplies with 32-byte vpmaddubsw (AVX2
-    without VNNI: lane-bounded), and matches it with better accuracy on VNNI (rowwise-8-bit); with 64-byte
-    vpmaddubsw (AVX-512 without VNNI) onnxruntime's own format stays. Static mode is always onnxruntime's QDQ."""
+    """softdeploy's RowwiseInt8MatMul beats onnxruntime's int8 where MLAS multiplies with vpmaddubsw (AVX2 and
+    AVX-512 without VNNI: lane-bounded), and matches it with better accuracy on VNNI (rowwise-8-bit). Static mode is
+    always onnxruntime's QDQ."""
     lane = {name for name, row in TABLE.items() if row.weights_for("dynamic") == "lane-bounded"}
-    assert lane == {"avx2"}
+    assert lane == {"avx2", "avx512"}
     assert {name for name, row in TABLE.items() if row.weights_for("dynamic") == "rowwise-8-bit"} == {"vnni"}
-    for name, fmt in (("avx2", "u7s8"), ("vnni", "u8s8")):
+    for name, fmt in (("avx2", "u7s8"), ("avx512", "u7s8"), ("vnni", "u8s8")):
         row = TABLE[name]
         assert "RowwiseInt8MatMul" in row.line("dynamic") and fmt in row.line("dynamic")
         assert "RowwiseInt8MatMul" not in row.line("static")

@@ -133,7 +133,7 @@ struct RowwiseInt8MatMulKernel {
     const float* sb = b_scale.data;
     const float* bias_data = bias.present ? bias.data : nullptr;
 
-    // Tasks over 16-column panels in both variants (the same split: results never depend on it): the weights are
+    // Tasks over 16-column panels on every path (the same split: results never depend on it): the weights are
     // read once, the quantized rows (M * kp bytes) by every task. A unit of work ~ 32 int8 products.
     const int64_t panels = packed->np / kNR;
     const size_t tasks = NumTasks(panels, M * kp * kNR / 32);

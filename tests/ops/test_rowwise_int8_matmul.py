@@ -178,31 +178,22 @@ print("bw tile: same bits as the portable variant on", sum(1 for _ in op.samples
 """
 
 
-def test_avx512_without_vnni_runs_the_zmm_lane_tile(tmp_path):
+def test_avx512_without_vnni_runs_the_zmm_lane_tile(cpuid_shim):
     """On an AVX-512 CPU without VNNI the avx512 variant runs the AVX2 tile's form on zmm (ops/rowwise_int8_matmul
     _avx512.cc). On a host with VNNI that path is reached through bench/cpuid_avx2.c with SD_CPUID_MASK=vnni (CPUID
     faulting: only the VNNI bits hidden, as the kernels read them); every sample must give the portable variant's
     bits. (On a CPU without VNNI the registry-wide tests run this path natively; an AVX2-only CPU has no avx512.)"""
     import os
-    import shutil
     import subprocess
     import sys
-    from pathlib import Path
 
     from softdeploy.runtime import library_status
 
     info = library_status().info
     if info is None or info.isa_detected != "avx512" or not info.avx512_vnni:
         pytest.skip("needs an AVX-512 CPU with VNNI to emulate one without it (without VNNI: the other tests run it)")
-    if shutil.which("gcc") is None:
-        pytest.skip("gcc is needed to build bench/cpuid_avx2.c")
-    root = Path(__file__).resolve().parents[2]
-    shim = tmp_path / "cpuid_avx2.so"
-    subprocess.run(
-        ["gcc", "-O2", "-shared", "-fPIC", str(root / "bench" / "cpuid_avx2.c"), "-o", str(shim), "-ldl"], check=True
-    )
     # after what is preloaded already (the sanitizer stage's libasan must stay first)
-    preload = " ".join(filter(None, [os.environ.get("LD_PRELOAD", ""), str(shim)]))
+    preload = " ".join(filter(None, [os.environ.get("LD_PRELOAD", ""), str(cpuid_shim)]))
     env = dict(os.environ, SD_CPUID_MASK="vnni", LD_PRELOAD=preload)
     done = subprocess.run([sys.executable, "-c", _NO_VNNI_SCRIPT], env=env, capture_output=True, text=True, timeout=600)
     if done.returncode == 3 and "no CPUID faulting" in done.stderr:

@@ -86,24 +86,14 @@ def test_vnni_counts_only_where_cpuid_agrees_with_the_flags(monkeypatch):
     assert int8_cpu_class({"avx2", "fma", "avx_vnni"}, machine="x86_64") == "vnni"
 
 
-def test_the_cpuid_shim_gives_the_avx2_class_for_real(tmp_path):
+def test_the_cpuid_shim_gives_the_avx2_class_for_real(cpuid_shim):
     """bench/cpuid_avx2.c preloaded into a fresh interpreter: the kernel library detects avx2 and the int8 class is
     avx2 (needs gcc and a kernel with CPUID faulting; both are reported when missing)."""
     import os
-    import platform
-    import shutil
     import subprocess
     import sys
 
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        pytest.skip("the CPUID shim is x86-64 only")
-    if shutil.which("gcc") is None:
-        pytest.skip("no gcc to build bench/cpuid_avx2.c")
-    root = Path(__file__).resolve().parents[2]
-    shim = tmp_path / "cpuid_avx2.so"
-    subprocess.run(
-        ["gcc", "-O2", "-shared", "-fPIC", str(root / "bench" / "cpuid_avx2.c"), "-o", str(shim), "-ldl"], check=True
-    )
+    shim = cpuid_shim
     code = (
         "from softdeploy.quant.formats import int8_cpu_class\n"
         "from softdeploy.runtime import library_status\n"

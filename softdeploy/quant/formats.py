@@ -268,10 +268,11 @@ def int8_cpu_class(flags: set[str] | None = None, *, machine: str | None = None)
     limit = os.environ.get("SOFTDEPLOY_TEST_CPU") or None
     isa = _detected_isa(flags, limit)
     vnni = bool(flags & VNNI_FLAGS)
-    if isa == "avx512" and _library_avx512_vnni() is not None:
+    library_vnni = _library_avx512_vnni() if isa == "avx512" else None
+    if library_vnni is not None:
         # the kernel library's CPUID answer: an AVX-512 CPU has AVX-VNNI only alongside AVX512_VNNI, and a process
         # whose CPUID hides the VNNI bits alone (bench/cpuid_avx2.c, SD_CPUID_MASK=vnni) is the CPU without it
-        vnni = bool(_library_avx512_vnni())
+        vnni = library_vnni
     if limit is None and vnni and isa != "portable" and isa == _flags_isa(flags):
         return "vnni"
     return {"avx512": "avx512", "avx2": "avx2"}.get(isa, "x86-64")
@@ -289,7 +290,7 @@ def format_lines(mode: str = "dynamic") -> list[str]:
 
     here = int8_format()
     lines = [f"this CPU ({here.cpu_class}): {here.line(mode).split(': ', 1)[1]}"]
-    weights, why_not = table_weights(mode)
+    weights, why_not = table_weights(mode, chosen=here)
     if why_not:  # softdeploy's format cannot run fast here: quantize() takes onnxruntime's, as it will say
         lines[0] += f"; here quantize() takes {WEIGHTS[weights]} in onnxruntime's format instead: {why_not}"
     if os.environ.get("SOFTDEPLOY_TEST_CPU"):

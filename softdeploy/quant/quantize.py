@@ -326,7 +326,7 @@ def quantize(
     if asked is not None and asked != table_weights_row:
         format_note += f"; {asked} weights as asked, not the table's {table_weights_row}"
     if asked is None:
-        weights, why_not = table_weights(config.mode, config.per_channel)
+        weights, why_not = table_weights(config.mode, config.per_channel, chosen)
         if why_not:
             format_note += f"; {weights} weights in onnxruntime's format instead of {table_weights_row}: {why_not}"
     op_types = list(config.resolved_op_types())
@@ -442,13 +442,14 @@ def quantize(
     )
 
 
-def table_weights(mode: str = "dynamic", per_channel: bool = True) -> tuple[str, str]:
+def table_weights(mode: str = "dynamic", per_channel: bool = True, chosen: Any = None) -> tuple[str, str]:
     """The weight format quantize() takes here when none is asked, and why it is not the table row's ("" when it
     is): softdeploy's formats (softdeploy.quant.rowwise) need per-channel weights and the kernel library, and
-    rowwise-8-bit the kernel's VNNI tile; otherwise the row's onnxruntime format."""
+    rowwise-8-bit the kernel's VNNI tile; otherwise the row's onnxruntime format. ``chosen``: this CPU's row
+    (softdeploy.quant.formats.Int8Format) where the caller has it already (default: looked up)."""
     from softdeploy.quant.formats import int8_format
 
-    chosen = int8_format()
+    chosen = chosen or int8_format()
     weights = chosen.weights_for(mode)
     if weights not in ROWWISE_FORMS:
         return weights, ""

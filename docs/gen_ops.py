@@ -73,7 +73,12 @@ def isa_units(stem: str) -> set[str]:
         for suffix in ("_core", "_row", "_kernels", "_tile"):
             name = name.removesuffix(suffix)
         prefixes.add(name)
-    return {isa for isa in ("avx2", "avx512") for prefix in prefixes if (ROOT / "ops" / f"{prefix}_{isa}.cc").exists()}
+    return {
+        isa
+        for isa in ("avx2", "avxvnni", "avx512")
+        for prefix in prefixes
+        if (ROOT / "ops" / f"{prefix}_{isa}.cc").exists()
+    }
 
 
 def kernel_variants(stem: str) -> dict[str, bool]:
@@ -89,6 +94,8 @@ def kernel_variants(stem: str) -> dict[str, bool]:
     return {
         "avx512": "SD_TARGET_AVX512" in text or "avx512" in units,
         "avx512vnni": '"avx512vnni"' in text or vnni_unit,
+        # a unit for AVX-VNNI (ops/<prefix>_avxvnni.cc, CMake's _avxvnni_sources), called by the avx2 variant
+        "avxvnni": "avxvnni" in units,
         "avx2": "SD_TARGET_AVX2" in text or "avx2" in units,
         "portable": True,
     }
@@ -288,7 +295,10 @@ def op_page(d: OpDef, tvm: tuple[set[str], dict[str, str], dict[str, str]]) -> s
     if variants["avx512vnni"]:
         avx512 += "; int8 with AVX-512 VNNI (`vpdpbusd`) where the CPU has it"
     out.append(f"| AVX-512 | {avx512} |")
-    out.append(f"| AVX2 + FMA | {'yes' if variants['avx2'] else 'no (runs portable)'} |")
+    avx2 = "yes" if variants["avx2"] else "no (runs portable)"
+    if variants["avx2"] and variants["avxvnni"]:
+        avx2 += "; int8 with AVX-VNNI (`vpdpbusd` on ymm) where the CPU has it"
+    out.append(f"| AVX2 + FMA | {avx2} |")
     out.append("| portable | yes |")
     out += [
         "",

@@ -116,6 +116,8 @@ std::string LibraryInfoJson() {
       // what the int8 kernels check at creation (RowwiseInt8MatMul's VNNI tile): CPUID, so an emulated CPU
       // (bench/cpuid_avx2.c) reads as the kernels see it
       ", \"avx512_vnni\": ", isa.detected == sd::Isa::kAvx512 && sd::CpuHasAvx512Vnni() ? "true" : "false",
+      // the avx2 variant's VEX vpdpbusd ymm tiles (RowwiseInt8MatMul's, MaxSim's int8): AVX-VNNI, no test CPU set
+      ", \"avx_vnni\": ", sd::CpuHasAvxVnni() && isa.cpu_limit.empty() ? "true" : "false",
       ", \"compiler\": ", JsonString(kCompiler), ", \"cuda\": ", kCudaJson, "}");
 }
 
@@ -128,7 +130,8 @@ std::string LibraryInfoJson() {
 // kernel created now runs; null when the request is invalid and kernel creation fails), isa_note
 // (why selected differs from requested, or null), isa_cpu_limit (SOFTDEPLOY_TEST_CPU, a test setting
 // capping isa_detected, or null), avx512_vnni (the detected variant is avx512 and CPUID reports AVX-512 VNNI: the
-// int8 kernels' vpdpbusd tiles run), compiler, cuda ({"compiled": false}, or compiled true with
+// int8 kernels' vpdpbusd tiles run), avx_vnni (CPUID reports AVX-VNNI and SOFTDEPLOY_TEST_CPU is unset: with
+// the avx2 variant selected, the int8 kernels' VEX vpdpbusd ymm tiles run), compiler, cuda ({"compiled": false}, or compiled true with
 // architectures (CMAKE_CUDA_ARCHITECTURES, e.g. "80-real,90"), cuda_version, ops, execution_provider and
 // c_abi). Computed at each call: the ISA fields follow
 // SOFTDEPLOY_ISA and SOFTDEPLOY_TEST_CPU as kernels created at that moment would.

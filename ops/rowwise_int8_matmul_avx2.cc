@@ -13,9 +13,7 @@
 // epilogue is fma(float(acc - z * colsum), sa * sb, bias), as in the portable variant, so both give the same bits.
 #include <immintrin.h>
 
-#include <cstring>
-
-#include "rowwise_int8_matmul_kernels.h"
+#include "rowwise_int8_matmul_ymm.h"
 
 namespace sd {
 namespace rowwise_int8 {
@@ -23,119 +21,46 @@ namespace {
 
 constexpr float kMinScale = 0x1p-126f;  // the smallest normal float32: 1 / s stays finite
 
-inline int64_t Min64(int64_t a, int64_t b) { return a < b ? a : b; }
-
-inline __m256i Broadcast4(const uint8_t* p) {
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return _mm256_set1_epi32(v);
-}
-
-// acc[r][h] (int32 x 8) = rows r of xq times the panel's columns 8h..8h+7, over kp (a multiple of 16).
-template <int MR, int kGroups>
-inline void Tile(const uint8_t* xq, int64_t kp, const int8_t* panel, __m256i out[MR][2]) {
-  static_assert(kGroups == 1 || kGroups == 2 || kGroups == 4, "groups per int16 sum");
-  const __m256i ones = _mm256_set1_epi16(1);
-  __m256i acc[MR][2];  // local, not `out`: GCC keeps a local array in registers, the caller's it stores per step
-  for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
-  for (int64_t k = 0; k < kp; k += kKB, panel += 8 * 32) {
-    for (int g0 = 0; g0 < 4; g0 += kGroups) {
-      for (int r = 0; r < MR; ++r) {
-        // one row at a time, both halves together: live are the broadcast, two int16 sums and a product
-        __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
-        for (int g = g0; g < g0 + kGroups; ++g) {
-          const __m256i a = Broadcast4(xq + r * kp + k + 4 * g);
-          const __m256i p0 =
-              _mm256_maddubs_epi16(a, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + 64 * g)));
-          const __m256i p1 =
-              _mm256_maddubs_epi16(a, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + 64 * g + 32)));
-          s0 = g == g0 ? p0 : _mm256_add_epi16(s0, p0);
-          s1 = g == g0 ? p1 : _mm256_add_epi16(s1, p1);
-        }
-        acc[r][0] = _mm256_add_epi32(acc[r][0], _mm256_madd_epi16(s0, ones));
-        acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(s1, ones));
-      }
-    }
-  }
-  for (int r = 0; r < MR; ++r) out[r][0] = acc[r][0], out[r][1] = acc[r][1];
-}
-
-// y[r, 0..ncols) = fma(float(acc - za[r] colsum), sa[r] * sb, bias) for the MR rows of a tile; sb, colsum and bias
-// hold 16 entries.
-template <int MR>
-inline void Epilogue(__m256i acc[MR][2], const float* sa, const int32_t* za, const float* sb, const int32_t* colsum,
-                     const float* bias, float* y, int64_t ldy, int64_t ncols) {
-  for (int r = 0; r < MR; ++r) {
-    alignas(32) float out[kNR];
-    float* dst = ncols == kNR ? y + r * ldy : out;  // a full panel straight to y, an edge one through `out`
-    for (int h = 0; h < 2; ++h) {
-      const __m256i corr = _mm256_mullo_epi32(
-          _mm256_set1_epi32(za[r]), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(colsum + 8 * h)));
-      const __m256 v = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[r][h], corr));
-      const __m256 s = _mm256_mul_ps(_mm256_set1_ps(sa[r]), _mm256_loadu_ps(sb + 8 * h));
-      _mm256_storeu_ps(dst + 8 * h, _mm256_fmadd_ps(v, s, _mm256_loadu_ps(bias + 8 * h)));
-    }
-    if (ncols != kNR) std::memcpy(y + r * ldy, out, sizeof(float) * ncols);
-  }
-}
-
-template <int MR, int kGroups>
-inline void TileAndStore(const PackedView& w, const uint8_t* xq, const float* sa, const int32_t* za, int64_t m,
-                         int64_t n0, const float* sb, const float* bias, float* y, int64_t ldy) {
-  __m256i acc[MR][2];
-  Tile<MR, kGroups>(xq + m * w.kp, w.kp, w.panels + n0 * w.kp, acc);
-  Epilogue<MR>(acc, sa + m, za + m, sb, w.colsum + n0, bias, y + m * ldy + n0, ldy, Min64(kNR, w.N - n0));
-}
-
+// acc[r][h] (int32 x 8) = rows r of xq times the panel's columns 8h..8h+7, over kp (a multiple of 16): per block of
+// 16 k, `kGroups` vpmaddubsw results summed in int16, then vpmaddwd(ones) into int32.
 template <int kGroups>
-void Gemm(const PackedView& w, const uint8_t* xq, const float* sa, const int32_t* za, int64_t M, const float* sb,
-          const float* bias, float* y, int64_t ldy) {
-  const int64_t full = M / kMR * kMR;
-  static_assert(kMR == 6, "the remainder switch below covers 1..5 rows");
-  // The next panel is prefetched (into L1: measured better than L2) while this one runs, a share per row tile: in a
-  // model the weights are read once per call from L3 or DRAM, which cost ~10% of the GEMM's time without it.
-  const int64_t panel_lines = w.kp * kNR / 64, tiles = full / kMR > 1 ? full / kMR : 1;
-  const int64_t per_tile = (panel_lines + tiles - 1) / tiles;
-  alignas(32) float sb_edge[kNR], bias_edge[kNR];
-  alignas(32) static const float kZeros[kNR] = {};
-  for (int64_t n0 = 0; n0 < w.np; n0 += kNR) {
-    const float* sb_p = sb + n0;
-    const float* bias_p = bias == nullptr ? kZeros : bias + n0;
-    if (n0 + kNR > w.N) {  // the last, partial panel: its scales and bias padded to 16 (never read past N)
-      for (int j = 0; j < kNR; ++j) {
-        sb_edge[j] = n0 + j < w.N ? sb[n0 + j] : 0.f;
-        bias_edge[j] = bias != nullptr && n0 + j < w.N ? bias[n0 + j] : 0.f;
+struct LaneSums {
+  static_assert(kGroups == 1 || kGroups == 2 || kGroups == 4, "groups per int16 sum");
+  template <int MR>
+  static inline void Run(const uint8_t* xq, int64_t kp, const int8_t* panel, __m256i out[MR][2]) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i acc[MR][2];  // local, not `out`: GCC keeps a local array in registers, the caller's it stores per step
+    for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+    for (int64_t k = 0; k < kp; k += kKB, panel += 8 * 32) {
+      for (int g0 = 0; g0 < 4; g0 += kGroups) {
+        for (int r = 0; r < MR; ++r) {
+          // one row at a time, both halves together: live are the broadcast, two int16 sums and a product
+          __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+          for (int g = g0; g < g0 + kGroups; ++g) {
+            const __m256i a = Broadcast4(xq + r * kp + k + 4 * g);
+            const __m256i p0 =
+                _mm256_maddubs_epi16(a, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + 64 * g)));
+            const __m256i p1 =
+                _mm256_maddubs_epi16(a, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + 64 * g + 32)));
+            s0 = g == g0 ? p0 : _mm256_add_epi16(s0, p0);
+            s1 = g == g0 ? p1 : _mm256_add_epi16(s1, p1);
+          }
+          acc[r][0] = _mm256_add_epi32(acc[r][0], _mm256_madd_epi16(s0, ones));
+          acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(s1, ones));
+        }
       }
-      sb_p = sb_edge;
-      bias_p = bias_edge;
     }
-    const char* next = reinterpret_cast<const char*>(w.panels + (n0 + kNR) * w.kp);
-    const bool prefetch = n0 + kNR < w.np;
-    for (int64_t m = 0, t = 0; m < full; m += kMR, ++t) {
-      if (prefetch) {
-        for (int64_t l = t * per_tile; l < Min64(panel_lines, (t + 1) * per_tile); ++l)
-          _mm_prefetch(next + 64 * l, _MM_HINT_T0);
-      }
-      TileAndStore<kMR, kGroups>(w, xq, sa, za, m, n0, sb_p, bias_p, y, ldy);
-    }
-    switch (M - full) {  // the last rows in one tile of their own height
-      case 5: TileAndStore<5, kGroups>(w, xq, sa, za, full, n0, sb_p, bias_p, y, ldy); break;
-      case 4: TileAndStore<4, kGroups>(w, xq, sa, za, full, n0, sb_p, bias_p, y, ldy); break;
-      case 3: TileAndStore<3, kGroups>(w, xq, sa, za, full, n0, sb_p, bias_p, y, ldy); break;
-      case 2: TileAndStore<2, kGroups>(w, xq, sa, za, full, n0, sb_p, bias_p, y, ldy); break;
-      case 1: TileAndStore<1, kGroups>(w, xq, sa, za, full, n0, sb_p, bias_p, y, ldy); break;
-      default: break;
-    }
+    for (int r = 0; r < MR; ++r) out[r][0] = acc[r][0], out[r][1] = acc[r][1];
   }
-}
+};
 
 }  // namespace
 
 void GemmAvx2(const PackedView& w, const uint8_t* xq, const float* sa, const int32_t* za, int64_t M, const float* sb,
               const float* bias, float* y, int64_t ldy) {
-  if (w.groups == 4) Gemm<4>(w, xq, sa, za, M, sb, bias, y, ldy);
-  else if (w.groups == 2) Gemm<2>(w, xq, sa, za, M, sb, bias, y, ldy);
-  else Gemm<1>(w, xq, sa, za, M, sb, bias, y, ldy);
+  if (w.groups == 4) GemmYmm<LaneSums<4>>(w, xq, sa, za, M, sb, bias, y, ldy);
+  else if (w.groups == 2) GemmYmm<LaneSums<2>>(w, xq, sa, za, M, sb, bias, y, ldy);
+  else GemmYmm<LaneSums<1>>(w, xq, sa, za, M, sb, bias, y, ldy);
 }
 
 int64_t QuantizeRowsAvx2(const float* x, int64_t M, int64_t K, int64_t kp, int levels, uint8_t* xq, float* sa,

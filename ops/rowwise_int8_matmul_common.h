@@ -13,8 +13,9 @@ namespace sd {
 namespace rowwise_int8 {
 
 // How a call multiplies, fixed at kernel creation: the portable loops; the AVX2 tile or its zmm form (AVX-512
-// without VNNI), each where the lane bound allows and else the portable loops; or the VNNI tile.
-enum class Path { kPortable, kAvx2, kAvx512Bw, kAvx512Vnni };
+// without VNNI), each where the lane bound allows and else the portable loops; or a VNNI tile (ymm with AVX-VNNI on
+// the avx2 variant, zmm with AVX-512 VNNI), for every B.
+enum class Path { kPortable, kAvx2, kAvxVnni, kAvx512Bw, kAvx512Vnni };
 
 // B packed for the vector tiles (layout: ops/rowwise_int8_matmul_kernels.h), its column sums and lane bound.
 struct Packed {

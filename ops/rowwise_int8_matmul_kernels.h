@@ -1,6 +1,6 @@
 // RowwiseInt8MatMul's compute pieces shared by the binding (ops/rowwise_int8_matmul.cc: contract checks, weight
 // packing, the portable variant) and the vector translation units (ops/rowwise_int8_matmul_avx2.cc,
-// ops/rowwise_int8_matmul_avx512.cc, ops/rowwise_int8_matmul_avx512vnni.cc). The equation and rules:
+// ops/rowwise_int8_matmul_avxvnni.cc, ops/rowwise_int8_matmul_avx512.cc, ops/rowwise_int8_matmul_avx512vnni.cc). The equation and rules:
 // softdeploy/ops/rowwise_int8_matmul.py, rendered in docs/ops/RowwiseInt8MatMul.md.
 //
 // The packed weights (both vector tiles read them): B [K, N] int8 in 16-column panels. Per panel and block of 16 k, eight 32-byte vectors
@@ -27,7 +27,7 @@ namespace rowwise_int8 {
 
 constexpr int kNR = 16;  // columns per panel: two ymm of eight int32 lanes
 constexpr int kKB = 16;  // k per packed block: four groups of four bytes
-constexpr int kMR = 6;   // rows per AVX2 tile: 6 x 2 int32 accumulators + ones + a broadcast + products
+constexpr int kMR = 6;   // rows per ymm tile: 6 x 2 int32 accumulators + ones + a broadcast + products
 
 // The packed weights (see above); `panels` holds np / kNR panels of kp * kNR bytes.
 struct PackedView {
@@ -42,6 +42,11 @@ struct PackedView {
 // = sum_k xq[m, k] B[k, n] in int32. bias may be nullptr (0). AVX2 + FMA only; w.groups must be 4, 2 or 1.
 void GemmAvx2(const PackedView& w, const uint8_t* xq, const float* sa, const int32_t* za, int64_t M, const float* sb,
               const float* bias, float* y, int64_t ldy);
+
+// The same on VEX vpdpbusd ymm (ops/rowwise_int8_matmul_avxvnni.cc): exact for every int8 B, w.groups is not read.
+// AVX2 + FMA + AVX-VNNI only.
+void GemmAvxVnni(const PackedView& w, const uint8_t* xq, const float* sa, const int32_t* za, int64_t M, const float* sb,
+                 const float* bias, float* y, int64_t ldy);
 
 // The same on vpdpbusd zmm (ops/rowwise_int8_matmul_avx512vnni.cc): exact for every int8 B, w.groups is not read.
 // AVX-512 F/BW/VL/DQ + VNNI only.

@@ -59,9 +59,11 @@ row's onnxruntime format).
 Dynamic mode on a CPU with AVX-512 VNNI takes ``rowwise-8-bit`` (:mod:`softdeploy.quant.rowwise`): the same
 RowwiseInt8MatMul nodes with 8-bit activations per row and plain 8-bit weights, run by the kernel's vpdpbusd tile
 (exact for every int8 weight). On all-MiniLM-L6-v2 it is as fast as onnxruntime's VNNI int8 and more accurate
-(sentence cosine 0.9981 against 0.9913; bench/results/minilm_int8_options.md). Where VNNI comes only as AVX-VNNI on
-an AVX2 core (Alder Lake), softdeploy's kernel has no vpdpbusd ymm tile yet, so quantize() keeps onnxruntime's
-8-bit format there and says so.
+(sentence cosine 0.9981 against 0.9913; bench/results/minilm_int8_options.md). Where VNNI comes as AVX-VNNI on an
+AVX2 core (Alder Lake and later), the kernel's avx2 variant runs a VEX vpdpbusd ymm tile instead, and dynamic mode
+takes rowwise-8-bit there too (the tile ran at 84-92% of the ymm vpdpbusd peak at MiniLM's shapes, measured through
+its EVEX twin on Zen 4: bench/results/rowwise_int8_matmul.md; no AVX-VNNI core was at hand to time it against
+onnxruntime's own AVX-VNNI int8).
 
 The rest is the same on every class, and measured (bench/results/minilm_int8_options.md, on a VNNI
 core): weights per output channel (per-tensor lost 0.018 MRR@10 on MiniLM); dynamic mode is
@@ -151,8 +153,9 @@ ROWWISE_FORMAT: dict[str, str] = {
 _ROWWISE_VNNI_WHY = (
     "with AVX-512 VNNI softdeploy's RowwiseInt8MatMul (vpdpbusd zmm, 72-81% of the core's vpdpbusd peak) encodes "
     "MiniLM as fast as onnxruntime's int8 (2.52x fp32 against 2.51x) and quantizes activations per row: sentence "
-    "cosine 0.9981 against 0.9913, MRR@10 drop 0.0029 against 0.0046 (bench/results/minilm_int8_options.md); it "
-    "needs softdeploy's kernel library to run fast (stock onnxruntime runs its exact function body, slower than fp32)"
+    "cosine 0.9981 against 0.9913, MRR@10 drop 0.0029 against 0.0046 (bench/results/minilm_int8_options.md); with "
+    "AVX-VNNI its ymm tile (84-92% of the ymm vpdpbusd peak, timed through its EVEX twin); it needs softdeploy's "
+    "kernel library to run fast (stock onnxruntime runs its exact function body, slower than fp32)"
 )
 
 _LANE_BOUNDED_WHY = (

@@ -460,8 +460,8 @@ def table_weights(mode: str = "dynamic", per_channel: bool = True, chosen: Any =
         why_not = "softdeploy's kernel library (RowwiseInt8MatMul) does not load here (`softdeploy doctor` says why)"
     if not why_not and weights == "rowwise-8-bit" and not _rowwise_vnni_runs():
         why_not = (
-            "RowwiseInt8MatMul's vpdpbusd tile needs AVX-512 VNNI and the kernels' avx512 variant (this CPU's VNNI is "
-            "AVX-VNNI, or SOFTDEPLOY_ISA lowers the variant)"
+            "RowwiseInt8MatMul's vpdpbusd tiles need VNNI under the kernels' vector variant: AVX-512 VNNI with the "
+            "avx512 variant or AVX-VNNI with the avx2 one (SOFTDEPLOY_ISA or SOFTDEPLOY_TEST_CPU lowers the variant)"
         )
     return (chosen.weights, why_not) if why_not else (weights, "")
 
@@ -476,13 +476,15 @@ def _rowwise_kernel_loads() -> bool:
 
 
 def _rowwise_vnni_runs() -> bool:
-    """Whether RowwiseInt8MatMul runs its vpdpbusd tile here (rowwise-8-bit's speed): the kernels' avx512 variant
-    selected on a CPU with AVX-512 VNNI, as the library reads CPUID (the kernel's own rule,
-    ops/rowwise_int8_matmul.cc)."""
+    """Whether RowwiseInt8MatMul runs a vpdpbusd tile here (rowwise-8-bit's speed): the kernels' avx512 variant
+    selected on a CPU with AVX-512 VNNI (the zmm tile), or the avx2 variant on one with AVX-VNNI (the ymm tile), as the
+    library reads CPUID (the kernel's own rule, ops/rowwise_int8_matmul.cc)."""
     from softdeploy.runtime import library_status
 
     info = library_status().info
-    return info is not None and info.isa_selected == "avx512" and info.avx512_vnni
+    if info is None:
+        return False
+    return (info.isa_selected == "avx512" and info.avx512_vnni) or (info.isa_selected == "avx2" and info.avx_vnni)
 
 
 def _bound_pairs(model: Any, source: Any) -> str:

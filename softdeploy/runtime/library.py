@@ -83,6 +83,9 @@ class LibraryInfo:
     # The detected variant is avx512 and CPUID reports AVX-512 VNNI: the int8 kernels' vpdpbusd tiles run
     # (RowwiseInt8MatMul's with the avx512 variant selected). CPUID, as the kernels read it.
     avx512_vnni: bool = False
+    # CPUID reports AVX-VNNI and no SOFTDEPLOY_TEST_CPU is set: where the avx2 variant is selected, the int8 kernels
+    # run their VEX vpdpbusd ymm tiles (RowwiseInt8MatMul's, MaxSim's).
+    avx_vnni: bool = False
     # The GPU path (docs/guide/gpu.md): whether the CUDA kernels (C ABI sd_cuda_*, CUDAExecutionProvider
     # ops) are compiled into the library, for which architectures ("sm_80", ...) and with which CUDA.
     cuda_compiled: bool = False
@@ -188,6 +191,7 @@ def _query(path: Path) -> LibraryInfo:
             compiler=str(raw.get("compiler", "")),
             isa_cpu_limit=raw.get("isa_cpu_limit"),
             avx512_vnni=bool(raw.get("avx512_vnni", False)),
+            avx_vnni=bool(raw.get("avx_vnni", False)),
             **_cuda_fields(raw.get("cuda") or {"compiled": False}),
         )
     except (ValueError, KeyError, TypeError) as e:

@@ -25,13 +25,14 @@
 //   AdaptiveTemperatureSoftmax passes (AVX2, AVX-512): the row statistics and the output pass.
 //   SoftNMS passes (AVX2, AVX-512; the AVX-512 weights): exactly, the IoU's float expressions.
 //   MaxSim / SignedMaxSim tiles: float32 (AVX2, AVX-512), float16's widening (F16C), int8 (AVX2
-//     vpmaddwd, AVX-VNNI and AVX-512 VNNI where the CPU has them).
+//     vpmaddwd, AVX-VNNI and AVX-512 VNNI where the CPU has them; the AVX-VNNI tile's source also with
+//     vpdpbusd's EVEX encoding on every CPU with AVX-512 VNNI, ops/common/avxvnni.h).
 //   LoRAMixer pieces (portable, AVX2, AVX-512; the routing once): the up-projection bit-identical to
 //     the scalar fma chain, the transpose and the finiteness flags exactly, dot tiles to the float64 dot
 //     within (n + 2) u sum |terms| and bit-identical where the kernel promises it (see SweepLoRAMixerDot).
 //   RowwiseInt8MatMul (not over the traits either: its tiles are integer): the AVX2 row quantization bit-identical
-//     to the portable one; every GEMM path (portable loops, AVX2 and AVX-512 BW int16 groups 4 / 2 / 1, AVX-512 VNNI)
-//     exactly: the int64 sums recomputed here, then the contract's float32 epilogue, bit for bit.
+//     to the portable one; every GEMM path (portable loops, AVX2 and AVX-512 BW int16 groups 4 / 2 / 1, AVX-VNNI
+//     (also as EVEX, like MaxSim's), AVX-512 VNNI) exactly: the int64 sums recomputed here, then the contract's float32 epilogue, bit for bit.
 // (Each sweep's own comment below states its equations and tolerances.)
 #include <algorithm>
 #include <cmath>
@@ -54,6 +55,18 @@
 #include "softmax_topk_row.h"
 #include "softpick_row.h"
 #include "two_pass_softmax_row.h"
+
+// The AVX-VNNI units compiled with vpdpbusd's EVEX encoding (tests/native/*_avxvnni_evex.cc, ops/common/avxvnni.h):
+// the sweep's own symbols, not the library's.
+namespace sd {
+namespace maxsim {
+void TileI8AvxVnniEvex(const TileArgs& a, const Doc& doc, TileResult* out);
+}  // namespace maxsim
+namespace rowwise_int8 {
+void GemmAvxVnniEvex(const PackedView& w, const uint8_t* xq, const float* sa, const int32_t* za, int64_t M,
+                     const float* sb, const float* bias, float* y, int64_t ldy);
+}  // namespace rowwise_int8
+}  // namespace sd
 
 namespace {
 
@@ -635,6 +648,8 @@ struct MsVariant {
   int lanes;  // query lanes per tile (2 vectors)
   int block;  // document tokens per register block
   void (*f32)(const sd::maxsim::TileArgs&, bool, const sd::maxsim::Doc&, sd::maxsim::TileResult*);
+  // kI8AvxVnni: the tile (the library's VEX one, or its EVEX twin)
+  void (*avx_vnni)(const sd::maxsim::TileArgs&, const sd::maxsim::Doc&, sd::maxsim::TileResult*) = nullptr;
 };
 
 // MaxSim's per-lane result against float64: best_i = max over valid j of qscale_i * dscale_j * <Q_i, D_j>
@@ -791,7 +806,7 @@ void SweepMaxSim(const MsVariant& v) {
             if (v.path == MsPath::kI8Avx2I16) sd::maxsim::TileI8Avx2I16(a, doc, &res[t]);
             else if (v.path == MsPath::kI8Avx2Ubs) sd::maxsim::TileI8Avx2Ubs(a, doc, &res[t]);
             else if (v.path == MsPath::kI8Avx2Ubs2) sd::maxsim::TileI8Avx2Ubs2(a, doc, &res[t]);
-            else if (v.path == MsPath::kI8AvxVnni) sd::maxsim::TileI8AvxVnni(a, doc, &res[t]);
+            else if (v.path == MsPath::kI8AvxVnni) v.avx_vnni(a, doc, &res[t]);
             else sd::maxsim::TileI8Avx512Vnni(a, doc, &res[t]);
           }
         }
@@ -1107,7 +1122,7 @@ void SweepRowwise(const char* variant, rw::Path path, RowwiseGemm gemm, bool vec
         for (auto& v : b) v = static_cast<int8_t>(wdist(rng));
         const rw::Packed packed = rw::Pack(b.data(), K, N, levels, path);
         const bool bounded = path == rw::Path::kAvx2 || path == rw::Path::kAvx512Bw;  // the vpmaddubsw tiles
-        const bool tile = path == rw::Path::kAvx512Vnni || (bounded && packed.groups > 0);
+        const bool tile = path == rw::Path::kAvx512Vnni || path == rw::Path::kAvxVnni || (bounded && packed.groups > 0);
         if (bounded && packed.groups != rw::LaneGroups(b.data(), K, N, levels)) {
           Fail(std::string("RowwiseInt8MatMul ") + variant + ": Pack's groups differ from LaneGroups");
         }
@@ -1185,7 +1200,7 @@ int main() {
   const sd::IsaChoice choice = sd::ChooseIsa();
   const sd::Isa isa = choice.detected;  // SOFTDEPLOY_TEST_CPU lowers it, as for the library
   __builtin_cpu_init();
-  std::vector<std::string> ran, int8;
+  std::vector<std::string> ran, int8, rowwise;  // the variants, MaxSim int8 dots, RowwiseInt8MatMul paths
   if (isa >= sd::Isa::kAvx2) {
     Run("SoftmaxTopK", [&] { SweepSoftmaxTopK("avx2", sd::softmax_topk::FastRowAvx2, 8); });
     Run("Softpick", [&] { SweepSoftpick("avx2", sd::softpick::RowAvx2, 8); });
@@ -1218,11 +1233,16 @@ int main() {
     int8.push_back("vpmaddubsw-pairs");
     // AVX-VNNI as the library uses it: where the CPU has it and SOFTDEPLOY_TEST_CPU does not hide it.
     if (sd::CpuHasAvxVnni() && choice.cpu_limit.empty()) {
-      Run("MaxSim", [&] { SweepMaxSim({"avx2 int8 avx-vnni", MsPath::kI8AvxVnni, 16, 6, nullptr}); });
+      Run("MaxSim", [&] { SweepMaxSim({"avx2 int8 avx-vnni", MsPath::kI8AvxVnni, 16, 6, nullptr, sd::maxsim::TileI8AvxVnni}); });
       int8.push_back("avx-vnni");
     }
     Run("RowwiseInt8MatMul", [&] { SweepRowwise("avx2", rw::Path::kAvx2, rw::GemmAvx2, true); });
     Run("RowwiseInt8MatMul", [&] { SweepRowwise("portable", rw::Path::kPortable, nullptr, false); });
+    rowwise.insert(rowwise.end(), {"avx2", "portable"});
+    if (sd::CpuHasAvxVnni() && choice.cpu_limit.empty()) {  // as the library: the avx2 variant's VNNI tile
+      Run("RowwiseInt8MatMul", [&] { SweepRowwise("avx2 avx-vnni", rw::Path::kAvxVnni, rw::GemmAvxVnni, true); });
+      rowwise.push_back("avx-vnni");
+    }
     ran.push_back("avx2");
   }
   if (isa >= sd::Isa::kAvx512) {
@@ -1237,6 +1257,7 @@ int main() {
     Run("MaxSim", [&] { SweepMaxSim({"avx512 float32", MsPath::kF32, 32, 8, sd::maxsim::TileF32Avx512}); });
     // the zmm form of the AVX2 tile: what the library runs on AVX-512 CPUs without VNNI (swept on every AVX-512 CPU)
     Run("RowwiseInt8MatMul", [&] { SweepRowwise("avx512 bw", rw::Path::kAvx512Bw, rw::GemmAvx512Bw, true); });
+    rowwise.push_back("avx512-bw");
     Run("LoRAMixer", [&] {
       SweepLoRAMixerDot("avx512", sd::lora_mixer::DotTileAvx512, 16);
       SweepLoRAMixerAxpy("avx512", sd::lora_mixer::AxpyAvx512, 16);
@@ -1248,6 +1269,18 @@ int main() {
       int8.push_back("avx512-vnni");
       // as the library: the VNNI tile where the avx512 variant runs on a CPU with AVX-512 VNNI
       Run("RowwiseInt8MatMul", [&] { SweepRowwise("avx512 vnni", rw::Path::kAvx512Vnni, rw::GemmAvx512Vnni, true); });
+      rowwise.push_back("avx512-vnni");
+      // The AVX-VNNI tiles' source with vpdpbusd's EVEX encoding (ops/common/avxvnni.h), whether or not this CPU
+      // also has AVX-VNNI: their logic is swept on every CPU with AVX-512 VNNI.
+      Run("MaxSim", [&] {
+        SweepMaxSim({"avx2 int8 avx-vnni tile, EVEX encoding", MsPath::kI8AvxVnni, 16, 6, nullptr,
+                     sd::maxsim::TileI8AvxVnniEvex});
+      });
+      int8.push_back("avx-vnni-as-evex");
+      Run("RowwiseInt8MatMul", [&] {
+        SweepRowwise("avx2 avx-vnni tile, EVEX encoding", rw::Path::kAvxVnni, rw::GemmAvxVnniEvex, true);
+      });
+      rowwise.push_back("avx-vnni-as-evex");
     }
     ran.push_back("avx512");
   }
@@ -1256,6 +1289,9 @@ int main() {
   std::string dots;
   for (const auto& r : int8) dots += (dots.empty() ? "" : ",") + r;
   std::printf("sweep: MaxSim int8 dot products [%s]\n", dots.c_str());
+  std::string paths;
+  for (const auto& r : rowwise) paths += (paths.empty() ? "" : ",") + r;
+  std::printf("sweep: RowwiseInt8MatMul paths [%s]\n", paths.c_str());
   std::string per_op;
   for (const auto& [op, count] : g_op_checks) per_op += (per_op.empty() ? "" : ",") + op + "=" + std::to_string(count);
   std::printf("sweep: checks per op [%s]\n", per_op.c_str());

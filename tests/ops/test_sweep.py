@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from softdeploy import conformance
+from softdeploy.compare.environment import cpuinfo
 
 ROOT = Path(__file__).resolve().parents[2]
 VECTOR_VARIANTS = ["avx2", "avx512"]
@@ -77,3 +78,18 @@ def test_sweep_matches_the_float64_references(sweep: Path, cpu: str | None) -> N
     assert dots is not None
     if env.get("SOFTDEPLOY_TEST_CPU") == "avx2":
         assert dots.group(1) == "vpmaddwd,vpmaddubsw,vpmaddubsw-pairs"
+    # RowwiseInt8MatMul's GEMM paths: each one the library can run on this CPU as limited, and the AVX-VNNI tile's source
+    # (VEX vpdpbusd) with the EVEX encoding wherever AVX-512 VNNI runs, so its logic is swept without AVX-VNNI.
+    paths = re.search(r"sweep: RowwiseInt8MatMul paths \[([a-z0-9,-]*)\]", done.stdout)
+    assert paths is not None
+    swept_paths = set(paths.group(1).split(",")) if paths.group(1) else set()
+    want_paths = {"avx2", "portable"} if want else set()
+    flags = cpuinfo()[1]
+    if "avx512" in want:
+        want_paths |= {"avx512-bw"}
+        if flags & {"avx512_vnni", "avx512vnni"}:
+            want_paths |= {"avx512-vnni", "avx-vnni-as-evex"}
+            assert "avx-vnni-as-evex" in dots.group(1).split(",")
+    if want and flags & {"avx_vnni", "avxvnni"} and not env.get("SOFTDEPLOY_TEST_CPU"):
+        want_paths |= {"avx-vnni"}
+    assert swept_paths == want_paths

@@ -154,17 +154,28 @@ def test_the_tables_rowwise_8_bit_needs_the_vnni_tile(tmp_path, monkeypatch):
 
 
 def test_rowwise_vnni_rule_follows_the_selected_variant(monkeypatch):
-    """_rowwise_vnni_runs is the kernel's rule: the avx512 variant selected and AVX-512 VNNI, which the library reads
-    from CPUID as /proc/cpuinfo reports it (outside an emulated CPU)."""
+    """_rowwise_vnni_runs is the kernel's rule: the avx512 variant selected and AVX-512 VNNI, or the avx2 variant and
+    AVX-VNNI, which the library reads from CPUID as /proc/cpuinfo reports them (outside an emulated CPU)."""
     from softdeploy.compare.environment import cpuinfo
-
-    vnni = bool(cpuinfo()[1] & {"avx512_vnni", "avx512vnni"})
-    monkeypatch.setenv("SOFTDEPLOY_ISA", "avx2")
-    assert not quantize_module._rowwise_vnni_runs()
-    monkeypatch.delenv("SOFTDEPLOY_ISA")
     from softdeploy.runtime import library_status
 
+    flags = cpuinfo()[1]
+    vnni = bool(flags & {"avx512_vnni", "avx512vnni"})
+    avx_vnni = bool(flags & {"avx_vnni", "avxvnni"})
+    monkeypatch.setenv("SOFTDEPLOY_ISA", "avx2")
     info = library_status().info
-    assert quantize_module._rowwise_vnni_runs() == (info is not None and info.isa_selected == "avx512" and vnni)
+    # the avx2 variant runs the ymm tile exactly where the CPU has AVX-VNNI
+    assert quantize_module._rowwise_vnni_runs() == (info is not None and info.isa_selected == "avx2" and avx_vnni)
+    monkeypatch.setenv("SOFTDEPLOY_TEST_CPU", "avx2")  # an emulated AVX2 CPU has neither VNNI
+    assert not quantize_module._rowwise_vnni_runs()
+    monkeypatch.delenv("SOFTDEPLOY_TEST_CPU")
+    monkeypatch.delenv("SOFTDEPLOY_ISA")
+
+    info = library_status().info
+    selected = None if info is None else info.isa_selected
+    assert quantize_module._rowwise_vnni_runs() == (
+        (selected == "avx512" and vnni) or (selected == "avx2" and avx_vnni)
+    )
     if info is not None:
         assert info.avx512_vnni == (info.isa_detected == "avx512" and vnni)
+        assert info.avx_vnni == avx_vnni

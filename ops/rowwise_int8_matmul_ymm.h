@@ -1,0 +1,108 @@
+// RowwiseInt8MatMul's ymm GEMM driver, shared by ops/rowwise_int8_matmul_avx2.cc (vpmaddubsw summed in int16 under
+// the lane bound) and ops/rowwise_int8_matmul_avxvnni.cc (VEX vpdpbusd). Each unit supplies only how a tile's int32
+// sums are formed (its `Sums` policy); the tiling, the prefetch, the row remainders and the float32 epilogue are this
+// header's, written once (the zmm counterpart: ops/rowwise_int8_matmul_zmm.h).
+//
+// A tile is kMR = 6 rows x one 16-column panel: two ymm accumulators per row (columns 0-7 and 8-15), in the packing
+// of ops/rowwise_int8_matmul_kernels.h. Sums::Run<MR>(a, kp, panel, acc) sets acc[r][h] to the int32 sums of rows
+// r of the quantized activations `a` (row stride kp) times the panel's columns 8h..8h+7.
+//
+// Include only from a translation unit compiled with at least -mavx2 -mfma (CMakeLists.txt); everything here has
+// internal linkage (see ops/common/vec.h on why).
+//
+// What must stay true: the epilogue is fma(float(acc - z * colsum), sa * sb, bias), as in the portable and zmm
+// variants, so every variant gives the same bits; an edge panel's scales and bias are padded (never read past N)
+// and only its N - n0 columns are written.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "rowwise_int8_matmul_kernels.h"
+
+namespace sd {
+namespace rowwise_int8 {
+namespace {
+
+inline int64_t MinYmm(int64_t a, int64_t b) { return a < b ? a : b; }
+
+inline __m256i Broadcast4(const uint8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
+}
+
+// y[r, 0..ncols) = fma(float(acc - za[r] colsum), sa[r] * sb, bias) for the MR rows of a tile; sb, colsum and bias
+// hold 16 entries.
+template <int MR>
+inline void EpilogueYmm(__m256i acc[MR][2], const float* sa, const int32_t* za, const float* sb, const int32_t* colsum,
+                        const float* bias, float* y, int64_t ldy, int64_t ncols) {
+  for (int r = 0; r < MR; ++r) {
+    alignas(32) float out[kNR];
+    float* dst = ncols == kNR ? y + r * ldy : out;  // a full panel straight to y, an edge one through `out`
+    for (int h = 0; h < 2; ++h) {
+      const __m256i corr = _mm256_mullo_epi32(
+          _mm256_set1_epi32(za[r]), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(colsum + 8 * h)));
+      const __m256 v = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[r][h], corr));
+      const __m256 s = _mm256_mul_ps(_mm256_set1_ps(sa[r]), _mm256_loadu_ps(sb + 8 * h));
+      _mm256_storeu_ps(dst + 8 * h, _mm256_fmadd_ps(v, s, _mm256_loadu_ps(bias + 8 * h)));
+    }
+    if (ncols != kNR) std::memcpy(y + r * ldy, out, sizeof(float) * ncols);
+  }
+}
+
+template <class Sums, int MR>
+inline void TileAndStoreYmm(const PackedView& w, const uint8_t* xq, const float* sa, const int32_t* za, int64_t m,
+                            int64_t n0, const float* sb, const float* bias, float* y, int64_t ldy) {
+  __m256i acc[MR][2];
+  Sums::template Run<MR>(xq + m * w.kp, w.kp, w.panels + n0 * w.kp, acc);
+  EpilogueYmm<MR>(acc, sa + m, za + m, sb, w.colsum + n0, bias, y + m * ldy + n0, ldy, MinYmm(kNR, w.N - n0));
+}
+
+// The whole packing (or a task's range of its panels), a panel at a time.
+template <class Sums>
+void GemmYmm(const PackedView& w, const uint8_t* xq, const float* sa, const int32_t* za, int64_t M, const float* sb,
+             const float* bias, float* y, int64_t ldy) {
+  const int64_t full = M / kMR * kMR;
+  static_assert(kMR == 6, "the remainder switch below covers 1..5 rows");
+  // The next panel is prefetched (into L1: measured better than L2) while this one runs, a share per row tile: in a
+  // model the weights are read once per call from L3 or DRAM, which cost ~10% of the GEMM's time without it.
+  const int64_t panel_lines = w.kp * kNR / 64, tiles = full / kMR > 1 ? full / kMR : 1;
+  const int64_t per_tile = (panel_lines + tiles - 1) / tiles;
+  alignas(32) float sb_edge[kNR], bias_edge[kNR];
+  alignas(32) static const float kZeros[kNR] = {};
+  for (int64_t n0 = 0; n0 < w.np; n0 += kNR) {
+    const float* sb_p = sb + n0;
+    const float* bias_p = bias == nullptr ? kZeros : bias + n0;
+    if (n0 + kNR > w.N) {  // the last, partial panel: its scales and bias padded to 16 (never read past N)
+      for (int j = 0; j < kNR; ++j) {
+        sb_edge[j] = n0 + j < w.N ? sb[n0 + j] : 0.f;
+        bias_edge[j] = bias != nullptr && n0 + j < w.N ? bias[n0 + j] : 0.f;
+      }
+      sb_p = sb_edge;
+      bias_p = bias_edge;
+    }
+    const char* next = reinterpret_cast<const char*>(w.panels + (n0 + kNR) * w.kp);
+    const bool prefetch = n0 + kNR < w.np;
+    for (int64_t m = 0, t = 0; m < full; m += kMR, ++t) {
+      if (prefetch) {
+        for (int64_t l = t * per_tile; l < MinYmm(panel_lines, (t + 1) * per_tile); ++l)
+          _mm_prefetch(next + 64 * l, _MM_HINT_T0);
+      }
+      TileAndStoreYmm<Sums, kMR>(w, xq, sa, za, m, n0, sb_p, bias_p, y, ldy);
+    }
+    switch (M - full) {  // the last rows in one tile of their own height
+      case 5: TileAndStoreYmm<Sums, 5>(w, xq, sa, za, full, n0, sb_p, bias_p, y, ldy); break;
+      case 4: TileAndStoreYmm<Sums, 4>(w, xq, sa, za, full, n0, sb_p, bias_p, y, ldy); break;
+      case 3: TileAndStoreYmm<Sums, 3>(w, xq, sa, za, full, n0, sb_p, bias_p, y, ldy); break;
+      case 2: TileAndStoreYmm<Sums, 2>(w, xq, sa, za, full, n0, sb_p, bias_p, y, ldy); break;
+      case 1: TileAndStoreYmm<Sums, 1>(w, xq, sa, za, full, n0, sb_p, bias_p, y, ldy); break;
+      default: break;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace rowwise_int8
+}  // namespace sd

@@ -1,0 +1,6 @@
+// ops/rowwise_int8_matmul_avxvnni.cc compiled a second time for the size sweep only, with vpdpbusd's EVEX encoding of
+// the same operation (ops/common/avxvnni.h): GemmAvxVnniEvex runs on CPUs with AVX-512 VNNI + VL, so the AVX-VNNI
+// tile's logic is swept where AVX-VNNI itself is missing (Zen 4). Compiled with AVX-512 VNNI flags (CMakeLists.txt);
+// never part of the library.
+#define SD_AVXVNNI_AS_EVEX 1
+#include "rowwise_int8_matmul_avxvnni.cc"  // NOLINT(bugprone-suspicious-include): the same source, another encoding

@@ -12,9 +12,10 @@
 // ops/rowwise_int8_matmul_avx512vnni.cc, every int8 B; without VNNI ops/rowwise_int8_matmul_avx512.cc, the AVX2
 // tile's form on zmm); AVX2 (ops/rowwise_int8_matmul_ymm.h: on a CPU with AVX-VNNI the VEX vpdpbusd tile of
 // ops/rowwise_int8_matmul_avxvnni.cc, every int8 B; without it ops/rowwise_int8_matmul_avx2.cc, vpmaddubsw results
-// summed in int16 under the lane bound of ops/rowwise_int8_matmul_kernels.h); and portable C++ (also the vpmaddubsw paths' way for weights outside
-// the lane bound, exact for any int8 B). The row quantization is the AVX2 unit's on every vector path. A constant B (an initializer) is packed (and its lane bound found) once, at kernel creation; a B fed at
-// run time is packed on every call.
+// summed in int16 under the lane bound of ops/rowwise_int8_matmul_kernels.h); and portable C++ (also the vpmaddubsw
+// paths' way for weights outside the lane bound, exact for any int8 B). The row quantization is the AVX2 unit's on every
+// vector path. A constant B (an initializer) is packed (and its lane bound
+// found) once, at kernel creation; a B fed at run time is packed on every call.
 //
 // What must stay true: every contract check runs before ParallelFor; all variants produce the same integers and
 // the same bits (the same float32 operations; see the vector units' headers); the kernel's state after creation is
@@ -131,6 +132,8 @@ struct RowwiseInt8MatMulKernel {
     std::vector<uint8_t> xq(static_cast<size_t>(M * kp));
     std::vector<float> sa(static_cast<size_t>(M));
     std::vector<int32_t> za(static_cast<size_t>(M));
+    // (the AVX2 unit's on the AVX-512 paths too: a zmm form of it measured 0.79-0.85x its speed on Zen 4;
+    // bench/results/rowwise_int8_matmul.md)
     const int64_t bad = vector ? QuantizeRowsAvx2(x, M, K, kp, levels, xq.data(), sa.data(), za.data())
                                : QuantizeRowsPortable(x, M, K, kp, levels, xq.data(), sa.data(), za.data());
     if (bad >= 0) FailRow(x, K, bad);  // checked for every row, even when N = 0 leaves nothing to compute

@@ -68,17 +68,28 @@ int64_t QuantizeRowsAvx2(const float* x, int64_t M, int64_t K, int64_t kp, int l
   const float top = static_cast<float>(levels);
   for (int64_t m = 0; m < M; ++m) {
     const float* row = x + m * K;
-    __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps(), nan = _mm256_setzero_ps();
+    // Two sets of accumulators, so no min, max or or chain bounds the pass. v * 0 is +-0 for a finite entry and NaN
+    // for NaN or +-inf; or-ing the bits keeps a NaN (all-ones exponent, nonzero mantissa), so `nan` flags a bad row.
+    const __m256 zero = _mm256_setzero_ps();
+    __m256 lo = zero, hi = zero, nan = zero, lo1 = zero, hi1 = zero;
     int64_t k = 0;
+    for (; k + 16 <= K; k += 16) {
+      const __m256 v = _mm256_loadu_ps(row + k), v1 = _mm256_loadu_ps(row + k + 8);
+      lo = _mm256_min_ps(lo, v);
+      hi = _mm256_max_ps(hi, v);
+      lo1 = _mm256_min_ps(lo1, v1);
+      hi1 = _mm256_max_ps(hi1, v1);
+      nan = _mm256_or_ps(nan, _mm256_or_ps(_mm256_mul_ps(v, zero), _mm256_mul_ps(v1, zero)));
+    }
     for (; k + 8 <= K; k += 8) {
       const __m256 v = _mm256_loadu_ps(row + k);
       lo = _mm256_min_ps(lo, v);
       hi = _mm256_max_ps(hi, v);
-      nan = _mm256_add_ps(nan, _mm256_mul_ps(v, _mm256_setzero_ps()));  // NaN once any entry is NaN or +-inf
+      nan = _mm256_or_ps(nan, _mm256_mul_ps(v, zero));
     }
     alignas(32) float l8[8], h8[8], n8[8];
-    _mm256_store_ps(l8, lo);
-    _mm256_store_ps(h8, hi);
+    _mm256_store_ps(l8, _mm256_min_ps(lo, lo1));
+    _mm256_store_ps(h8, _mm256_max_ps(hi, hi1));
     _mm256_store_ps(n8, nan);
     float mn = 0.f, mx = 0.f, bad = 0.f;
     for (int i = 0; i < 8; ++i) {
@@ -100,19 +111,30 @@ int64_t QuantizeRowsAvx2(const float* x, int64_t M, int64_t K, int64_t kp, int l
     sa[m] = scale;
     za[m] = static_cast<int32_t>(zp);
     const float inv = 1.f / scale;
-    const __m256 vinv = _mm256_set1_ps(inv), vzp = _mm256_set1_ps(zp);
+    const __m256 vinv = _mm256_set1_ps(inv);
+    const __m256i zp16 = _mm256_set1_epi16(static_cast<int16_t>(za[m]));
+    const __m256i top8 = _mm256_set1_epi8(static_cast<char>(levels));
     uint8_t* dst = xq + m * kp;
-    constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;  // half to even
+    // q = round(x * inv) + z, saturated to 0..255 and clipped to levels. vcvtps2dq rounds in the current mode
+    // (half to even unless a caller changed MXCSR), as the portable variant's nearbyint does; round(x * inv) is
+    // within +-(levels + 1), so the int16 packing is exact and z is added there (the portable variant's float sum of
+    // two small integers is exact, so the same). 32 entries a step: 20 vector ops.
+    const auto codes16 = [&](const float* p) {  // 16 entries as int16 round(x * inv) + z, in lane-interleaved order
+      const __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(p), vinv));
+      const __m256i b = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(p + 8), vinv));
+      return _mm256_add_epi16(_mm256_packs_epi32(a, b), zp16);
+    };
     k = 0;
-    for (; k + 16 <= K; k += 16) {  // round(x * inv) + z, then saturate to 0..255 and clip to levels
-      const __m256i a = _mm256_cvtps_epi32(
-          _mm256_add_ps(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(row + k), vinv), kRound), vzp));
-      const __m256i b = _mm256_cvtps_epi32(
-          _mm256_add_ps(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(row + k + 8), vinv), kRound), vzp));
-      const __m256i w = _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xD8);  // 16 x int16 in order
-      const __m128i u = _mm_min_epu8(_mm_packus_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1)),
-                                     _mm_set1_epi8(static_cast<char>(levels)));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + k), u);
+    for (; k + 32 <= K; k += 32) {
+      // packus of the two: dwords [a0-3 b0-3 c0-3 d0-3 | a4-7 b4-7 c4-7 d4-7] of the four groups of 8 entries
+      const __m256i u = _mm256_packus_epi16(codes16(row + k), codes16(row + k + 16));
+      const __m256i ordered = _mm256_permutevar8x32_epi32(u, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + k), _mm256_min_epu8(ordered, top8));
+    }
+    for (; k + 16 <= K; k += 16) {
+      const __m256i w = _mm256_permute4x64_epi64(codes16(row + k), 0xD8);  // 16 x int16 in order
+      const __m128i u = _mm_packus_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + k), _mm_min_epu8(u, _mm256_castsi256_si128(top8)));
     }
     for (; k < K; ++k) {
       const float q = __builtin_nearbyintf(row[k] * inv) + zp;

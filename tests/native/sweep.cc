@@ -1106,7 +1106,10 @@ namespace rw = sd::rowwise_int8;
 using RowwiseGemm = void (*)(const rw::PackedView&, const uint8_t*, const float*, const int32_t*, int64_t,
                              const float*, const float*, float*, int64_t);
 
-void SweepRowwise(const char* variant, rw::Path path, RowwiseGemm gemm, bool vector_quantize) {
+using RowwiseQuantize = int64_t (*)(const float*, int64_t, int64_t, int64_t, int, uint8_t*, float*, int32_t*);
+
+// quantize: the path's vector row quantization (nullptr: the portable one alone).
+void SweepRowwise(const char* variant, rw::Path path, RowwiseGemm gemm, RowwiseQuantize quantize) {
   std::mt19937 rng(31);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::uniform_real_distribution<float> unit(0.5f, 2.0f);
@@ -1143,8 +1146,8 @@ void SweepRowwise(const char* variant, rw::Path path, RowwiseGemm gemm, bool vec
         std::vector<float> sa(static_cast<size_t>(M)), sa_ref(sa.size());
         std::vector<int32_t> za(static_cast<size_t>(M)), za_ref(za.size());
         rw::QuantizeRowsPortable(x.data(), M, K, kp, levels, xq_ref.data(), sa_ref.data(), za_ref.data());
-        if (vector_quantize) {
-          rw::QuantizeRowsAvx2(x.data(), M, K, kp, levels, xq.data(), sa.data(), za.data());
+        if (quantize != nullptr) {
+          quantize(x.data(), M, K, kp, levels, xq.data(), sa.data(), za.data());
           ++g_checks;
           if (xq != xq_ref || sa != sa_ref || za != za_ref) {
             Fail(std::string("RowwiseInt8MatMul ") + variant + ": row quantization differs from the portable one, K=" +
@@ -1236,11 +1239,11 @@ int main() {
       Run("MaxSim", [&] { SweepMaxSim({"avx2 int8 avx-vnni", MsPath::kI8AvxVnni, 16, 6, nullptr, sd::maxsim::TileI8AvxVnni}); });
       int8.push_back("avx-vnni");
     }
-    Run("RowwiseInt8MatMul", [&] { SweepRowwise("avx2", rw::Path::kAvx2, rw::GemmAvx2, true); });
-    Run("RowwiseInt8MatMul", [&] { SweepRowwise("portable", rw::Path::kPortable, nullptr, false); });
+    Run("RowwiseInt8MatMul", [&] { SweepRowwise("avx2", rw::Path::kAvx2, rw::GemmAvx2, rw::QuantizeRowsAvx2); });
+    Run("RowwiseInt8MatMul", [&] { SweepRowwise("portable", rw::Path::kPortable, nullptr, nullptr); });
     rowwise.insert(rowwise.end(), {"avx2", "portable"});
     if (sd::CpuHasAvxVnni() && choice.cpu_limit.empty()) {  // as the library: the avx2 variant's VNNI tile
-      Run("RowwiseInt8MatMul", [&] { SweepRowwise("avx2 avx-vnni", rw::Path::kAvxVnni, rw::GemmAvxVnni, true); });
+      Run("RowwiseInt8MatMul", [&] { SweepRowwise("avx2 avx-vnni", rw::Path::kAvxVnni, rw::GemmAvxVnni, rw::QuantizeRowsAvx2); });
       rowwise.push_back("avx-vnni");
     }
     ran.push_back("avx2");
@@ -1256,7 +1259,7 @@ int main() {
     Run("SoftNMS", [&] { SweepSoftNmsWeigh("avx512", sd::soft_nms::WeighAvx512); });
     Run("MaxSim", [&] { SweepMaxSim({"avx512 float32", MsPath::kF32, 32, 8, sd::maxsim::TileF32Avx512}); });
     // the zmm form of the AVX2 tile: what the library runs on AVX-512 CPUs without VNNI (swept on every AVX-512 CPU)
-    Run("RowwiseInt8MatMul", [&] { SweepRowwise("avx512 bw", rw::Path::kAvx512Bw, rw::GemmAvx512Bw, true); });
+    Run("RowwiseInt8MatMul", [&] { SweepRowwise("avx512 bw", rw::Path::kAvx512Bw, rw::GemmAvx512Bw, rw::QuantizeRowsAvx2); });
     rowwise.push_back("avx512-bw");
     Run("LoRAMixer", [&] {
       SweepLoRAMixerDot("avx512", sd::lora_mixer::DotTileAvx512, 16);
@@ -1268,7 +1271,7 @@ int main() {
       Run("MaxSim", [&] { SweepMaxSim({"avx512 int8 vnni", MsPath::kI8Avx512Vnni, 32, 8, nullptr}); });
       int8.push_back("avx512-vnni");
       // as the library: the VNNI tile where the avx512 variant runs on a CPU with AVX-512 VNNI
-      Run("RowwiseInt8MatMul", [&] { SweepRowwise("avx512 vnni", rw::Path::kAvx512Vnni, rw::GemmAvx512Vnni, true); });
+      Run("RowwiseInt8MatMul", [&] { SweepRowwise("avx512 vnni", rw::Path::kAvx512Vnni, rw::GemmAvx512Vnni, rw::QuantizeRowsAvx2); });
       rowwise.push_back("avx512-vnni");
       // The AVX-VNNI tiles' source with vpdpbusd's EVEX encoding (ops/common/avxvnni.h), whether or not this CPU
       // also has AVX-VNNI: their logic is swept on every CPU with AVX-512 VNNI.
@@ -1278,7 +1281,7 @@ int main() {
       });
       int8.push_back("avx-vnni-as-evex");
       Run("RowwiseInt8MatMul", [&] {
-        SweepRowwise("avx2 avx-vnni tile, EVEX encoding", rw::Path::kAvxVnni, rw::GemmAvxVnniEvex, true);
+        SweepRowwise("avx2 avx-vnni tile, EVEX encoding", rw::Path::kAvxVnni, rw::GemmAvxVnniEvex, rw::QuantizeRowsAvx2);
       });
       rowwise.push_back("avx-vnni-as-evex");
     }

@@ -1,14 +1,16 @@
-// Micro-benchmark of RowwiseInt8MatMul's GEMM tiles without onnxruntime in the loop, next to the register-only
+// Micro-benchmark of RowwiseInt8MatMul's pieces without onnxruntime in the loop. (1) The GEMM tiles, next to the register-only
 // vpdpbusd peaks of bench/micro/fma_peak.cc measured in the same rounds: the AVX-VNNI ymm tile (its source compiled
 // with vpdpbusd's EVEX encoding, tests/native/rowwise_int8_matmul_avxvnni_evex.cc, so that it runs on an AVX-512 VNNI
 // CPU without AVX-VNNI such as Zen 4), the AVX-512 VNNI zmm tile and the AVX2 lane tile (groups 4), at MiniLM's
-// shapes. Minimum over rounds of the median of each round's repetitions (a shared machine), tiles interleaved.
+// shapes. (2) The row quantization (the AVX2 unit's, which every vector path runs) at M x K = 128 x 384 and
+// 128 x 1536 (the inputs of MiniLM's projections and FFN down-projection). Minimum over rounds of the median of each round's repetitions (a
+// shared machine), the forms interleaved.
 //   S="-O3 -std=c++17 -fno-math-errno -ffp-contract=off -fno-tree-pre -Iops"  # the library's flags; V="-mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx2 -mfma"
 //   g++ $S -c ops/rowwise_int8_matmul_common.cc -o /tmp/rwb/c.o && \
 //   g++ $S -mavx2 -mfma -c ops/rowwise_int8_matmul_avx2.cc -o /tmp/rwb/a2.o && \
 //   g++ $S $V -mavx512vnni -c ops/rowwise_int8_matmul_avx512vnni.cc -o /tmp/rwb/z.o && \
 //   g++ $S $V -mavx512vnni -c tests/native/rowwise_int8_matmul_avxvnni_evex.cc -o /tmp/rwb/y.o && \
-//   g++ -O3 -std=c++17 -Iops bench/micro/rowwise_vnni_tiles.cc bench/micro/fma_peak.cc /tmp/rwb/*.o -o /tmp/rwb/b && \
+//   g++ -O3 -std=c++17 -Iops bench/micro/rowwise_int8_pieces.cc bench/micro/fma_peak.cc /tmp/rwb/*.o -o /tmp/rwb/b && \
 //   /tmp/rwb/b
 // Needs AVX-512 VNNI (the EVEX forms); the ymm peak is the EVEX vpdpbusd ymm loop here (kind 5 below), the one
 // the twin runs.
@@ -99,6 +101,27 @@ int main() {
     std::printf("| %lld x %lld x %lld | %.0f | %.0f%% (%.0f) | %.0f | %.0f%% (%.0f) | %.0f | %.2fx |\n", (long long)s.M,
                 (long long)s.K, (long long)s.N, ymm, 100 * ymm / peak_y, peak_y, zmm, 100 * zmm / peak_z, peak_z, lane,
                 ymm / lane);
+  }
+  std::printf("\n| M x K | row quantization us | ns per entry |\n|---|---|---|\n");
+  for (const int64_t K : {int64_t{384}, int64_t{1536}}) {
+    const int64_t M = 128, kp = (K + 15) / 16 * 16;
+    std::normal_distribution<float> normal(0.f, 1.f);
+    std::vector<float> x(static_cast<size_t>(M * K)), sa(M);
+    for (auto& v : x) v = normal(rng);
+    std::vector<uint8_t> xq(static_cast<size_t>(M * kp));
+    std::vector<int32_t> za(M);
+    std::vector<double> t2;
+    for (int round = 0; round < 9; ++round) {
+      const auto time = [&](auto&& f) {
+        std::vector<double> ts;
+        for (int r = 0; r < 200; ++r) ts.push_back(Seconds(f));
+        std::nth_element(ts.begin(), ts.begin() + ts.size() / 2, ts.end());
+        return ts[ts.size() / 2];
+      };
+      t2.push_back(time([&] { rw::QuantizeRowsAvx2(x.data(), M, K, kp, 255, xq.data(), sa.data(), za.data()); }));
+    }
+    const double a2 = *std::min_element(t2.begin(), t2.end()) * 1e6;
+    std::printf("| %lld x %lld | %.1f | %.3f |\n", (long long)M, (long long)K, a2, a2 * 1e3 / double(M * K));
   }
   return 0;
 }

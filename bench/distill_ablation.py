@@ -143,6 +143,14 @@ def main():
         help="each word-piece of a training text replaced, with this probability, by one drawn from the texts' own "
         "word-pieces (by frequency); the teacher labels the changed text (TinyBERT-style augmentation, no cache)",
     )
+    ap.add_argument(
+        "--mixup",
+        type=float,
+        default=0.0,
+        help="this fraction of each batch replaced by word-embedding mixtures of two of its texts, the teacher "
+        "labelling the mixture (MixKD, Liang et al. 2021; no cache)",
+    )
+    ap.add_argument("--mixup-alpha", type=float, default=0.4, help="mixup weights ~ Beta(alpha, alpha)")
     ap.add_argument("--ema", type=float, default=0.0, help="EMA of student weights (decay), evaluated at the end")
     ap.add_argument("--eval-every", type=int, default=0)
     ap.add_argument("--jsonl", default=None, help="append the result line to this file")
@@ -165,7 +173,7 @@ def main():
         "--soup", default="", help="comma-separated --save files: evaluate their weight average instead of training"
     )
     a = ap.parse_args()
-    if a.cache and (a.rt_frac or a.aiml_frac or a.q_frac or a.crop or a.replace or a.hidden or a.attn):
+    if a.cache and (a.rt_frac or a.aiml_frac or a.q_frac or a.crop or a.replace or a.hidden or a.attn or a.mixup):
         ap.error("--cache: every text of a batch must be an unchanged pool text, and no hidden states or attentions")
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
@@ -328,6 +336,22 @@ def main():
                 kl = torch.special.xlogy(ta, ta) - ta * torch.log(sa.clamp_min(1e-12))
                 attn_loss = attn_loss + (kl * qm).sum() / (qm.sum() * sa.shape[1])
             attn_loss = attn_loss / len(pairs)
+        elif a.mixup > 0:
+            # MixKD: rows [0, n) become lam * E[row] + (1 - lam) * E[partner] in word-embedding space (the frozen table
+            # both models share), attending to either text's tokens; both models see the same mixed inputs
+            n = round(a.mixup * ids.shape[0])
+            emb = student.bert.embeddings.word_embeddings(ids).detach()
+            partner = torch.randint(ids.shape[0], (n,), generator=gen)
+            lam = torch.distributions.Beta(a.mixup_alpha, a.mixup_alpha).sample((n, 1, 1))
+            emb = torch.cat([lam * emb[:n] + (1 - lam) * emb[partner], emb[n:]])
+            mask = torch.cat([torch.maximum(mask[:n], mask[partner]), mask[n:]])
+            tti = torch.zeros_like(ids)
+            with torch.no_grad():
+                to = teacher.bert(inputs_embeds=emb, attention_mask=mask, token_type_ids=tti)
+                t_tok, _ = teacher._pool(to.last_hidden_state, mask)
+            so = student.bert(inputs_embeds=emb, attention_mask=mask, token_type_ids=tti)
+            s_tok, _ = student._pool(so.last_hidden_state, mask)
+            s_h = ()
         elif cache is not None:
             t_tok, _ = cache.targets(idx, ids.shape[1])
             s_tok, _, s_h = student.states(ids, mask)

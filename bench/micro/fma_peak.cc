@@ -6,7 +6,8 @@
 //   2 per multiply-add) so that the caller divides by its own timing.
 // kind: 0 AVX2 FMA fp32 (12 ymm), 1 AVX-512 FMA fp32 (16 zmm), 2 AVX2 vpmaddwd + vpaddd (int16 pairs
 // -> int32: the non-VNNI int8 path; 10 accumulators), 3 AVX-VNNI vpdpbusd ymm (12), 4 AVX-512 VNNI
-// vpdpbusd zmm (16). Built by bench/maxsim.py into a temporary shared object:
+// vpdpbusd zmm (16), 5 AVX-512 VNNI + VL vpdpbusd ymm (12: the EVEX encoding of kind 3, the limit of the AVX-VNNI
+// tiles' EVEX twins, tests/native/*_avxvnni_evex.cc). Built by bench/maxsim.py into a temporary shared object:
 //   g++ -O2 -shared -fPIC bench/micro/fma_peak.cc -o fma_peak.so
 // The caller runs a kind only where the CPU has its instructions (else SIGILL).
 #include <cstdint>
@@ -22,6 +23,16 @@
 #define SD_CLOB_Z SD_CLOB_Y, "xmm30", "xmm31"
 
 namespace {
+
+// Kind 5: vpdpbusd ymm in its EVEX encoding (the assembler picks EVEX without {vex}: AVX-512 VNNI + VL).
+__attribute__((target("avx512f,avx512vl,avx512vnni"))) double EvexYmm(int64_t n) {
+#define SD_DP_YE(i) "vpdpbusd %%ymm15, %%ymm14, %%ymm" #i "\n\t"
+  asm volatile("vpxor %%xmm14, %%xmm14, %%xmm14\n\tvpxor %%xmm15, %%xmm15, %%xmm15\n\t"
+               "1:\n\t" SD_R12(SD_DP_YE) "dec %0\n\tjnz 1b\n\tvzeroupper"
+               : "+r"(n) : : "cc", SD_CLOB_Y);
+#undef SD_DP_YE
+  return 2.0 * 32 * 12;
+}
 
 // zmm16-31 exist only under the avx512f target.
 __attribute__((target("avx512f"))) double Avx512(bool vnni, int64_t n) {
@@ -61,6 +72,7 @@ double Run(int kind, int64_t n) {
                    : "+r"(n) : : "cc", SD_CLOB_Y);
       return 2.0 * 32 * 12;
     case 4: return Avx512(true, n);
+    case 5: return EvexYmm(n);
     default: return -1.0;
   }
 }

@@ -6,6 +6,8 @@
 //   g++ $F -mavx2 -mfma -c ops/max_sim_avx2.cc -o $B/a2.o
 //   g++ $F -mavx2 -mfma -mavxvnni -c ops/max_sim_avxvnni.cc -o $B/vn.o
 //   g++ $F -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx2 -mfma -c ops/max_sim_avx512.cc -o $B/a5.o
+//   g++ $F -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx2 -mfma \
+//       -c tests/native/max_sim_avxvnni_evex.cc -o $B/vne.o    # the AVX-VNNI tile's EVEX twin (ops/common/avxvnni.h)
 //   g++ -O2 -std=c++17 -Iops bench/micro/maxsim_tiles.cc bench/micro/fma_peak.cc $B/*.o -o $B/maxsim_tiles
 //   $B/maxsim_tiles [N docs (default 1: one hot document)] [reps] [Lq] [Ld] [dim] [peak iterations]
 // Instruction counts (load-independent; valgrind runs the AVX2 variants only, it has no AVX-512):
@@ -23,6 +25,14 @@
 extern "C" double sd_peak(int kind, int64_t iters);
 
 using namespace sd::maxsim;
+
+namespace sd {
+namespace maxsim {
+// ops/max_sim_avxvnni.cc with vpdpbusd's EVEX encoding (tests/native/max_sim_avxvnni_evex.cc): the AVX-VNNI tile
+// timed on a CPU with AVX-512 VNNI but no AVX-VNNI.
+void TileI8AvxVnniEvex(const TileArgs& a, const Doc& doc, TileResult* out);
+}  // namespace maxsim
+}  // namespace sd
 
 namespace {
 
@@ -103,10 +113,11 @@ int main(int argc, char** argv) {
   uint8_t* work = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(work_arena.data()) + 63) / 64 * 64);
   std::vector<int32_t> dsum(Ld);
   float sink = 0;
-  // variant: 0 fp32 avx2, 1 fp32 avx512, 2 int8 int16 (avx2), 3 int8 avx-vnni, 4 int8 avx512-vnni
+  // variant: 0 fp32 avx2, 1 fp32 avx512, 2 int8 int16 (avx2), 3 int8 avx-vnni, 4 int8 avx512-vnni, 5 int8 avx-vnni's
+  // EVEX twin
   auto time_variant = [&](int variant) {
     const int lanes = variant == 1 || variant == 4 ? 32 : 16;
-    const int kind = variant <= 1 ? 0 : variant == 2 ? 1 : variant == 3 ? 2 : 3;
+    const int kind = variant <= 1 ? 0 : variant == 2 ? 1 : variant == 3 || variant == 5 ? 2 : 3;
     const int64_t tiles = (Lq + lanes - 1) / lanes;
     if (tiles > 8) std::abort();  // res[8]
     std::vector<int32_t> qb;
@@ -118,7 +129,7 @@ int main(int argc, char** argv) {
         const int8_t* dn = d8.data() + n * Ld * dim;
         if (variant <= 1) doc.data = d.data() + n * Ld * dim;
         if (variant == 2) WidenI8Avx2(dn, Ld, dim, reinterpret_cast<int16_t*>(work)), doc.data = work;
-        if (variant == 3) BiasI8Avx2(dn, Ld, dim, work), doc.data = work;
+        if (variant == 3 || variant == 5) BiasI8Avx2(dn, Ld, dim, work), doc.data = work;
         if (variant == 4) DocSums128Avx512Vnni(dn, Ld, dim, dsum.data()), doc.data = dn;
         if (variant <= 1) {  // float32: all tiles in one pass, as ops/max_sim_core.h calls it
           TileArgs a;
@@ -132,10 +143,11 @@ int main(int argc, char** argv) {
           TileArgs a;
           a.Ld = Ld, a.dim = dim, a.qp = qp + t * stride;
           a.count = std::min<int64_t>(lanes, Lq - t * lanes);
-          a.bias = variant == 3 ? qb.data() + t * lanes : dsum.data();
+          a.bias = variant == 3 || variant == 5 ? qb.data() + t * lanes : dsum.data();
           if (variant == 2) TileI8Avx2I16(a, doc, res);
           if (variant == 3) TileI8AvxVnni(a, doc, res);
           if (variant == 4) TileI8Avx512Vnni(a, doc, res);
+          if (variant == 5) TileI8AvxVnniEvex(a, doc, res);
           sink += res[0].best[0];
         }
       }
@@ -151,7 +163,8 @@ int main(int argc, char** argv) {
                   {1, avx512, 1, "fp32 avx512 (32x8 zmm)", "FMA zmm"},
                   {2, avx2, 2, "int8 avx2 vpmaddwd (16x6)", "vpmaddwd+vpaddd"},
                   {3, avx2 && avxvnni, 3, "int8 avx-vnni (16x6)", "vpdpbusd ymm"},
-                  {4, avx512 && vnni, 4, "int8 avx512-vnni (32x8)", "vpdpbusd zmm"}};
+                  {4, avx512 && vnni, 4, "int8 avx512-vnni (32x8)", "vpdpbusd zmm"},
+                  {5, avx512 && vnni, 5, "int8 avx-vnni as EVEX (16x6)", "vpdpbusd ymm (EVEX)"}};
   for (const V& v : vs) {
     if (!v.ok) continue;
     const double pk = peak(v.peak_kind), g = time_variant(v.variant);

@@ -12,8 +12,8 @@
 //   g++ $S $V -mavx512vnni -c tests/native/rowwise_int8_matmul_avxvnni_evex.cc -o /tmp/rwb/y.o && \
 //   g++ -O3 -std=c++17 -Iops bench/micro/rowwise_int8_pieces.cc bench/micro/fma_peak.cc /tmp/rwb/*.o -o /tmp/rwb/b && \
 //   /tmp/rwb/b
-// Needs AVX-512 VNNI (the EVEX forms); the ymm peak is the EVEX vpdpbusd ymm loop here (kind 5 below), the one
-// the twin runs.
+// Needs AVX-512 VNNI (the EVEX forms); the ymm peak is fma_peak.cc's EVEX vpdpbusd ymm loop (kind 5), the
+// instruction the twin runs.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -35,19 +35,6 @@ void GemmAvxVnniEvex(const PackedView& w, const uint8_t* xq, const float* sa, co
 extern "C" double sd_peak(int kind, int64_t iters);
 
 namespace {
-
-// vpdpbusd ymm, EVEX encoding: 12 independent accumulators, no memory (as fma_peak.cc's kinds).
-__attribute__((target("avx512f,avx512vl,avx512vnni"))) double EvexYmmPeak(int64_t n) {
-  asm volatile("vpxord %%ymm14, %%ymm14, %%ymm14\n\tvpxord %%ymm15, %%ymm15, %%ymm15\n\t"
-               "1:\n\t"
-#define SD_E(i) "vpdpbusd %%ymm15, %%ymm14, %%ymm" #i "\n\t"
-               SD_E(0) SD_E(1) SD_E(2) SD_E(3) SD_E(4) SD_E(5) SD_E(6) SD_E(7) SD_E(8) SD_E(9) SD_E(10) SD_E(11)
-#undef SD_E
-               "dec %0\n\tjnz 1b\n\tvzeroupper"
-               : "+r"(n) : : "cc", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9",
-                 "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15");
-  return 2.0 * 32 * 12;
-}
 
 template <class F>
 double Seconds(F&& f) {
@@ -90,7 +77,7 @@ int main() {
       t_lane.push_back(time([&] { rw::GemmAvx2(pl.View(), xq.data(), sa.data(), za.data(), s.M, sb.data(), nullptr, y.data(), s.N); }));
       const int64_t iters = 2000000;
       double ops = 0;
-      p_ymm.push_back(Seconds([&] { ops = EvexYmmPeak(iters); }) / (ops / 2 * iters));  // s per MAC
+      p_ymm.push_back(Seconds([&] { ops = sd_peak(5, iters); }) / (ops / 2));  // s per MAC; sd_peak: all iterations
       p_zmm.push_back(Seconds([&] { ops = sd_peak(4, iters); }) / (ops / 2));  // sd_peak: ops of all iterations
     }
     const double ymm = macs / *std::min_element(t_ymm.begin(), t_ymm.end()) / 1e9;

@@ -11,6 +11,7 @@
 //   gcc -O2 -shared -fPIC bench/cpuid_avx2.c -o /tmp/cpuid_avx2.so -ldl   (dlsym: libdl before glibc 2.34)
 //   LD_PRELOAD=/tmp/cpuid_avx2.so python -c "import numpy; numpy.show_runtime()"   # no AVX512* listed
 //   SD_CPUID_MASK=vnni LD_PRELOAD=/tmp/cpuid_avx2.so ...   # AVX-512 kept, only VNNI hidden (see vnni_only)
+//   SD_CPUID_MASK=avxvnni LD_PRELOAD=/tmp/cpuid_avx2.so ... # the AVX2 CPU above *with* AVX-VNNI (see avx_vnni)
 //
 // What must stay true: only CPUID faults are handled (any other SIGSEGV gets the default action and
 // recurs); the handler re-enables CPUID only around its own CPUID instruction. Where the kernel or the
@@ -47,6 +48,11 @@
 // AVX-512 -- an AVX-512 CPU without VNNI (Skylake-SP / Skylake-X), whose MLAS int8 kernel is the 64-byte
 // vpmaddubsw one. Unset: the AVX2-only CPU above.
 static int vnni_only;
+// SD_CPUID_MASK=avxvnni: the AVX2-only CPU above, plus the AVX-VNNI bit (leaf 7.1 EAX[4]) -- an Alder Lake-class CPU,
+// for code that only reads CPUID and chooses (softdeploy's int8 format choice: tests/quant/test_formats.py). The
+// host has no AVX-VNNI if it has AVX-512 (Zen 4), so nothing may execute a VEX vpdpbusd under it: a library that
+// trusts the bit and runs one faults (SIGILL). Never for benchmarks.
+static int avx_vnni;
 
 static void masked_cpuid(uint32_t leaf, uint32_t sub, uint32_t r[4]) {
   syscall(SYS_arch_prctl, ARCH_SET_CPUID, 1);
@@ -64,7 +70,9 @@ static void masked_cpuid(uint32_t leaf, uint32_t sub, uint32_t r[4]) {
   } else if (leaf == 7 && sub == 1) {
     r[0] &= ~EAX71_MASK;
     r[3] &= ~EDX71_MASK;
+    if (avx_vnni) r[0] |= 1u << 4;
   }
+  if (avx_vnni && leaf == 7 && sub == 0 && r[0] < 1) r[0] = 1;  // subleaf 1 exists
 }
 
 // The process's own SIGSEGV disposition (what it asked sigaction() or signal() for), and the real sigaction.
@@ -128,6 +136,7 @@ int cpuid_avx2_active(void) { return 1; }
 __attribute__((constructor)) static void cpuid_avx2_init(void) {
   const char* mask = getenv("SD_CPUID_MASK");
   vnni_only = mask != NULL && strcmp(mask, "vnni") == 0;
+  avx_vnni = mask != NULL && strcmp(mask, "avxvnni") == 0;
   struct sigaction sa;
   memset(&sa, 0, sizeof sa);
   sa.sa_sigaction = on_segv;

@@ -170,6 +170,9 @@ def main():
     ap.add_argument("--asym", action="store_true", help="also: student questions against the teacher's corpus")
     ap.add_argument("--save", default="", help="write the trained student's weights here (safetensors)")
     ap.add_argument(
+        "--init", default="", help="start from these student weights (a --save file of the same --layers) instead"
+    )
+    ap.add_argument(
         "--soup", default="", help="comma-separated --save files: evaluate their weight average instead of training"
     )
     a = ap.parse_args()
@@ -235,6 +238,10 @@ def main():
             else:  # LaCo (Yang et al. 2024): the first layer plus the others' differences to it
                 merged = {k: sds[0][k] + sum(sd[k] - sds[0][k] for sd in sds[1:]) for k in sds[0]}
             student.bert.encoder.layer[slot].load_state_dict(merged)
+    if a.init:  # a second training phase on another stream (e.g. in-domain only after the mixed recipe)
+        from safetensors.torch import load_file
+
+        student.load_state_dict(load_file(a.init))
     if a.steps == 0:  # the initial student alone
         mrr, ndcg = evaluate(student.eval(), tok, data)
         print(json.dumps(dict(layers=a.layers, merge=a.merge, steps=0, mrr=round(mrr, 4), ndcg=round(ndcg, 4))))

@@ -246,22 +246,26 @@ def _detected_isa(flags: set[str], limit: str | None) -> str:
     return isa
 
 
-def _library_avx512_vnni() -> bool | None:
-    """Whether the kernel library reads AVX-512 VNNI from CPUID (None where the library does not load)."""
+def _library_vnni(isa: str) -> bool | None:
+    """Whether the kernel library reads from CPUID the VNNI that goes with ``isa``, its detected variant: AVX-512 VNNI
+    for avx512, AVX-VNNI for avx2 (None where the library does not load, or for another variant)."""
     from softdeploy.runtime import library_status
 
     info = library_status().info
-    return None if info is None else info.avx512_vnni
+    if info is None:
+        return None
+    return {"avx512": info.avx512_vnni, "avx2": info.avx_vnni}.get(isa)
 
 
 def int8_cpu_class(flags: set[str] | None = None, *, machine: str | None = None) -> str:
     """This CPU's row of :data:`TABLE`: ``vnni``, ``avx512``, ``avx2``, ``x86-64`` or ``other``.
 
-    The ISA is softdeploy's detection (SOFTDEPLOY_TEST_CPU included); VNNI is read from the CPU flags
-    (``flags``, default /proc/cpuinfo) and, as the kernels' own VNNI check does, counts only while no
-    SOFTDEPLOY_TEST_CPU limit is set (the emulated CPU is one without it) and while the detected ISA is the one the
-    flags give: a process whose CPUID hides AVX-512 and VNNI (bench/cpuid_avx2.c) runs every library's AVX2 kernels,
-    onnxruntime's int8 GEMM included, whatever /proc/cpuinfo says."""
+    The ISA is softdeploy's detection (SOFTDEPLOY_TEST_CPU included). VNNI is the kernel library's CPUID answer for
+    that ISA (AVX-512 VNNI with avx512, AVX-VNNI with avx2) where the library loads, else the CPU flags (``flags``,
+    default /proc/cpuinfo) where they give the detected ISA; as the kernels' own VNNI check does, it counts only while
+    no SOFTDEPLOY_TEST_CPU limit is set (the emulated CPU is one without it). A process whose CPUID hides AVX-512 and
+    VNNI (bench/cpuid_avx2.c) runs every library's AVX2 kernels, onnxruntime's int8 GEMM included, whatever
+    /proc/cpuinfo says."""
     import platform
 
     machine = (machine or platform.machine()).lower()
@@ -270,13 +274,15 @@ def int8_cpu_class(flags: set[str] | None = None, *, machine: str | None = None)
     flags = _flags() if flags is None else flags
     limit = os.environ.get("SOFTDEPLOY_TEST_CPU") or None
     isa = _detected_isa(flags, limit)
-    vnni = bool(flags & VNNI_FLAGS)
-    library_vnni = _library_avx512_vnni() if isa == "avx512" else None
+    library_vnni = _library_vnni(isa)
     if library_vnni is not None:
-        # the kernel library's CPUID answer: an AVX-512 CPU has AVX-VNNI only alongside AVX512_VNNI, and a process
-        # whose CPUID hides the VNNI bits alone (bench/cpuid_avx2.c, SD_CPUID_MASK=vnni) is the CPU without it
+        # the kernel library's CPUID answer, which every library in the process shares (onnxruntime's MLAS too): a
+        # process whose CPUID hides AVX-512 and VNNI (bench/cpuid_avx2.c) is the AVX2 CPU without it whatever
+        # /proc/cpuinfo says; one hiding the VNNI bits alone (SD_CPUID_MASK=vnni) the AVX-512 CPU without them
         vnni = library_vnni
-    if limit is None and vnni and isa != "portable" and isa == _flags_isa(flags):
+    else:  # no library: the flags, believed only where they give the detected ISA
+        vnni = bool(flags & VNNI_FLAGS) and isa == _flags_isa(flags)
+    if limit is None and vnni and isa != "portable":
         return "vnni"
     return {"avx512": "avx512", "avx2": "avx2"}.get(isa, "x86-64")
 

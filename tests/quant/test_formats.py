@@ -77,13 +77,19 @@ def test_vnni_counts_only_where_cpuid_agrees_with_the_flags(monkeypatch):
     monkeypatch.delenv("SOFTDEPLOY_TEST_CPU", raising=False)
     # the library's CPUID also answers for VNNI on an AVX-512 CPU: SD_CPUID_MASK=vnni hides it alone (Skylake-SP)
     for detected, vnni, want in (("avx2", False, "avx2"), ("avx512", True, "vnni"), ("avx512", False, "avx512")):
-        status = LibraryStatus(None, None, SimpleNamespace(isa_detected=detected, avx512_vnni=vnni))
+        status = LibraryStatus(None, None, SimpleNamespace(isa_detected=detected, avx512_vnni=vnni, avx_vnni=False))
         monkeypatch.setattr("softdeploy.runtime.library_status", lambda status=status: status)
         assert int8_cpu_class(AVX512_VNNI, machine="x86_64") == want
-    # an AVX2 CPU with AVX-VNNI (Alder Lake): CPUID and flags agree on avx2, VNNI counts
-    status = LibraryStatus(None, None, SimpleNamespace(isa_detected="avx2", avx512_vnni=False))
-    monkeypatch.setattr("softdeploy.runtime.library_status", lambda: status)
+    # an AVX2 CPU: the library's AVX-VNNI answer decides (Alder Lake: vnni), whatever the flags list
+    for avx_vnni, want in ((True, "vnni"), (False, "avx2")):
+        status = LibraryStatus(None, None, SimpleNamespace(isa_detected="avx2", avx512_vnni=False, avx_vnni=avx_vnni))
+        monkeypatch.setattr("softdeploy.runtime.library_status", lambda status=status: status)
+        assert int8_cpu_class({"avx2", "fma", "avx_vnni"}, machine="x86_64") == want
+        assert int8_cpu_class(AVX512_VNNI, machine="x86_64") == want  # an emulated AVX2 CPU on an AVX-512 host
+    # without the library the flags decide, where they give the detected ISA
+    monkeypatch.setattr("softdeploy.runtime.library_status", lambda: LibraryStatus(None, "not built", None))
     assert int8_cpu_class({"avx2", "fma", "avx_vnni"}, machine="x86_64") == "vnni"
+    assert int8_cpu_class({"avx2", "fma"}, machine="x86_64") == "avx2"
 
 
 def test_the_cpuid_shim_gives_the_avx2_class_for_real(cpuid_shim):
@@ -121,6 +127,42 @@ def test_the_cpuid_shim_gives_the_avx2_class_for_real(cpuid_shim):
         )
         assert done.returncode == 0, done.stderr
         assert done.stdout.split() == ["avx512", "avx512"], done.stdout
+
+
+_AVX_VNNI_CHOICE = """
+from softdeploy.quant.formats import int8_cpu_class
+from softdeploy.quant.quantize import table_weights
+from softdeploy.runtime import library_status
+
+info = library_status().info
+print(info.isa_detected, info.avx_vnni, int8_cpu_class(), table_weights("dynamic")[0], table_weights("static")[0])
+"""
+
+
+def test_the_cpuid_shim_with_avx_vnni_gives_the_alder_lake_choice(cpuid_shim):
+    """SD_CPUID_MASK=avxvnni: an AVX2 CPU with AVX-VNNI (Alder Lake) as CPUID reports it. The kernel library reads
+    AVX-VNNI (its avx2 variant's VEX vpdpbusd tiles), the int8 class is vnni and dynamic mode takes rowwise-8-bit
+    (RowwiseInt8MatMul's ymm tile), static mode onnxruntime's 8-bit QDQ. Only the choice runs: this host has no
+    AVX-VNNI to execute (the tile itself is swept through its EVEX twin, tests/ops/test_sweep.py)."""
+    import os
+    import subprocess
+    import sys
+
+    from softdeploy.runtime import library_status
+
+    info = library_status().info
+    if info is None or info.isa_detected == "portable":
+        pytest.skip("needs softdeploy's kernel library on an AVX2 CPU")
+    env = {k: v for k, v in os.environ.items() if k not in ("SOFTDEPLOY_TEST_CPU", "SOFTDEPLOY_ISA")}
+    env["LD_PRELOAD"] = " ".join(x for x in (env.get("LD_PRELOAD", ""), str(cpuid_shim)) if x)
+    env["SD_CPUID_MASK"] = "avxvnni"
+    done = subprocess.run(
+        [sys.executable, "-c", _AVX_VNNI_CHOICE], env=env, capture_output=True, text=True, timeout=120
+    )
+    if done.returncode == 3 and "no CPUID faulting" in done.stderr:
+        pytest.skip(done.stderr.strip())
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["avx2", "True", "vnni", "rowwise-8-bit", "8-bit"], done.stdout
 
 
 def test_the_table_bounds_weight_pairs_exactly_where_vpmaddubsw_saturates():

@@ -974,7 +974,7 @@ def _add_quantize_parser(sub: argparse._SubParsersAction) -> None:  # type: igno
         help="int8 weight format (default: this CPU's; `softdeploy doctor` shows it): pair-bounded and 7-bit "
         "cannot saturate onnxruntime's kernels on CPUs without VNNI; lane-bounded and rowwise-8-bit (dynamic mode) "
         "turn the weight MatMuls into softdeploy's RowwiseInt8MatMul with per-row activations (lane-bounded: fast "
-        "without VNNI; rowwise-8-bit: fast with AVX-512 VNNI), and need the kernels",
+        "without VNNI; rowwise-8-bit: fast with AVX-512 VNNI or AVX-VNNI), and need the kernels",
     )
     p.add_argument(
         "--data",

@@ -1,8 +1,9 @@
 """softdeploy's own int8 formats, ``lane-bounded`` and ``rowwise-8-bit``: weight MatMuls become com.softdeploy
 ``RowwiseInt8MatMul`` nodes (:data:`FORMS` gives each format's activation levels and lane groups).
 
-``rowwise-8-bit`` is the form for a CPU with AVX-512 VNNI: 8-bit activations per row, the plain 8-bit per-column
-weight grid (``groups`` 0: no lane bound; the kernel's VNNI tile sums every int8 B exactly). On all-MiniLM-L6-v2 it
+``rowwise-8-bit`` is the form for a CPU with VNNI (AVX-512 VNNI, or AVX-VNNI on AVX2 cores): 8-bit activations per
+row, the plain 8-bit per-column weight grid (``groups`` 0: no lane bound; the kernel's VNNI tiles, zmm and ymm, sum
+every int8 B exactly). On all-MiniLM-L6-v2 it
 encodes as fast as onnxruntime's VNNI int8 (2.52x fp32 against 2.51x) with a sentence cosine to fp32 of 0.9981
 against 0.9913 and an MRR@10 drop of 0.0029 against 0.0046: the per-row activation scales are what onnxruntime's
 one range per tensor lacks (bench/results/minilm_int8_options.md).

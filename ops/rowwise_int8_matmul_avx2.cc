@@ -1,6 +1,7 @@
-// RowwiseInt8MatMul for AVX2 (no VNNI needed): the row quantization and the int16-summing GEMM tile. Compiled with
-// -mavx2 -mfma -ffp-contract=off (CMakeLists.txt) and only called after the run-time ISA check in
-// ops/rowwise_int8_matmul.cc; no onnxruntime, no std containers (see ops/common/vec.h on why).
+// RowwiseInt8MatMul for AVX2 (no VNNI needed): the row quantization (every vector path's) and the int16-summing
+// GEMM tile's sums (the tiling and the epilogue: ops/rowwise_int8_matmul_ymm.h). Compiled with -mavx2 -mfma
+// -ffp-contract=off (CMakeLists.txt) and only called after the run-time ISA check in ops/rowwise_int8_matmul.cc; no
+// onnxruntime, no std containers (see ops/common/vec.h on why).
 //
 // Why this form (bench/results/minilm_int8_options.md, "Past MLAS without VNNI"): onnxruntime's u8s8 AVX2 GEMM
 // spends vpmaddubsw + vpmaddwd + vpaddd on every 32 products. Summing `groups` vpmaddubsw results in int16 first
@@ -8,9 +9,10 @@
 // mixes ran at 108, 142 and 156 GMAC/s on one Zen 4 core. Exact under the lane bound of
 // ops/rowwise_int8_matmul_kernels.h, which Pack checks.
 //
-// What must stay true: the quantized integers equal the portable variant's (the same float32 operations in the
-// same order; a row's min and max do not depend on order); every int16 sum is exact (groups from Pack); the
-// epilogue is fma(float(acc - z * colsum), sa * sb, bias), as in the portable variant, so both give the same bits.
+// What must stay true: the quantized integers equal the portable variant's (the same float32 operations; a row's min
+// and max do not depend on order; the zero point's integer add equals the portable float add of two small
+// integers); every int16 sum is exact (groups from Pack); the epilogue is fma(float(acc - z * colsum), sa * sb,
+// bias), as in the portable variant, so both give the same bits.
 #include <immintrin.h>
 
 #include "rowwise_int8_matmul_ymm.h"

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import re
 import sys
 import time
 from pathlib import Path
@@ -162,6 +163,12 @@ def main():
     )
     ap.add_argument("--extra-n", type=int, default=5000)
     ap.add_argument(
+        "--extra-select",
+        choices=["random", "corpus"],
+        default="random",
+        help="which --extra-n lines: a seeded sample, or those sharing the most rare words with the in-domain texts",
+    )
+    ap.add_argument(
         "--mix",
         type=float,
         default=0.0,
@@ -223,7 +230,29 @@ def main():
         print(f"pool: {len(texts)} + {len(ai)} ALICE patterns ({removed} equal to an evaluation question)", flush=True)
     if a.extra_file:
         lines = [x.strip() for x in Path(a.extra_file).read_text(encoding="utf-8").splitlines() if x.strip()]
-        more, removed = held_out(random.Random(a.seed).sample(lines, min(a.extra_n, len(lines))), data.queries)
+        if a.extra_select == "corpus":
+            # the lines that name what the corpus (the in-domain texts: answers and training questions, never the
+            # evaluation questions) names: ranked by how many of the corpus's rarer words (in at most 1% of the
+            # lines, 4+ letters) they hold, the top --extra-n kept (ties in a seeded order)
+            def words(t: str) -> set[str]:
+                return {w for w in re.findall(r"[a-z]{4,}", t.lower())}
+
+            df: dict[str, int] = {}
+            for t in lines:
+                for w in words(t):
+                    df[w] = df.get(w, 0) + 1
+            corpus_words = {w for t in texts for w in words(t) if df.get(w, 0) <= len(lines) // 100}
+            shuffled = random.Random(a.seed).sample(lines, len(lines))
+            ranked = sorted(shuffled, key=lambda t: -len(words(t) & corpus_words))
+            chosen = ranked[: a.extra_n]
+            print(
+                f"extra: {len(corpus_words)} corpus words; the {len(chosen)} kept hold >= "
+                f"{len(words(chosen[-1]) & corpus_words)} of them",
+                flush=True,
+            )
+        else:
+            chosen = random.Random(a.seed).sample(lines, min(a.extra_n, len(lines)))
+        more, removed = held_out(chosen, data.queries)
         pool = pool + more
         print(f"pool: {len(texts)} + {len(more)} from {a.extra_file} ({removed} equal to an evaluation question)")
     # "0,2+3+4,5": a student layer initialised from several teacher layers merged (--merge)

@@ -137,28 +137,22 @@ def peak_library():
 
 def kernel_variants() -> tuple[str, str, int, int]:
     """(float variant, int8 variant, float peak kind, int8 peak kind) our MaxSim kernels run now: the
-    library's selected ISA (SoftdeployLibraryInfo) and, for int8, the rule of ops/max_sim_core.h
-    ChoosePath (AVX-512 VNNI; else AVX-VNNI unless SOFTDEPLOY_TEST_CPU is set; else vpmaddwd)."""
+    library's selected ISA and VNNI answers (SoftdeployLibraryInfo: CPUID as the kernels read it, so an emulated CPU
+    reads as they see it) and, for int8, the rule of ops/max_sim_core.h ChoosePath (AVX-512 VNNI; else AVX-VNNI
+    unless SOFTDEPLOY_TEST_CPU is set; else vpmaddwd)."""
     from softdeploy.runtime import library_status
 
     info = library_status().info
     isa = info.isa_selected if info is not None else None
-    flags: set[str] = set()
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                break
-    avx_vnni = "avx_vnni" in flags and not os.environ.get("SOFTDEPLOY_TEST_CPU")
     if isa == "avx512":
         f32 = ("avx512 (32 lanes x 8 tokens, zmm)", 1)
     elif isa == "avx2":
         f32 = ("avx2 (16 lanes x 6 tokens, ymm)", 0)
     else:
         return (str(isa), str(isa), -1, -1)
-    if isa == "avx512" and "avx512_vnni" in flags:
+    if isa == "avx512" and info.avx512_vnni:
         i8 = ("avx512-vnni (vpdpbusd zmm, 32 x 8)", 4)
-    elif avx_vnni:
+    elif info.avx_vnni:
         i8 = ("avx-vnni (vpdpbusd ymm, 16 x 6)", 3)
     else:
         i8 = (

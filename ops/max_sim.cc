@@ -28,8 +28,8 @@ struct MaxSimKernel {
   static constexpr Port kOutputs[] = {{Elem::kFloat}};
 
   Isa isa;
-  bool avx_vnni;  // int8 on AVX2: vpdpbusd ymm (max_sim_core.h HasAvxVnni)
-  explicit MaxSimKernel(const Attrs&) : isa(SelectIsa()), avx_vnni(maxsim::HasAvxVnni()) {}
+  bool avx_vnni;  // int8 on AVX2: vpdpbusd ymm (KernelsUseAvxVnni, ops/common/cpu.h)
+  explicit MaxSimKernel(const Attrs&) : isa(SelectIsa()), avx_vnni(KernelsUseAvxVnni()) {}
 
   template <class T>
   void Compute(Ort::KernelContext& ctx) const {

@@ -169,13 +169,9 @@ inline bool HasVnni() noexcept {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx512vnni");
 }
-// AVX-VNNI (VEX vpdpbusd on ymm: Alder Lake and later, Zen 5). SOFTDEPLOY_TEST_CPU (a test setting
-// that makes this machine detect like an AVX2-only or plain x86-64 CPU, ops/common/cpu.h) hides it:
-// the CPUs it stands for (Zen 1-3, Intel before Alder Lake) have none, and the vpmaddwd path is then
-// the one tested and benchmarked.
-// Read once per kernel instance, at session creation, like the ISA (MaxSimKernel).
-// (CpuHasAvxVnni / CpuHasF16c: ops/common/cpu.h, CPUID under every compiler.)
-inline bool HasAvxVnni() { return CpuHasAvxVnni() && ChooseIsa().cpu_limit.empty(); }
+// AVX-VNNI (VEX vpdpbusd on ymm: Alder Lake and later, Zen 5) is KernelsUseAvxVnni() (ops/common/cpu.h),
+// read once per kernel instance, at session creation, like the ISA (MaxSimKernel).
+// (CpuHasF16c: ops/common/cpu.h, CPUID under every compiler.)
 inline bool HasF16c() noexcept { return CpuHasF16c(); }
 
 // ================================================================================================
@@ -184,7 +180,7 @@ inline bool HasF16c() noexcept { return CpuHasF16c(); }
 enum class Path { kPortable, kAvx2, kAvx2Vnni, kAvx512, kAvx512Vnni };
 
 // int8 on an AVX-512 CPU without AVX-512 VNNI takes the best AVX2 int8 path.
-// avx_vnni: HasAvxVnni() as the kernel instance saw it.
+// avx_vnni: KernelsUseAvxVnni() as the kernel instance saw it.
 inline Path ChoosePath(Isa isa, bool int8, bool avx_vnni) {
   if (isa == Isa::kPortable) return Path::kPortable;
   if (!int8) return isa == Isa::kAvx512 ? Path::kAvx512 : Path::kAvx2;

@@ -116,8 +116,8 @@ std::string LibraryInfoJson() {
       // what the int8 kernels check at creation (RowwiseInt8MatMul's VNNI tile): CPUID, so an emulated CPU
       // (bench/cpuid_avx2.c) reads as the kernels see it
       ", \"avx512_vnni\": ", isa.detected == sd::Isa::kAvx512 && sd::CpuHasAvx512Vnni() ? "true" : "false",
-      // the avx2 variant's VEX vpdpbusd ymm tiles (RowwiseInt8MatMul's, MaxSim's int8): AVX-VNNI, no test CPU set
-      ", \"avx_vnni\": ", sd::CpuHasAvxVnni() && isa.cpu_limit.empty() ? "true" : "false",
+      // the avx2 variant's VEX vpdpbusd ymm tiles (RowwiseInt8MatMul's, MaxSim's int8), as the kernels decide
+      ", \"avx_vnni\": ", sd::KernelsUseAvxVnni() ? "true" : "false",
       ", \"compiler\": ", JsonString(kCompiler), ", \"cuda\": ", kCudaJson, "}");
 }
 

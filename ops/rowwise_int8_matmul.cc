@@ -13,9 +13,9 @@
 // tile's form on zmm); AVX2 (ops/rowwise_int8_matmul_ymm.h: on a CPU with AVX-VNNI the VEX vpdpbusd tile of
 // ops/rowwise_int8_matmul_avxvnni.cc, every int8 B; without it ops/rowwise_int8_matmul_avx2.cc, vpmaddubsw results
 // summed in int16 under the lane bound of ops/rowwise_int8_matmul_kernels.h); and portable C++ (also the vpmaddubsw
-// paths' way for weights outside the lane bound, exact for any int8 B). The row quantization is the AVX2 unit's on every
-// vector path. A constant B (an initializer) is packed (and its lane bound
-// found) once, at kernel creation; a B fed at run time is packed on every call.
+// paths' way for weights outside the lane bound, exact for any int8 B). The row quantization is the AVX2 unit's on
+// every vector path. A constant B (an initializer) is packed (and its lane bound found) once, at kernel creation; a B
+// fed at run time is packed on every call.
 //
 // What must stay true: every contract check runs before ParallelFor; all variants produce the same integers and
 // the same bits (the same float32 operations; see the vector units' headers); the kernel's state after creation is
@@ -38,10 +38,6 @@ using namespace rowwise_int8;  // NOLINT: the kernel's own compute pieces
 constexpr const char* kOp = "RowwiseInt8MatMul";
 // |sum_k (q - z) B[k, n]| <= K * 255 * 128 and z * colsum alike must fit in int32.
 constexpr int64_t kMaxK = 65536;
-// AVX-VNNI's ymm tile where the avx2 variant runs on a CPU with it, unless SOFTDEPLOY_TEST_CPU emulates a CPU (which
-// then has no AVX-VNNI, as MaxSim's check: ops/max_sim_core.h).
-bool HasAvxVnni() { return CpuHasAvxVnni() && ChooseIsa().cpu_limit.empty(); }
-
 // Fails naming the bad row and what is wrong with it (the error path: a plain scan of that row).
 [[noreturn]] void FailRow(const float* x, int64_t K, int64_t m) {
   const float* row = x + m * K;
@@ -68,7 +64,7 @@ struct RowwiseInt8MatMulKernel {
   explicit RowwiseInt8MatMulKernel(const Attrs& attrs)
       : isa(SelectIsa()),
         path(isa == Isa::kPortable ? Path::kPortable
-             : isa == Isa::kAvx2   ? (HasAvxVnni() ? Path::kAvxVnni : Path::kAvx2)
+             : isa == Isa::kAvx2   ? (KernelsUseAvxVnni() ? Path::kAvxVnni : Path::kAvx2)
              : CpuHasAvx512Vnni()  ? Path::kAvx512Vnni
                                    : Path::kAvx512Bw) {
     const int64_t l = attrs.Int("levels", 255);

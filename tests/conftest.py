@@ -4,6 +4,7 @@ import os
 import platform
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -24,8 +25,30 @@ settings.register_profile("dev", max_examples=500, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
+class CpuidShim:
+    """bench/cpuid_avx2.c built into a shared object: runs Python code in a fresh interpreter that sees an emulated
+    CPU (CPUID faulting)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def run(self, code: str, *, mask: str | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        """``python -c code`` with the shim preloaded after whatever is preloaded already (the sanitizer stage's
+        libasan must stay first), ``SD_CPUID_MASK=mask`` (None: the AVX2-only CPU) and without SOFTDEPLOY_TEST_CPU
+        / SOFTDEPLOY_ISA (the emulated CPU is the one tested). Skips where the kernel or hypervisor has no CPUID
+        faulting (the shim then exits with status 3 rather than run on the unmasked CPU)."""
+        env = {k: v for k, v in os.environ.items() if k not in ("SOFTDEPLOY_TEST_CPU", "SOFTDEPLOY_ISA")}
+        env["LD_PRELOAD"] = " ".join(x for x in (env.get("LD_PRELOAD", ""), str(self.path)) if x)
+        if mask is not None:
+            env["SD_CPUID_MASK"] = mask
+        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout)
+        if done.returncode == 3 and "no CPUID faulting" in done.stderr:
+            pytest.skip(done.stderr.strip())
+        return done
+
+
 @pytest.fixture
-def cpuid_shim(tmp_path: Path) -> Path:
+def cpuid_shim(tmp_path: Path) -> CpuidShim:
     """bench/cpuid_avx2.c (the CPUID shim that emulates a CPU with fewer features) built with gcc into tmp_path;
     skips where the shim cannot be built (not x86-64, no gcc)."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
@@ -35,4 +58,4 @@ def cpuid_shim(tmp_path: Path) -> Path:
     source = Path(__file__).resolve().parents[1] / "bench" / "cpuid_avx2.c"
     shim = tmp_path / "cpuid_avx2.so"
     subprocess.run(["gcc", "-O2", "-shared", "-fPIC", str(source), "-o", str(shim), "-ldl"], check=True)
-    return shim
+    return CpuidShim(shim)

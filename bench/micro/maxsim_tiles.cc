@@ -20,19 +20,12 @@
 #include <random>
 #include <vector>
 
+#include "../../tests/native/avxvnni_evex.h"  // TileI8AvxVnniEvex: the AVX-VNNI tile, EVEX
 #include "max_sim_tile.h"
 
 extern "C" double sd_peak(int kind, int64_t iters);
 
 using namespace sd::maxsim;
-
-namespace sd {
-namespace maxsim {
-// ops/max_sim_avxvnni.cc with vpdpbusd's EVEX encoding (tests/native/max_sim_avxvnni_evex.cc): the AVX-VNNI tile
-// timed on a CPU with AVX-512 VNNI but no AVX-VNNI.
-void TileI8AvxVnniEvex(const TileArgs& a, const Doc& doc, TileResult* out);
-}  // namespace maxsim
-}  // namespace sd
 
 namespace {
 

@@ -22,15 +22,10 @@
 #include <random>
 #include <vector>
 
+#include "../../tests/native/avxvnni_evex.h"  // GemmAvxVnniEvex
 #include "rowwise_int8_matmul_common.h"
 
 namespace rw = sd::rowwise_int8;
-namespace sd {
-namespace rowwise_int8 {
-void GemmAvxVnniEvex(const PackedView& w, const uint8_t* xq, const float* sa, const int32_t* za, int64_t M,
-                     const float* sb, const float* bias, float* y, int64_t ldy);
-}  // namespace rowwise_int8
-}  // namespace sd
 
 extern "C" double sd_peak(int kind, int64_t iters);
 

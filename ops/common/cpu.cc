@@ -114,6 +114,8 @@ bool CpuHasAvxVnni() noexcept {
 #endif
 }
 
+bool KernelsUseAvxVnni() { return CpuHasAvxVnni() && ChooseIsa().cpu_limit.empty(); }
+
 bool CpuHasAvx512Vnni() noexcept {
 #if defined(__x86_64__) || defined(__i386__)
   unsigned a, b, c, d;

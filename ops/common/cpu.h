@@ -61,6 +61,12 @@ bool CpuHasAvxVnni() noexcept;  // CPUID.(7,1):EAX[4] (VEX vpdpbusd on ymm)
 // checked that the OS saves the zmm state. CPUID traps to the hypervisor on a VM: read it at kernel creation.
 bool CpuHasAvx512Vnni() noexcept;
 
+// Whether the kernels use AVX-VNNI (their avx2 variant's VEX vpdpbusd ymm tiles: MaxSim's int8, RowwiseInt8MatMul's):
+// CPUID reports it and SOFTDEPLOY_TEST_CPU is unset. That test setting hides it: the CPUs it stands for (Zen 1-3,
+// Intel before Alder Lake) have none, and the non-VNNI paths are then the ones tested and benchmarked. Read at kernel
+// creation, like the ISA; the library info reports the same answer (ops/register.cc).
+bool KernelsUseAvxVnni();
+
 }  // namespace sd
 
 #define SD_TARGET_AVX2 __attribute__((target("avx2,fma")))

@@ -44,8 +44,8 @@ The kernel (ops/rowwise_int8_matmul.cc) has three variants, all giving the same 
   the bound when it packs ``B`` (once per session for an initializer) and takes the exact portable loops for weights
   outside it. The bound is a speed condition, never a correctness one. On a CPU with AVX-VNNI (AVX2 cores from
   Alder Lake on) the AVX2 variant instead runs ``vpdpbusd`` on ymm (ops/rowwise_int8_matmul_avxvnni.cc), exact for
-  every int8 ``B`` like the AVX-512 VNNI tile: 84-92% of the ymm ``vpdpbusd`` peak at MiniLM's shapes, timed through
-  its EVEX twin on Zen 4 (bench/micro/rowwise_vnni_tiles.cc; the size sweep checks that twin on every AVX-512 VNNI
+  every int8 ``B`` like the AVX-512 VNNI tile: 89-92% of the ymm ``vpdpbusd`` peak at MiniLM's shapes, timed through
+  its EVEX twin on Zen 4 (bench/micro/rowwise_int8_pieces.cc; the size sweep checks that twin on every AVX-512 VNNI
   CPU).
 * portable C++.
 """

@@ -61,7 +61,7 @@ RowwiseInt8MatMul nodes with 8-bit activations per row and plain 8-bit weights, 
 (exact for every int8 weight). On all-MiniLM-L6-v2 it is as fast as onnxruntime's VNNI int8 and more accurate
 (sentence cosine 0.9981 against 0.9913; bench/results/minilm_int8_options.md). Where VNNI comes as AVX-VNNI on an
 AVX2 core (Alder Lake and later), the kernel's avx2 variant runs a VEX vpdpbusd ymm tile instead, and dynamic mode
-takes rowwise-8-bit there too (the tile ran at 84-92% of the ymm vpdpbusd peak at MiniLM's shapes, measured through
+takes rowwise-8-bit there too (the tile ran at 89-92% of the ymm vpdpbusd peak at MiniLM's shapes, measured through
 its EVEX twin on Zen 4: bench/results/rowwise_int8_matmul.md; no AVX-VNNI core was at hand to time it against
 onnxruntime's own AVX-VNNI int8).
 
@@ -154,7 +154,7 @@ _ROWWISE_VNNI_WHY = (
     "with AVX-512 VNNI softdeploy's RowwiseInt8MatMul (vpdpbusd zmm, 72-81% of the core's vpdpbusd peak) encodes "
     "MiniLM as fast as onnxruntime's int8 (2.52x fp32 against 2.51x) and quantizes activations per row: sentence "
     "cosine 0.9981 against 0.9913, MRR@10 drop 0.0029 against 0.0046 (bench/results/minilm_int8_options.md); with "
-    "AVX-VNNI its ymm tile (84-92% of the ymm vpdpbusd peak, timed through its EVEX twin); it needs softdeploy's "
+    "AVX-VNNI its ymm tile (89-92% of the ymm vpdpbusd peak, timed through its EVEX twin); it needs softdeploy's "
     "kernel library to run fast (stock onnxruntime runs its exact function body, slower than fp32)"
 )
 

@@ -3,4 +3,5 @@
 // tile's logic is swept where AVX-VNNI itself is missing (Zen 4). Compiled with AVX-512 VNNI flags (CMakeLists.txt);
 // never part of the library.
 #define SD_AVXVNNI_AS_EVEX 1
+#include "avxvnni_evex.h"  // the declaration the definition below must match
 #include "rowwise_int8_matmul_avxvnni.cc"  // NOLINT(bugprone-suspicious-include): the same source, another encoding

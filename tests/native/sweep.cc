@@ -46,6 +46,7 @@
 #include <vector>
 
 #include "adaptive_temperature_softmax_row.h"
+#include "avxvnni_evex.h"  // the sweep's own EVEX twins of the AVX-VNNI units
 #include "common/cpu.h"
 #include "lora_mixer_tiles.h"
 #include "max_sim_tile.h"
@@ -55,18 +56,6 @@
 #include "softmax_topk_row.h"
 #include "softpick_row.h"
 #include "two_pass_softmax_row.h"
-
-// The AVX-VNNI units compiled with vpdpbusd's EVEX encoding (tests/native/*_avxvnni_evex.cc, ops/common/avxvnni.h):
-// the sweep's own symbols, not the library's.
-namespace sd {
-namespace maxsim {
-void TileI8AvxVnniEvex(const TileArgs& a, const Doc& doc, TileResult* out);
-}  // namespace maxsim
-namespace rowwise_int8 {
-void GemmAvxVnniEvex(const PackedView& w, const uint8_t* xq, const float* sa, const int32_t* za, int64_t M,
-                     const float* sb, const float* bias, float* y, int64_t ldy);
-}  // namespace rowwise_int8
-}  // namespace sd
 
 namespace {
 
@@ -1235,14 +1224,14 @@ int main() {
     Run("MaxSim", [&] { SweepMaxSim({"avx2 int8 vpmaddubsw pairs (7-bit documents and queries)", MsPath::kI8Avx2Ubs2, 16, 3, nullptr}); });
     int8.push_back("vpmaddubsw-pairs");
     // AVX-VNNI as the library uses it: where the CPU has it and SOFTDEPLOY_TEST_CPU does not hide it.
-    if (sd::CpuHasAvxVnni() && choice.cpu_limit.empty()) {
+    if (sd::KernelsUseAvxVnni()) {
       Run("MaxSim", [&] { SweepMaxSim({"avx2 int8 avx-vnni", MsPath::kI8AvxVnni, 16, 6, nullptr, sd::maxsim::TileI8AvxVnni}); });
       int8.push_back("avx-vnni");
     }
     Run("RowwiseInt8MatMul", [&] { SweepRowwise("avx2", rw::Path::kAvx2, rw::GemmAvx2, rw::QuantizeRowsAvx2); });
     Run("RowwiseInt8MatMul", [&] { SweepRowwise("portable", rw::Path::kPortable, nullptr, nullptr); });
     rowwise.insert(rowwise.end(), {"avx2", "portable"});
-    if (sd::CpuHasAvxVnni() && choice.cpu_limit.empty()) {  // as the library: the avx2 variant's VNNI tile
+    if (sd::KernelsUseAvxVnni()) {  // as the library: the avx2 variant's VNNI tile
       Run("RowwiseInt8MatMul", [&] { SweepRowwise("avx2 avx-vnni", rw::Path::kAvxVnni, rw::GemmAvxVnni, rw::QuantizeRowsAvx2); });
       rowwise.push_back("avx-vnni");
     }

@@ -183,20 +183,11 @@ def test_avx512_without_vnni_runs_the_zmm_lane_tile(cpuid_shim):
     _avx512.cc). On a host with VNNI that path is reached through bench/cpuid_avx2.c with SD_CPUID_MASK=vnni (CPUID
     faulting: only the VNNI bits hidden, as the kernels read them); every sample must give the portable variant's
     bits. (On a CPU without VNNI the registry-wide tests run this path natively; an AVX2-only CPU has no avx512.)"""
-    import os
-    import subprocess
-    import sys
-
     from softdeploy.runtime import library_status
 
     info = library_status().info
     if info is None or info.isa_detected != "avx512" or not info.avx512_vnni:
         pytest.skip("needs an AVX-512 CPU with VNNI to emulate one without it (without VNNI: the other tests run it)")
-    # after what is preloaded already (the sanitizer stage's libasan must stay first)
-    preload = " ".join(filter(None, [os.environ.get("LD_PRELOAD", ""), str(cpuid_shim)]))
-    env = dict(os.environ, SD_CPUID_MASK="vnni", LD_PRELOAD=preload)
-    done = subprocess.run([sys.executable, "-c", _NO_VNNI_SCRIPT], env=env, capture_output=True, text=True, timeout=600)
-    if done.returncode == 3 and "no CPUID faulting" in done.stderr:
-        pytest.skip("this kernel or hypervisor has no CPUID faulting (bench/cpuid_avx2.c cannot emulate)")
+    done = cpuid_shim.run(_NO_VNNI_SCRIPT, mask="vnni", timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "bw tile: same bits" in done.stdout

@@ -96,20 +96,13 @@ def test_the_cpuid_shim_gives_the_avx2_class_for_real(cpuid_shim):
     """bench/cpuid_avx2.c preloaded into a fresh interpreter: the kernel library detects avx2 and the int8 class is
     avx2 (needs gcc and a kernel with CPUID faulting; both are reported when missing)."""
     import os
-    import subprocess
-    import sys
 
-    shim = cpuid_shim
     code = (
         "from softdeploy.quant.formats import int8_cpu_class\n"
         "from softdeploy.runtime import library_status\n"
         "print(library_status().info.isa_detected, int8_cpu_class())\n"
     )
-    env = {k: v for k, v in os.environ.items() if k not in ("SOFTDEPLOY_TEST_CPU", "SOFTDEPLOY_ISA")}
-    env["LD_PRELOAD"] = " ".join(x for x in (str(shim), env.get("LD_PRELOAD", "")) if x)
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    if done.returncode == 3 and "no CPUID faulting" in done.stderr:
-        pytest.skip(done.stderr.strip())
+    done = cpuid_shim.run(code)
     assert done.returncode == 0, done.stderr
     isa, cls = done.stdout.split()
     assert isa in ("avx2", "portable") and cls in ("avx2", "x86-64"), done.stdout
@@ -118,13 +111,7 @@ def test_the_cpuid_shim_gives_the_avx2_class_for_real(cpuid_shim):
 
     info = library_status().info
     if info is not None and info.isa_detected == "avx512" and not os.environ.get("SOFTDEPLOY_TEST_CPU"):
-        done = subprocess.run(
-            [sys.executable, "-c", code],
-            env=dict(env, SD_CPUID_MASK="vnni"),
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        done = cpuid_shim.run(code, mask="vnni")
         assert done.returncode == 0, done.stderr
         assert done.stdout.split() == ["avx512", "avx512"], done.stdout
 
@@ -144,23 +131,12 @@ def test_the_cpuid_shim_with_avx_vnni_gives_the_alder_lake_choice(cpuid_shim):
     AVX-VNNI (its avx2 variant's VEX vpdpbusd tiles), the int8 class is vnni and dynamic mode takes rowwise-8-bit
     (RowwiseInt8MatMul's ymm tile), static mode onnxruntime's 8-bit QDQ. Only the choice runs: this host has no
     AVX-VNNI to execute (the tile itself is swept through its EVEX twin, tests/ops/test_sweep.py)."""
-    import os
-    import subprocess
-    import sys
-
     from softdeploy.runtime import library_status
 
     info = library_status().info
     if info is None or info.isa_detected == "portable":
         pytest.skip("needs softdeploy's kernel library on an AVX2 CPU")
-    env = {k: v for k, v in os.environ.items() if k not in ("SOFTDEPLOY_TEST_CPU", "SOFTDEPLOY_ISA")}
-    env["LD_PRELOAD"] = " ".join(x for x in (env.get("LD_PRELOAD", ""), str(cpuid_shim)) if x)
-    env["SD_CPUID_MASK"] = "avxvnni"
-    done = subprocess.run(
-        [sys.executable, "-c", _AVX_VNNI_CHOICE], env=env, capture_output=True, text=True, timeout=120
-    )
-    if done.returncode == 3 and "no CPUID faulting" in done.stderr:
-        pytest.skip(done.stderr.strip())
+    done = cpuid_shim.run(_AVX_VNNI_CHOICE, mask="avxvnni")
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["avx2", "True", "vnni", "rowwise-8-bit", "8-bit"], done.stdout
 

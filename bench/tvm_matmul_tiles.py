@@ -75,7 +75,7 @@ def main() -> None:
             matmul.tile_for = lambda _n, tile=tile: tile  # the tile under test, for every kernel
             try:
                 executable, report = build(
-                    import_model(prepare(model, {"x": list(x.shape)})), target=spec, shipped_records=False
+                    import_model(prepare(model, {"x": list(x.shape)}), spec), target=spec, shipped_records=False
                 )
             finally:
                 matmul.tile_for = rule_tile

@@ -1,6 +1,6 @@
 """all-MiniLM-L6-v2 end to end: onnxruntime fp32 vs TVM untuned vs TVM tuned, in the same run.
 
-    python bench/tvm_minilm.py [--threads 1,2] [--batch 1 --seq 128] [--quick] [--target-cpu znver3]
+    python bench/tvm_minilm.py [--threads 1,2] [--batch 1 --seq 128] [--quick] [--target-cpu znver3] [--int8]
     python bench/tvm_minilm.py --tune-trials 600 --records softdeploy/tvm/records/avx512 --keep-best 1
     python bench/tvm_minilm.py --tune-trials 500 --target-cpu znver3 --records softdeploy/tvm/records/avx2 --keep-best 1
 
@@ -12,6 +12,11 @@ plus --records, dlight defaults for kernels without a record. Floors at batch 1,
 within 1.5x of onnxruntime fp32 with the AVX-512 records, within 1.3x with the AVX2 records (issue 13:
 target -mcpu of an AVX2-only CPU). onnxruntime always runs this host's best MLAS kernels (AVX-512 on an
 AVX-512 host: no switch lowers them), which makes the AVX2 comparison conservative.
+
+``--int8`` adds the model quantized as ``softdeploy quantize`` does in dynamic mode with rowwise-8-bit weights
+(every weight MatMul a com.softdeploy RowwiseInt8MatMul), run by onnxruntime with softdeploy's kernels and by TVM
+(RowwiseInt8MatMul's TIR computes: softdeploy/tvm/ops/rowwise_int8_matmul.py), and the sentence cosine (mean-pooled
+last hidden state) of each int8 run to onnxruntime fp32.
 """
 
 from __future__ import annotations
@@ -85,10 +90,17 @@ def tune(
     from softdeploy.tvm.tuning import tune as ms_tune
 
     prepared = prepare(onnx_path, {"input_ids": [batch, seq], "attention_mask": [batch, seq]})
-    report = ms_tune(import_model(prepared), records, trials=trials, only=only, target=target)
+    report = ms_tune(import_model(prepared, target), records, trials=trials, only=only, target=target)
     print(report.summary())
     for t in report.tasks:
         print(f"  {t.name}: {t.trials} trials, best {t.best_us if t.best_us is None else round(t.best_us, 1)} us")
+
+
+def sentence_cosine(hidden: np.ndarray, reference: np.ndarray) -> float:
+    """Lowest cosine over the batch between mean-pooled last hidden states (the sentence embedding)."""
+    a, b = hidden.mean(axis=1), reference.mean(axis=1)
+    cos = (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
+    return float(cos.min())
 
 
 def cpu_medians(fns: dict, calls: int = 9) -> dict[str, float]:
@@ -146,6 +158,7 @@ def main() -> None:
     p.add_argument(
         "--keep-best", type=int, default=0, help="after --tune-trials: prune --records to the N fastest per kernel"
     )
+    p.add_argument("--int8", action="store_true", help="also the rowwise-8-bit model on onnxruntime and TVM")
     p.add_argument(
         "--target-cpu",
         default=None,
@@ -181,6 +194,15 @@ def main() -> None:
         tuned = TVMSession(onnx_path, shapes=shapes, databases=[args.records] if args.records else [], target=target)
         t2 = time.perf_counter()
         print(f"- TVM builds: untuned {t1 - t0:.1f} s, tuned {t2 - t1:.1f} s ({tuned.report.summary()})")
+        int8_path = None
+        if args.int8:
+            from softdeploy.quant.quantize import QuantConfig, quantize
+
+            int8_path = Path(tmp) / "minilm-int8.onnx"
+            quantize(onnx_path, int8_path, QuantConfig(mode="dynamic", weights="rowwise-8-bit"))
+            t3 = time.perf_counter()
+            tvm_int8 = TVMSession(int8_path, shapes=shapes, target=target)
+            print(f"- TVM int8 build {time.perf_counter() - t3:.1f} s ({tvm_int8.report.summary()})")
         from softdeploy.tvm.build import shipped_records_for
 
         record_class = shipped_records_for(tuned.report.target).record_class
@@ -211,6 +233,13 @@ def main() -> None:
             }
             if not args.quick:
                 fns["TVM untuned"] = lambda: untuned.run(x)
+            if int8_path is not None:
+                ort_int8 = Session(int8_path, kernels="native", threads=n)
+                for name, sess in (("onnxruntime int8", ort_int8), ("TVM int8", tvm_int8)):
+                    cos = sentence_cosine(sess.run(x)[0], want)
+                    print(f"- threads {n}: {name} (rowwise-8-bit) sentence cosine to onnxruntime fp32 = {cos:.5f}")
+                fns["onnxruntime int8"] = lambda s=ort_int8: s.run(x)
+                fns["TVM int8"] = lambda: tvm_int8.run(x)
             timings, bg = harness.quiet_bench(
                 fns, rounds=5 if args.quick else args.rounds, batch_ms=args.batch_ms, max_tries=args.tries
             )

@@ -61,6 +61,22 @@ struct RowwiseInt8MatMulKernel {
   Path path;
   std::shared_ptr<const Packed> constant_b;  // B packed at creation when it is an initializer
 
+  // Y: A's leading dimensions and B's columns, float32 -- where A's rank is known, B is a matrix and every dimension
+  // is a number or a name. Otherwise Y's shape stays unknown: an empty shape here is a rank-0 or an unknown-rank
+  // input, and an unknown dimension reads as -1, which onnxruntime would take as a size. The kernel's own checks run
+  // at Compute.
+  static void InferOutputShape(Ort::ShapeInferContext& ctx) {
+    if (ctx.GetInputCount() < 2) return;
+    Ort::ShapeInferContext::Shape y = ctx.GetInputShape(0);
+    const Ort::ShapeInferContext::Shape& b = ctx.GetInputShape(1);
+    if (y.empty() || b.size() != 2) return;
+    y.back() = b[1];
+    for (const auto& d : y) {
+      if (d.IsInt() && d.AsInt() < 0) return;
+    }
+    Ort::ThrowOnError(ctx.SetOutputShape(0, y, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT));
+  }
+
   explicit RowwiseInt8MatMulKernel(const Attrs& attrs)
       : isa(SelectIsa()),
         path(isa == Isa::kPortable ? Path::kPortable

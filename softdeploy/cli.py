@@ -713,7 +713,9 @@ def cmd_compile(args: argparse.Namespace) -> int:
         folder = args.records or "tvm-records"
         records = [folder]
         with _TuningProgress(folder, args.tune_trials), captured("tune"):
-            report = tune(import_model(prepare(model, shapes)), folder, trials=args.tune_trials, target=target, rpc=rpc)
+            report = tune(
+                import_model(prepare(model, shapes), target), folder, trials=args.tune_trials, target=target, rpc=rpc
+            )
         print(report.summary())
     with captured("build"):
         sess = TVMSession(model, shapes=shapes, tuned=not args.untuned, databases=records, target=target, rpc=rpc)

@@ -92,7 +92,9 @@ class TVMSession:
         import_tvm()
         prepared = prepare(model, shapes, use_tir=use_tir)
         spec = dict(target or host_target())
-        self.executable, self.report = build(import_model(prepared), target=spec, tuned=tuned, databases=databases)
+        self.executable, self.report = build(
+            import_model(prepared, spec), target=spec, tuned=tuned, databases=databases
+        )
         self.tir_ops, self.inlined_ops = prepared.tir_ops, prepared.inlined
         self._signature = _Signature(
             [(n, prepared.shapes[n], prepared.dtypes[n]) for n in prepared.shapes],

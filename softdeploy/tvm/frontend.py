@@ -335,11 +335,15 @@ def _softmax_converter_class(stock: type) -> type:
     )
 
 
-def import_model(prepared: Prepared) -> Any:
-    """The Relax IRModule of a prepared model (weights folded in as constants)."""
+def import_model(prepared: Prepared, target: dict[str, Any] | None = None) -> Any:
+    """The Relax IRModule of a prepared model (weights folded in as constants), for ``target`` (default: this host).
+    The target matters where a converter lays weights out for the CPU's instructions (RowwiseInt8MatMul packs its int8
+    weights for VNNI, AVX-VNNI or AVX2): build the module for the same target."""
     from tvm.relax.frontend.onnx import from_onnx
 
-    with _our_converters():
+    from softdeploy.tvm.target import host_target, make_target
+
+    with make_target(target or host_target()), _our_converters():
         try:
             return from_onnx(prepared.model, shape_dict=prepared.shapes, dtype_dict=prepared.dtypes)
         except OpContractError:

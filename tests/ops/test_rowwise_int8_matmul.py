@@ -191,3 +191,47 @@ def test_avx512_without_vnni_runs_the_zmm_lane_tile(cpuid_shim):
     done = cpuid_shim.run(_NO_VNNI_SCRIPT, mask="vnni", timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "bw tile: same bits" in done.stdout
+
+
+def _shape_chain_model(a_dims: list) -> object:
+    """A -> RowwiseInt8MatMul -> Y, and Shape(Y) -> S: the chain attention's reshape after a projection has."""
+    rng = np.random.default_rng(5)
+    b = rng.integers(-128, 128, (8, 6)).astype(np.int8)
+    inits = [numpy_helper.from_array(b, "B"), numpy_helper.from_array(np.ones(6, np.float32), "BScale")]
+    nodes = [OP.make_node(["A", "B", "BScale"], ["Y"]), helper.make_node("Shape", ["Y"], ["S"])]
+    graph = helper.make_graph(
+        nodes,
+        "shape_chain",
+        [helper.make_tensor_value_info("A", TensorProto.FLOAT, a_dims)],
+        [
+            helper.make_tensor_value_info("Y", TensorProto.FLOAT, None),
+            helper.make_tensor_value_info("S", TensorProto.INT64, None),
+        ],
+        inits,
+    )
+    opsets = [helper.make_opsetid("", 18), helper.make_opsetid(DOMAIN, OPSET_VERSION)]
+    return helper.make_model(graph, opset_imports=opsets, ir_version=10)
+
+
+@pytest.mark.parametrize(("a_dims", "folded"), [([2, 5, 8], True), (["batch", 8], False), ([8], True)])
+def test_onnxruntime_knows_the_output_shape(tmp_path, a_dims, folded):
+    """The kernel's shape rule (RowwiseInt8MatMulKernel::InferOutputShape): onnxruntime's optimizer folds Shape(Y) to a
+    constant where Y's shape is static -- a custom op's output shape is unknown to it otherwise -- and keeps the
+    Shape node where a dimension is symbolic."""
+    import onnx
+    import onnxruntime as ort
+
+    from softdeploy.runtime.library import library_path
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    so.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    so.register_custom_ops_library(str(library_path()))
+    model = _shape_chain_model(a_dims)
+    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])  # noqa: TID251
+    kinds = [n.op_type for n in onnx.load(so.optimized_model_filepath).graph.node]
+    assert ("Shape" not in kinds) == folded, kinds
+    a = np.ones([2 if d == "batch" else d for d in a_dims], np.float32)
+    y, s = sess.run(None, {"A": a})
+    np.testing.assert_array_equal(s, [*a.shape[:-1], 6])
+    assert y.shape == (*a.shape[:-1], 6)

@@ -165,6 +165,10 @@ def test_each_op_goes_through_its_tir_kernel_where_it_has_one(name):
         want = ["softmax_topk_block_max", "softmax_topk_select", "softmax_topk_sums", "softmax_topk_values"]
         assert sorted(prims) == want, prims
         return
+    if name == "RowwiseInt8MatMul":  # B a graph input here: packed per call, then quantization and GEMM kernels
+        want = ["rowwise_int8_matmul", "rowwise_int8_matmul_pack", "rowwise_int8_matmul_quantize"]
+        assert sorted(p for p in prims if not p.startswith("reshape")) == want, prims  # reshapes run as views
+        return
     assert len(prims) == 1, prims
 
 

@@ -16,6 +16,7 @@ from softdeploy.tvm.ops import (
     matmul,
     max_sim,
     multi_max,
+    rowwise_int8_matmul,
     softmax_topk,
     softpick,
     two_pass_softmax,
@@ -28,6 +29,7 @@ TIR_OPS: dict[str, Converter] = {
     "AdaptiveTemperatureSoftmax": adaptive_temperature_softmax.convert,
     "MaxSim": max_sim.convert_max_sim,
     "MultiMax": multi_max.convert,
+    "RowwiseInt8MatMul": rowwise_int8_matmul.convert,
     "SignedMaxSim": max_sim.convert_signed_max_sim,
     "SoftmaxTopK": softmax_topk.convert,
     "Softpick": softpick.convert,
@@ -41,6 +43,7 @@ TIR_OPS: dict[str, Converter] = {
 SCHEDULES: dict[str, Scheduler] = {
     "AdaptiveTemperatureSoftmax": adaptive_temperature_softmax.schedule,
     "MaxSim": max_sim.schedule,  # and SignedMaxSim (same blocks)
+    "RowwiseInt8MatMul": rowwise_int8_matmul.schedule,
     "Softpick": softpick.schedule,
     "SoftmaxTopK": softmax_topk.schedule,  # its statistics kernel
     "TwoPassSoftmax": two_pass_softmax.schedule,
@@ -120,6 +123,8 @@ KEEP_BLOCKS = frozenset(
         # TwoPassSoftmax's output, which the standard Softmax imports as (softdeploy/tvm/frontend.py): the
         # elementwise ops after it (attention's where(isnan(p), 0, p)) are inlined into it, not it into them
         "softmax",
+        # RowwiseInt8MatMul's per-row scalars
+        *rowwise_int8_matmul.ROW_BLOCKS,
     }
 )
 
@@ -145,8 +150,6 @@ def inline_neighbours(sch: Any) -> None:
 FUNCTION_BODY_ONLY: dict[str, str] = {
     "LoRAMixer": "its routed form (group tokens by selected expert, then per-expert GEMMs of data-dependent "
     "sizes) has no static TE compute; the dense function body (two GEMMs over all experts) imports as is",
-    "RowwiseInt8MatMul": "no TIR int8 compute yet: TVM runs the function body (the row quantization and an "
-    "exact float64 MatMul of the integers), right but slower than float32",
     "SoftpickAttention": "no TIR flash-style compute yet: TVM runs the float64 function body, which "
     "materialises the [B, H, Tq, Tk] scores",
 }

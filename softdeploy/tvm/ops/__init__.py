@@ -13,6 +13,7 @@ from typing import Any
 
 from softdeploy.tvm.ops import (
     adaptive_temperature_softmax,
+    injective,
     matmul,
     max_sim,
     multi_max,
@@ -49,6 +50,8 @@ SCHEDULES: dict[str, Scheduler] = {
     "TwoPassSoftmax": two_pass_softmax.schedule,
     # not one of our ops: Relax's legalised matmul (Linear / MatMul layers and their bias adds)
     "MatMul": matmul.schedule,
+    # nor these: kernels without a reduction (layout changes, gathers, elementwise chains); last, after every rule
+    "Injective": injective.schedule,
 }
 
 

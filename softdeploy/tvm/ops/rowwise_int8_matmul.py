@@ -19,15 +19,17 @@ per-row scalars: in one PrimFunc those blocks are producers of the epilogue outs
 B is used packed, ``[N / T, K / G, T, G]`` (zero-padded), in the operand layout of the target's integer dot product
 (:class:`Layout`): ``vpdpbusd`` takes G = 4 consecutive k of 16 (zmm) or 8 (ymm) columns as int8; without VNNI the
 exact ``vpmaddwd`` takes G = 2 k of 16 (AVX-512 BW) or 8 (AVX2) columns widened to int16 (``vpmaddubsw`` would do
-more per op but saturates). A weight
-initializer is packed once, in NumPy, at import (:func:`pack_weights`, with its column sums), for the target that the
-import runs under (``softdeploy.tvm.frontend.import_model``); a B that is a graph input is packed by a third kernel,
-``rowwise_int8_matmul_pack``.
+more per op but saturates unless the weights are lane-bounded, which the C++ kernel's AVX2 tile uses and these layouts
+do not yet). A weight initializer is packed once, in NumPy, at import (:func:`pack_weights`, with its column sums), for
+the target that the import runs under (``softdeploy.tvm.frontend.import_model``); a B that is a graph input is packed
+by a third kernel, ``rowwise_int8_matmul_pack``.
 
 The hand schedule (:func:`schedule`) runs the row ranges and the quantization with rows in parallel and vectorised,
 then the integer GEMM in register tiles of ``rows`` x ``tiles * T`` columns over k blocks of 16 KiB of B, column
 panels in parallel, each ``lanes``-column step of the tile one tensor intrinsic call. On a target without the
-layout's instruction the tile is vectorised over columns in int32 (exact, slow). Measured: bench/results/tvm_ops.md.
+layout's instruction the tile is vectorised over columns in int32 (exact, slow). Measured (bench/tvm_rowwise_int8.py,
+bench/results/tvm_minilm.md, Zen 4): with vpdpbusd 2.8-3.6x TVM's float32 GEMM and 0.88-0.97x the C++ kernel at
+MiniLM's shapes; with vpmaddwd (an AVX2 target) 0.89-1.14x float32.
 
 TVM's own ``dot_16x4_vnni`` (tvm/s_tir/tensor_intrin/x86.py) passes ``<16 x i32>`` operands to
 ``llvm.x86.avx512.vpdpbusd.512``, which this TVM's LLVM declares with ``<64 x i8>`` ones: the module fails LLVM's

@@ -14,7 +14,8 @@ target -mcpu of an AVX2-only CPU). onnxruntime always runs this host's best MLAS
 AVX-512 host: no switch lowers them), which makes the AVX2 comparison conservative.
 
 ``--int8`` adds the model quantized as ``softdeploy quantize`` does in dynamic mode with rowwise-8-bit weights
-(every weight MatMul a com.softdeploy RowwiseInt8MatMul), run by onnxruntime with softdeploy's kernels and by TVM
+(``--int8-weights lane-bounded``: the format for CPUs without VNNI; either way every weight MatMul a com.softdeploy
+RowwiseInt8MatMul), run by onnxruntime with softdeploy's kernels and by TVM
 (RowwiseInt8MatMul's TIR computes: softdeploy/tvm/ops/rowwise_int8_matmul.py), and the sentence cosine (mean-pooled
 last hidden state) of each int8 run to onnxruntime fp32.
 """
@@ -158,7 +159,13 @@ def main() -> None:
     p.add_argument(
         "--keep-best", type=int, default=0, help="after --tune-trials: prune --records to the N fastest per kernel"
     )
-    p.add_argument("--int8", action="store_true", help="also the rowwise-8-bit model on onnxruntime and TVM")
+    p.add_argument("--int8", action="store_true", help="also the int8 model on onnxruntime and TVM")
+    p.add_argument(
+        "--int8-weights",
+        choices=("rowwise-8-bit", "lane-bounded"),
+        default="rowwise-8-bit",
+        help="the int8 model's weight format (lane-bounded: what a CPU without VNNI runs fastest)",
+    )
     p.add_argument(
         "--target-cpu",
         default=None,
@@ -199,7 +206,7 @@ def main() -> None:
             from softdeploy.quant.quantize import QuantConfig, quantize
 
             int8_path = Path(tmp) / "minilm-int8.onnx"
-            quantize(onnx_path, int8_path, QuantConfig(mode="dynamic", weights="rowwise-8-bit"))
+            quantize(onnx_path, int8_path, QuantConfig(mode="dynamic", weights=args.int8_weights))
             t3 = time.perf_counter()
             tvm_int8 = TVMSession(int8_path, shapes=shapes, target=target)
             print(f"- TVM int8 build {time.perf_counter() - t3:.1f} s ({tvm_int8.report.summary()})")
@@ -237,7 +244,9 @@ def main() -> None:
                 ort_int8 = Session(int8_path, kernels="native", threads=n)
                 for name, sess in (("onnxruntime int8", ort_int8), ("TVM int8", tvm_int8)):
                     cos = sentence_cosine(sess.run(x)[0], want)
-                    print(f"- threads {n}: {name} (rowwise-8-bit) sentence cosine to onnxruntime fp32 = {cos:.5f}")
+                    print(
+                        f"- threads {n}: {name} ({args.int8_weights}) sentence cosine to onnxruntime fp32 = {cos:.5f}"
+                    )
                 fns["onnxruntime int8"] = lambda s=ort_int8: s.run(x)
                 fns["TVM int8"] = lambda: tvm_int8.run(x)
             timings, bg = harness.quiet_bench(

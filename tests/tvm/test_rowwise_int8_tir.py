@@ -38,6 +38,9 @@ INSTRUCTION = {
     tir.AVX512_BW: r"vpmaddwd\s+%zmm",
     tir.AVX2: r"vpmaddwd\s+%ymm",
 }
+# the lane layouts (lane-bounded weights): per base layout and number of sets
+LANES = [(base, sets) for base in (tir.AVX512_BW, tir.AVX2) for sets in (4, 2, 1)]
+LANE_INSTRUCTION = {tir.AVX512_BW: r"vpmaddubsw\s+%zmm", tir.AVX2: r"vpmaddubsw\s+%ymm"}
 
 
 def _runnable_here(layout) -> bool:
@@ -80,26 +83,37 @@ def test_each_target_gets_its_layout():
         assert tir.target_layout() == tir.GENERIC
 
 
-@pytest.mark.parametrize("layout", list(TARGET_CPUS), ids=lambda x: TARGET_CPUS[x])
-def test_the_gemm_runs_the_layouts_instruction(layout):
-    """Built (not run) for a CPU of each layout: the tensor intrinsic was applied and LLVM emitted its instruction."""
+def _gemm_asm(layout, mcpu: str) -> str:
+    """The assembly of the GEMM kernel for ``layout``, built (not run) for -mcpu ``mcpu``."""
     import tvm
     from tvm import te, tirx
 
     from softdeploy.tvm.ops import try_schedules
 
-    target = make_target(host_target(TARGET_CPUS[layout]))
+    target = make_target(host_target(mcpu))
     m, k, n = 20, 64, 96
     with target:
         q = te.placeholder((tir.rows_padded(m, layout), k), "uint8", name="q")
         params = te.placeholder((m, 2), "float32", name="params")
-        packed = te.placeholder((n // layout.tile, k // layout.group, layout.tile, layout.group), layout.dtype)
+        packed = te.placeholder(tir.packed_shape(k, n, layout), layout.dtype, name="packed")
         colsum, scale = te.placeholder((n,), "int32", name="colsum"), te.placeholder((n,), "float32", name="scale")
         y = tir.gemm(q, params, packed, colsum, scale, None)
         scheduled, rule, errors = try_schedules(te.create_prim_func([q, params, packed, colsum, scale, y]))
     assert rule == "RowwiseInt8MatMul" and errors == {}
-    asm = tirx.build(tvm.IRModule({"main": scheduled}), target=target).inspect_source("asm")
+    return tirx.build(tvm.IRModule({"main": scheduled}), target=target).inspect_source("asm")
+
+
+@pytest.mark.parametrize("layout", list(TARGET_CPUS), ids=lambda x: TARGET_CPUS[x])
+def test_the_gemm_runs_the_layouts_instruction(layout):
+    """Built (not run) for a CPU of each layout: the tensor intrinsic was applied and LLVM emitted its instruction."""
+    asm = _gemm_asm(layout, TARGET_CPUS[layout])
     assert re.search(INSTRUCTION[layout], asm), f"no {INSTRUCTION[layout]} in the {TARGET_CPUS[layout]} kernel"
+
+
+@pytest.mark.parametrize(("base", "sets"), LANES, ids=lambda x: TARGET_CPUS.get(x, str(x)))
+def test_lane_layouts_run_vpmaddubsw(base, sets):
+    asm = _gemm_asm(tir.LANE_LAYOUTS[base][sets], TARGET_CPUS[base])
+    assert re.search(LANE_INSTRUCTION[base], asm)
 
 
 def _layouts_here() -> list:
@@ -165,13 +179,12 @@ def test_a_model_imported_for_another_target_still_computes_right():
 def test_pack_weights_matches_the_pack_kernel_layout():
     rng = np.random.default_rng(3)
     b = rng.integers(-128, 128, (7, 19)).astype(np.int8)
-    for layout in (tir.AVX512_VNNI, tir.AVX2):
+    for layout in (tir.AVX512_VNNI, tir.AVX2, tir.LANE_LAYOUTS[tir.AVX2][4], tir.LANE_LAYOUTS[tir.AVX512_BW][2]):
         packed, colsum = tir.pack_weights(b, layout)
-        t, g = layout.tile, layout.group
-        assert packed.shape == (-(-19 // t), -(-7 // g), t, g) and packed.dtype == np.dtype(layout.dtype)
+        assert packed.shape == tir.packed_shape(7, 19, layout) and packed.dtype == np.dtype(layout.dtype)
         for kk in range(7):
             for nn in range(19):
-                assert packed[nn // t, kk // g, nn % t, kk % g] == b[kk, nn]
+                assert packed[tir.packed_index(nn, kk, packed.shape)] == b[kk, nn]
         assert np.count_nonzero(packed) == np.count_nonzero(b)  # the padding is zeros
         np.testing.assert_array_equal(colsum, b.astype(np.int64).sum(axis=0))
 
@@ -210,3 +223,60 @@ def test_shape_arithmetic_after_the_node_imports():
     got = session.run({"A": a})[0]
     assert got.shape == (1, 4, 2, 3)
     np.testing.assert_array_equal(got, Session(model, kernels="native").run({"A": a})[0])
+
+
+def _lane_model(m: int, k: int, n: int, levels: int, sets: int, rng: np.random.Generator):
+    """A model whose weights are lane-bounded for ``sets`` (softdeploy.ops.rowwise_int8_matmul.lane_bounded_weights)."""
+    from softdeploy.ops.rowwise_int8_matmul import lane_bounded_weights, lane_groups
+
+    q, step = lane_bounded_weights(rng.standard_normal((k, n)), levels, sets)
+    assert lane_groups(q, levels) >= sets
+    node = helper.make_node(OP.name, ["A", "B", "BScale"], ["Y"], domain=DOMAIN, levels=levels)
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("A", TensorProto.FLOAT, [m, k])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [m, n])],
+        [numpy_helper.from_array(q, "B"), numpy_helper.from_array(step, "BScale")],
+    )
+    opsets = [helper.make_opsetid("", 18), helper.make_opsetid(DOMAIN, OPSET_VERSION)]
+    return attach_function_bodies(helper.make_model(graph, opset_imports=opsets)), q
+
+
+@pytest.mark.parametrize(
+    "base", [x for x in (tir.AVX512_BW, tir.AVX2) if _runnable_here(x)], ids=lambda x: TARGET_CPUS[x]
+)
+@pytest.mark.parametrize(("levels", "sets"), [(255, 4), (255, 2), (127, 4), (255, 1)])
+def test_lane_bounded_weights_take_the_lane_layout_and_equal_the_kernel(base, levels, sets):
+    """Without VNNI, lane-bounded weights are packed for vpmaddubsw (the sets their bound allows) and the output
+    equals the C++ kernel's bit for bit; rows, k and columns that fill no tile."""
+    from softdeploy.ops.rowwise_int8_matmul import lane_groups
+    from softdeploy.tvm.frontend import import_model, prepare
+
+    rng = np.random.default_rng(7 + sets)
+    m, k, n = 29, 72, 40
+    model, q = _lane_model(m, k, n, levels, sets, rng)
+    target = host_target(TARGET_CPUS[base])
+    chosen = tir.LANE_LAYOUTS[base][lane_groups(q, levels)]
+    mod = import_model(prepare(model, {"A": [m, k]}), target)
+    consts = [c for c in _constants(mod) if c.dtype == "int8"]
+    assert [c.shape for c in consts] == [tir.packed_shape(k, n, chosen)]
+    session = TVMSession(model, shapes={"A": [m, k]}, target=target)
+    assert session.report.schedules["rowwise_int8_matmul"] == "hand (RowwiseInt8MatMul)"
+    a = {"A": (rng.standard_normal((m, k)) * 3).astype(np.float32)}
+    np.testing.assert_array_equal(session.run(a)[0], Session(model, kernels="native").run(a)[0])
+
+
+def _constants(mod) -> list[np.ndarray]:
+    """The tensor constants of a Relax module's main function."""
+    from tvm import relax
+    from tvm.ir.expr import Constant
+
+    found: list[np.ndarray] = []
+
+    def visit(expr) -> None:
+        if isinstance(expr, Constant) and hasattr(expr.value, "numpy"):  # (not a scalar PrimValue)
+            found.append(expr.value.numpy())
+
+    relax.analysis.post_order_visit(mod["main"], visit)
+    return found

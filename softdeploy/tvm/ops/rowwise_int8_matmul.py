@@ -18,18 +18,20 @@ per-row scalars: in one PrimFunc those blocks are producers of the epilogue outs
 
 B is used packed, ``[N / T, K / G, T, G]`` (zero-padded), in the operand layout of the target's integer dot product
 (:class:`Layout`): ``vpdpbusd`` takes G = 4 consecutive k of 16 (zmm) or 8 (ymm) columns as int8; without VNNI the
-exact ``vpmaddwd`` takes G = 2 k of 16 (AVX-512 BW) or 8 (AVX2) columns widened to int16 (``vpmaddubsw`` would do
-more per op but saturates unless the weights are lane-bounded, which the C++ kernel's AVX2 tile uses and these layouts
-do not yet). A weight initializer is packed once, in NumPy, at import (:func:`pack_weights`, with its column sums), for
-the target that the import runs under (``softdeploy.tvm.frontend.import_model``); a B that is a graph input is packed
-by a third kernel, ``rowwise_int8_matmul_pack``.
+exact ``vpmaddwd`` takes G = 2 k of 16 (AVX-512 BW) or 8 (AVX2) columns widened to int16, and for lane-bounded
+weights (:data:`LANE_LAYOUTS`) ``vpmaddubsw`` takes S sets of G = 4 k as int8, their int16 sums added before one
+``vpmaddwd`` widens them (the C++ kernel's AVX2 tile). A weight initializer is packed once, in NumPy, at import
+(:func:`pack_weights`, with its column sums), for the target that the import runs under
+(``softdeploy.tvm.frontend.import_model``); a B that is a graph input is packed by a third kernel,
+``rowwise_int8_matmul_pack``.
 
 The hand schedule (:func:`schedule`) runs the row ranges and the quantization with rows in parallel and vectorised,
 then the integer GEMM in register tiles of ``rows`` x ``tiles * T`` columns over k blocks of 16 KiB of B, column
 panels in parallel, each ``lanes``-column step of the tile one tensor intrinsic call. On a target without the
 layout's instruction the tile is vectorised over columns in int32 (exact, slow). Measured (bench/tvm_rowwise_int8.py,
 bench/results/tvm_minilm.md, Zen 4): with vpdpbusd 2.8-3.6x TVM's float32 GEMM and 0.88-0.97x the C++ kernel at
-MiniLM's shapes; with vpmaddwd (an AVX2 target) 0.89-1.14x float32.
+MiniLM's shapes; on an AVX2 target 0.89-1.14x float32 with vpmaddwd, 2.3-2.5x with vpmaddubsw on lane-bounded
+weights.
 
 TVM's own ``dot_16x4_vnni`` (tvm/s_tir/tensor_intrin/x86.py) passes ``<16 x i32>`` operands to
 ``llvm.x86.avx512.vpdpbusd.512``, which this TVM's LLVM declares with ``<64 x i8>`` ones: the module fails LLVM's
@@ -68,6 +70,12 @@ class Layout:
     intrin: str | None  # the tensor intrinsic of one step (None: vectorised int32)
     lanes: int  # columns per intrinsic call
     features: tuple[str, ...]  # the LLVM CPU features the intrinsic needs
+    sets: int = 1  # S: packed groups of G k summed in int16 before widening (lane layouts; 1: none)
+
+    @property
+    def k_step(self) -> int:
+        """k per intrinsic call (and K's padding): S x G."""
+        return self.sets * self.group
 
 
 # 8 rows x 32 columns: 16 zmm accumulators (of 32), as the C++ kernel's AVX-512 VNNI tile
@@ -79,6 +87,18 @@ AVX512_BW = Layout(16, 2, "int16", 8, 2, "softdeploy_madd_16x2_u8i16i32_avx512bw
 AVX2 = Layout(8, 2, "int16", 6, 2, "softdeploy_madd_8x2_u8i16i32_avx2", 8, ("avx2",))
 GENERIC = Layout(16, 4, "int8", 8, 1, None, 16, ())
 LAYOUTS = (AVX512_VNNI, AVX_VNNI, AVX512_BW, AVX2, GENERIC)  # the target's first supported one is used
+# Without VNNI, for lane-bounded weights (softdeploy.ops.rowwise_int8_matmul.lane_groups(B, levels) >= S, what
+# `softdeploy quantize --weights lane-bounded` makes): vpmaddubsw of 4 k x T columns, S of them summed in int16 (exact
+# under the bound: no pair and no int16 sum can saturate), then one vpmaddwd into int32 -- the C++ kernel's AVX2 tile.
+LANE_LAYOUTS = {
+    base: {
+        sets: Layout(
+            lanes, 4, "int8", base.rows, 2, f"softdeploy_maddubs_{lanes}x4x{sets}_{isa}", lanes, base.features, sets
+        )
+        for sets in (4, 2, 1)
+    }
+    for base, lanes, isa in ((AVX512_BW, 16, "avx512bw"), (AVX2, 8, "avx2"))
+}
 
 
 def _has(features: tuple[str, ...]) -> bool:
@@ -107,15 +127,32 @@ def rows_padded(m: int, layout: Layout) -> int:
     return m if m <= layout.rows else _padded(m, layout.rows)
 
 
+def packed_shape(k: int, n: int, layout: Layout) -> tuple[int, ...]:
+    """[N / T, K / G, T, G], or [N / T, K / (S G), S, T, G] for a lane layout (K, N padded to whole steps and tiles)."""
+    t, g, sets = layout.tile, layout.group, layout.sets
+    tiles, steps = _padded(n, t) // t, _padded(k, layout.k_step) // layout.k_step
+    return (tiles, steps, t, g) if sets == 1 else (tiles, steps, sets, t, g)
+
+
+def packed_index(c: Any, kk: Any, shape: tuple[int, ...]) -> tuple[Any, ...]:
+    """Where B[kk, c] lies in a packed B of ``shape`` (:func:`packed_shape`)."""
+    t, g = shape[-2], shape[-1]
+    if len(shape) == 4:
+        return (c // t, kk // g, c % t, kk % g)
+    step = shape[2] * g
+    return (c // t, kk // step, kk % step // g, c % t, kk % g)
+
+
 def pack_weights(b: np.ndarray, layout: Layout) -> tuple[np.ndarray, np.ndarray]:
-    """(B packed as [N / T, K / G, T, G] in the layout's type, zero-padded to whole tiles; the int32 column sums
+    """(B packed in the layout's shape (:func:`packed_shape`) and type, zero-padded; the int32 column sums
     ``sum_k B[k, n]``) -- what the GEMM reads, made once for a weight initializer."""
     k, n = b.shape
-    t, g = layout.tile, layout.group
-    kp, np_ = _padded(k, g), _padded(n, t)
-    full = np.zeros((kp, np_), layout.dtype)
+    shape = packed_shape(k, n, layout)
+    t, g, sets = layout.tile, layout.group, layout.sets
+    full = np.zeros((shape[1] * layout.k_step, shape[0] * t), layout.dtype)
     full[:k, :n] = b
-    packed = full.reshape(kp // g, g, np_ // t, t).transpose(2, 0, 3, 1)
+    # full[step, set, k in group, tile, column in tile] -> [tile, step, (set,) column, k]
+    packed = full.reshape(shape[1], sets, g, shape[0], t).transpose(3, 0, 1, 4, 2).reshape(shape)
     return np.ascontiguousarray(packed), b.astype(np.int32).sum(axis=0, dtype=np.int32)
 
 
@@ -137,11 +174,13 @@ def round_half_even(x: Any) -> Any:
 def pack(b: te.Tensor, layout: Layout) -> list[te.Tensor]:
     """:func:`pack_weights` as a TE compute, for a B that is not a constant: [packed, colsum]."""
     k, n = (int(d) for d in b.shape)
+    shape = packed_shape(k, n, layout)
     t, g = layout.tile, layout.group
-    shape = (_padded(n, t) // t, _padded(k, g) // g, t, g)
 
-    def packed_at(no: Any, ko: Any, ni: Any, ki: Any) -> Any:
-        kk, nn = ko * g + ki, no * t + ni
+    def packed_at(*i: Any) -> Any:
+        no, step, ni, ki = i[0], i[1], i[-2], i[-1]
+        kk = step * layout.k_step + (i[2] * g if len(i) == 5 else 0) + ki
+        nn = no * t + ni
         value = b[tirx.min(kk, k - 1), tirx.min(nn, n - 1)].astype(layout.dtype)
         return tirx.Select(tirx.all(kk < k, nn < n), value, tirx.const(0, layout.dtype))
 
@@ -191,11 +230,11 @@ def gemm(
     the float32 epilogue ``rowq_out``."""
     mp, kp = (int(d) for d in q.shape)
     m, n = int(params.shape[0]), int(b_scale.shape[0])
-    tiles, _, t, g = (int(d) for d in packed.shape)
+    shape = tuple(int(d) for d in packed.shape)
     kk = te.reduce_axis((0, kp), name="rowq_k")
     acc = te.compute(
-        (mp, tiles * t),
-        lambda r, c: te.sum(q[r, kk].astype("int32") * packed[c // t, kk // g, c % t, kk % g].astype("int32"), axis=kk),
+        (mp, shape[0] * shape[-2]),
+        lambda r, c: te.sum(q[r, kk].astype("int32") * packed[packed_index(c, kk, shape)].astype("int32"), axis=kk),
         name="rowq_acc",
     )
 
@@ -253,13 +292,14 @@ def _schedule_quantize(sch: Any) -> bool:
 def _layout_of(sch: Any, block: Any) -> Layout | None:
     """The layout whose packing the GEMM reads (from the packed buffer's shape and type; of two with the same packing,
     the one the target supports), None if none is."""
-    packed = [r.source for r in sch.get(block).reads if len(r.source.shape) == 4]
+    packed = [r.source for r in sch.get(block).reads if len(r.source.shape) in (4, 5)]
     if len(packed) != 1:
         return None
-    _, _, t, g = (int(d) for d in packed[0].shape)
-    dtype = str(packed[0].dtype)
-    matching = [x for x in LAYOUTS if (x.tile, x.group, x.dtype) == (t, g, dtype)]  # VNNI and AVX-VNNI share one
-    return next((x for x in matching if _has(x.features)), matching[0] if matching else None)
+    shape = [int(d) for d in packed[0].shape]
+    key = (shape[-2], shape[-1], shape[2] if len(shape) == 5 else 1, str(packed[0].dtype))
+    every = [*LAYOUTS, *(x for by_sets in LANE_LAYOUTS.values() for x in by_sets.values())]
+    matching = [x for x in every if (x.tile, x.group, x.sets, x.dtype) == key]  # VNNI and AVX-VNNI share one
+    return next((x for x in matching if x.intrin and _has(x.features)), matching[0] if matching else None)
 
 
 def _schedule_gemm(sch: Any) -> bool:
@@ -274,10 +314,10 @@ def _schedule_gemm(sch: Any) -> bool:
     tiles = layout.tiles if columns % (layout.tiles * layout.tile) == 0 else 1
     mo, mi = sch.split(m_loop, [None, min(layout.rows, mp)])  # whole tiles: q's rows are padded (rows_padded)
     co, ct, ci = sch.split(c_loop, [None, tiles * layout.tile // lanes, lanes])
-    groups = int(sch.get(k_loop).extent) // layout.group
-    bytes_per_group = tiles * layout.tile * layout.group * np.dtype(layout.dtype).itemsize
-    kc = max(d for d in range(1, min(groups, max(1, KC_BYTES // bytes_per_group)) + 1) if groups % d == 0)
-    kb, ko, ki = sch.split(k_loop, [None, kc, layout.group])
+    steps = int(sch.get(k_loop).extent) // layout.k_step
+    bytes_per_step = tiles * layout.tile * layout.k_step * np.dtype(layout.dtype).itemsize
+    kc = max(d for d in range(1, min(steps, max(1, KC_BYTES // bytes_per_step)) + 1) if steps % d == 0)
+    kb, ko, ki = sch.split(k_loop, [None, kc, layout.k_step])
     sch.reorder(co, kb, mo, ko, mi, ct, ci, ki)
     # the panel's sums (mp x tiles * T int32) in a buffer of their own: tensor intrinsics take global buffers
     panel = sch.cache_write(acc_block, 0, "global")
@@ -316,6 +356,9 @@ def convert(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
     if m == 0 or n == 0 or k == 0:
         return bb.emit_te(_empty, a, [*lead, n], bias if k == 0 else None, primfunc_name_hint="rowwise_int8_matmul")
     layout = target_layout()
+    if isinstance(b, Constant) and layout in LANE_LAYOUTS:  # lane-bounded weights: vpmaddubsw sums, see LANE_LAYOUTS
+        sets = op.lane_groups(b.value.numpy(), levels)
+        layout = LANE_LAYOUTS[layout].get(sets, layout)
     flat = len(lead) == 1  # already [M, K]: no reshape
     rows = a if flat else bb.emit(relax.op.reshape(a, relax.ShapeExpr([m, k])))
     if isinstance(b, Constant):  # a weight initializer: packed once, here
@@ -324,7 +367,7 @@ def convert(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
     else:
         pair = bb.emit_te(functools.partial(pack, layout=layout), b, primfunc_name_hint="rowwise_int8_matmul_pack")
         packed, colsum = bb.emit(relax.TupleGetItem(pair, 0)), bb.emit(relax.TupleGetItem(pair, 1))
-    kp, mp = _padded(k, layout.group), rows_padded(m, layout)
+    kp, mp = _padded(k, layout.k_step), rows_padded(m, layout)
     quantized = bb.emit_te(quantize, rows, levels, kp, mp, primfunc_name_hint="rowwise_int8_matmul_quantize")
     q, params = bb.emit(relax.TupleGetItem(quantized, 0)), bb.emit(relax.TupleGetItem(quantized, 1))
     y = bb.emit_te(gemm, q, params, packed, colsum, b_scale, bias, primfunc_name_hint="rowwise_int8_matmul")
@@ -365,6 +408,66 @@ def _register_intrinsics() -> None:
 
         return desc, impl
 
+    def make_sets(lanes: int, sets: int, body: Any) -> tuple[Any, Any]:
+        # a lane layout's step of S groups of 4 k: C[i] += sum_k A[k] * B[k / 4, i, k % 4], k < 4 S
+        @T.prim_func(s_tir=True)
+        def desc(
+            A: T.Buffer((sets * 4,), "uint8", offset_factor=1),
+            B: T.Buffer((sets, lanes, 4), "int8", offset_factor=1),
+            C: T.Buffer((lanes,), "int32", offset_factor=1),
+        ) -> None:
+            with T.sblock("root"):
+                T.reads(C[0:lanes], A[0 : sets * 4], B[0:sets, 0:lanes, 0:4])
+                T.writes(C[0:lanes])
+                for i in T.serial(0, lanes):
+                    for k in T.serial(0, sets * 4):
+                        with T.sblock("update"):
+                            vi, vk = T.axis.remap("SR", [i, k])
+                            C[vi] = C[vi] + T.cast(A[vk], "int32") * T.cast(B[vk // 4, vi, vk % 4], "int32")
+
+        @T.prim_func(s_tir=True)
+        def impl(
+            A: T.Buffer((sets * 4,), "uint8", offset_factor=1),
+            B: T.Buffer((sets, lanes, 4), "int8", offset_factor=1),
+            C: T.Buffer((lanes,), "int32", offset_factor=1),
+        ) -> None:
+            with T.sblock("root"):
+                T.reads(C[0:lanes], A[0 : sets * 4], B[0:sets, 0:lanes, 0:4])
+                T.writes(C[0:lanes])
+                C[T.ramp(T.int32(0), 1, lanes)] = body(A, B, C)
+
+        return desc, impl
+
+    def vpmaddubsw(lanes: int, sets: int, isa: str) -> Any:
+        # per set: each int16 lane = a[2p] B[i, 2p] + a[2p + 1] B[i, 2p + 1] (unsigned x signed); the S results added
+        # in int16, then vpmaddwd by ones adds each column's two lanes into int32. Exact only for lane-bounded B.
+        ubsw, wd = {
+            "avx2": ("llvm.x86.avx2.pmadd.ub.sw", "llvm.x86.avx2.pmadd.wd"),
+            "avx512bw": ("llvm.x86.avx512.pmaddubs.w.512", "llvm.x86.avx512.pmaddw.d.512"),
+        }[isa]
+
+        def body(A: Any, B: Any, C: Any) -> Any:
+            pairs = None
+            for s in range(sets):
+                four = T.reinterpret(A.vload([4 * s], "uint8x4"), dtype="int32")
+                b = (
+                    B.vload([0, 0], dtype=f"int8x{lanes * 4}")
+                    if sets == 1
+                    else B.vload([s, 0, 0], dtype=f"int8x{lanes * 4}")
+                )
+                p = T.call_llvm_pure_intrin(
+                    T.llvm_lookup_intrinsic_id(ubsw),
+                    T.reinterpret(T.broadcast(four, lanes), dtype=f"int8x{lanes * 4}"),
+                    b,
+                    dtype=f"int16x{lanes * 2}",
+                )
+                pairs = p if pairs is None else pairs + p
+            return C.vload([0], dtype=f"int32x{lanes}") + T.call_llvm_pure_intrin(
+                T.llvm_lookup_intrinsic_id(wd), pairs, T.broadcast(T.int16(1), lanes * 2), dtype=f"int32x{lanes}"
+            )
+
+        return body
+
     def vpdpbusd(lanes: int, llvm_name: str) -> Any:
         # C += per lane the dot product of the 4 bytes of A (unsigned) with the lane's 4 bytes of B (signed)
         def body(A: Any, B: Any, C: Any) -> Any:
@@ -399,6 +502,12 @@ def _register_intrinsics() -> None:
         AVX512_BW.intrin: make(16, 2, "int16", vpmaddwd(16, "llvm.x86.avx512.pmaddw.d.512")),
         AVX2.intrin: make(8, 2, "int16", vpmaddwd(8, "llvm.x86.avx2.pmadd.wd")),
     }
+    for by_sets, isa in ((LANE_LAYOUTS[AVX512_BW], "avx512bw"), (LANE_LAYOUTS[AVX2], "avx2")):
+        for sets, layout in by_sets.items():
+            body = vpmaddubsw(layout.lanes, sets, isa)
+            bodies[layout.intrin] = (
+                make(layout.lanes, 4, "int8", body) if sets == 1 else make_sets(layout.lanes, sets, body)
+            )
     for name, (desc, impl) in bodies.items():
         try:
             TensorIntrin.get(name)

@@ -154,9 +154,12 @@ def test_weight_initializers_are_packed_at_import(layout):
     np.testing.assert_array_equal(session.run(a)[0], Session(model, kernels="native").run(a)[0])
 
 
-def test_a_model_imported_for_another_target_still_computes_right():
-    """Weights packed for AVX-512 VNNI, the kernel built for an AVX2 CPU (which lacks vpdpbusd): the GEMM falls back
-    to int32 vector lanes, slower and exact."""
+@pytest.mark.parametrize("built_for", [c for c in ("znver3", "skylake-avx512") if _runnable_here(_layout_of(c))])
+def test_a_model_imported_for_another_target_still_computes_right(built_for):
+    """Weights packed for AVX-512 VNNI (full-range int8, not lane-bounded), the kernel built for a CPU without
+    vpdpbusd: the GEMM falls back to int32 vector lanes, slower and exact. On the AVX-512 BW target the same T, G and
+    type are a lane layout's with S = 1, whose vpmaddubsw would saturate on these weights: lane packings are 5-D so
+    that this cannot be mistaken for one."""
     import tvm
     from tvm import relax
 
@@ -167,7 +170,7 @@ def test_a_model_imported_for_another_target_still_computes_right():
     m, k, n = 16, 64, 32
     model = _weights_model(m, k, n, rng)
     mod = import_model(prepare(model, {"A": [m, k]}), host_target("znver4"))
-    executable, report = build(mod, target=host_target("znver3"))
+    executable, report = build(mod, target=host_target(built_for))
     assert report.schedules["rowwise_int8_matmul"] == "hand (RowwiseInt8MatMul)"
 
     vm = relax.VirtualMachine(executable, tvm.cpu())

@@ -70,7 +70,10 @@ class Layout:
     intrin: str | None  # the tensor intrinsic of one step (None: vectorised int32)
     lanes: int  # columns per intrinsic call
     features: tuple[str, ...]  # the LLVM CPU features the intrinsic needs
-    sets: int = 1  # S: packed groups of G k summed in int16 before widening (lane layouts; 1: none)
+    sets: int = 1  # S: packed groups of G k summed in int16 before widening (lane layouts)
+    # Exact only for lane-bounded weights. Such a packing is always 5-D, [N / T, K / (S G), S, T, G], so that no build
+    # takes weights packed for another layout (a VNNI one has the same T, G and type) for lane-bounded ones.
+    lane_bounded: bool = False
 
     @property
     def k_step(self) -> int:
@@ -93,7 +96,16 @@ LAYOUTS = (AVX512_VNNI, AVX_VNNI, AVX512_BW, AVX2, GENERIC)  # the target's firs
 LANE_LAYOUTS = {
     base: {
         sets: Layout(
-            lanes, 4, "int8", base.rows, 2, f"softdeploy_maddubs_{lanes}x4x{sets}_{isa}", lanes, base.features, sets
+            lanes,
+            4,
+            "int8",
+            base.rows,
+            2,
+            f"softdeploy_maddubs_{lanes}x4x{sets}_{isa}",
+            lanes,
+            base.features,
+            sets,
+            True,
         )
         for sets in (4, 2, 1)
     }
@@ -131,7 +143,7 @@ def packed_shape(k: int, n: int, layout: Layout) -> tuple[int, ...]:
     """[N / T, K / G, T, G], or [N / T, K / (S G), S, T, G] for a lane layout (K, N padded to whole steps and tiles)."""
     t, g, sets = layout.tile, layout.group, layout.sets
     tiles, steps = _padded(n, t) // t, _padded(k, layout.k_step) // layout.k_step
-    return (tiles, steps, t, g) if sets == 1 else (tiles, steps, sets, t, g)
+    return (tiles, steps, sets, t, g) if layout.lane_bounded else (tiles, steps, t, g)
 
 
 def packed_index(c: Any, kk: Any, shape: tuple[int, ...]) -> tuple[Any, ...]:
@@ -296,9 +308,10 @@ def _layout_of(sch: Any, block: Any) -> Layout | None:
     if len(packed) != 1:
         return None
     shape = [int(d) for d in packed[0].shape]
-    key = (shape[-2], shape[-1], shape[2] if len(shape) == 5 else 1, str(packed[0].dtype))
+    key = (shape[-2], shape[-1], shape[2] if len(shape) == 5 else 1, str(packed[0].dtype), len(shape) == 5)
     every = [*LAYOUTS, *(x for by_sets in LANE_LAYOUTS.values() for x in by_sets.values())]
-    matching = [x for x in every if (x.tile, x.group, x.sets, x.dtype) == key]  # VNNI and AVX-VNNI share one
+    # (VNNI and AVX-VNNI share one packing; a lane layout's is 5-D, so never taken for another's)
+    matching = [x for x in every if (x.tile, x.group, x.sets, x.dtype, x.lane_bounded) == key]
     return next((x for x in matching if x.intrin and _has(x.features)), matching[0] if matching else None)
 
 
@@ -450,11 +463,7 @@ def _register_intrinsics() -> None:
             pairs = None
             for s in range(sets):
                 four = T.reinterpret(A.vload([4 * s], "uint8x4"), dtype="int32")
-                b = (
-                    B.vload([0, 0], dtype=f"int8x{lanes * 4}")
-                    if sets == 1
-                    else B.vload([s, 0, 0], dtype=f"int8x{lanes * 4}")
-                )
+                b = B.vload([s, 0, 0], dtype=f"int8x{lanes * 4}")
                 p = T.call_llvm_pure_intrin(
                     T.llvm_lookup_intrinsic_id(ubsw),
                     T.reinterpret(T.broadcast(four, lanes), dtype=f"int8x{lanes * 4}"),
@@ -504,10 +513,7 @@ def _register_intrinsics() -> None:
     }
     for by_sets, isa in ((LANE_LAYOUTS[AVX512_BW], "avx512bw"), (LANE_LAYOUTS[AVX2], "avx2")):
         for sets, layout in by_sets.items():
-            body = vpmaddubsw(layout.lanes, sets, isa)
-            bodies[layout.intrin] = (
-                make(layout.lanes, 4, "int8", body) if sets == 1 else make_sets(layout.lanes, sets, body)
-            )
+            bodies[layout.intrin] = make_sets(layout.lanes, sets, vpmaddubsw(layout.lanes, sets, isa))
     for name, (desc, impl) in bodies.items():
         try:
             TensorIntrin.get(name)

@@ -99,9 +99,9 @@ def tune(
 
 def sentence_cosine(hidden: np.ndarray, reference: np.ndarray) -> float:
     """Lowest cosine over the batch between mean-pooled last hidden states (the sentence embedding)."""
-    a, b = hidden.mean(axis=1), reference.mean(axis=1)
-    cos = (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
-    return float(cos.min())
+    from softdeploy.compare.metrics import cosine_rows
+
+    return float(cosine_rows(reference.mean(axis=1), hidden.mean(axis=1)).min())
 
 
 def cpu_medians(fns: dict, calls: int = 9) -> dict[str, float]:

@@ -70,6 +70,23 @@ def make_target(spec: dict[str, Any] | None = None) -> Any:
     return tvm.target.Target(spec or host_target())
 
 
+def target_has(features: tuple[str, ...] | list[str]) -> bool:
+    """Whether the current TVM target (``with make_target(...)``) generates code for a CPU with every one of LLVM's
+    ``features`` ("avx512f", "avxvnni", ...): False outside a target context and for a target that is not LLVM x86;
+    True for no features. What the hand schedules ask to choose their tile and instructions."""
+    if not features:
+        return True
+    from tvm.target import Target, codegen
+
+    target = Target.current(allow_none=True)
+    if target is None:
+        return False
+    try:
+        return bool(codegen.llvm_cpu_has_features(list(features), target))
+    except Exception:  # not an LLVM x86 target
+        return False
+
+
 # Tuning records are measured schedules: what is fastest depends on the vector width and the number of
 # vector registers (AVX-512: 32 x 512 bit; AVX2: 16 x 256 bit), so records tuned for one class are not
 # applied to a target of another (issue 13: znver4's records on a znver3 target ran MiniLM at 1.89x

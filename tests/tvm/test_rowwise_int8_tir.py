@@ -22,7 +22,7 @@ from softdeploy.runtime import Session
 from softdeploy.runtime.tvm import TVMSession
 from softdeploy.tvm.errors import ScheduleWarning
 from softdeploy.tvm.ops import rowwise_int8_matmul as tir
-from softdeploy.tvm.target import host_target, make_target
+from softdeploy.tvm.target import host_target, make_target, target_has
 
 OP = REGISTRY["RowwiseInt8MatMul"]
 # a CPU of each layout (LLVM -mcpu names); the AVX-VNNI one runs only on such a CPU
@@ -45,7 +45,7 @@ LANE_INSTRUCTION = {tir.AVX512_BW: r"vpmaddubsw\s+%zmm", tir.AVX2: r"vpmaddubsw\
 
 def _runnable_here(layout) -> bool:
     with make_target(host_target()):
-        return tir._has(layout.features)
+        return target_has(layout.features)
 
 
 def _layout_of(mcpu: str):
@@ -57,15 +57,14 @@ def _shapes(sample) -> dict[str, list[int]]:
     return {p.name: list(np.shape(v)) for p, v in zip(OP.inputs, sample.inputs, strict=False) if v is not None}
 
 
-def _weights_model(m: int, k: int, n: int, rng: np.random.Generator):
-    """A, then B, BScale and Bias as initializers: B is packed at import, as in a quantized model."""
-    b = rng.integers(-128, 128, (k, n)).astype(np.int8)
+def _initializer_model(m: int, b: np.ndarray, scale: np.ndarray, bias: np.ndarray | None = None, levels: int = 255):
+    """A [m, K] the one input; B, BScale (and Bias) initializers: B is packed at import, as in a quantized model."""
+    k, n = b.shape
+    names = ["A", "B", "BScale"] + (["Bias"] if bias is not None else [])
     inits = [
-        numpy_helper.from_array(b, "B"),
-        numpy_helper.from_array((rng.random(n) * 0.01 + 1e-3).astype(np.float32), "BScale"),
-        numpy_helper.from_array(rng.standard_normal(n).astype(np.float32), "Bias"),
+        numpy_helper.from_array(v, name) for v, name in ((b, "B"), (scale, "BScale"), (bias, "Bias")) if v is not None
     ]
-    node = helper.make_node(OP.name, ["A", "B", "BScale", "Bias"], ["Y"], domain=DOMAIN)
+    node = helper.make_node(OP.name, names, ["Y"], domain=DOMAIN, levels=levels)
     graph = helper.make_graph(
         [node],
         "g",
@@ -75,6 +74,13 @@ def _weights_model(m: int, k: int, n: int, rng: np.random.Generator):
     )
     opsets = [helper.make_opsetid("", 18), helper.make_opsetid(DOMAIN, OPSET_VERSION)]
     return attach_function_bodies(helper.make_model(graph, opset_imports=opsets))
+
+
+def _weights_model(m: int, k: int, n: int, rng: np.random.Generator):
+    """Full-range int8 weights, a scale and a bias, as initializers."""
+    b = rng.integers(-128, 128, (k, n)).astype(np.int8)
+    scale = (rng.random(n) * 0.01 + 1e-3).astype(np.float32)
+    return _initializer_model(m, b, scale, rng.standard_normal(n).astype(np.float32))
 
 
 def test_each_target_gets_its_layout():
@@ -234,16 +240,7 @@ def _lane_model(m: int, k: int, n: int, levels: int, sets: int, rng: np.random.G
 
     q, step = lane_bounded_weights(rng.standard_normal((k, n)), levels, sets)
     assert lane_groups(q, levels) >= sets
-    node = helper.make_node(OP.name, ["A", "B", "BScale"], ["Y"], domain=DOMAIN, levels=levels)
-    graph = helper.make_graph(
-        [node],
-        "g",
-        [helper.make_tensor_value_info("A", TensorProto.FLOAT, [m, k])],
-        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [m, n])],
-        [numpy_helper.from_array(q, "B"), numpy_helper.from_array(step, "BScale")],
-    )
-    opsets = [helper.make_opsetid("", 18), helper.make_opsetid(DOMAIN, OPSET_VERSION)]
-    return attach_function_bodies(helper.make_model(graph, opset_imports=opsets)), q
+    return _initializer_model(m, q, step, levels=levels), q
 
 
 @pytest.mark.parametrize(

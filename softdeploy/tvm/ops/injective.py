@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-LANES = 16  # float32 lanes of an AVX-512 register; LLVM splits wider vectors for AVX2
+from softdeploy.tvm.ops._te import LANES  # (LLVM splits the 16-lane vectors for AVX2 targets)
 
 
 def schedule(sch: Any) -> bool:

@@ -52,14 +52,9 @@ AVX512_NARROW_TILE = (14, 16, 16)  # 14 zmm, for n not a multiple of 32
 def tile_for(n: int) -> tuple[int, int, int]:
     """(MR, NR, VECTOR) for a kernel of ``n`` output columns under the current TVM target: the AVX-512 tiles where
     LLVM says the target has AVX-512F, else AVX2's (also the answer outside a target context)."""
-    from tvm.target import Target, codegen
+    from softdeploy.tvm.target import target_has
 
-    target = Target.current(allow_none=True)
-    try:
-        wide = target is not None and bool(codegen.llvm_cpu_has_features(["avx512f"], target))
-    except Exception:  # not an LLVM x86 target: the AVX2 tile, which any vector ISA lowers
-        wide = False
-    if wide:
+    if target_has(("avx512f",)):  # (off x86: the AVX2 tile, which any vector ISA lowers)
         return AVX512_TILE if n % AVX512_TILE[1] == 0 else AVX512_NARROW_TILE
     return AVX2_TILE
 

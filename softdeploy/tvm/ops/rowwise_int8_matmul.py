@@ -51,6 +51,7 @@ from tvm import te, tirx
 from softdeploy.errors import OpContractError
 from softdeploy.ops import rowwise_int8_matmul as op
 from softdeploy.tvm.ops._te import f32, lane_reduce, shape_proxy
+from softdeploy.tvm.target import target_has
 
 MIN_NORMAL = 2.0**-126
 # Per-row scalars kept stored (softdeploy.tvm.ops.KEEP_BLOCKS): inlined, they would be recomputed per entry (a division).
@@ -113,21 +114,9 @@ LANE_LAYOUTS = {
 }
 
 
-def _has(features: tuple[str, ...]) -> bool:
-    from tvm.target import Target, codegen
-
-    target = Target.current(allow_none=True)
-    if target is None or not features:
-        return not features
-    try:
-        return bool(codegen.llvm_cpu_has_features(list(features), target))
-    except Exception:  # not an LLVM x86 target
-        return False
-
-
 def target_layout() -> Layout:
     """The layout for the current TVM target (GENERIC outside a target context or off x86)."""
-    return next(layout for layout in LAYOUTS if _has(layout.features))
+    return next(layout for layout in LAYOUTS if target_has(layout.features))
 
 
 def _padded(n: int, multiple: int) -> int:
@@ -312,7 +301,7 @@ def _layout_of(sch: Any, block: Any) -> Layout | None:
     every = [*LAYOUTS, *(x for by_sets in LANE_LAYOUTS.values() for x in by_sets.values())]
     # (VNNI and AVX-VNNI share one packing; a lane layout's is 5-D, so never taken for another's)
     matching = [x for x in every if (x.tile, x.group, x.sets, x.dtype, x.lane_bounded) == key]
-    return next((x for x in matching if x.intrin and _has(x.features)), matching[0] if matching else None)
+    return next((x for x in matching if x.intrin and target_has(x.features)), matching[0] if matching else None)
 
 
 def _schedule_gemm(sch: Any) -> bool:
@@ -321,7 +310,7 @@ def _schedule_gemm(sch: Any) -> bool:
     if layout is None:
         return False
     # the layout's instruction where the target has it (a model imported for another target: vectorised int32)
-    intrin, lanes = (layout.intrin, layout.lanes) if _has(layout.features) else (None, layout.tile)
+    intrin, lanes = (layout.intrin, layout.lanes) if target_has(layout.features) else (None, layout.tile)
     m_loop, c_loop, k_loop = sch.get_loops(acc_block)
     mp, columns = int(sch.get(m_loop).extent), int(sch.get(c_loop).extent)
     tiles = layout.tiles if columns % (layout.tiles * layout.tile) == 0 else 1
@@ -344,6 +333,7 @@ def _schedule_gemm(sch: Any) -> bool:
     sch.vectorize(sch.get_loops(sch.get_sblock("rowq_acc_init"))[-1])
     sch.vectorize(sch.get_loops(panel)[-1])
     if intrin is not None:
+        _register_intrinsics()
         sch.tensorize(ci, intrin)
     sch.unroll(mi)
     sch.unroll(ct)
@@ -368,14 +358,14 @@ def convert(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
     m = math.prod(lead)
     if m == 0 or n == 0 or k == 0:
         return bb.emit_te(_empty, a, [*lead, n], bias if k == 0 else None, primfunc_name_hint="rowwise_int8_matmul")
+    weights = b.value.numpy() if isinstance(b, Constant) else None  # an initializer: packed once, here
     layout = target_layout()
-    if isinstance(b, Constant) and layout in LANE_LAYOUTS:  # lane-bounded weights: vpmaddubsw sums, see LANE_LAYOUTS
-        sets = op.lane_groups(b.value.numpy(), levels)
-        layout = LANE_LAYOUTS[layout].get(sets, layout)
+    if weights is not None and layout in LANE_LAYOUTS:  # lane-bounded weights: vpmaddubsw sums, see LANE_LAYOUTS
+        layout = LANE_LAYOUTS[layout].get(op.lane_groups(weights, levels), layout)
     flat = len(lead) == 1  # already [M, K]: no reshape
     rows = a if flat else bb.emit(relax.op.reshape(a, relax.ShapeExpr([m, k])))
-    if isinstance(b, Constant):  # a weight initializer: packed once, here
-        packed_np, sums = pack_weights(b.value.numpy(), layout)
+    if weights is not None:
+        packed_np, sums = pack_weights(weights, layout)
         packed, colsum = relax.const(packed_np, layout.dtype), relax.const(sums, "int32")
     else:
         pair = bb.emit_te(functools.partial(pack, layout=layout), b, primfunc_name_hint="rowwise_int8_matmul_pack")
@@ -387,65 +377,39 @@ def convert(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
     return y if flat else bb.emit(relax.op.reshape(y, relax.ShapeExpr([*lead, n])))
 
 
+@functools.cache
 def _register_intrinsics() -> None:
-    """The tensor intrinsics of LAYOUTS: C[i] += sum_k int32(A[k]) * int32(B[i, k]) over one packed step."""
+    """Registers the tensor intrinsics of LAYOUTS and LANE_LAYOUTS (C[i] += sum_k int32(A[k]) * int32(B[i, k]) over one
+    packed step), once per process, when a GEMM is first tensorized: parsing their TVMScript took 2.5 s, which every
+    import of softdeploy.tvm.ops paid, fp32 models included."""
     from tvm.s_tir import TensorIntrin
     from tvm.script import tirx as T
 
-    def make(lanes: int, group: int, b_dtype: str, body: Any) -> tuple[Any, Any]:
+    def make(lanes: int, group: int, sets: int, b_dtype: str, body: Any) -> tuple[Any, Any]:
+        # one packed step of S sets of G k (S = 1 but for lane layouts): C[i] += sum_k A[k] * B[k / G, i, k % G]
         @T.prim_func(s_tir=True)
         def desc(
-            A: T.Buffer((group,), "uint8", offset_factor=1),
-            B: T.Buffer((lanes, group), b_dtype, offset_factor=1),
+            A: T.Buffer((sets * group,), "uint8", offset_factor=1),
+            B: T.Buffer((sets, lanes, group), b_dtype, offset_factor=1),
             C: T.Buffer((lanes,), "int32", offset_factor=1),
         ) -> None:
             with T.sblock("root"):
-                T.reads(C[0:lanes], A[0:group], B[0:lanes, 0:group])
+                T.reads(C[0:lanes], A[0 : sets * group], B[0:sets, 0:lanes, 0:group])
                 T.writes(C[0:lanes])
                 for i in T.serial(0, lanes):
-                    for k in T.serial(0, group):
+                    for k in T.serial(0, sets * group):
                         with T.sblock("update"):
                             vi, vk = T.axis.remap("SR", [i, k])
-                            C[vi] = C[vi] + T.cast(A[vk], "int32") * T.cast(B[vi, vk], "int32")
+                            C[vi] = C[vi] + T.cast(A[vk], "int32") * T.cast(B[vk // group, vi, vk % group], "int32")
 
         @T.prim_func(s_tir=True)
         def impl(
-            A: T.Buffer((group,), "uint8", offset_factor=1),
-            B: T.Buffer((lanes, group), b_dtype, offset_factor=1),
+            A: T.Buffer((sets * group,), "uint8", offset_factor=1),
+            B: T.Buffer((sets, lanes, group), b_dtype, offset_factor=1),
             C: T.Buffer((lanes,), "int32", offset_factor=1),
         ) -> None:
             with T.sblock("root"):
-                T.reads(C[0:lanes], A[0:group], B[0:lanes, 0:group])
-                T.writes(C[0:lanes])
-                C[T.ramp(T.int32(0), 1, lanes)] = body(A, B, C)
-
-        return desc, impl
-
-    def make_sets(lanes: int, sets: int, body: Any) -> tuple[Any, Any]:
-        # a lane layout's step of S groups of 4 k: C[i] += sum_k A[k] * B[k / 4, i, k % 4], k < 4 S
-        @T.prim_func(s_tir=True)
-        def desc(
-            A: T.Buffer((sets * 4,), "uint8", offset_factor=1),
-            B: T.Buffer((sets, lanes, 4), "int8", offset_factor=1),
-            C: T.Buffer((lanes,), "int32", offset_factor=1),
-        ) -> None:
-            with T.sblock("root"):
-                T.reads(C[0:lanes], A[0 : sets * 4], B[0:sets, 0:lanes, 0:4])
-                T.writes(C[0:lanes])
-                for i in T.serial(0, lanes):
-                    for k in T.serial(0, sets * 4):
-                        with T.sblock("update"):
-                            vi, vk = T.axis.remap("SR", [i, k])
-                            C[vi] = C[vi] + T.cast(A[vk], "int32") * T.cast(B[vk // 4, vi, vk % 4], "int32")
-
-        @T.prim_func(s_tir=True)
-        def impl(
-            A: T.Buffer((sets * 4,), "uint8", offset_factor=1),
-            B: T.Buffer((sets, lanes, 4), "int8", offset_factor=1),
-            C: T.Buffer((lanes,), "int32", offset_factor=1),
-        ) -> None:
-            with T.sblock("root"):
-                T.reads(C[0:lanes], A[0 : sets * 4], B[0:sets, 0:lanes, 0:4])
+                T.reads(C[0:lanes], A[0 : sets * group], B[0:sets, 0:lanes, 0:group])
                 T.writes(C[0:lanes])
                 C[T.ramp(T.int32(0), 1, lanes)] = body(A, B, C)
 
@@ -485,7 +449,7 @@ def _register_intrinsics() -> None:
                 T.llvm_lookup_intrinsic_id(llvm_name),
                 C.vload([0], dtype=f"int32x{lanes}"),
                 T.reinterpret(T.broadcast(four, lanes), dtype=f"int8x{lanes * 4}"),
-                B.vload([0, 0], dtype=f"int8x{lanes * 4}"),
+                B.vload([0, 0, 0], dtype=f"int8x{lanes * 4}"),
                 dtype=f"int32x{lanes}",
             )
 
@@ -497,7 +461,7 @@ def _register_intrinsics() -> None:
             two = T.reinterpret(T.Cast("int16x2", A.vload([0], "uint8x2")), dtype="int32")
             return C.vload([0], dtype=f"int32x{lanes}") + T.call_llvm_pure_intrin(
                 T.llvm_lookup_intrinsic_id(llvm_name),
-                B.vload([0, 0], dtype=f"int16x{lanes * 2}"),
+                B.vload([0, 0, 0], dtype=f"int16x{lanes * 2}"),
                 T.reinterpret(T.broadcast(two, lanes), dtype=f"int16x{lanes * 2}"),
                 dtype=f"int32x{lanes}",
             )
@@ -506,19 +470,13 @@ def _register_intrinsics() -> None:
 
     # vpdpbusd.256 is VEX-encoded on AVX-VNNI targets (EVEX where AVX-512 VNNI + VL is present)
     bodies = {
-        AVX512_VNNI.intrin: make(16, 4, "int8", vpdpbusd(16, "llvm.x86.avx512.vpdpbusd.512")),
-        AVX_VNNI.intrin: make(8, 4, "int8", vpdpbusd(8, "llvm.x86.avx512.vpdpbusd.256")),
-        AVX512_BW.intrin: make(16, 2, "int16", vpmaddwd(16, "llvm.x86.avx512.pmaddw.d.512")),
-        AVX2.intrin: make(8, 2, "int16", vpmaddwd(8, "llvm.x86.avx2.pmadd.wd")),
+        AVX512_VNNI.intrin: make(16, 4, 1, "int8", vpdpbusd(16, "llvm.x86.avx512.vpdpbusd.512")),
+        AVX_VNNI.intrin: make(8, 4, 1, "int8", vpdpbusd(8, "llvm.x86.avx512.vpdpbusd.256")),
+        AVX512_BW.intrin: make(16, 2, 1, "int16", vpmaddwd(16, "llvm.x86.avx512.pmaddw.d.512")),
+        AVX2.intrin: make(8, 2, 1, "int16", vpmaddwd(8, "llvm.x86.avx2.pmadd.wd")),
     }
     for by_sets, isa in ((LANE_LAYOUTS[AVX512_BW], "avx512bw"), (LANE_LAYOUTS[AVX2], "avx2")):
         for sets, layout in by_sets.items():
-            bodies[layout.intrin] = make_sets(layout.lanes, sets, vpmaddubsw(layout.lanes, sets, isa))
+            bodies[layout.intrin] = make(layout.lanes, 4, sets, "int8", vpmaddubsw(layout.lanes, sets, isa))
     for name, (desc, impl) in bodies.items():
-        try:
-            TensorIntrin.get(name)
-        except Exception:  # not registered yet
-            TensorIntrin.register(name, desc, impl)
-
-
-_register_intrinsics()
+        TensorIntrin.register(name, desc, impl)

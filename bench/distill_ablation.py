@@ -9,7 +9,10 @@ crops, an in-batch MaxSim-score KL, MiniLM-style attention-map KL, an EMA of the
 the evaluation questions themselves (``--oracle-queries``: what memorising the exact queries is worth). ``--bucket``
 and ``--cache`` are the library's length-grouped batches and cached teacher outputs; ``--extra-file F --extra-n N``
 adds a seeded sample of N lines of F, and ``--mix f`` draws a fraction f of every batch from them (the library's
-``extra_texts``); ``--asym`` also scores the student's questions against the teacher's corpus; ``--save`` /
+``extra_texts``); ``--asym`` also scores the student's questions against the teacher's corpus and the teacher's questions against the
+student's corpus (``mrr_asym``, ``mrr_rev``: which side the student loses); ``--sent W`` adds a sentence-embedding
+MSE; ``--pairs-n N`` adds N WordNet (definition, lemma) pairs to every batch and ``--pairs W`` a MaxSim-score KL
+over them; ``--save`` /
 ``--soup`` write students and evaluate their weight average; ``--l2sp`` decays toward the initial weights. Evaluation: MaxSim
 retrieval, the 653 held-out chatterbot questions x 871 answers (no evaluation question is a distillation text).
 
@@ -80,12 +83,15 @@ def alice_patterns() -> list[str]:
     return list(seen)
 
 
-def evaluate_asymmetric(student, teacher, tok, data) -> float:
+def evaluate_asymmetric(student, teacher, tok, data) -> tuple[float, float]:
     """MRR@10 with the student encoding the questions and the teacher the corpus (a corpus indexed once, offline,
-    by the large model; queries encoded online by the small one)."""
-    q_tok, _ = encode(student, tok, data.queries)
-    d_tok, _ = encode(teacher, tok, data.corpus)
-    return mrr_at_k(maxsim(q_tok, d_tok), data.relevant)
+    by the large model; queries encoded online by the small one), and the reverse (the teacher's questions against
+    the student's corpus): which side of the symmetric score the student loses."""
+    sq, _ = encode(student, tok, data.queries)
+    tq, _ = encode(teacher, tok, data.queries)
+    sd, _ = encode(student, tok, data.corpus)
+    td, _ = encode(teacher, tok, data.corpus)
+    return mrr_at_k(maxsim(sq, td), data.relevant), mrr_at_k(maxsim(tq, sd), data.relevant)
 
 
 def main():
@@ -105,6 +111,11 @@ def main():
     ap.add_argument("--rel", type=float, default=0.0, help="in-batch MaxSim score KD weight")
     ap.add_argument("--rel-scale", type=float, default=1.0)
     ap.add_argument("--cos", action="store_true", help="1-cos token loss instead of mse")
+    ap.add_argument("--pairs-n", type=int, default=0, help="WordNet definition -> lemma pairs added to each batch")
+    ap.add_argument("--pairs", type=float, default=0.0, help="weight of a MaxSim-score KL over those pairs")
+    ap.add_argument("--pairs-scale", type=float, default=20.0)
+    ap.add_argument("--pairs-form", choices=["plain", "question"], default="plain")
+    ap.add_argument("--sent", type=float, default=0.0, help="weight of a sentence-embedding MSE added to the token MSE")
     ap.add_argument(
         "--idf",
         type=float,
@@ -255,6 +266,19 @@ def main():
         more, removed = held_out(chosen, data.queries)
         pool = pool + more
         print(f"pool: {len(texts)} + {len(more)} from {a.extra_file} ({removed} equal to an evaluation question)")
+    gloss_pairs = []
+    if a.pairs_n:  # WordNet's "lemma: definition" entries as (description, name) pairs: trivia's shape
+        from softdeploy.distill.data import wordnet_texts
+
+        for t in wordnet_texts():
+            m = re.match(r"^([^:]{2,40}): (.{10,200})$", t)
+            if m:
+                d = m.group(2).split(";")[0].strip()
+                q = d if a.pairs_form == "plain" else f"What is the name of the {d}?"
+                gloss_pairs.append((q, m.group(1)))
+        gloss_pairs = [p for p in gloss_pairs if p[0] not in held and p[1] not in held]
+        print(f"pairs: {len(gloss_pairs)}", flush=True)
+    prng = random.Random(a.seed + 7)
     # "0,2+3+4,5": a student layer initialised from several teacher layers merged (--merge)
     groups = [[int(x) for x in g.split("+")] for g in a.layers.split(",")]
     keep_layers = [g[0] for g in groups]
@@ -288,7 +312,7 @@ def main():
         mrr, ndcg = evaluate(student, tok, data)
         res = dict(soup=a.soup, mrr=round(mrr, 4), ndcg=round(ndcg, 4))
         if a.asym:
-            res["mrr_asym"] = round(evaluate_asymmetric(student, teacher, tok, data), 4)
+            res["mrr_asym"], res["mrr_rev"] = (round(x, 4) for x in evaluate_asymmetric(student, teacher, tok, data))
         print(json.dumps(res), flush=True)
         return
     for n, p in student.named_parameters():
@@ -389,12 +413,12 @@ def main():
             s_tok, _ = student._pool(so.last_hidden_state, mask)
             s_h = ()
         elif cache is not None:
-            t_tok, _ = cache.targets(idx, ids.shape[1])
-            s_tok, _, s_h = student.states(ids, mask)
+            t_tok, t_sent = cache.targets(idx, ids.shape[1])
+            s_tok, s_sent, s_h = student.states(ids, mask)
         else:
             with torch.no_grad():
-                t_tok, _, t_h = teacher.states(ids, mask, hidden=a.hidden > 0)
-            s_tok, _, s_h = student.states(ids, mask, hidden=a.hidden > 0)
+                t_tok, t_sent, t_h = teacher.states(ids, mask, hidden=a.hidden > 0)
+            s_tok, s_sent, s_h = student.states(ids, mask, hidden=a.hidden > 0)
         if a.cos:
             m = mask.to(s_tok.dtype)
             loss = ((1 - (s_tok * t_tok).sum(-1)) * m).sum() / m.sum()
@@ -404,6 +428,31 @@ def main():
             loss = masked_mse(s_tok, t_tok, mask)
         if a.attn > 0:
             loss = loss + a.attn * attn_loss
+        if a.pairs_n:
+            pq, pd = zip(*prng.sample(gloss_pairs, a.pairs_n), strict=True)
+            eq = tok(list(pq), padding=True, truncation=True, max_length=a.maxlen, return_tensors="pt")
+            ed = tok(list(pd), padding=True, truncation=True, max_length=a.maxlen, return_tensors="pt")
+            mq, md = eq["attention_mask"], ed["attention_mask"]
+            with torch.no_grad():
+                tq, _, _ = teacher.states(eq["input_ids"], mq)
+                td, _, _ = teacher.states(ed["input_ids"], md)
+            sq, _, _ = student.states(eq["input_ids"], mq)
+            sd, _, _ = student.states(ed["input_ids"], md)
+            loss = loss + 0.5 * (masked_mse(sq, tq, mq) + masked_mse(sd, td, md))
+            if a.pairs > 0:
+
+                def pair_scores(q, d):  # mean over a description's tokens of the best name-token cosine
+                    sim = torch.einsum("iqe,jke->ijqk", q, d).masked_fill(md[None, :, None, :] == 0, -4.0)
+                    best = sim.amax(-1)
+                    fq = mq.to(q.dtype)
+                    return (best * fq[:, None, :]).sum(-1) / fq.sum(-1)[:, None]
+
+                with torch.no_grad():
+                    pt = torch.softmax(pair_scores(tq, td) * a.pairs_scale, -1)
+                ls = torch.log_softmax(pair_scores(sq, sd) * a.pairs_scale, -1)
+                loss = loss + a.pairs * torch.nn.functional.kl_div(ls, pt, reduction="batchmean")
+        if a.sent > 0:  # the mean-pooled sentence embedding (sentence-transformers' recipe) beside the tokens
+            loss = loss + a.sent * ((s_sent - t_sent) ** 2).mean()
         if a.hidden > 0:
             loss = loss + a.hidden * sum(
                 masked_mse(x, t_h[j + 1], mask) for x, j in zip(s_h[1:], lmap, strict=True)
@@ -463,7 +512,7 @@ def main():
         n_extra=len(extra),
     )
     if a.asym:
-        res["mrr_asym"] = round(evaluate_asymmetric(student, teacher, tok, data), 4)
+        res["mrr_asym"], res["mrr_rev"] = (round(x, 4) for x in evaluate_asymmetric(student, teacher, tok, data))
     print(json.dumps(res), flush=True)
     if a.save:
         from safetensors.torch import save_file

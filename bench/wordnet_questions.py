@@ -62,18 +62,18 @@ def main() -> None:
     ap.add_argument("--wordnet", type=int, default=0, help="N questions and N WordNet texts instead (a mix)")
     ap.add_argument("--hypernyms", type=int, default=0, help="N hypernym questions and N questions instead (a mix)")
     a = ap.parse_args()
-    rng = random.Random(0)
-    questions = _wordnet_questions(rng)  # softdeploy.distill.data.wordnet_questions(0), in gloss order
-    rng.shuffle(questions)
-    lines = questions
-    if a.wordnet:
-        broad = [t.replace("\n", " ") for t in wordnet_texts()]
-        lines = rng.sample(questions, a.wordnet) + rng.sample(broad, a.wordnet)
-        rng.shuffle(lines)
-    elif a.hypernyms:  # a generator of its own, the questions in gloss order: as the recorded file was drawn
-        rng = random.Random(0)
+    rng = random.Random(0)  # every file is drawn from this one generator, in this order, as recorded
+    if a.hypernyms:
         hyper = hypernym_questions(rng)
         lines = rng.sample(hyper, a.hypernyms) + rng.sample(_wordnet_questions(random.Random(0)), a.hypernyms)
+    else:
+        questions = _wordnet_questions(rng)  # softdeploy.distill.data.wordnet_questions(0), in gloss order
+        rng.shuffle(questions)
+        lines = questions
+        if a.wordnet:
+            broad = [t.replace("\n", " ") for t in wordnet_texts()]
+            lines = rng.sample(questions, a.wordnet) + rng.sample(broad, a.wordnet)
+    if a.wordnet or a.hypernyms:
         rng.shuffle(lines)
     with open(a.out, "w", encoding="utf-8") as f:
         f.write("\n".join(lines) + "\n")

@@ -102,16 +102,24 @@ def wordnet_questions(seed: int = 0) -> list[str]:
 
 def _wordnet_questions(rng: random.Random) -> list[str]:
     # rng passed in: bench/wordnet_questions.py goes on drawing from it to reproduce its recorded files
+    seen: dict[str, None] = {}
+    for _, clause in wordnet_definitions():
+        if len(clause.split()) >= 3:
+            seen.setdefault(rng.choice(QUESTION_FORMS).format(clause), None)
+    return list(seen)
+
+
+def wordnet_definitions() -> list[tuple[str, str]]:
+    """``(lemma, first clause of its definition)`` for each ``lemma: definition`` text of :func:`wordnet_texts`
+    whose lemma has 2-40 characters and definition 10-200, in gloss order: a name and a description of it."""
     import re
 
-    seen: dict[str, None] = {}
+    out = []
     for text in wordnet_texts():
         m = re.match(r"^([^:]{2,40}): (.{10,200})$", text)
         if m:
-            clause = m.group(2).split(";")[0].strip()
-            if len(clause.split()) >= 3:
-                seen.setdefault(rng.choice(QUESTION_FORMS).format(clause), None)
-    return list(seen)
+            out.append((m.group(1), m.group(2).split(";")[0].strip()))
+    return out
 
 
 def normalized(text: str) -> str:

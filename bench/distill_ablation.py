@@ -13,7 +13,11 @@ adds a seeded sample of N lines of F, and ``--mix f`` draws a fraction f of ever
 student's corpus (``mrr_asym``, ``mrr_rev``: which side the student loses); ``--sent W`` adds a sentence-embedding
 MSE; ``--pairs-n N`` adds N WordNet (definition, lemma) pairs to every batch and ``--pairs W`` a MaxSim-score KL
 over them; ``--save`` /
-``--soup`` write students and evaluate their weight average; ``--l2sp`` decays toward the initial weights. Evaluation: MaxSim
+``--soup`` write students and evaluate their weight average; ``--l2sp`` decays toward the initial weights;
+``--student l3`` starts from paraphrase-MiniLM-L3-v2; ``--metric P`` weights the token error by the in-domain teacher
+tokens' second moments; ``--out-table LR`` adds a learned per-word-piece output vector; ``--sam R`` is
+sharpness-aware minimisation; ``--fade F`` fades the dropped teacher layers out over a fraction F of the steps.
+Evaluation: MaxSim
 retrieval, the 653 held-out chatterbot questions x 871 answers (no evaluation question is a distillation text).
 
 Run: ``PYTHONPATH=. python bench/distill_ablation.py --steps 400 --freeze-emb --no-dropout --layers 0,3,5`` (one JSON
@@ -38,7 +42,7 @@ from distill_students import encode, maxsim
 
 from softdeploy.compare.metrics import mrr_at_k
 from softdeploy.compare.progress import SilentProgress
-from softdeploy.distill import DistillConfig, layer_reduce, load_teacher
+from softdeploy.distill import DistillConfig, layer_reduce, load_paraphrase_l3, load_teacher
 from softdeploy.distill.data import distillation_texts, held_out, normalized, rotten_tomatoes_snippets
 from softdeploy.distill.train import _Batches, _MixedBatches, _TeacherCache, hidden_layer_map, lr_factor
 from softdeploy.distill.train import _masked_mse as masked_mse
@@ -110,6 +114,12 @@ def main():
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--maxlen", type=int, default=32)
     ap.add_argument("--layers", default="0,2,4", help='teacher layers kept; "a+b" merges layers a and b into one')
+    ap.add_argument(
+        "--student",
+        choices=["reduce", "l3"],
+        default="reduce",
+        help="the start: the teacher's --layers, or paraphrase-MiniLM-L3-v2's own weights (its own embeddings)",
+    )
     ap.add_argument("--merge", choices=["mean", "laco"], default="mean", help="how --layers merges a group")
     ap.add_argument("--hidden", type=float, default=0.0)
     ap.add_argument("--freeze-emb", action="store_true")
@@ -193,6 +203,34 @@ def main():
         type=float,
         default=0.0,
         help="this fraction of each batch from the --extra-file texts, the rest in-domain",
+    )
+    ap.add_argument(
+        "--metric",
+        type=float,
+        default=0.0,
+        help="token MSE in the metric of the in-domain texts' teacher tokens: errors weighted by their second-moment "
+        "matrix's eigenvalues ** this (mean weight 1); 0: plain MSE",
+    )
+    ap.add_argument(
+        "--out-table",
+        type=float,
+        default=0.0,
+        help="a zero-initialised per-word-piece vector added to the student's last hidden state, trained at this lr "
+        "(an output-side lexical table); 0: none",
+    )
+    ap.add_argument(
+        "--sam",
+        type=float,
+        default=0.0,
+        help="sharpness-aware minimisation (Foret et al. 2021): the gradient taken at the weights moved by this "
+        "radius along the normalised gradient (two passes a step; the second pass is the plain token MSE); 0: plain",
+    )
+    ap.add_argument(
+        "--fade",
+        type=float,
+        default=0.0,
+        help="start from all teacher layers and fade the ones --layers drops to the identity over this fraction of "
+        "the steps (out = h + alpha * (layer(h) - h), alpha 1 -> 0), then train the kept layers alone; 0: one-shot",
     )
     ap.add_argument("--asym", action="store_true", help="also: student questions against the teacher's corpus")
     ap.add_argument("--save", default="", help="write the trained student's weights here (safetensors)")
@@ -291,7 +329,7 @@ def main():
     # "0,2+3+4,5": a student layer initialised from several teacher layers merged (--merge)
     groups = [[int(x) for x in g.split("+")] for g in a.layers.split(",")]
     keep_layers = [g[0] for g in groups]
-    student = layer_reduce(teacher, keep_layers)
+    student = load_paraphrase_l3(teacher) if a.student == "l3" else layer_reduce(teacher, keep_layers)
     for slot, group in enumerate(groups):
         if len(group) > 1:
             sds = [teacher.bert.encoder.layer[i].state_dict() for i in group]
@@ -324,12 +362,45 @@ def main():
             res["mrr_asym"], res["mrr_rev"] = (round(x, 4) for x in evaluate_asymmetric(student, teacher, tok, data))
         print(json.dumps(res), flush=True)
         return
+    if a.out_table:
+        # the student's last hidden state plus a learned vector per word-piece: lexical capacity (what the teacher's
+        # deeper layers add to a word regardless of its context) at the cost of one gather
+        student.out_table = torch.nn.Embedding(student.bert.config.vocab_size, student.hidden_size, sparse=True)
+        torch.nn.init.zeros_(student.out_table.weight)
+        base_hidden = student.hidden
+        student.hidden = lambda ids, mask: base_hidden(ids, mask) + student.out_table(ids)
+    fading: list[torch.nn.Module] = []
+    if a.fade:
+        # a smooth multi-stage reduction: the dropped layers (frozen) fade to the identity while the kept ones adapt
+        class Fading(torch.nn.Module):
+            def __init__(self, layer):
+                super().__init__()
+                self.layer, self.alpha = layer, 1.0
+
+            def forward(self, h, *args, **kwargs):
+                return h + self.alpha * (self.layer(h, *args, **kwargs) - h)
+
+        student = layer_reduce(teacher, list(range(teacher.num_layers)))
+        for i, layer in enumerate(student.bert.encoder.layer):
+            if i not in keep_layers:
+                fading.append(Fading(layer))
+                student.bert.encoder.layer[i] = fading[-1]
+        fade_steps = max(1, round(a.fade * a.steps))
+    frozen = {id(p) for m in fading for p in m.parameters()}
     for n, p in student.named_parameters():
+        if id(p) in frozen:
+            p.requires_grad_(False)
+            continue
         p.requires_grad_(not (a.freeze_emb and "embeddings" in n))
         if a.train_only and not __import__("re").search(a.train_only, n):
             p.requires_grad_(False)
     params = [p for p in student.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=a.lr, weight_decay=a.wd)
+    table = [p for n, p in student.named_parameters() if n.startswith("out_table.")]
+    opt = torch.optim.AdamW([p for p in params if all(p is not t for t in table)], lr=a.lr, weight_decay=a.wd)
+    opt.param_groups[0]["base_lr"] = a.lr
+    table_opt = torch.optim.SparseAdam(table, lr=a.out_table) if table else None  # lazy: only the rows seen
+    if table_opt is not None:
+        table_opt.param_groups[0]["base_lr"] = a.out_table
     lmap = hidden_layer_map(teacher.num_layers, student.num_layers)
     student.train()
     if a.no_dropout:
@@ -351,6 +422,28 @@ def main():
     if a.cache:
         cache = _TeacherCache(teacher, tok, pool, lengths, DistillConfig(max_length=a.maxlen), SilentProgress())
         print(f"teacher cache: {len(pool)} texts, {time.process_time() - c0:.1f} s", flush=True)
+    metric = None
+    if a.metric:
+        # The retrieval-relevant directions: a query token's score is its cosine to the corpus tokens, so an error
+        # along a direction in which the corpus's tokens vary much moves scores more than one along a direction
+        # they barely span (measured on a saved student: the question error in the corpus's top 32 of 384
+        # directions, 17% of its energy, is 28% of the MRR@10 drop). Weights: eigenvalues of the teacher tokens'
+        # second-moment matrix over the in-domain texts (answers and training questions, never an evaluation
+        # question) to the power --metric, normalised to mean 1; the loss is the plain MSE of x @ W, W = M^(1/2).
+        # Screened: -0.02 MRR@10 (bench/results/distill_recipes.md, twenty-first session).
+        with torch.no_grad():
+            enc = tok(texts, padding=True, truncation=True, max_length=a.maxlen, return_tensors="pt")
+            toks = []
+            for i in range(0, len(texts), 64):
+                t_i, _, _ = teacher.states(enc["input_ids"][i : i + 64], enc["attention_mask"][i : i + 64])
+                toks.append(t_i[enc["attention_mask"][i : i + 64].bool()])
+            c = torch.cat(toks).double()
+            lam, vec = torch.linalg.eigh(c.T @ c / len(c))
+            w = lam.clamp_min(0) ** a.metric
+            w = w * len(w) / w.sum()
+            metric = (vec * w.sqrt()) @ vec.T
+            metric = metric.float()
+        print(f"metric: {len(c)} tokens; weights max {w.max():.2f} median {w.median():.3f} min {w.min():.4f}")
     gen = torch.Generator().manual_seed(a.seed)
     piece_pool = torch.tensor(
         [i for t in pool for i in tok(t, add_special_tokens=False, truncation=True, max_length=a.maxlen)["input_ids"]]
@@ -364,6 +457,17 @@ def main():
             df[sorted(set(ids_t))] += 1
         idf = ((torch.log((1 + len(pool)) / (1 + df)) + 1) ** a.idf).float()
     for step in range(a.steps):
+        if fading:
+            alpha = max(0.0, 1.0 - step / fade_steps)
+            for m in fading:
+                m.alpha = alpha
+            if alpha == 0.0:  # faded out: the kept layers alone from here on (same parameters, the optimizer's)
+                student.bert.encoder.layer = torch.nn.ModuleList(
+                    [x for x in student.bert.encoder.layer if not any(x is m for m in fading)]
+                )
+                student.bert.config.num_hidden_layers = len(student.bert.encoder.layer)
+                fading = []
+                print(f"  step {step}: faded out, {student.num_layers} layers", flush=True)
         n_extra = round(a.rt_frac * a.bs) if a.rt_frac else 0
         n_q = round(a.q_frac * a.bs)
         batch = rng.sample(questions, n_q) if n_q else []
@@ -386,8 +490,8 @@ def main():
             swap = (torch.rand(ids.shape, generator=gen) < a.replace) & ~special
             ids = torch.where(swap, piece_pool[torch.randint(len(piece_pool), ids.shape, generator=gen)], ids)
         f = lr_factor(schedule, step)
-        for g in opt.param_groups:
-            g["lr"] = a.lr * f
+        for g in opt.param_groups + (table_opt.param_groups if table_opt is not None else []):
+            g["lr"] = g["base_lr"] * f
         if a.attn > 0:
             tti = torch.zeros_like(ids)
             with torch.no_grad():
@@ -433,6 +537,8 @@ def main():
             loss = ((1 - (s_tok * t_tok).sum(-1)) * m).sum() / m.sum()
         elif idf is not None:  # the masked MSE with the mask's 0 / 1 replaced by each token's weight
             loss = masked_mse(s_tok, t_tok, idf[ids] * mask)
+        elif metric is not None:
+            loss = masked_mse(s_tok @ metric, t_tok @ metric, mask)
         else:
             loss = masked_mse(s_tok, t_tok, mask)
         if a.attn > 0:
@@ -475,8 +581,26 @@ def main():
                 torch.log_softmax(ss * a.rel_scale, -1), pt, reduction="batchmean"
             )
         opt.zero_grad(set_to_none=True)
+        if table_opt is not None:
+            table_opt.zero_grad(set_to_none=True)
         loss.backward()
+        if a.sam:
+            # SAM: step to the worst point within radius rho (first-order), take the gradient there, step back
+            with torch.no_grad():
+                live = [p for p in params if p.grad is not None]
+                norm = torch.sqrt(sum((p.grad**2).sum() for p in live)) + 1e-12
+                moves = [p.grad * (a.sam / norm) for p in live]
+                for p, e in zip(live, moves, strict=True):
+                    p.add_(e)
+            opt.zero_grad(set_to_none=True)
+            s_tok2, _, _ = student.states(ids, mask)
+            masked_mse(s_tok2, t_tok, mask).backward()
+            with torch.no_grad():
+                for p, e in zip(live, moves, strict=True):
+                    p.sub_(e)
         opt.step()
+        if table_opt is not None:
+            table_opt.step()
         if a.l2sp:  # L2-SP (Li et al. 2018), decoupled as AdamW's decay: pull toward the teacher's layers
             with torch.no_grad():
                 for p, p0 in zip(params, init_params, strict=True):

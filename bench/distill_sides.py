@@ -8,9 +8,15 @@ minilm_distilled case's task (653 held-out chatterbot questions x 871 answers, m
 * MRR@10 with each side encoded by the teacher or the student (four combinations), over all questions and split
   into the 341 ending in "?" and the rest;
 * the mean cosine between the student's and the teacher's token vectors, by token kind, questions and corpus;
-* the symmetric MRR@10 with one kind of query token taken from the teacher (what that kind costs).
+* the symmetric MRR@10 with one kind of query token taken from the teacher (what that kind costs);
+* the corpus tokens beyond the training length (32): their cosine to the teacher's, and the symmetric MRR@10 with
+  them taken from the teacher;
+* the question error by direction: in the basis of the teacher's answer tokens' second-moment matrix, the share of
+  the error energy in its top k eigen-directions, and the symmetric MRR@10 with the error removed in the top k
+  directions or in the others.
 
-Run: ``PYTHONPATH=. python bench/distill_sides.py F``. Results: bench/results/distill_recipes.md (nineteenth session).
+Run: ``PYTHONPATH=. python bench/distill_sides.py F``. Results: bench/results/distill_recipes.md (nineteenth and
+twenty-first sessions).
 """
 
 from __future__ import annotations
@@ -82,6 +88,29 @@ def main() -> None:
     for kind in KINDS:
         mixed = [np.where(np.array(ks)[:, None] == kind, t, s) for ks, t, s in zip(q_kinds, tq, sq, strict=True)]
         print(f"student questions with the teacher's {kind} tokens: MRR@10 {mrr(mixed, sd):.4f} (student corpus)")
+    train_length = 32  # the case's DistillConfig.max_length: answer tokens past it are never a training target
+    long = [i for i, t in enumerate(td) if len(t) > train_length]
+    tail_cos = np.concatenate([(td[i][train_length:] * sd[i][train_length:]).sum(-1) for i in long])
+    fitted_cos = np.concatenate([(t * s).sum(-1) for t, s in zip(td, sd, strict=True) if len(t) <= train_length])
+    tail_fixed = [np.concatenate([s[:train_length], t[train_length:]]) for t, s in zip(td, sd, strict=True)]
+    print(
+        f"answers over {train_length} tokens: {len(long)}; token cosine past {train_length} {tail_cos.mean():.4f} "
+        f"(answers that fit: {fitted_cos.mean():.4f}); with the teacher's tokens past it: MRR@10 "
+        f"{mrr(sq, tail_fixed):.4f}"
+    )
+    c = np.concatenate(td).astype(np.float64)
+    lam, vec = np.linalg.eigh(c.T @ c / len(c))
+    lam, vec = lam[::-1], vec[:, ::-1]  # largest first
+    err = (np.concatenate(sq) - np.concatenate(tq)) @ vec
+    for k in (8, 32, 64, 128):
+        top = vec[:, :k] @ vec[:, :k].T
+        in_top = [s + (t - s) @ top for t, s in zip(tq, sq, strict=True)]
+        in_rest = [t + (s - t) @ top for t, s in zip(tq, sq, strict=True)]
+        print(
+            f"top {k} answer directions: {lam[:k].sum() / lam.sum():.3f} of the answers' energy, "
+            f"{(err[:, :k] ** 2).sum() / (err**2).sum():.3f} of the question error's; MRR@10 with the error removed "
+            f"there {mrr(in_top, sd):.4f}, in the others {mrr(in_rest, sd):.4f}"
+        )
 
 
 if __name__ == "__main__":

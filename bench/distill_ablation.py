@@ -243,6 +243,10 @@ def main():
     a = ap.parse_args()
     if a.cache and (a.rt_frac or a.aiml_frac or a.q_frac or a.crop or a.replace or a.hidden or a.attn or a.mixup):
         ap.error("--cache: every text of a batch must be an unchanged pool text, and no hidden states or attentions")
+    if a.fade and (a.student != "reduce" or "+" in a.layers or a.attn or a.hidden or a.init):
+        ap.error("--fade: a plain layer reduction (--student reduce, no merged layers), no --attn / --hidden / --init")
+    if a.metric and (a.cos or a.idf):
+        ap.error("--metric replaces the plain token MSE: not with --cos or --idf")
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
     rng = random.Random(a.seed)

@@ -88,7 +88,7 @@ def main() -> None:
     for kind in KINDS:
         mixed = [np.where(np.array(ks)[:, None] == kind, t, s) for ks, t, s in zip(q_kinds, tq, sq, strict=True)]
         print(f"student questions with the teacher's {kind} tokens: MRR@10 {mrr(mixed, sd):.4f} (student corpus)")
-    train_length = 32  # the case's DistillConfig.max_length: answer tokens past it are never a training target
+    train_length = 32  # the minilm_distilled case's train_max_length: answer tokens past it are never a target
     long = [i for i, t in enumerate(td) if len(t) > train_length]
     tail_cos = np.concatenate([(td[i][train_length:] * sd[i][train_length:]).sum(-1) for i in long])
     fitted_cos = np.concatenate([(t * s).sum(-1) for t, s in zip(td, sd, strict=True) if len(t) <= train_length])

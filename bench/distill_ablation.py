@@ -223,7 +223,7 @@ def main():
         type=float,
         default=0.0,
         help="sharpness-aware minimisation (Foret et al. 2021): the gradient taken at the weights moved by this "
-        "radius along the normalised gradient (two passes a step; the second pass is the plain token MSE); 0: plain",
+        "radius along the normalised gradient (two passes a step, the second of the token loss alone); 0: plain",
     )
     ap.add_argument(
         "--fade",
@@ -245,6 +245,11 @@ def main():
         ap.error("--cache: every text of a batch must be an unchanged pool text, and no hidden states or attentions")
     if a.fade and (a.student != "reduce" or "+" in a.layers or a.attn or a.hidden or a.init):
         ap.error("--fade: a plain layer reduction (--student reduce, no merged layers), no --attn / --hidden / --init")
+    if a.sam and (a.mixup or a.attn or a.hidden or a.out_table or a.pairs_n or a.sent or a.rel):
+        ap.error(
+            "--sam: the token loss of unchanged inputs alone, no --mixup / --attn / --hidden / --out-table / "
+            "--pairs-n / --sent / --rel"
+        )
     if a.metric and (a.cos or a.idf):
         ap.error("--metric replaces the plain token MSE: not with --cos or --idf")
     torch.set_num_threads(a.threads)
@@ -399,8 +404,8 @@ def main():
         if a.train_only and not __import__("re").search(a.train_only, n):
             p.requires_grad_(False)
     params = [p for p in student.parameters() if p.requires_grad]
-    table = [p for n, p in student.named_parameters() if n.startswith("out_table.")]
-    opt = torch.optim.AdamW([p for p in params if all(p is not t for t in table)], lr=a.lr, weight_decay=a.wd)
+    table = [student.out_table.weight] if a.out_table else []
+    opt = torch.optim.AdamW([p for p in params if not any(p is t for t in table)], lr=a.lr, weight_decay=a.wd)
     opt.param_groups[0]["base_lr"] = a.lr
     table_opt = torch.optim.SparseAdam(table, lr=a.out_table) if table else None  # lazy: only the rows seen
     if table_opt is not None:
@@ -460,6 +465,19 @@ def main():
         for ids_t in pool_ids:
             df[sorted(set(ids_t))] += 1
         idf = ((torch.log((1 + len(pool)) / (1 + df)) + 1) ** a.idf).float()
+
+    def token_loss(s_tok, t_tok, ids, mask):
+        """The per-token objective: 1 - cosine (--cos), the idf-weighted (--idf) or metric (--metric) MSE, or the
+        plain masked MSE."""
+        if a.cos:
+            m = mask.to(s_tok.dtype)
+            return ((1 - (s_tok * t_tok).sum(-1)) * m).sum() / m.sum()
+        if idf is not None:  # the masked MSE with the mask's 0 / 1 replaced by each token's weight
+            return masked_mse(s_tok, t_tok, idf[ids] * mask)
+        if metric is not None:
+            return masked_mse(s_tok @ metric, t_tok @ metric, mask)
+        return masked_mse(s_tok, t_tok, mask)
+
     for step in range(a.steps):
         if fading:
             alpha = max(0.0, 1.0 - step / fade_steps)
@@ -536,15 +554,7 @@ def main():
             with torch.no_grad():
                 t_tok, t_sent, t_h = teacher.states(ids, mask, hidden=a.hidden > 0)
             s_tok, s_sent, s_h = student.states(ids, mask, hidden=a.hidden > 0)
-        if a.cos:
-            m = mask.to(s_tok.dtype)
-            loss = ((1 - (s_tok * t_tok).sum(-1)) * m).sum() / m.sum()
-        elif idf is not None:  # the masked MSE with the mask's 0 / 1 replaced by each token's weight
-            loss = masked_mse(s_tok, t_tok, idf[ids] * mask)
-        elif metric is not None:
-            loss = masked_mse(s_tok @ metric, t_tok @ metric, mask)
-        else:
-            loss = masked_mse(s_tok, t_tok, mask)
+        loss = token_loss(s_tok, t_tok, ids, mask)
         if a.attn > 0:
             loss = loss + a.attn * attn_loss
         if a.pairs_n:
@@ -597,8 +607,7 @@ def main():
                 for p, e in zip(live, moves, strict=True):
                     p.add_(e)
             opt.zero_grad(set_to_none=True)
-            s_tok2, _, _ = student.states(ids, mask)
-            masked_mse(s_tok2, t_tok, mask).backward()
+            token_loss(student.states(ids, mask)[0], t_tok, ids, mask).backward()
             with torch.no_grad():
                 for p, e in zip(live, moves, strict=True):
                     p.sub_(e)

@@ -106,9 +106,13 @@ def relation_questions(seed: int = 0) -> list[str]:
     rng = random.Random(seed)
     nouns = _wordnet_nouns()
 
+    def class_offset(pointers: dict[str, list[str]]) -> str | None:
+        """A synset's class: its first instance hypernym, else its first hypernym (not file order: see
+        _NounSynset.hypernym)."""
+        return (pointers.get("@i") or pointers.get("@") or [None])[0]
+
     def hypernym(offset: str) -> str | None:
-        p = nouns[offset].pointers
-        h = (p.get("@i") or p.get("@") or [None])[0]
+        h = class_offset(nouns[offset].pointers)
         return nouns[h].words[0] if h in nouns else None
 
     def ancestors(offset: str) -> set[str]:
@@ -162,7 +166,7 @@ def relation_questions(seed: int = 0) -> list[str]:
             before = re.sub(r"\b(the|a|an) $", "", definition[:start])
             question = f"{subject} is {before}which {name_class[name]}{definition[end:]}"
             questions.append(re.split(r"[;,(]", question)[0].rstrip(" .") + "?")
-        first = (pointers.get("@i") or pointers.get("@") or [None])[0]
+        first = class_offset(pointers)
         h, grand = (nouns[first].words[0], hypernym(first)) if first in nouns else (None, None)
         if len(synset.words) >= 2 and h and rng.random() < 0.5:
             article = "an" if h[0] in "aeiou" else "a"

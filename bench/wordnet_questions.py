@@ -15,7 +15,8 @@ N WordNet texts (``random.Random(0).sample`` of each, the union shuffled); ``--h
 asked through their synset's first hypernym ("Which national capital is the capital of Australia?", WordNet's ``@``
 / ``@i`` pointers; 79,480 of them) and N of these questions, likewise; ``--relations N`` writes N questions that
 name a noun and ask for a related one (:func:`relation_questions`: "Canberra is the capital of which country?", "A
-poodle is a dog also known by what name?"; 84,437 of them) and N of these questions, likewise. Results:
+poodle is a dog also known by what name?"; 84,437 of them) and N of these questions, likewise; ``--about-corpus N --seed S`` writes N questions, those about the corpus's short
+answers first (:func:`corpus_questions`). Results:
 bench/results/distill_recipes.md (nineteenth and twentieth sessions).
 """
 
@@ -26,7 +27,7 @@ import random
 import re
 from typing import NamedTuple
 
-from softdeploy.distill.data import WORDNET_FILES, _wordnet_questions, wordnet_questions, wordnet_texts
+from softdeploy.distill.data import QUESTION_FORMS, WORDNET_FILES, _wordnet_questions, wordnet_questions, wordnet_texts
 from softdeploy.models.assets import verified_file
 
 # relation_questions' forms: each names a noun and asks for a related one, as trivia do ("Canberra is the
@@ -193,6 +194,55 @@ def relation_questions(seed: int = 0) -> list[str]:
     return questions
 
 
+def corpus_questions(questions: list[str], n: int, seed: int, cap: int = 100) -> list[str]:
+    """``n`` of ``questions`` (:func:`softdeploy.distill.data.wordnet_questions`' texts), those about the corpus's
+    short answers first: a deployment knows its documents, and the trivia answers among them are WordNet lemmas
+    ("Amsterdam", "A gyroscope.", "Hamlet": 187 of the 352 distinct answers of at most four words). Kept: every question whose synset has a lemma equal to an answer of at
+    most four words (up to case, punctuation and a leading article; 458 questions), and for each such answer of 4+
+    characters up to ``cap`` questions whose definition names it ("the capital of Australia"; a ``seed``-shuffled
+    choice); the rest a ``random.Random(seed)`` sample of the others, in their order. 5,049 of the 20,000 with
+    seed 0. None is an evaluation question: the questions are built from WordNet alone."""
+    from softdeploy.distill.data import normalized
+    from softdeploy.models.minilm_retrieval import load_chatterbot
+
+    forms = [form.split("{}") for form in QUESTION_FORMS]
+    by_clause: dict[str, str] = {}
+    for q in questions:
+        for head, tail in forms:
+            if q.startswith(head) and q.endswith(tail):
+                by_clause.setdefault(q[len(head) : len(q) - len(tail)], q)
+                break
+    answers = {re.sub(r"^(a|an|the) ", "", normalized(a)) for a in load_chatterbot(calibration_queries=0).corpus}
+    names = {a for a in answers if a and len(a.split()) <= 4}
+    patterns = {a: re.compile(r"\b" + re.escape(a) + r"\b") for a in names if len(a) >= 4}
+    chosen: set[str] = set()
+    naming: dict[str, set[str]] = {}
+    for rel in WORDNET_FILES:
+        for line in verified_file("wn", rel).read_text(encoding="utf-8", errors="replace").splitlines():
+            head, bar, gloss = line.partition("| ")
+            if line.startswith(" ") or not bar:
+                continue
+            f = head.split()
+            lemmas = [re.sub(r"\(.*\)$", "", f[4 + 2 * i]).replace("_", " ") for i in range(int(f[3], 16))]
+            clauses = [c.strip() for c in gloss.strip().split(";") if c.strip() and not c.strip().startswith('"')]
+            if not clauses or clauses[0] not in by_clause:
+                continue
+            question, text = by_clause[clauses[0]], normalized(clauses[0])
+            if any(normalized(w) in names for w in lemmas):
+                chosen.add(question)
+            for name, pattern in patterns.items():
+                if name in text and pattern.search(text):
+                    naming.setdefault(name, set()).add(question)
+    rng = random.Random(seed)
+    for name in sorted(naming):
+        some = sorted(naming[name])
+        rng.shuffle(some)
+        chosen.update(some[:cap])
+    first = sorted(chosen)
+    rest = [q for q in questions if q not in chosen]
+    return first + random.Random(seed).sample(rest, n - len(first))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("out", help="the text file to write, one question per line")
@@ -201,6 +251,13 @@ def main() -> None:
     ap.add_argument(
         "--relations", type=int, default=0, help="N relation questions (relation_questions) and N questions"
     )
+    ap.add_argument(
+        "--about-corpus",
+        type=int,
+        default=0,
+        help="N questions, those about the corpus's short answers first (corpus_questions), drawn with --seed",
+    )
+    ap.add_argument("--seed", type=int, default=0, help="--about-corpus's draw")
     a = ap.parse_args()
     rng = random.Random(0)  # every file is drawn from this one generator, in this order, as recorded
     if a.hypernyms:
@@ -215,6 +272,8 @@ def main() -> None:
             lines = rng.sample(questions, a.wordnet) + rng.sample(broad, a.wordnet)
         elif a.relations:
             lines = rng.sample(questions, a.relations) + rng.sample(relation_questions(), a.relations)
+        elif a.about_corpus:
+            lines = corpus_questions(questions, a.about_corpus, a.seed)
     if a.wordnet or a.hypernyms or a.relations:
         rng.shuffle(lines)
     with open(a.out, "w", encoding="utf-8") as f:

@@ -15,9 +15,9 @@ N WordNet texts (``random.Random(0).sample`` of each, the union shuffled); ``--h
 asked through their synset's first hypernym ("Which national capital is the capital of Australia?", WordNet's ``@``
 / ``@i`` pointers; 79,480 of them) and N of these questions, likewise; ``--relations N`` writes N questions that
 name a noun and ask for a related one (:func:`relation_questions`: "Canberra is the capital of which country?", "A
-poodle is a dog also known by what name?"; 84,437 of them) and N of these questions, likewise; ``--about-corpus N --seed S`` writes N questions, those about the corpus's short
-answers first (:func:`corpus_questions`). Results:
-bench/results/distill_recipes.md (nineteenth and twentieth sessions).
+poodle is a dog also known by what name?"; 84,437 of them) and N of these questions, likewise; ``--about-corpus N
+--seed S`` writes N questions, those about the corpus's short answers first (:func:`corpus_questions`). Results:
+bench/results/distill_recipes.md (nineteenth, twentieth and twenty-second sessions).
 """
 
 from __future__ import annotations
@@ -197,11 +197,14 @@ def relation_questions(seed: int = 0) -> list[str]:
 def corpus_questions(questions: list[str], n: int, seed: int, cap: int = 100) -> list[str]:
     """``n`` of ``questions`` (:func:`softdeploy.distill.data.wordnet_questions`' texts), those about the corpus's
     short answers first: a deployment knows its documents, and the trivia answers among them are WordNet lemmas
-    ("Amsterdam", "A gyroscope.", "Hamlet": 187 of the 352 distinct answers of at most four words). Kept: every question whose synset has a lemma equal to an answer of at
-    most four words (up to case, punctuation and a leading article; 458 questions), and for each such answer of 4+
-    characters up to ``cap`` questions whose definition names it ("the capital of Australia"; a ``seed``-shuffled
-    choice); the rest a ``random.Random(seed)`` sample of the others, in their order. 5,049 of the 20,000 with
-    seed 0. None is an evaluation question: the questions are built from WordNet alone."""
+    ("Amsterdam", "A gyroscope.", "Hamlet": 187 of the 352 distinct answers of at most four words, up to case,
+    punctuation and a leading article).
+
+    First, sorted: every question whose synset has a lemma equal to such an answer (458), and for each answer of 4+
+    characters up to ``cap`` questions whose definition names it (a ``seed``-shuffled choice); 5,049 in all with
+    seed 0. Then a ``random.Random(seed)`` sample of the others, in their order, up to ``n`` (when ``n`` is
+    smaller than the first part, a sample of it). None is an evaluation question: they are built from WordNet
+    alone."""
     from softdeploy.distill.data import normalized
     from softdeploy.models.minilm_retrieval import load_chatterbot
 
@@ -239,8 +242,10 @@ def corpus_questions(questions: list[str], n: int, seed: int, cap: int = 100) ->
         rng.shuffle(some)
         chosen.update(some[:cap])
     first = sorted(chosen)
+    if n <= len(first):
+        return random.Random(seed).sample(first, n)
     rest = [q for q in questions if q not in chosen]
-    return first + random.Random(seed).sample(rest, n - len(first))
+    return first + random.Random(seed).sample(rest, min(n - len(first), len(rest)))
 
 
 def main() -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import random
 import re
+from collections.abc import Iterator
 from typing import NamedTuple
 
 from softdeploy.distill.data import QUESTION_FORMS, WORDNET_FILES, _wordnet_questions, wordnet_questions, wordnet_texts
@@ -52,25 +53,37 @@ class _NounSynset(NamedTuple):
     hypernym: str | None  # the target of its first "@" or "@i" pointer, in file order
 
 
-def _wordnet_nouns() -> dict[str, _NounSynset]:
-    """``data.noun``'s synsets by offset; a line is ``offset lex_filenum ss_type w_cnt (word lex_id){w_cnt} p_cnt
-    (symbol offset pos source/target){p_cnt} | gloss`` (wndb(5WN)), ``w_cnt`` hexadecimal."""
-    nouns = {}
-    for line in verified_file("wn", WORDNET_FILES[0]).read_text(encoding="utf-8", errors="replace").splitlines():
+class _SynsetLine(NamedTuple):
+    fields: list[str]  # the line before "| ", split on whitespace
+    words: list[str]  # its lemmas, underscores as spaces, "(a)"-style markers dropped
+    clauses: list[str]  # the gloss's definition clauses (split on ";"), its quoted examples left out
+
+
+def _synset_lines(rel: str) -> Iterator[_SynsetLine]:
+    """The synsets of the WordNet data file ``rel`` (one of ``WORDNET_FILES``), in file order; a line is ``offset
+    lex_filenum ss_type w_cnt (word lex_id){w_cnt} p_cnt (symbol offset pos source/target){p_cnt} ... | gloss``
+    (wndb(5WN)), ``w_cnt`` hexadecimal; the license header's lines start with a space."""
+    for line in verified_file("wn", rel).read_text(encoding="utf-8", errors="replace").splitlines():
         head, bar, gloss = line.partition("| ")
         f = head.split()
         if line.startswith(" ") or not bar or len(f) < 6:
             continue
-        w = int(f[3], 16)
-        words = [re.sub(r"\(.*\)$", "", f[4 + 2 * i]).replace("_", " ") for i in range(w)]
-        k = 4 + 2 * w
+        words = [re.sub(r"\(.*\)$", "", f[4 + 2 * i]).replace("_", " ") for i in range(int(f[3], 16))]
+        clauses = [c.strip() for c in gloss.strip().split(";") if c.strip() and not c.strip().startswith('"')]
+        yield _SynsetLine(f, words, clauses)
+
+
+def _wordnet_nouns() -> dict[str, _NounSynset]:
+    """``data.noun``'s synsets by offset (:func:`_synset_lines`)."""
+    nouns = {}
+    for f, words, clauses in _synset_lines(WORDNET_FILES[0]):
+        k = 4 + 2 * len(words)
         pointers: dict[str, list[str]] = {}
         fields = f[k + 1 : k + 1 + 4 * int(f[k])]
         for i in range(0, len(fields), 4):
             if fields[i + 2] == "n":
                 pointers.setdefault(fields[i], []).append(fields[i + 1])
         hypernym = next((fields[i + 1] for i in range(0, len(fields), 4) if fields[i] in ("@", "@i")), None)
-        clauses = [c.strip() for c in gloss.strip().split(";") if c.strip() and not c.strip().startswith('"')]
         nouns[f[0]] = _NounSynset(words, pointers, clauses[0] if clauses else "", hypernym)
     return nouns
 
@@ -221,13 +234,7 @@ def corpus_questions(questions: list[str], n: int, seed: int, cap: int = 100) ->
     chosen: set[str] = set()
     naming: dict[str, set[str]] = {}
     for rel in WORDNET_FILES:
-        for line in verified_file("wn", rel).read_text(encoding="utf-8", errors="replace").splitlines():
-            head, bar, gloss = line.partition("| ")
-            if line.startswith(" ") or not bar:
-                continue
-            f = head.split()
-            lemmas = [re.sub(r"\(.*\)$", "", f[4 + 2 * i]).replace("_", " ") for i in range(int(f[3], 16))]
-            clauses = [c.strip() for c in gloss.strip().split(";") if c.strip() and not c.strip().startswith('"')]
+        for _, lemmas, clauses in _synset_lines(rel):
             if not clauses or clauses[0] not in by_clause:
                 continue
             question, text = by_clause[clauses[0]], normalized(clauses[0])

@@ -141,6 +141,12 @@ def main():
         default=0.0,
         help="token MSE weighted by (smoothed idf of the word-piece over the texts) ** this; 0: unweighted",
     )
+    ap.add_argument(
+        "--sep-weight",
+        type=float,
+        default=1.0,
+        help="the token MSE of every [SEP] weighted by this (the token the student's questions miss most); 1: plain",
+    )
     ap.add_argument("--wd", type=float, default=0.01)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tag", default="")
@@ -465,6 +471,9 @@ def main():
         for ids_t in pool_ids:
             df[sorted(set(ids_t))] += 1
         idf = ((torch.log((1 + len(pool)) / (1 + df)) + 1) ** a.idf).float()
+    if a.sep_weight != 1.0:  # per-word-piece weights as --idf's, [SEP]'s scaled
+        idf = torch.ones(len(tok)) if idf is None else idf
+        idf[tok.sep_token_id] *= a.sep_weight
 
     def token_loss(s_tok, t_tok, ids, mask):
         """The per-token objective: 1 - cosine (--cos), the idf-weighted (--idf) or metric (--metric) MSE, or the

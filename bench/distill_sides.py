@@ -142,7 +142,8 @@ def generalisation(teacher, student, tok, data, seen_file: str, unseen_file: str
         return [(x * y).sum(-1) for x, y in zip(t, s, strict=True)]
 
     seen, unseen = _lines(seen_file), _lines(unseen_file)
-    questions = [t for t in data.calibration_texts[0::2] if t not in set(data.queries)]
+    held = set(data.queries)
+    questions = [t for t in data.calibration_texts[0::2] if t not in held]
     for name, texts in (
         ("in-domain training questions", questions),
         ("--seen, a seeded 600", random.Random(0).sample(seen, min(600, len(seen)))),

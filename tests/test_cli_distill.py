@@ -47,6 +47,20 @@ def test_distill_mixes_extra_texts_into_every_batch(tmp_path: Path) -> None:
     assert summary["texts"] == 8 and summary["extra_texts"] == 12 and summary["config"]["extra_fraction"] == 0.25
 
 
+def test_distill_takes_its_broad_texts_from_a_file(tmp_path: Path) -> None:
+    broad = tmp_path / "broad.txt"
+    broad.write_text(
+        "Who wrote Hamlet?\n\nWhat is the capital of Peru?\nWho wrote Hamlet?\n"
+        + "".join(f"Which planet is number {i} from the sun?\n" for i in range(1, 9))
+    )
+    out = tmp_path / "run"
+    argv = ["--layers", "0,3", *QUICK, "--extra-file", str(broad)]
+    assert main(["distill", str(out), *argv]) == 0  # QUICK's --extra-count 6: a sample of the 10 distinct texts
+    assert json.loads((out / "distill.json").read_text())["extra_texts"] == 6
+    assert main(["distill", str(out), *argv, "--extra-count", "50", "--overwrite"]) == 0
+    assert json.loads((out / "distill.json").read_text())["extra_texts"] == 10  # blank and repeated lines dropped
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -59,11 +73,16 @@ def test_distill_mixes_extra_texts_into_every_batch(tmp_path: Path) -> None:
         (["--extra-texts", "wikipedia"], "sources ['wikipedia'] are not a non-empty subset"),
         (["--sources", "chatterbot,news"], "sources ['chatterbot', 'news'] are not a non-empty subset"),
         (["--extra-texts", "wordnet", "--extra-fraction", "1.5"], "extra_fraction 1.5 is out of range"),
+        (["--extra-file", "/nonexistent/broad.txt"], "--extra-file /nonexistent/broad.txt: no such file"),
+        (["--extra-file", "EMPTY"], "the file holds no text"),
+        (["--extra-texts", "wordnet", "--extra-file", "EMPTY"], "--extra-texts and --extra-file both name"),
     ],
 )
 def test_distill_errors_are_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
 ) -> None:
+    (tmp_path / "empty.txt").write_text("\n  \n")
+    argv = [str(tmp_path / "empty.txt") if a == "EMPTY" else a for a in argv]
     assert main(["distill", str(tmp_path / "x"), *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[0].startswith("softdeploy: error: ") and message in err[0], err

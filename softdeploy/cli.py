@@ -488,9 +488,8 @@ def cmd_distill(args: argparse.Namespace) -> int:
         extra = list(dict.fromkeys(_text_lines("--extra-file", args.extra_file)))
         random.Random(args.seed).shuffle(extra)
         extra = extra[: args.extra_count]
-    elif (args.extra_texts or "wordnet-questions") != "none":
-        sources = tuple((args.extra_texts or "wordnet-questions").split(","))
-        extra = distillation_texts(sources, limit=args.extra_count, seed=args.seed)
+    elif (sources := args.extra_texts or "wordnet-questions") != "none":  # None: not given, the default
+        extra = distillation_texts(tuple(sources.split(",")), limit=args.extra_count, seed=args.seed)
     cfg = DistillConfig(
         objective=args.objective,
         level=args.level,
@@ -579,7 +578,9 @@ def _add_distill_parser(sub: argparse._SubParsersAction) -> None:  # type: ignor
         "will meet (docs/guide/distill.md)",
     )
     p.add_argument("--extra-count", type=int, default=20000, help="a seeded sample of this many broad texts")
-    p.add_argument("--extra-fraction", type=float, default=0.5, help="of every batch, from --extra-texts")
+    p.add_argument(
+        "--extra-fraction", type=float, default=0.5, help="of every batch, from --extra-texts or --extra-file"
+    )
     p.add_argument("--objective", choices=["mse", "kd"], default="mse")
     p.add_argument("--level", choices=["token", "sentence"], default="token", help="what the MSE compares")
     p.add_argument("--softening", choices=sorted(SOFTENING), default="power", help="KD softening operator")

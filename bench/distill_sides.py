@@ -17,9 +17,12 @@ minilm_distilled case's task (653 held-out chatterbot questions x 871 answers, m
 * with ``--seen S --unseen U`` (text files, one text per line: broad texts the student was trained on, and texts of
   the same source it never saw), how far it generalises: the mean token cosine to the teacher on a seeded 600 of
   each, on the in-domain training questions, on the held-out questions by kind and token count, and on the held-out
-  questions' word pieces by how often the training texts (in-domain + S) hold them.
+  questions' word pieces by how often the training texts (in-domain + S) hold them;
+* with ``--covered-by T`` (a text file, e.g. bench/wiki_sentences.py's sentences), the trivia questions split into
+  those that share at least two content words (four letters or more, not a question word) with one line of T and
+  the rest: MRR@10 of each, teacher and student (does a stream of T's facts help where T knows the answer?).
 
-Run: ``PYTHONPATH=. python bench/distill_sides.py F [--seen S --unseen U]``. Results:
+Run: ``PYTHONPATH=. python bench/distill_sides.py F [--seen S --unseen U] [--covered-by T]``. Results:
 bench/results/distill_recipes.md (nineteenth, twenty-first and twenty-third sessions).
 """
 
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import re
 import sys
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -62,6 +66,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seen", default="", help="broad texts the student trained on, one per line")
     ap.add_argument("--unseen", default="", help="texts of the same source it never saw, one per line")
+    ap.add_argument("--covered-by", default="", help="split the trivia by content words shared with this file's lines")
     a = ap.parse_args()
     if bool(a.seen) != bool(a.unseen):
         ap.error("--seen and --unseen go together")
@@ -124,6 +129,26 @@ def main() -> None:
         )
     if a.seen:
         generalisation(teacher, student, tok, data, a.seen, a.unseen)
+    if a.covered_by:
+        lines = [_content_words(t) for t in _lines(a.covered_by)]
+        covered = [i for i in trivia if any(len(_content_words(data.queries[i]) & w) >= 2 for w in lines)]
+        rest = [i for i in trivia if i not in set(covered)]
+        for name, rows in ((f"covered by {a.covered_by}", covered), ("not covered", rest)):
+            print(
+                f"trivia {name}: {len(rows)} questions, MRR@10 teacher {mrr(tq, td, rows):.4f}, "
+                f"student {mrr(sq, sd, rows):.4f}"
+            )
+
+
+# question words and other frequent words of four letters or more, left out of --covered-by's content words
+_NOT_CONTENT = frozenset(
+    "what which whom whose when where does have were been being this that these those with from into about than "
+    "then there their they them your also".split()
+)
+
+
+def _content_words(text: str) -> set[str]:
+    return {w for w in re.findall(r"[a-z]+", text.lower()) if len(w) >= 4 and w not in _NOT_CONTENT}
 
 
 def _lines(path: str) -> list[str]:

@@ -132,7 +132,7 @@ def main() -> None:
     if a.covered_by:
         lines = [_content_words(t) for t in _lines(a.covered_by)]
         covered = [i for i in trivia if any(len(_content_words(data.queries[i]) & w) >= 2 for w in lines)]
-        rest = [i for i in trivia if i not in set(covered)]
+        rest = sorted(set(trivia) - set(covered))
         for name, rows in ((f"covered by {a.covered_by}", covered), ("not covered", rest)):
             print(
                 f"trivia {name}: {len(rows)} questions, MRR@10 teacher {mrr(tq, td, rows):.4f}, "

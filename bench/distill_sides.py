@@ -128,10 +128,13 @@ def main() -> None:
             f"there {mrr(in_top, sd):.4f}, in the others {mrr(in_rest, sd):.4f}"
         )
     if a.seen:
-        generalisation(teacher, student, tok, data, a.seen, a.unseen)
+        q_cos = [(t * s).sum(-1) for t, s in zip(tq, sq, strict=True)]  # the held-out questions, encoded above
+        d_cos = [(t * s).sum(-1) for t, s in zip(td, sd, strict=True)]
+        generalisation(teacher, student, tok, data, a.seen, a.unseen, q_cos, d_cos)
     if a.covered_by:
         lines = [_content_words(t) for t in _lines(a.covered_by)]
-        covered = [i for i in trivia if any(len(_content_words(data.queries[i]) & w) >= 2 for w in lines)]
+        asked = {i: _content_words(data.queries[i]) for i in trivia}
+        covered = [i for i in trivia if any(len(asked[i] & w) >= 2 for w in lines)]
         rest = sorted(set(trivia) - set(covered))
         for name, rows in ((f"covered by {a.covered_by}", covered), ("not covered", rest)):
             print(
@@ -156,9 +159,11 @@ def _lines(path: str) -> list[str]:
         return [line.rstrip("\n") for line in f if line.strip()]
 
 
-def generalisation(teacher, student, tok, data, seen_file: str, unseen_file: str) -> None:
+def generalisation(
+    teacher, student, tok, data, seen_file: str, unseen_file: str, q_cos: list[np.ndarray], d_cos: list[np.ndarray]
+) -> None:
     """Mean token cosine (student vs teacher) on texts seen in training, unseen texts of the same source and the
-    held-out questions: is the loss on the questions a generalisation gap, or a gap between the training texts'
+    held-out questions (``q_cos`` / ``d_cos``: per token, the held-out questions' and the answers'): is the loss on the questions a generalisation gap, or a gap between the training texts'
     distribution and the questions'?"""
 
     def cosines(texts: list[str]) -> list[np.ndarray]:
@@ -169,16 +174,19 @@ def generalisation(teacher, student, tok, data, seen_file: str, unseen_file: str
     seen, unseen = _lines(seen_file), _lines(unseen_file)
     held = set(data.queries)
     questions = [t for t in data.calibration_texts[0::2] if t not in held]
-    for name, texts in (
-        ("in-domain training questions", questions),
-        ("--seen, a seeded 600", random.Random(0).sample(seen, min(600, len(seen)))),
-        ("--unseen, a seeded 600", random.Random(0).sample(unseen, min(600, len(unseen)))),
-        ("held-out questions", data.queries),
-        ("answers", data.corpus),
+    for name, n, c in (
+        ("in-domain training questions", len(questions), cosines(questions)),
+        ("--seen, a seeded 600", min(600, len(seen)), cosines(random.Random(0).sample(seen, min(600, len(seen))))),
+        (
+            "--unseen, a seeded 600",
+            min(600, len(unseen)),
+            cosines(random.Random(0).sample(unseen, min(600, len(unseen)))),
+        ),
+        ("held-out questions", len(q_cos), q_cos),
+        ("answers", len(d_cos), d_cos),
     ):
-        print(f"token cosine, {name} ({len(texts)}): {np.concatenate(cosines(texts)).mean():.4f}")
+        print(f"token cosine, {name} ({n}): {np.concatenate(c).mean():.4f}")
     by_shape: dict[tuple[str, str], list[float]] = defaultdict(list)
-    q_cos = cosines(data.queries)
     for q, c in zip(data.queries, q_cos, strict=True):
         n = len(c)
         length = "<=6" if n <= 6 else "7-10" if n <= 10 else "11-16" if n <= 16 else ">16"

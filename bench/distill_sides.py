@@ -174,18 +174,14 @@ def generalisation(
     seen, unseen = _lines(seen_file), _lines(unseen_file)
     held = set(data.queries)
     questions = [t for t in data.calibration_texts[0::2] if t not in held]
-    for name, n, c in (
-        ("in-domain training questions", len(questions), cosines(questions)),
-        ("--seen, a seeded 600", min(600, len(seen)), cosines(random.Random(0).sample(seen, min(600, len(seen))))),
-        (
-            "--unseen, a seeded 600",
-            min(600, len(unseen)),
-            cosines(random.Random(0).sample(unseen, min(600, len(unseen)))),
-        ),
-        ("held-out questions", len(q_cos), q_cos),
-        ("answers", len(d_cos), d_cos),
+    for name, c in (
+        ("in-domain training questions", cosines(questions)),
+        ("--seen, a seeded 600", cosines(random.Random(0).sample(seen, min(600, len(seen))))),
+        ("--unseen, a seeded 600", cosines(random.Random(0).sample(unseen, min(600, len(unseen))))),
+        ("held-out questions", q_cos),
+        ("answers", d_cos),
     ):
-        print(f"token cosine, {name} ({n}): {np.concatenate(c).mean():.4f}")
+        print(f"token cosine, {name} ({len(c)}): {np.concatenate(c).mean():.4f}")
     by_shape: dict[tuple[str, str], list[float]] = defaultdict(list)
     for q, c in zip(data.queries, q_cos, strict=True):
         n = len(c)

@@ -16,7 +16,10 @@ over them; ``--save`` /
 ``--soup`` write students and evaluate their weight average; ``--l2sp`` decays toward the initial weights;
 ``--student l3`` starts from paraphrase-MiniLM-L3-v2; ``--metric P`` weights the token error by the in-domain teacher
 tokens' second moments; ``--out-table LR`` adds a learned per-word-piece output vector; ``--sam R`` is
-sharpness-aware minimisation; ``--fade F`` fades the dropped teacher layers out over a fraction F of the steps.
+sharpness-aware minimisation; ``--fade F`` fades the dropped teacher layers out over a fraction F of the steps;
+``--iso-table K`` adds to every word piece's input vector a learned map of the teacher's layer-K output for the piece
+alone (folded into the table after training); ``--corpus-kd W`` adds a listwise KL of MaxSim scores against the
+corpus's answers as the teacher encodes them.
 Evaluation: MaxSim
 retrieval, the 653 held-out chatterbot questions x 871 answers (no evaluation question is a distillation text).
 
@@ -238,6 +241,24 @@ def main():
         help="start from all teacher layers and fade the ones --layers drops to the identity over this fraction of "
         "the steps (out = h + alpha * (layer(h) - h), alpha 1 -> 0), then train the kept layers alone; 0: one-shot",
     )
+    ap.add_argument(
+        "--iso-table",
+        type=int,
+        default=-1,
+        help="add to the word-piece table a learned map (--iso-hidden: linear if 0, else an MLP of that width) of "
+        "each word piece's teacher token embedding in isolation ([CLS] w [SEP]); folds into the table",
+    )
+    ap.add_argument("--iso-hidden", type=int, default=0)
+    ap.add_argument(
+        "--corpus-kd",
+        type=float,
+        default=0.0,
+        help="weight of a listwise KL between the teacher's and the student's MaxSim scores of each batch text "
+        "against answers of the corpus (the teacher's token embeddings; --corpus-near by sentence cosine + as many "
+        "random), temperature --corpus-tau",
+    )
+    ap.add_argument("--corpus-near", type=int, default=16)
+    ap.add_argument("--corpus-tau", type=float, default=0.05)
     ap.add_argument("--asym", action="store_true", help="also: student questions against the teacher's corpus")
     ap.add_argument("--save", default="", help="write the trained student's weights here (safetensors)")
     ap.add_argument(
@@ -384,6 +405,52 @@ def main():
         torch.nn.init.zeros_(student.out_table.weight)
         base_hidden = student.hidden
         student.hidden = lambda ids, mask: base_hidden(ids, mask) + student.out_table(ids)
+    iso_params: list[torch.nn.Parameter] = []
+    if a.iso_table >= 0:
+        # What the dropped layers know of a word regardless of its context, for every word piece (seen in training
+        # or not): the teacher's token embedding of the piece alone, mapped by one learned function shared by all
+        # pieces and added to the piece's input vector. Per piece, so it folds into the word-piece table: the
+        # deployed student is the same 3-layer BERT. --iso-table K: teacher layer K's output (0 = embeddings; 6 =
+        # the L2-normalised token embedding MaxSim uses).
+        with torch.no_grad():
+            n_vocab = student.bert.config.vocab_size
+            ids_all = torch.arange(n_vocab)
+            zs = []
+            for i in range(0, n_vocab, 2048):
+                chunk = ids_all[i : i + 2048, None]
+                ids3 = torch.cat(
+                    [torch.full_like(chunk, tok.cls_token_id), chunk, torch.full_like(chunk, tok.sep_token_id)], 1
+                )
+                m3 = torch.ones_like(ids3)
+                if a.iso_table >= teacher.num_layers:
+                    zs.append(teacher(ids3, m3)[0][:, 1])
+                else:
+                    zs.append(teacher.states(ids3, m3, hidden=True)[2][a.iso_table][:, 1])
+            z = torch.cat(zs)
+        print(f"iso table: {tuple(z.shape)}, mean norm {z.norm(dim=-1).mean():.3f}", flush=True)
+
+        class IsoTable(torch.nn.Module):
+            def __init__(self, base, z, width):
+                super().__init__()
+                self.base = base
+                self.register_buffer("z", z)
+                d = base.embedding_dim
+                self.map = (
+                    torch.nn.Linear(z.shape[1], d, bias=False)
+                    if width == 0
+                    else torch.nn.Sequential(
+                        torch.nn.Linear(z.shape[1], width), torch.nn.GELU(), torch.nn.Linear(width, d)
+                    )
+                )
+                last = self.map if width == 0 else self.map[2]
+                torch.nn.init.zeros_(last.weight)
+
+            def forward(self, ids):
+                return self.base(ids) + self.map(self.z[ids])
+
+        emb = student.bert.embeddings
+        emb.word_embeddings = IsoTable(emb.word_embeddings, z, a.iso_hidden)
+        iso_params = list(emb.word_embeddings.map.parameters())
     fading: list[torch.nn.Module] = []
     if a.fade:
         # a smooth multi-stage reduction: the dropped layers (frozen) fade to the identity while the kept ones adapt
@@ -409,6 +476,8 @@ def main():
         p.requires_grad_(not (a.freeze_emb and "embeddings" in n))
         if a.train_only and not __import__("re").search(a.train_only, n):
             p.requires_grad_(False)
+    for p in iso_params:
+        p.requires_grad_(True)
     params = [p for p in student.parameters() if p.requires_grad]
     table = [student.out_table.weight] if a.out_table else []
     opt = torch.optim.AdamW([p for p in params if not any(p is t for t in table)], lr=a.lr, weight_decay=a.wd)
@@ -437,6 +506,21 @@ def main():
     if a.cache:
         cache = _TeacherCache(teacher, tok, pool, lengths, DistillConfig(max_length=a.maxlen), SilentProgress())
         print(f"teacher cache: {len(pool)} texts, {time.process_time() - c0:.1f} s", flush=True)
+    corpus_tok = corpus_mask = corpus_sent = None
+    if a.corpus_kd:
+        # the deployment's documents (the 871 answers; the questions stay held out), encoded once by the teacher
+        with torch.no_grad():
+            enc_c = tok(list(data.corpus), padding=True, truncation=True, max_length=64, return_tensors="pt")
+            parts = [
+                teacher(enc_c["input_ids"][i : i + 64], enc_c["attention_mask"][i : i + 64])
+                for i in range(0, len(data.corpus), 64)
+            ]
+            corpus_tok = torch.cat([x[0] for x in parts])
+            corpus_sent = torch.cat([x[1] for x in parts])
+            corpus_mask = enc_c["attention_mask"]
+        print(f"corpus kd: {tuple(corpus_tok.shape)}", flush=True)
+    crng = torch.Generator().manual_seed(a.seed + 11)
+    corpus_kls: list[float] = []
     metric = None
     if a.metric:
         # The retrieval-relevant directions: a query token's score is its cosine to the corpus tokens, so an error
@@ -589,6 +673,25 @@ def main():
                     pt = torch.softmax(pair_scores(tq, td) * a.pairs_scale, -1)
                 ls = torch.log_softmax(pair_scores(sq, sd) * a.pairs_scale, -1)
                 loss = loss + a.pairs * torch.nn.functional.kl_div(ls, pt, reduction="batchmean")
+        if a.corpus_kd:
+            with torch.no_grad():
+                t_sent_b = t_sent if cache is not None else teacher(ids, mask)[1]
+                near = (t_sent_b @ corpus_sent.T).topk(a.corpus_near, -1).indices
+                rand = torch.randint(len(corpus_sent), (ids.shape[0], a.corpus_near), generator=crng)
+                cand = torch.cat([near, rand], 1)  # [B, C]
+                dt, dm = corpus_tok[cand], corpus_mask[cand]  # [B, C, Ld, E], [B, C, Ld]
+
+            def corpus_scores(q):  # each text's MaxSim score to its candidates: mean over its tokens of the best
+                sim = torch.einsum("bqe,bcke->bcqk", q, dt).masked_fill(dm[:, :, None, :] == 0, -4.0)
+                fq = mask.to(q.dtype)
+                return (sim.amax(-1) * fq[:, None, :]).sum(-1) / fq.sum(-1)[:, None]
+
+            with torch.no_grad():
+                pt = torch.softmax(corpus_scores(t_tok) / a.corpus_tau, -1)
+            ls = torch.log_softmax(corpus_scores(s_tok) / a.corpus_tau, -1)
+            kl = torch.nn.functional.kl_div(ls, pt, reduction="batchmean")
+            corpus_kls.append(float(kl.detach()))
+            loss = loss + a.corpus_kd * kl
         if a.sent > 0:  # the mean-pooled sentence embedding (sentence-transformers' recipe) beside the tokens
             loss = loss + a.sent * ((s_sent - t_sent) ** 2).mean()
         if a.hidden > 0:
@@ -640,6 +743,13 @@ def main():
                 student.train()
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     student.eval()
+    if iso_params:  # fold the map into the table: the plain BERT student that deploys
+        with torch.no_grad():
+            iso = student.bert.embeddings.word_embeddings
+            folded = torch.nn.Embedding.from_pretrained(iso.base.weight + iso.map(iso.z), freeze=True)
+            moved = (folded.weight - iso.base.weight).norm(dim=-1)
+            student.bert.embeddings.word_embeddings = folded
+        print(f"iso table folded: mean row change {moved.mean():.4f} (rows {iso.base.weight.norm(dim=-1).mean():.3f})")
     if a.ema:
         mrr_raw, _ = evaluate(student, tok, data)
         print(f"  raw (no ema): mrr {mrr_raw:.4f}", flush=True)
@@ -655,6 +765,8 @@ def main():
         cpu=round(cpu),
         loss_end=sum(losses[-20:]) / 20,
         n_texts=len(pool),
+        corpus_kl_end=sum(corpus_kls[-20:]) / 20 if corpus_kls else None,
+        corpus_kl_start=sum(corpus_kls[:20]) / 20 if corpus_kls else None,
         n_extra=len(extra),
     )
     if a.asym:

@@ -277,6 +277,10 @@ def main():
             "--sam: the token loss of unchanged inputs alone, no --mixup / --attn / --hidden / --out-table / "
             "--pairs-n / --sent / --rel"
         )
+    if a.iso_table >= 0 and a.fade:
+        ap.error("--iso-table: not with --fade (which starts from another student)")
+    if a.corpus_kd and a.mixup:
+        ap.error("--corpus-kd: the batch texts as they are, no --mixup")
     if a.metric and (a.cos or a.idf):
         ap.error("--metric replaces the plain token MSE: not with --cos or --idf")
     torch.set_num_threads(a.threads)

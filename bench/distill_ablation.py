@@ -19,7 +19,8 @@ tokens' second moments; ``--out-table LR`` adds a learned per-word-piece output 
 sharpness-aware minimisation; ``--fade F`` fades the dropped teacher layers out over a fraction F of the steps;
 ``--iso-table K`` adds to every word piece's input vector a learned map of the teacher's layer-K output for the piece
 alone (folded into the table after training); ``--corpus-kd W`` adds a listwise KL of MaxSim scores against the
-corpus's answers as the teacher encodes them.
+corpus's answers as the teacher encodes them; ``--hard F`` draws the broad half of every batch, from half-way on,
+from the fraction F of broad texts the student fitted worst.
 Evaluation: MaxSim
 retrieval, the 653 held-out chatterbot questions x 871 answers (no evaluation question is a distillation text).
 
@@ -257,6 +258,13 @@ def main():
         "against answers of the corpus (the teacher's token embeddings; --corpus-near by sentence cosine + as many "
         "random), temperature --corpus-tau",
     )
+    ap.add_argument(
+        "--hard",
+        type=float,
+        default=0.0,
+        help="from half-way on, the broad part of every batch drawn from the fraction --hard of broad texts the "
+        "student fitted worst when it last saw them (needs --mix)",
+    )
     ap.add_argument("--corpus-near", type=int, default=16)
     ap.add_argument("--corpus-tau", type=float, default=0.05)
     ap.add_argument("--asym", action="store_true", help="also: student questions against the teacher's corpus")
@@ -279,6 +287,8 @@ def main():
         )
     if a.iso_table >= 0 and a.fade:
         ap.error("--iso-table: not with --fade (which starts from another student)")
+    if a.hard and not (a.mix and a.cache):
+        ap.error("--hard: needs --mix (the broad stream it draws from) and --cache")
     if a.corpus_kd and a.mixup:
         ap.error("--corpus-kd: the batch texts as they are, no --mixup")
     if a.metric and (a.cos or a.idf):
@@ -524,6 +534,9 @@ def main():
             corpus_mask = enc_c["attention_mask"]
         print(f"corpus kd: {tuple(corpus_tok.shape)}", flush=True)
     crng = torch.Generator().manual_seed(a.seed + 11)
+    hard_loss: dict[int, float] = {}  # broad text (pool index) -> its token MSE when last seen
+    hard_ranked: list[int] = []
+    hrng = random.Random(a.seed + 13)
     corpus_kls: list[float] = []
     metric = None
     if a.metric:
@@ -599,6 +612,13 @@ def main():
                     order = list(range(len(pool)))
                     rng.shuffle(order)
                 idx.append(order.pop())
+        if a.hard and step >= a.steps // 2:
+            # hard-example mining: the broad texts the student fitted worst, re-ranked every 250 steps
+            if not hard_ranked or step % 250 == 0:
+                ranked = sorted(hard_loss, key=hard_loss.__getitem__, reverse=True)
+                hard_ranked = ranked[: max(1, round(a.hard * len(ranked)))]
+            n_mix = round(a.mix * a.bs)
+            idx = idx[: len(idx) - n_mix] + hrng.sample(hard_ranked, n_mix)
         batch += [pool[i] for i in idx]
         batch += rng.sample(extra, n_extra) if n_extra else []
         batch = [crop(t, rng, a.crop) for t in batch]
@@ -652,6 +672,13 @@ def main():
                 t_tok, t_sent, t_h = teacher.states(ids, mask, hidden=a.hidden > 0)
             s_tok, s_sent, s_h = student.states(ids, mask, hidden=a.hidden > 0)
         loss = token_loss(s_tok, t_tok, ids, mask)
+        if a.hard:
+            with torch.no_grad():
+                m = mask.to(s_tok.dtype)
+                per_text = (((s_tok - t_tok) ** 2).mean(-1) * m).sum(-1) / m.sum(-1)
+            for i, v in zip(idx, per_text.tolist(), strict=True):
+                if i >= len(texts):
+                    hard_loss[i] = v
         if a.attn > 0:
             loss = loss + a.attn * attn_loss
         if a.pairs_n:

@@ -258,15 +258,15 @@ def main():
         "against answers of the corpus (the teacher's token embeddings; --corpus-near by sentence cosine + as many "
         "random), temperature --corpus-tau",
     )
+    ap.add_argument("--corpus-near", type=int, default=16)
+    ap.add_argument("--corpus-tau", type=float, default=0.05)
     ap.add_argument(
         "--hard",
         type=float,
         default=0.0,
         help="from half-way on, the broad part of every batch drawn from the fraction --hard of broad texts the "
-        "student fitted worst when it last saw them (needs --mix)",
+        "student fitted worst when it last saw them (needs --mix and --cache)",
     )
-    ap.add_argument("--corpus-near", type=int, default=16)
-    ap.add_argument("--corpus-tau", type=float, default=0.05)
     ap.add_argument("--asym", action="store_true", help="also: student questions against the teacher's corpus")
     ap.add_argument("--save", default="", help="write the trained student's weights here (safetensors)")
     ap.add_argument(

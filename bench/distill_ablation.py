@@ -246,10 +246,9 @@ def main():
         "--iso-table",
         type=int,
         default=-1,
-        help="add to the word-piece table a learned map (--iso-hidden: linear if 0, else an MLP of that width) of "
-        "each word piece's teacher token embedding in isolation ([CLS] w [SEP]); folds into the table",
+        help="add to the word-piece table a learned linear map of each word piece's teacher layer-K output in "
+        "isolation ([CLS] w [SEP]); folds into the table",
     )
-    ap.add_argument("--iso-hidden", type=int, default=0)
     ap.add_argument(
         "--corpus-kd",
         type=float,
@@ -289,8 +288,8 @@ def main():
         ap.error("--iso-table: not with --fade (which starts from another student)")
     if a.hard and not (a.mix and a.cache):
         ap.error("--hard: needs --mix (the broad stream it draws from) and --cache")
-    if a.corpus_kd and a.mixup:
-        ap.error("--corpus-kd: the batch texts as they are, no --mixup")
+    if a.corpus_kd and (a.mixup or a.attn):
+        ap.error("--corpus-kd: the teacher's sentence embeddings of the batch texts as they are, no --mixup / --attn")
     if a.metric and (a.cos or a.idf):
         ap.error("--metric replaces the plain token MSE: not with --cos or --idf")
     torch.set_num_threads(a.threads)
@@ -444,26 +443,18 @@ def main():
         print(f"iso table: {tuple(z.shape)}, mean norm {z.norm(dim=-1).mean():.3f}", flush=True)
 
         class IsoTable(torch.nn.Module):
-            def __init__(self, base, z, width):
+            def __init__(self, base, z):
                 super().__init__()
                 self.base = base
                 self.register_buffer("z", z)
-                d = base.embedding_dim
-                self.map = (
-                    torch.nn.Linear(z.shape[1], d, bias=False)
-                    if width == 0
-                    else torch.nn.Sequential(
-                        torch.nn.Linear(z.shape[1], width), torch.nn.GELU(), torch.nn.Linear(width, d)
-                    )
-                )
-                last = self.map if width == 0 else self.map[2]
-                torch.nn.init.zeros_(last.weight)
+                self.map = torch.nn.Linear(z.shape[1], base.embedding_dim, bias=False)
+                torch.nn.init.zeros_(self.map.weight)  # the teacher's own table at the start
 
             def forward(self, ids):
                 return self.base(ids) + self.map(self.z[ids])
 
         emb = student.bert.embeddings
-        emb.word_embeddings = IsoTable(emb.word_embeddings, z, a.iso_hidden)
+        emb.word_embeddings = IsoTable(emb.word_embeddings, z)
         iso_params = list(emb.word_embeddings.map.parameters())
     fading: list[torch.nn.Module] = []
     if a.fade:
@@ -706,8 +697,7 @@ def main():
                 loss = loss + a.pairs * torch.nn.functional.kl_div(ls, pt, reduction="batchmean")
         if a.corpus_kd:
             with torch.no_grad():
-                t_sent_b = t_sent if cache is not None else teacher(ids, mask)[1]
-                near = (t_sent_b @ corpus_sent.T).topk(a.corpus_near, -1).indices
+                near = (t_sent @ corpus_sent.T).topk(a.corpus_near, -1).indices
                 rand = torch.randint(len(corpus_sent), (ids.shape[0], a.corpus_near), generator=crng)
                 cand = torch.cat([near, rand], 1)  # [B, C]
                 dt, dm = corpus_tok[cand], corpus_mask[cand]  # [B, C, Ld, E], [B, C, Ld]

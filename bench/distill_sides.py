@@ -163,7 +163,8 @@ def generalisation(
     teacher, student, tok, data, seen_file: str, unseen_file: str, q_cos: list[np.ndarray], d_cos: list[np.ndarray]
 ) -> None:
     """Mean token cosine (student vs teacher) on texts seen in training, unseen texts of the same source and the
-    held-out questions (``q_cos`` / ``d_cos``: per token, the held-out questions' and the answers'): is the loss on the questions a generalisation gap, or a gap between the training texts'
+    held-out questions (``q_cos`` / ``d_cos``: per token, the held-out questions' and the answers', as ``main``
+    encoded them): is the loss on the questions a generalisation gap, or a gap between the training texts'
     distribution and the questions'?"""
 
     def cosines(texts: list[str]) -> list[np.ndarray]:

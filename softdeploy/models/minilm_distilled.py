@@ -42,7 +42,6 @@ from pathlib import Path
 from typing import Any
 
 from softdeploy.compare.case import Evaluation, Floor, Progress, Runner, Section, Timed
-from softdeploy.distill.data import BROAD_SOURCES
 from softdeploy.models.minilm_retrieval import MiniLMRetrieval, load_chatterbot
 
 CACHE_ENV = "SOFTDEPLOY_CACHE"
@@ -105,7 +104,7 @@ class MiniLMDistilled(MiniLMRetrieval):
         # WordNet's definitions as questions: +0.006 MRR@10 over its glosses and examples as they are, over four
         # paired seeds (0.4205 vs 0.4142 on average; nineteenth session); the fact questions beside them: +0.005 more,
         # on every one of four paired seeds (0.4254 on average; bench/results/distill_recipes.md, twenty-fifth session)
-        extra_sources: tuple[str, ...] = BROAD_SOURCES,
+        extra_sources: tuple[str, ...] | None = None,  # None: softdeploy.distill.data.BROAD_SOURCES
         extra_texts: int | None = None,
         extra_fraction: float = 0.5,
         limit_texts: int | None = None,
@@ -119,6 +118,10 @@ class MiniLMDistilled(MiniLMRetrieval):
         self.steps, self.batch_size_train, self.lr, self.warmup = steps, batch_size, lr, warmup
         self.hidden_weight, self.train_max_length, self.seed = hidden_weight, train_max_length, seed
         self.sources = tuple(sources)
+        if extra_sources is None:
+            from softdeploy.distill.data import BROAD_SOURCES  # here: softdeploy.distill imports torch
+
+            extra_sources = BROAD_SOURCES
         self.extra_sources, self.extra_count, self.extra_fraction = tuple(extra_sources), extra_texts, extra_fraction
         self.limit_texts = limit_texts
         self.limit_documents = limit_documents
@@ -275,7 +278,7 @@ class MiniLMDistilled(MiniLMRetrieval):
             )
             + f", embeddings {'frozen' if cfg.freeze_embeddings else 'trained'}, dropout "
             f"{'on' if cfg.dropout else 'off'}, seed {cfg.seed}; {len(self._texts)} texts ("
-            + ", ".join(SOURCE_NAMES[s] for s in self.sources)
+            + ", ".join(_source_name(s) for s in self.sources)
             + f", the {self.calibration_queries} training-split questions)"
             + (
                 f" + {len(self._extra)} broad texts ("

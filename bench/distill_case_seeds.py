@@ -32,7 +32,6 @@ FLOORS = {
     "student fp32 encode speed-up in CPU time (steadier under load)": "fp32 speed-up (CPU)",
     "student int8 encode speed-up in CPU time (steadier under load)": "int8 speed-up (CPU)",
 }
-ASYM_FP32 = "asymmetric deployment (beside the floor above): student fp32 questions x teacher-indexed corpus"
 
 
 def main() -> None:

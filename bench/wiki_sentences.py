@@ -11,10 +11,11 @@ leftover markup characters, distinct, in article order: 18,275 of them.
 Run: ``PYTHONPATH=. python bench/wiki_sentences.py /tmp/enwiki.txt``, then ``bench/distill_ablation.py
 --extra-file /tmp/enwiki.txt ...``; ``--wordnet N`` puts a seeded sample of N WordNet texts
 (``softdeploy.distill.data.wordnet_texts``, ``random.Random(0).sample``) before the sentences. ``--questions N
---fill F --seed S`` instead writes the sentences' facts asked as trivia (``softdeploy.distill.facts.facts_as_questions``: "Who was thanked by
-Armstrong?", "When was Captain Lincoln killed in an Indian raid?"; 7,363 of them), then a ``random.Random(S).sample``
-of the lines of F (e.g. ``bench/wordnet_questions.py``'s file) to N lines (N below 7,363: a sample of the questions). Results: bench/results/distill_recipes.md (tenth and
-twenty-third sessions).
+--fill F --seed S`` instead writes the sentences' facts asked as trivia (the library's pattern rules,
+``softdeploy.distill.facts.facts_as_questions``: "Who was thanked by Armstrong?", "When was Captain Lincoln killed in
+an Indian raid?"; 7,363 of them), then a ``random.Random(S).sample`` of the lines of F (e.g.
+``bench/wordnet_questions.py``'s file) to N lines (N below 7,363: a sample of the questions). Results:
+bench/results/distill_recipes.md (tenth and twenty-third sessions).
 """
 
 from __future__ import annotations

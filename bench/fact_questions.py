@@ -26,7 +26,7 @@ import random
 import re
 from pathlib import Path
 
-from wiki_sentences import wiki_sentences
+from wiki_sentences import fill_lines, wiki_sentences
 
 from softdeploy.distill.data import QUESTION_FORMS
 from softdeploy.distill.facts import country_sentences, facts_as_questions, randfacts_sentences
@@ -112,7 +112,7 @@ def main() -> None:
     texts = list(dict.fromkeys(questions))
     rng = random.Random(a.seed)
     if a.fill:
-        fill = [line.rstrip("\n") for line in Path(a.fill).read_text(encoding="utf-8").splitlines() if line.strip()]
+        fill = fill_lines(a.fill)
         texts += rng.sample(fill, a.add or max(a.n - len(texts), 0))
     dict_rng = random.Random(0)
     for path in a.dict:

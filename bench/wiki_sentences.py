@@ -56,6 +56,12 @@ def wiki_sentences() -> list[str]:
     return list(out)
 
 
+def fill_lines(path: str) -> list[str]:
+    """The non-blank lines of a ``--fill`` file, newline stripped (the rest of each line kept as it is)."""
+    with open(path, encoding="utf-8") as f:
+        return [line.rstrip("\n") for line in f if line.strip()]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out", help="the text file to write, one text per line")
@@ -71,8 +77,7 @@ def main() -> None:
         texts, rng = facts_as_questions(texts), random.Random(a.seed)
         if a.questions < len(texts):
             texts = rng.sample(texts, a.questions)
-        with open(a.fill, encoding="utf-8") as f:
-            fill = [line.rstrip("\n") for line in f if line.strip()]
+        fill = fill_lines(a.fill)
         texts += rng.sample(fill, a.questions - len(texts))
     elif a.wordnet:
         from softdeploy.distill.data import wordnet_texts

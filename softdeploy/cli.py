@@ -422,18 +422,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _refuse_overwrite(outputs: Sequence[object], overwrite: bool, sources: Sequence[object] = ()) -> None:
-    """Nothing a user saved is replaced without asking: an existing output needs --overwrite, and an
-    output that is one of the command's own inputs is refused even with it."""
-    from pathlib import Path
+    """Nothing a user saved is replaced without asking (softdeploy.files.check_outputs): an existing output needs
+    --overwrite; an output that is one of the command's own inputs (a link to it included), a folder, or a dangling
+    link is refused even with it."""
+    from softdeploy.files import check_outputs
 
-    from softdeploy.errors import OverwriteError
-
-    for out in map(Path, outputs):  # type: ignore[arg-type]
-        for src in map(Path, sources):  # type: ignore[arg-type]
-            if out.resolve() == src.resolve():
-                raise OverwriteError(f"{out} is also the input {src}; write the result to another path")
-        if out.exists() and not overwrite:
-            raise OverwriteError(f"{out} exists; pass --overwrite to replace it")
+    check_outputs(list(map(str, outputs)), overwrite=overwrite, sources=list(map(str, sources)))
 
 
 def _int_list(text: str) -> list[int]:

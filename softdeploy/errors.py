@@ -47,6 +47,18 @@ class OverwriteError(SoftdeployError, FileExistsError):
     """A command would replace an existing file without being asked to (or replace its own input)."""
 
 
+class OutputError(SoftdeployError, OSError):
+    """An output cannot be written where it was asked for: the folder is missing or read-only, the disk is
+    full, the path is a folder, or a link whose target softdeploy will not write through. The message names the
+    path and the reason; nothing partial is left under the output's name."""
+
+
+class CacheError(SoftdeployError, ValueError):
+    """A cached artifact (a trained expert, student or classifier, an exported model) does not match the content
+    digest recorded when it was written: truncated, edited or replaced. Callers set the entry aside and rebuild it;
+    the message names the file."""
+
+
 class WeightsError(SoftdeployError, ValueError):
     """A weights file or state dict cannot be loaded into a softdeploy module: not safetensors / a
     ``torch.save`` file readable with ``weights_only=True``, missing or unexpected keys, or a tensor of the wrong

@@ -1,4 +1,5 @@
-"""Reading the files a user hands softdeploy (ONNX models, .npz feeds) with typed errors.
+"""Reading the files a user hands softdeploy (ONNX models, .npz feeds) with typed errors, and writing its outputs so
+that nothing partial is ever taken for a result.
 
 Every ONNX file the CLI and :class:`softdeploy.runtime.Session` open goes through :func:`load_model`
 (or, for a path onnxruntime failed to read, :func:`diagnose_model_file`), so a missing path, a
@@ -9,13 +10,18 @@ directory, an empty file, random bytes or a truncated download is reported as a
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
+import re
+import secrets
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from softdeploy.errors import InputError, ModelLoadError
+from softdeploy.errors import InputError, ModelLoadError, OutputError, OverwriteError
 
 # ModelProto's fields (onnx.proto3): number -> (name, wire type). onnx serialises them in field-number
 # order, ir_version (1) first; any other tag at the top level means the bytes are not a ModelProto.
@@ -166,3 +172,180 @@ def load_npz(path: str | os.PathLike[str], what: str = "feeds") -> dict[str, np.
         raise InputError(f"{what} {path}: not a readable .npz file ({e})") from e
     except ValueError as e:  # object arrays (pickles) and malformed members
         raise InputError(f"{what} {path}: {e}") from e
+
+
+# ---- writing outputs ---------------------------------------------------------------------------------------------
+#
+# Every file softdeploy writes (models, reports, caches, checkpoints) is written under a temporary name in the
+# folder of its final name and renamed onto that name only once complete and flushed to disk. A kill, an interrupt
+# or a full disk at any moment leaves either the complete previous file or the complete new one under the final
+# name, never a partial one; the temporary name (``.NAME.partial-PID-TOKEN``) is never read as a result and is
+# removed by the next write of the same output once its process is gone.
+
+_PARTIAL = ".partial-"
+_OS_CODE = re.compile(r"\bcode: (\d+)\b")  # Rust's io::Error as safetensors formats it: Os { code: 28, ... }
+
+
+def _partial_name(path: Path) -> Path:
+    return path.with_name(f".{path.name}{_PARTIAL}{os.getpid()}-{secrets.token_hex(4)}")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: somebody else's live process
+        return True
+    return True
+
+
+def remove_stale_partials(path: str | os.PathLike[str]) -> list[Path]:
+    """Removes the temporary files that writes of ``path`` left behind when their process was killed (their pid is
+    gone); returns the paths removed. Partials of live processes are left alone."""
+    path = Path(path)
+    removed = []
+    prefix = f".{path.name}{_PARTIAL}"
+    with contextlib.suppress(OSError):
+        for entry in path.parent.iterdir():
+            if not entry.name.startswith(prefix):
+                continue
+            pid = entry.name[len(prefix) :].split("-", 1)[0]
+            if pid.isdigit() and not _pid_alive(int(pid)):
+                with contextlib.suppress(OSError):
+                    entry.unlink()
+                    removed.append(entry)
+    return removed
+
+
+def output_error(path: str | os.PathLike[str], exc: BaseException, what: str = "output") -> OutputError | None:
+    """The one-line OutputError for a write of ``path`` that failed with ``exc`` (an OSError, or a library's error
+    wrapping an OS error code, as safetensors' does); None when ``exc`` is not about the file system."""
+    code: int | None = None
+    if isinstance(exc, OSError):
+        code = exc.errno
+        if code is None:
+            return OutputError(f"{what} {path}: cannot be written: {exc}")
+    else:
+        m = _OS_CODE.search(str(exc))
+        if m is None:
+            return None
+        code = int(m.group(1))
+    reason = os.strerror(code)
+    hint = {
+        errno.ENOSPC: "free some space or write elsewhere",
+        errno.EDQUOT: "free some space or write elsewhere",
+        errno.EFBIG: "the file size limit (ulimit -f) is below the file's size",
+        errno.EROFS: "write it to another folder",
+        errno.EACCES: "write it to a folder you may write to",
+        errno.EPERM: "write it to a folder you may write to",
+        errno.ENOENT: "its folder does not exist",
+        errno.EISDIR: "the path is a folder; give a file path",
+        errno.ENOTDIR: "a part of the path is a file, not a folder",
+    }.get(code)
+    return OutputError(f"{what} {path}: cannot be written: {reason}" + (f" ({hint})" if hint else ""))
+
+
+@contextlib.contextmanager
+def atomic_output(path: str | os.PathLike[str], what: str = "output") -> Iterator[Path]:
+    """Yields a temporary path beside ``path`` to write the whole output to; on a clean exit the file is flushed to
+    disk and renamed onto ``path`` (an existing file, or a symbolic link itself -- never the link's target -- is
+    replaced in one step). On any exception, Ctrl-C included, the temporary file is removed and ``path`` is left as
+    it was; a file-system error (full disk, read-only folder, file size limit) is re-raised as one-line
+    :class:`OutputError` naming ``path``. ``what`` names the output in that message ("model", "report", ...)."""
+    path = Path(path)
+    try:
+        if path.is_dir():
+            raise OutputError(f"{what} {path}: is a folder; give a file path")
+        if not path.parent.is_dir():
+            raise OutputError(f"{what} {path}: cannot be written: the folder {path.parent} does not exist")
+    except PermissionError as e:
+        raise output_error(path, e, what) from e  # type: ignore[misc]
+    remove_stale_partials(path)
+    tmp = _partial_name(path)
+    try:
+        yield tmp
+        if not tmp.exists():
+            raise OutputError(f"{what} {path}: the writer produced no file")
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        with contextlib.suppress(OSError):  # the rename itself is durable once the folder is synced
+            fd = os.open(path.parent, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    except BaseException as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        if isinstance(e, OutputError):
+            raise
+        if isinstance(e, Exception):
+            found = output_error(path, e, what)
+            if found is not None:
+                raise found from e
+        raise
+
+
+def write_bytes(path: str | os.PathLike[str], data: bytes, what: str = "output") -> Path:
+    """Writes ``data`` to ``path`` through :func:`atomic_output`; returns the path."""
+    with atomic_output(path, what) as tmp:
+        tmp.write_bytes(data)
+    return Path(path)
+
+
+def write_text(path: str | os.PathLike[str], text: str, what: str = "output") -> Path:
+    """Writes ``text`` (UTF-8) to ``path`` through :func:`atomic_output`; returns the path."""
+    return write_bytes(path, text.encode("utf-8"), what)
+
+
+def save_model(model: Any, path: str | os.PathLike[str], what: str = "model") -> Path:
+    """``onnx.save(model, path)`` through :func:`atomic_output` (no partial model under ``path``, ever)."""
+    import onnx
+
+    with atomic_output(path, what) as tmp:
+        onnx.save(model, os.fspath(tmp))
+    return Path(path)
+
+
+def write_with(path: str | os.PathLike[str], writer: Callable[[Path], object], what: str = "output") -> Path:
+    """Calls ``writer(temporary_path)`` and renames the result onto ``path`` (:func:`atomic_output`)."""
+    with atomic_output(path, what) as tmp:
+        writer(tmp)
+    return Path(path)
+
+
+def check_outputs(
+    outputs: Sequence[str | os.PathLike[str]],
+    *,
+    overwrite: bool,
+    sources: Sequence[str | os.PathLike[str]] = (),
+) -> None:
+    """Refuses, before any work, an output that cannot or must not be written:
+
+    * one that is one of ``sources`` (the command's inputs) -- the same path, a symbolic link to it or a hard link
+      to the same file (same device and inode) -- even with ``overwrite``;
+    * one that is a folder;
+    * a symbolic link whose target does not exist (softdeploy never writes through a link: the new file would
+      replace the link itself, which is not what a dangling link given as an output usually means);
+    * one that exists (a file, or a link to one) without ``overwrite``. With ``overwrite`` an existing file is
+      replaced; a symbolic link is replaced by the new file and its target is left untouched.
+    """
+    for out in map(Path, outputs):
+        for src in map(Path, sources):
+            same = out.resolve() == src.resolve()
+            with contextlib.suppress(OSError):
+                same = same or os.path.samefile(out, src)
+            if same:
+                raise OverwriteError(f"{out} is also the input {src}; write the result to another path")
+        if out.is_dir():
+            raise OutputError(f"output {out}: is a folder; give a file path")
+        if out.is_symlink() and not out.exists():
+            raise OutputError(
+                f"output {out}: is a symbolic link to {os.readlink(out)}, which does not exist; softdeploy does not "
+                "write through links: remove the link or give another path"
+            )
+        if out.exists() and not overwrite:
+            kind = f"is a symbolic link to {os.readlink(out)}" if out.is_symlink() else "exists"
+            raise OverwriteError(f"{out} {kind}; pass --overwrite to replace it")

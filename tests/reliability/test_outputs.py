@@ -1,0 +1,207 @@
+"""The write and cache primitives every output goes through (softdeploy.files, softdeploy.cache): a failed or
+interrupted write leaves the previous file, links are never written through, and a cache entry is used only while its
+bytes match its digest."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+
+import pytest
+
+from softdeploy import cache
+from softdeploy.errors import CacheError, OutputError, OverwriteError, SoftdeployWarning
+from softdeploy.files import atomic_output, check_outputs, remove_stale_partials, write_bytes, write_text
+
+
+def _partials(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if ".partial-" in p.name)
+
+
+def test_atomic_output_replaces_only_when_complete(tmp_path: Path) -> None:
+    out = tmp_path / "model.onnx"
+    write_text(out, "old")
+
+    class Boom(Exception):
+        pass
+
+    with pytest.raises(Boom), atomic_output(out) as tmp:
+        tmp.write_text("half of the new")
+        raise Boom
+    assert out.read_text() == "old"
+    assert _partials(tmp_path) == []
+    write_text(out, "new")
+    assert out.read_text() == "new"
+
+
+def test_keyboard_interrupt_leaves_previous_file(tmp_path: Path) -> None:
+    out = tmp_path / "report.md"
+    write_text(out, "old")
+    with pytest.raises(KeyboardInterrupt), atomic_output(out) as tmp:
+        tmp.write_text("partial")
+        raise KeyboardInterrupt
+    assert out.read_text() == "old"
+    assert _partials(tmp_path) == []
+
+
+def test_file_size_limit_is_one_line_naming_the_path(tmp_path: Path) -> None:
+    # RLIMIT_FSIZE in a child (Python ignores SIGXFSZ, so the write fails with EFBIG like a full disk's ENOSPC)
+    out = tmp_path / "big.bin"
+    write_bytes(out, b"previous")
+    code = (
+        "import resource, sys\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))\n"
+        "from softdeploy.files import write_bytes\n"
+        "from softdeploy.errors import OutputError\n"
+        "try:\n"
+        f"    write_bytes({str(out)!r}, b'x' * 100000, 'model')\n"
+        "except OutputError as e:\n"
+        "    print(e); sys.exit(3)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=_child_env())
+    assert r.returncode == 3, r.stderr
+    assert str(out) in r.stdout and "File too large" in r.stdout
+    assert out.read_bytes() == b"previous"
+    assert _partials(tmp_path) == []
+
+
+def _child_env() -> dict[str, str]:
+    """The environment of a child that imports this softdeploy (the source tree under test, not another install)."""
+    import softdeploy
+
+    root = str(Path(softdeploy.__file__).resolve().parents[1])
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(x for x in (root, os.environ.get("PYTHONPATH", "")) if x)}
+
+
+def test_read_only_folder_is_one_line() -> None:
+    # root writes into any folder: the child drops to an unprivileged user when it is root (so the folders above
+    # must be open to it: pytest's tmp_path is not)
+    top = Path(tempfile.mkdtemp(prefix="softdeploy-ro-"))
+    top.chmod(0o755)
+    folder = top / "ro"
+    folder.mkdir()
+    (folder / "x.md").write_text("previous")
+    folder.chmod(0o555)
+    code = (
+        "import os, sys\n"
+        "from softdeploy.files import write_text\n"
+        "from softdeploy.errors import OutputError\n"
+        "if os.geteuid() == 0:\n"
+        "    os.setgid(65534); os.setuid(65534)\n"
+        "try:\n"
+        f"    write_text({str(folder / 'x.md')!r}, 'new', 'report')\n"
+        "except OutputError as e:\n"
+        "    print(e); sys.exit(3)\n"
+    )
+    try:
+        r = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd="/", env=_child_env()
+        )
+        assert r.returncode == 3, r.stderr
+        assert "report" in r.stdout and "cannot be written: Permission denied" in r.stdout
+        assert (folder / "x.md").read_text() == "previous"
+        assert _partials(folder) == []
+    finally:
+        folder.chmod(0o755)
+        shutil.rmtree(top, ignore_errors=True)
+
+
+def test_missing_folder_and_folder_as_output(tmp_path: Path) -> None:
+    with pytest.raises(OutputError, match="does not exist"):
+        write_text(tmp_path / "nowhere" / "x.md", "text")
+    with pytest.raises(OutputError, match="is a folder"):
+        write_text(tmp_path, "text")
+    with pytest.raises(OutputError, match="is a folder"):
+        check_outputs([tmp_path], overwrite=True)
+
+
+def test_stale_partials_of_dead_processes_are_removed(tmp_path: Path) -> None:
+    out = tmp_path / "m.onnx"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = tmp_path / f".m.onnx.partial-{int(dead.stdout)}-abcd"
+    live = tmp_path / f".m.onnx.partial-{os.getpid()}-abcd"
+    stale.write_text("x")
+    live.write_text("x")
+    assert remove_stale_partials(out) == [stale]
+    assert live.exists()
+
+
+def test_hard_link_to_input_is_refused(tmp_path: Path) -> None:
+    src = tmp_path / "in.onnx"
+    src.write_text("model")
+    link = tmp_path / "out.onnx"
+    os.link(src, link)
+    with pytest.raises(OverwriteError, match="is also the input"):
+        check_outputs([link], overwrite=True, sources=[src])
+    sym = tmp_path / "sym.onnx"
+    sym.symlink_to(src)
+    with pytest.raises(OverwriteError, match="is also the input"):
+        check_outputs([sym], overwrite=True, sources=[src])
+
+
+def test_dangling_symlink_is_refused_and_existing_link_needs_overwrite(tmp_path: Path) -> None:
+    dangling = tmp_path / "out.onnx"
+    dangling.symlink_to(tmp_path / "elsewhere" / "target.onnx")
+    with pytest.raises(OutputError, match="does not exist; softdeploy does not write through links"):
+        check_outputs([dangling], overwrite=True)
+    target = tmp_path / "target.onnx"
+    target.write_text("user's file")
+    link = tmp_path / "link.onnx"
+    link.symlink_to(target)
+    with pytest.raises(OverwriteError, match="symbolic link"):
+        check_outputs([link], overwrite=False)
+    check_outputs([link], overwrite=True)
+    write_text(link, "new")  # replaces the link itself, never its target
+    assert not link.is_symlink() and link.read_text() == "new"
+    assert target.read_text() == "user's file"
+
+
+def test_cache_entry_round_trip_and_poisoning(tmp_path: Path) -> None:
+    entry = tmp_path / "student-abc.safetensors"
+    cache.store(entry, lambda p: p.write_bytes(b"weights" * 100))
+    assert cache.lookup(entry) == entry
+    assert json.loads(cache.digest_path(entry).read_text())["bytes"] == 700
+
+    entry.write_bytes(b"poisons" * 100)  # same name and size, other bytes
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert cache.lookup(entry) is None
+    assert len(caught) == 1 and issubclass(caught[0].category, SoftdeployWarning)
+    message = str(caught[0].message)
+    assert str(entry) in message and "does not match" in message and "\n" not in message
+    assert not entry.exists()
+    assert any(p.name.startswith("student-abc.safetensors.bad-") for p in tmp_path.iterdir())
+
+
+def test_cache_entry_truncated_or_without_digest(tmp_path: Path) -> None:
+    entry = tmp_path / "experts.safetensors"
+    cache.store(entry, lambda p: p.write_bytes(b"w" * 1000))
+    with entry.open("r+b") as f:
+        f.truncate(10)
+    with pytest.raises(CacheError, match="10 bytes, its digest records 1000"):
+        cache.verify(entry)
+    with pytest.warns(SoftdeployWarning, match="truncated"):
+        assert cache.lookup(entry) is None
+    bare = tmp_path / "bare.safetensors"
+    bare.write_bytes(b"no digest")  # written by hand, or killed before its digest
+    with pytest.warns(SoftdeployWarning, match="no content digest"):
+        assert cache.lookup(bare) is None
+    assert cache.lookup(tmp_path / "absent.safetensors") is None
+
+
+def test_cache_loader_failure_sets_entry_aside(tmp_path: Path) -> None:
+    entry = tmp_path / "c.bin"
+    cache.store(entry, lambda p: p.write_bytes(b"fine bytes"))
+
+    def loader(p: Path) -> object:
+        raise ValueError("shape mismatch")
+
+    with pytest.warns(SoftdeployWarning, match="cannot be loaded"):
+        assert cache.load_checked(entry, loader) is None
+    assert not entry.exists()

@@ -15,7 +15,8 @@ Inside :func:`cli_session` (the CLI sets it around one verb, unless ``--verbose`
   also while a captured call runs.
 
 At the end the log file's path is printed in one line, if anything was written to it. The log goes to
-``./softdeploy-logs/<verb>-<time>.log`` (``SOFTDEPLOY_LOG_DIR`` names another folder). Outside a
+``./softdeploy-logs/<verb>-<time>.log`` (``SOFTDEPLOY_LOG_DIR`` names another folder); where that folder cannot
+be written, to the temporary folder's ``softdeploy-logs-<uid>/`` (said in one line), never failing the command. Outside a
 session (library use) every function here is a no-op: Python's default warnings stay.
 """
 
@@ -26,6 +27,7 @@ import itertools
 import logging
 import os
 import sys
+import tempfile
 import time
 import warnings
 from collections.abc import Iterator
@@ -44,6 +46,8 @@ class _Capture:
         self.headers = 0  # lines written by softdeploy itself (section headers), not counted as output
         self.terminal = self._terminal_stdout()
         self.showwarning_before = warnings.showwarning  # softdeploy's own warnings still go there
+        self.fallback_reason = ""  # why the log is not in the folder asked for ("" when it is)
+        self.discarded = False  # no folder could take the log: library output went to the null device
 
     @staticmethod
     def _terminal_stdout() -> TextIO:
@@ -61,19 +65,36 @@ class _Capture:
 
     def open(self) -> TextIO:
         if self.file is None:
-            folder = Path(os.environ.get("SOFTDEPLOY_LOG_DIR") or "softdeploy-logs")
-            folder.mkdir(parents=True, exist_ok=True)
-            stamp = time.strftime("%Y%m%d-%H%M%S")
-            # a file of its own ("x"): two sessions of one process within a second (the API, a test suite) must
-            # neither share a log nor count each other's lines in close()
-            for n in itertools.count():
-                self.path = folder / f"{self.verb}-{stamp}-{os.getpid()}{f'-{n}' if n else ''}.log"
+            chosen = os.environ.get("SOFTDEPLOY_LOG_DIR") or "softdeploy-logs"
+            # The log is a convenience: a folder where it cannot be written (a read-only working folder, a full
+            # disk) must not fail the command, whose outputs may well go elsewhere. The next candidates are the
+            # temporary folder's softdeploy-logs, then no log at all; a fallback is said once at the end.
+            for folder in (Path(chosen), fallback_log_folder()):
                 try:
-                    self.file = open(self.path, "x", buffering=1, encoding="utf-8", errors="replace")
+                    self.file = self._create(folder)
                     break
-                except FileExistsError:
-                    continue
+                except OSError as e:
+                    self.fallback_reason = self.fallback_reason or f"cannot write logs to {folder}/ ({e.strerror or e})"
+            if self.file is None:
+                self.path = None
+                self.discarded = True
+                self.file = open(os.devnull, "w", encoding="utf-8")
         return self.file
+
+    def _create(self, folder: Path) -> TextIO:
+        folder.mkdir(parents=True, exist_ok=True)
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        # a file of its own ("x"): two sessions of one process within a second (the API, a test suite) must
+        # neither share a log nor count each other's lines in close()
+        for n in itertools.count():
+            path = folder / f"{self.verb}-{stamp}-{os.getpid()}{f'-{n}' if n else ''}.log"
+            try:
+                file = open(path, "x", buffering=1, encoding="utf-8", errors="replace")
+            except FileExistsError:
+                continue
+            self.path = path
+            return file
+        raise AssertionError("unreachable")
 
     def header(self, text: str) -> None:
         self.open().write(f"===== softdeploy {self.verb}: {text} ({time.strftime('%H:%M:%S')})\n")
@@ -100,9 +121,11 @@ class _Capture:
         if self.terminal is not sys.stdout and self.terminal is not sys.__stdout__:
             with contextlib.suppress(OSError):
                 self.terminal.close()
-        if self.file is None or self.path is None:
+        if self.file is None:
             return None, 0
         self.file.close()
+        if self.path is None:  # no folder could take a log: the output went to /dev/null
+            return None, 0
         with open(self.path, "rb") as f:  # newlines only: a progress bar's carriage returns are no lines
             lines = f.read().count(b"\n") - self.headers
         if lines <= 0:
@@ -130,6 +153,11 @@ class _ToLog(logging.Handler):
 _ACTIVE: _Capture | None = None
 
 
+def fallback_log_folder() -> Path:
+    """Where the log goes when its folder cannot be written: ``<temporary folder>/softdeploy-logs-<uid>``."""
+    return Path(tempfile.gettempdir()) / f"softdeploy-logs-{os.getuid()}"
+
+
 @contextlib.contextmanager
 def cli_session(verb: str, *, verbose: bool) -> Iterator[None]:
     """The CLI's terminal policy for one verb (see the module docstring). With ``verbose`` nothing is
@@ -151,8 +179,14 @@ def cli_session(verb: str, *, verbose: bool) -> Iterator[None]:
         root.removeHandler(handler)
         warnings.showwarning = capture.showwarning_before
         path, lines = capture.close()
+        fallback = f"{capture.fallback_reason}; " if capture.fallback_reason else ""
         if path is not None:
-            print(f"softdeploy: {lines} lines of library output (torch, onnxruntime, TVM) in {path}", file=sys.stderr)
+            print(
+                f"softdeploy: {fallback}{lines} lines of library output (torch, onnxruntime, TVM) in {path}",
+                file=sys.stderr,
+            )
+        elif capture.discarded:
+            print(f"softdeploy: {fallback}library output (torch, onnxruntime, TVM) discarded", file=sys.stderr)
 
 
 def active() -> bool:

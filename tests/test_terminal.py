@@ -1,4 +1,4 @@
-"""A clean terminal (issue 12 item 8): the libraries' warnings and output (torch's W-log lines,
+"""A clean terminal: the libraries' warnings and output (torch's W-log lines,
 FutureWarnings, TVM's "Scope Saving" lines written by C++ to fd 2, MetaSchedule's TIR dumps) are kept
 in a log file whose path is printed in one line; --verbose shows them; library use keeps Python's
 default warnings. And `softdeploy compile` of a small model says how it compares with onnxruntime."""
@@ -325,3 +325,45 @@ def test_on_a_terminal_too(exported: tuple[Path, subprocess.CompletedProcess]) -
     assert "wrote tty.onnx" in screen.replace("\r", "").replace("\n", "")
     assert not _noise(screen), screen
     assert "lines of library output" in screen
+
+
+def test_a_log_folder_that_cannot_be_made_falls_back_and_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A working folder where softdeploy-logs/ cannot be created (here a file of that name; read-only folders and
+    full disks alike) must not fail the command: the log goes to the temporary folder, said in one line."""
+    from softdeploy import terminal
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("SOFTDEPLOY_LOG_DIR", raising=False)
+    (tmp_path / "softdeploy-logs").write_text("a file, not a folder")
+    monkeypatch.setattr(terminal, "fallback_log_folder", lambda: tmp_path / "tmp" / "softdeploy-logs-0")
+    with terminal.cli_session("fallback", verbose=False), terminal.captured("a call"):
+        os.write(2, b"library line\n")
+    err = capfd.readouterr().err
+    (log,) = (tmp_path / "tmp").glob("softdeploy-logs-0/fallback-*.log")
+    assert "library line" in log.read_text()
+    (line,) = [x for x in err.splitlines() if x.startswith("softdeploy:")]
+    assert (
+        "cannot write logs to softdeploy-logs/" in line
+        and f"1 lines of library output (torch, onnxruntime, TVM) in {log}" in line
+    )
+
+
+def test_no_folder_for_a_log_discards_it_and_the_command_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    from softdeploy import terminal
+
+    (tmp_path / "blocked").write_text("a file")
+    monkeypatch.setenv("SOFTDEPLOY_LOG_DIR", str(tmp_path / "blocked" / "logs"))
+    monkeypatch.setattr(terminal, "fallback_log_folder", lambda: tmp_path / "blocked" / "softdeploy-logs-0")
+    with terminal.cli_session("nolog", verbose=False):
+        with terminal.captured("a call"):
+            os.write(2, b"library line\n")
+        print("the command's own line", file=terminal.stdout())
+        terminal.stdout().flush()
+    out, err = capfd.readouterr()
+    assert "the command's own line" in out and "library line" not in out + err
+    assert "library output (torch, onnxruntime, TVM) discarded" in err
+    assert len([x for x in err.splitlines() if x.startswith("softdeploy:")]) == 1

@@ -19,6 +19,7 @@ softdeploy distill  OUT: distil all-MiniLM-L6-v2 into a 3-layer student (layer r
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from collections.abc import Sequence
 
@@ -894,9 +895,8 @@ class _TuningProgress:
         self.progress.update(self.task, completed=done, total=max(self.trials, done))
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """The ``softdeploy`` entry point: parses ``argv`` and runs the command; bad input is one ``softdeploy: error: ...``
-    line with exit 2, other failures one line with exit 1 (``--verbose`` adds the traceback)."""
+def _parser() -> argparse.ArgumentParser:
+    """Every verb's arguments."""
     parser = argparse.ArgumentParser(
         prog="softdeploy", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -935,8 +935,52 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.set_defaults(fn=cmd_compile)
     _add_distill_parser(sub)
     _add_verbose(parser, sub)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The ``softdeploy`` entry point: parses ``argv`` and runs the command; bad input is one ``softdeploy: error: ...``
+    line with exit 2, other failures one line with exit 1 (``--verbose`` adds the traceback), Ctrl-C at any point --
+    start-up included -- one line with exit 130."""
+    try:
+        args = _parser().parse_args(argv)
+        import traceback  # noqa: F401 -- what _run needs, imported here, inside the interrupt guard
+
+        import softdeploy.terminal  # noqa: F401
+    except KeyboardInterrupt:
+        return _interrupted()
     return _run(args)
+
+
+def entry() -> None:
+    """The console script (and ``python -m softdeploy.cli``): :func:`main`, then exit. After Ctrl-C the process ends
+    at once (``os._exit``) once its one line is out: an interrupt may land inside a native library's start-up (torch,
+    onnxruntime), whose static destructors then abort at interpreter exit ("terminate called ..."). Every output is
+    written atomically (:mod:`softdeploy.files`), so nothing is left half-written by ending there."""
+    import os
+
+    code = main()
+    if code == 130:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(130)
+    sys.exit(code)
+
+
+def _interrupted() -> int:
+    """The one line for Ctrl-C, said with further Ctrl-Cs held off (a second one must not turn it into a traceback)."""
+    import signal
+    import threading
+
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main_thread else None
+    try:
+        print("softdeploy: interrupted", file=sys.stderr)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+    return 130
 
 
 def _add_verbose(parser: argparse.ArgumentParser, sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -964,8 +1008,7 @@ def _run(args: argparse.Namespace) -> int:
         with cli_session(args.command, verbose=args.verbose):
             return int(args.fn(args))
     except KeyboardInterrupt:
-        print("softdeploy: interrupted", file=sys.stderr)
-        return 130
+        return _interrupted()
     except SoftdeployError as e:
         if args.verbose:
             traceback.print_exc()
@@ -1075,4 +1118,4 @@ def _add_compare_parser(sub: argparse._SubParsersAction) -> None:  # type: ignor
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

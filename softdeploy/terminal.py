@@ -112,7 +112,8 @@ class _Capture:
         # softdeploy's own (softdeploy.errors.SoftdeployWarning) are for the user. Not "raised from a
         # softdeploy file": a library's warning points at the softdeploy line that triggered it.
         if category.__module__.split(".")[0] == "softdeploy":
-            self.showwarning_before(message, category, filename, lineno, file, line)
+            # line="": the source line that warned is not for the user; the warning stays one line
+            self.showwarning_before(message, category, filename, lineno, file, "")
         else:
             self.open().write(warnings.formatwarning(message, category, filename, lineno, line))
 

@@ -367,3 +367,22 @@ def test_no_folder_for_a_log_discards_it_and_the_command_goes_on(
     assert "the command's own line" in out and "library line" not in out + err
     assert "library output (torch, onnxruntime, TVM) discarded" in err
     assert len([x for x in err.splitlines() if x.startswith("softdeploy:")]) == 1
+
+
+def test_softdeploys_own_warning_is_one_line_on_the_terminal(tmp_path: Path) -> None:
+    """A SoftdeployWarning (a cache entry set aside, a fallback taken) is one line, without the source line that
+    raised it (in a fresh interpreter: pytest records warnings instead of printing them)."""
+    script = textwrap.dedent("""
+        import warnings
+        import softdeploy.cache
+        from softdeploy import terminal
+        from softdeploy.errors import SoftdeployWarning
+
+        with terminal.cli_session("own", verbose=False):
+            warnings.warn_explicit("cache entry x: set aside, rebuilding it", SoftdeployWarning, softdeploy.cache.__file__, 70)
+    """)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "SOFTDEPLOY_LOG_DIR": str(tmp_path / "logs")}
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env)
+    assert run.returncode == 0, run.stderr
+    assert run.stderr.count("\n") == 1, run.stderr
+    assert "SoftdeployWarning: cache entry x: set aside, rebuilding it" in run.stderr

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -74,13 +75,18 @@ def to_markdown(result: CompareResult) -> str:
         f"- **reference** for agreement and speed-up: `{REFERENCE}`; latency at {result.threads} thread(s), "
         "p50/p90 per call over interleaved rounds after warm-up",
         "",
-        "## Floors",
-        "",
-        markdown_table(
-            ["floor", "measured", "target", "met", "detail"],
-            [[f.name, f.value, f.target, "yes" if f.met else "**NO**", f.detail] for f in result.floors],
-        ),
-        "",
+    ]
+    if result.floors:  # a case without acceptance floors gets no empty section
+        out += [
+            "## Floors",
+            "",
+            markdown_table(
+                ["floor", "measured", "target", "met", "detail"],
+                [[f.name, f.value, f.target, "yes" if f.met else "**NO**", f.detail] for f in result.floors],
+            ),
+            "",
+        ]
+    out += [
         "## Results",
         "",
         markdown_table(cols, [[r.get(c) for c in cols] for r in rows]),
@@ -241,21 +247,60 @@ def write_reports(result: CompareResult, out: str | Path) -> dict[str, Path]:
     return paths
 
 
+def _text_width(header: str, cells: list[str]) -> int:
+    """The width of a column's text: its widest cell (never wrapped) or its header's longest word (headers wrap at
+    spaces)."""
+    return max([len(c) for c in cells] + [max(len(w) for w in header.split())])
+
+
+def _cell_width(header: str, cells: list[str]) -> int:
+    """Terminal columns a column takes: its text and rich's padding and border."""
+    return _text_width(header, cells) + 3
+
+
+def table_groups(headers: list[str], cells: dict[str, list[str]], width: int) -> list[list[str]]:
+    """``headers`` split into consecutive groups that each fit ``width`` columns with the variant column repeated at
+    the left of every group (one group when everything fits). A column too wide for any group gets one of its own."""
+    key = [h for h in headers if h == "variant"]
+    rest = [h for h in headers if h != "variant"]
+    base = 1 + sum(_cell_width(h, cells[h]) for h in key)  # the table's left border
+    groups: list[list[str]] = []
+    current: list[str] = []
+    used = base
+    for h in rest:
+        need = _cell_width(h, cells[h])
+        if current and used + need > width:
+            groups.append(key + current)
+            current, used = [], base
+        current.append(h)
+        used += need
+    if current or not groups:
+        groups.append(key + current)
+    return groups
+
+
 def print_table(result: CompareResult, console: Any) -> None:
-    """The summary table and the floors on a rich console; variant names are never truncated (two 'ort-int8...' would
-    read the same), other cells wrap."""
+    """The summary table and the floors on a rich console. Numbers and variant names are never wrapped or cut (a
+    number split over two lines reads as two numbers); where the columns do not fit the console's width the table is
+    split into several, each headed by the variant column."""
     from rich.table import Table
 
     cols = summary_columns(result)
+    rows = result.rows()
+    cells = {c: [_fmt(r.get(c)) for r in rows] for c in cols}
     for w in result.warnings:
         console.print(f"[bold red]WARNING[/bold red]: {w}")
-    table = Table(title=result.title, show_lines=False)
-    for c in cols:
-        # Variant names are never cut (two "ort-int8..." read the same); other cells wrap.
-        table.add_column(c, justify="left" if c in _ALWAYS else "right", no_wrap=c == "variant", overflow="fold")
-    for r in result.rows():
-        table.add_row(*[_fmt(r.get(c)) for c in cols])
-    console.print(table)
+    groups = table_groups(cols, cells, console.width)
+    for n, group in enumerate(groups):
+        title = result.title if len(groups) == 1 else f"{result.title} ({n + 1}/{len(groups)})"
+        table = Table(title=title, show_lines=False)
+        for c in group:
+            # no_wrap holds for the header too: it is broken into lines here, at spaces, to the column's width
+            header = "\n".join(textwrap.wrap(c, _text_width(c, cells[c]), break_long_words=False))
+            table.add_column(header, justify="left" if c in _ALWAYS else "right", no_wrap=True)
+        for i in range(len(rows)):
+            table.add_row(*[cells[c][i] for c in group])
+        console.print(table)
     for f in result.floors:
         mark = "[green]met[/green]" if f.met else "[bold red]NOT MET[/bold red]"
         console.print(f"  floor {f.name}: {_fmt(f.value)} (target {f.target}) {mark} {f.detail}")

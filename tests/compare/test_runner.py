@@ -70,6 +70,37 @@ def test_terminal_table(result) -> None:  # type: ignore[no-untyped-def]
     assert "ort-int8-static" in text and "floor worst output cosine" in text
 
 
+@pytest.mark.parametrize("width", [80, 100, 300])
+def test_terminal_table_fits_and_never_splits_a_number(result, width: int) -> None:  # type: ignore[no-untyped-def]
+    """At 80 and 100 columns the summary used to fold numbers mid-digit ("0.8" over "912"): every cell of the table
+    must appear whole on one line, and no line may be wider than the terminal."""
+    from rich.console import Console
+
+    from softdeploy.compare.report import _fmt, summary_columns
+
+    r, _ = result
+    console = Console(record=True, width=width)
+    print_table(r, console)
+    text = console.export_text()
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= width
+    for row in r.rows():
+        line = next(x for x in lines if f" {row['variant']} " in x)  # the variant's row of the first table
+        assert line
+        for c in summary_columns(r):
+            cell = _fmt(row.get(c))
+            assert any(cell in x for x in lines if row["variant"] in x), f"{c} = {cell} split at {width} columns"
+    tables = text.count(r.title)
+    assert (tables == 1) if width == 300 else (tables >= 2)
+
+
+def test_a_case_without_floors_has_no_empty_floors_section(result) -> None:  # type: ignore[no-untyped-def]
+    import dataclasses
+
+    r, _ = result
+    assert "## Floors" not in to_markdown(dataclasses.replace(r, floors=[]))
+
+
 def test_unknown_variant(tmp_path: Path) -> None:
     with pytest.raises(SoftdeployError, match="unknown variant"):
         run_compare(TinyCase(), tmp_path, variants=["tvm-tuned"], progress=SilentProgress())

@@ -31,7 +31,7 @@ HAND = {
     ),
     "MaxSim": ("max_sim", "MaxSim", ["colbert_2x32_vs_9x40_d128", "tile_lq15_ld7_dim3", "int8_2x33_vs_5x19_d128"]),
     "MultiMax": ("multi_max", "TwoPassSoftmax", ["n1024"]),
-    # the GEMM (its quantization kernel too: tests/tvm/test_rowwise_int8_tir.py)
+    # the GEMM (its quantization kernel too: tests/tvm_backend/test_rowwise_int8_tir.py)
     "RowwiseInt8MatMul": ("rowwise_int8_matmul", "RowwiseInt8MatMul", ["tokens_2x64x384_u8", "m13_k31_n65", "bias"]),
     "SignedMaxSim": ("signed_max_sim", "MaxSim", ["colbert_2x32_vs_9x40_d128", "tile_lq17_ld9_dim17"]),
     "SoftmaxTopK": ("softmax_topk_sums", "SoftmaxTopK", ["vocab_4x32000_k50", "k_200_of_2000"]),
@@ -55,7 +55,7 @@ def test_every_op_with_a_tir_compute_has_a_hand_schedule_here():
     from softdeploy.tvm.ops import SCHEDULES, TIR_OPS
 
     assert set(HAND) == set(TIR_OPS)
-    # and every rule is used; "MatMul" and "Injective" schedule standard ops (tests/tvm/test_standard_kernels.py)
+    # and every rule is used; "MatMul" and "Injective" schedule standard ops (tests/tvm_backend/test_standard_kernels.py)
     assert {rule for _, rule, _ in HAND.values()} == set(SCHEDULES) - {"MatMul", "Injective"}
 
 

@@ -93,7 +93,7 @@ def target_has(features: tuple[str, ...] | list[str]) -> bool:
 # onnxruntime, against 1.07x on znver4). The classes are the native kernels' variants (avx512 = F, BW, VL,
 # DQ; avx2 = AVX2 + FMA), LLVM's -mcpu names of common x86-64 CPUs mapped to them so that no LLVM is
 # needed to read the table (LLVM 22's names: Kaby/Coffee/Comet Lake are "skylake" there); other names are
-# asked of LLVM (llvm_cpu_has_features). tests/tvm/test_records.py checks the table against LLVM.
+# asked of LLVM (llvm_cpu_has_features). tests/tvm_backend/test_records.py checks the table against LLVM.
 RECORD_CLASS_FEATURES: dict[str, tuple[str, ...]] = {
     "avx512": ("avx512f", "avx512bw", "avx512vl", "avx512dq"),
     "avx2": ("avx2", "fma"),

@@ -149,7 +149,7 @@ def inline_neighbours(sch: Any) -> None:
 
 
 # Ops that TVM imports from their function bodies (several standard ops, each its own kernel) -> why
-# they have no TIR compute yet. Held by tests/tvm (each op's import path).
+# they have no TIR compute yet. Held by tests/tvm_backend (each op's import path).
 FUNCTION_BODY_ONLY: dict[str, str] = {
     "LoRAMixer": "its routed form (group tokens by selected expert, then per-expert GEMMs of data-dependent "
     "sizes) has no static TE compute; the dense function body (two GEMMs over all experts) imports as is",

@@ -7,7 +7,7 @@
 The same float32 steps as the kernel and the function body (round half to even), so every backend quantizes to the
 same integers; the sums are exact in int32 (``K <= 65536``), ``colsum[n] = sum_k B[k, n]`` taking the zero point out
 of the integer loop, as the C++ kernel does. Outputs equal the C++ kernel's bit for bit on every sample
-(tests/tvm/test_rowwise_int8_tir.py).
+(tests/tvm_backend/test_rowwise_int8_tir.py).
 
 Two kernels: ``rowwise_int8_matmul_quantize`` (blocks ``rowq_min`` / ``rowq_max``, lane-split by
 ``_te.lane_reduce`` where K allows, the per-row scalars ``rowq_scale`` / ``rowq_inv`` / ``rowq_zero``, the uint8 rows

@@ -377,14 +377,17 @@ _SOFT_OPTIONAL = {"attn.conv.weight": "v_conv.weight"}
 def _read_weights(source: Any, prefix: str = "") -> tuple[dict[str, Tensor], str, list[str]]:
     """The tensors under ``prefix`` of a mapping, a ``.safetensors`` file or a ``torch.save`` file (weights_only: never
     unpickled objects; a training checkpoint's ``"model"`` / ``"state_dict"`` entry is used when present), how to
-    name the source in messages and the first keys of the whole source. Nothing is read that the file does not hold: a safetensors header is checked (repeated
-    names, offsets, empty dimensions) before any tensor is read, a torch file's archive members must be stored
-    uncompressed within the file, and every tensor must be stored in full (no expanded, zero-stride views: a few bytes
-    posing as a huge matrix)."""
+    name the source in messages and the first keys of the whole source.
+
+    Nothing is taken that the file does not hold: a safetensors header is checked (repeated names, offsets, empty
+    dimensions) before any tensor is read, a torch file's archive members must be stored uncompressed within the
+    file, and a file's tensors must be stored in full (no expanded, zero-stride views: a few bytes posing as a huge
+    matrix). Empty dimensions and non-finite values are refused from any source."""
     from collections.abc import Mapping
     from pathlib import Path
 
-    if isinstance(source, Mapping):
+    from_file = not isinstance(source, Mapping)
+    if not from_file:
         sd: Any = source
         where = "the state dict"
     else:
@@ -417,7 +420,7 @@ def _read_weights(source: Any, prefix: str = "") -> tuple[dict[str, Tensor], str
     for k, t in out.items():
         stored = t.untyped_storage().nbytes() - t.storage_offset() * t.element_size()
         # only a file's tensors: a caller's own state dict may hold views, whose memory the caller already has
-        if where != "the state dict" and t.numel() * t.element_size() > stored:
+        if from_file and t.numel() * t.element_size() > stored:
             raise WeightsError(
                 f"load_soft_attention: {where}: tensor {k!r} has shape {list(t.shape)} (strides {list(t.stride())}) "
                 f"but {stored} bytes of data (rule: every tensor is stored in full, not as an expanded view)"

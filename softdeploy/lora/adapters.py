@@ -7,6 +7,12 @@ projection it adapts: ``A_e = lora_A`` ``[r_e, in]``, ``Bm_e = s_e * lora_B`` ``
 PEFT's scaling ``s_e = lora_alpha / r_e`` (``/ sqrt(r_e)`` with ``use_rslora``), zero-padded to the
 largest rank (zero rows and columns add nothing, so the padded expert equals the adapter exactly); the
 op's ``scaling`` is then 1. An adapter that does not adapt a projection is a zero expert there.
+
+Refused, each with an AdapterError naming the file, the tensor or key, the value and the rule: a key repeated in
+``adapter_config.json`` or in the safetensors header (JSON readers keep one silently), ``r`` not an integer >= 1
+or not the factors' rank, ``lora_alpha`` not a finite number > 0 (absent: PEFT's default, 8), empty dimensions,
+NaN / inf factors, and factors whose scaled ``lora_B`` overflows the model's dtype. :func:`load_experts` replaces
+the model's Linear layers all together or not at all.
 """
 
 from __future__ import annotations
@@ -148,7 +154,8 @@ def load_experts(
     """Replaces (in place) every ``nn.Linear`` that one of ``adapters`` adapts by a
     :class:`LoRAMixerLinear` whose expert e is adapter e (frozen unless ``train_experts``; the router
     is new and trainable). Module names are those of ``model`` (PEFT's ``base_model.model.`` prefix
-    stripped). Returns the wrapped names."""
+    stripped). Returns the wrapped names. All or nothing: every module is checked and every mixer built before the
+    first Linear is replaced, so an error leaves ``model`` as it was and the call can be retried."""
     if not adapters:
         raise AdapterError("no adapters given (rule: one adapter folder per expert)")
     read = [read_adapter(p) for p in adapters]

@@ -118,8 +118,8 @@ def wrap(
 ) -> list[str]:
     """Replaces (in place) every ``nn.Linear`` of ``model`` whose qualified name matches one of
     ``patterns`` (fnmatch, e.g. ``"*attention.self.query"``) by a :class:`LoRAMixerLinear`;
-    ``scaling = alpha / rank`` (alpha defaults to rank: scaling 1). Returns the wrapped names; no match
-    is an error naming the patterns."""
+    ``scaling = alpha / rank`` (alpha defaults to rank: scaling 1; a finite number > 0). Returns the wrapped names;
+    no match is an error naming the patterns. All or nothing: a failure leaves ``model`` as it was."""
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
         raise ArgumentError(f"LoRAMixer: rank {rank!r} is out of range (rule: an integer >= 1)")
     if isinstance(num_experts, bool) or not isinstance(num_experts, int) or num_experts < 1:

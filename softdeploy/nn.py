@@ -374,40 +374,88 @@ _SOFT_KEYS = {
 _SOFT_OPTIONAL = {"attn.conv.weight": "v_conv.weight"}
 
 
-def _read_weights(source: Any) -> dict[str, Tensor]:
-    """A state dict from a mapping, a ``.safetensors`` file or a ``torch.save`` file (weights_only: never unpickled
-    objects); a training checkpoint's ``"model"`` / ``"state_dict"`` entry is used when present."""
+def _read_weights(source: Any, prefix: str = "") -> tuple[dict[str, Tensor], str, list[str]]:
+    """The tensors under ``prefix`` of a mapping, a ``.safetensors`` file or a ``torch.save`` file (weights_only: never
+    unpickled objects; a training checkpoint's ``"model"`` / ``"state_dict"`` entry is used when present), how to
+    name the source in messages and the first keys of the whole source.
+
+    Nothing is taken that the file does not hold: a safetensors header is checked (repeated names, offsets, empty
+    dimensions) before any tensor is read, a torch file's archive members must be stored uncompressed within the
+    file, and a file's tensors must be stored in full (no expanded, zero-stride views: a few bytes posing as a huge
+    matrix). Empty dimensions and non-finite values are refused from any source."""
     from collections.abc import Mapping
     from pathlib import Path
 
-    if isinstance(source, Mapping):
+    from_file = not isinstance(source, Mapping)
+    if not from_file:
         sd: Any = source
+        where = "the state dict"
     else:
         path = Path(source)
+        where = str(path)
         if not path.is_file():
             raise WeightsError(f"load_soft_attention: {path} is not a file")
         if path.suffix == ".safetensors":
-            from safetensors import SafetensorError
-            from safetensors.torch import load_file
+            from softdeploy.safetensors_check import load_tensors, read_header
 
-            try:
-                sd = load_file(str(path))
-            except (SafetensorError, OSError, ValueError) as err:
-                raise WeightsError(f"load_soft_attention: {path} is not a readable safetensors file: {err}") from err
-        else:
-            try:
-                sd = torch.load(path, map_location="cpu", weights_only=True)
-            except Exception as err:  # torch raises UnpicklingError, RuntimeError, EOFError, ... by cause
-                raise WeightsError(
-                    f"load_soft_attention: {path} cannot be read with torch.load(weights_only=True): {err}"
-                ) from err
+            header = read_header(path, WeightsError)
+            names = [k for k in header.tensors if k.startswith(prefix)]
+            return load_tensors(header, WeightsError, names), where, sorted(header.tensors)[:8]
+        _check_torch_archive(path)
+        try:
+            sd = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as err:  # torch raises UnpicklingError, RuntimeError, EOFError, ... by cause
+            raise WeightsError(
+                f"load_soft_attention: {path} cannot be read with torch.load(weights_only=True): {err}"
+            ) from err
         for wrapper in ("model", "state_dict"):
             if isinstance(sd, Mapping) and isinstance(sd.get(wrapper), Mapping):
                 sd = sd[wrapper]
                 break
     if not isinstance(sd, Mapping) or not all(isinstance(v, Tensor) for v in sd.values()):
-        raise WeightsError("load_soft_attention: the weights are not a mapping of names to tensors")
-    return dict(sd)
+        raise WeightsError(f"load_soft_attention: {where}: the weights are not a mapping of names to tensors")
+    out = {k: v for k, v in sd.items() if isinstance(k, str) and k.startswith(prefix)}
+    from softdeploy.safetensors_check import check_finite
+
+    for k, t in out.items():
+        stored = t.untyped_storage().nbytes() - t.storage_offset() * t.element_size()
+        # only a file's tensors: a caller's own state dict may hold views, whose memory the caller already has
+        if from_file and t.numel() * t.element_size() > stored:
+            raise WeightsError(
+                f"load_soft_attention: {where}: tensor {k!r} has shape {list(t.shape)} (strides {list(t.stride())}) "
+                f"but {stored} bytes of data (rule: every tensor is stored in full, not as an expanded view)"
+            )
+        if 0 in t.shape:
+            raise WeightsError(
+                f"load_soft_attention: {where}: tensor {k!r} has shape {list(t.shape)} with a dimension of size 0 "
+                "(rule: no empty tensors)"
+            )
+        check_finite(where, k, t, WeightsError)
+    return out, where, sorted(map(str, sd))[:8]
+
+
+def _check_torch_archive(path: Any) -> None:
+    """Refuses a ``torch.save`` file whose reading could allocate more than the file holds: not a zip archive (the
+    legacy format declares storage sizes that torch allocates before reading them), or a member stored compressed
+    (its declared size is allocated before it is inflated)."""
+    import zipfile
+
+    size = path.stat().st_size
+    try:
+        with zipfile.ZipFile(path) as z:
+            members = z.infolist()
+    except (zipfile.BadZipFile, OSError) as err:
+        raise WeightsError(
+            f"load_soft_attention: {path} is not a zip archive as torch.save writes since torch 1.6 ({err}) "
+            "(rule: .safetensors, or torch.save's zip format; re-save the weights with a current torch)"
+        ) from None
+    for m in members:
+        if m.compress_type != zipfile.ZIP_STORED or m.file_size > size:
+            raise WeightsError(
+                f"load_soft_attention: {path}: archive member {m.filename!r} is compressed or larger than the file "
+                f"({m.file_size} bytes declared, the file holds {size}) (rule: torch.save stores members "
+                "uncompressed)"
+            )
 
 
 def load_soft_attention(
@@ -433,31 +481,32 @@ def load_soft_attention(
 
     Raises :class:`~softdeploy.errors.WeightsError` naming missing / unexpected keys and wrong shapes.
     """
-    sd = _read_weights(source)
-    sub = {k[len(prefix) :]: v for k, v in sd.items() if k.startswith(prefix)}
+    sub, where, keys = _read_weights(source, prefix)
+    sub = {k[len(prefix) :]: v for k, v in sub.items()}
     if not sub:
-        raise WeightsError(f"load_soft_attention: no key starts with prefix {prefix!r} (keys: {sorted(sd)[:8]} ...)")
+        raise WeightsError(f"load_soft_attention: {where}: no key starts with prefix {prefix!r} (keys: {keys} ...)")
     known = set(_SOFT_KEYS) | set(_SOFT_OPTIONAL)
     missing = sorted(set(_SOFT_KEYS) - set(sub))
     extra = sorted(set(sub) - known)
     if missing or extra:
         raise WeightsError(
-            f"load_soft_attention: not SOFT's SoftmaxFreeAttention layout under prefix {prefix!r}: "
+            f"load_soft_attention: {where}: not SOFT's SoftmaxFreeAttention layout under prefix {prefix!r}: "
             f"missing keys {[prefix + k for k in missing]}, unexpected keys {[prefix + k for k in extra]}"
         )
     wq = sub["W_q.weight"]
     lw = sub["attn.Qlandmark_op.weight"]
     if wq.dim() != 2 or wq.shape[0] != wq.shape[1]:
-        raise WeightsError(f"load_soft_attention: {prefix}W_q.weight has shape {list(wq.shape)}, want [E, E]")
+        raise WeightsError(f"load_soft_attention: {where}: {prefix}W_q.weight has shape {list(wq.shape)}, want [E, E]")
     if lw.dim() != 4 or lw.shape[0] != lw.shape[1] or lw.shape[2] != lw.shape[3]:
         hint = " (SOFT's ratio-1 Linear layout is not supported)" if lw.dim() == 2 else ""
         raise WeightsError(
-            f"load_soft_attention: {prefix}attn.Qlandmark_op.weight has shape {list(lw.shape)}, want [D, D, r, r]{hint}"
+            f"load_soft_attention: {where}: {prefix}attn.Qlandmark_op.weight has shape {list(lw.shape)}, "
+            f"want [D, D, r, r]{hint}"
         )
     e, d, r = wq.shape[0], lw.shape[0], lw.shape[2]
     if r < 2 or e % d != 0:
         raise WeightsError(
-            f"load_soft_attention: {prefix}attn.Qlandmark_op.weight {list(lw.shape)} does not fit E={e} "
+            f"load_soft_attention: {where}: {prefix}attn.Qlandmark_op.weight {list(lw.shape)} does not fit E={e} "
             "(rule: D divides E, ratio r >= 2)"
         )
     heads = e // d
@@ -467,9 +516,31 @@ def load_soft_attention(
         k = conv.shape[-1] if conv.dim() == 4 else 0
         if conv.dim() != 4 or list(conv.shape) != [heads, 1, k, k] or k % 2 == 0:
             raise WeightsError(
-                f"load_soft_attention: {prefix}attn.conv.weight has shape {list(conv.shape)}, "
+                f"load_soft_attention: {where}: {prefix}attn.conv.weight has shape {list(conv.shape)}, "
                 f"want [{heads}, 1, k, k] with k odd"
             )
+    # every shape the module would allocate follows from E, D, r and k; all are checked against the tensors present
+    # before the module exists, so it is never larger than the weights the file actually holds
+    want = {
+        "W_q.weight": [e, e],
+        "W_q.bias": [e],
+        "W_v.weight": [e, e],
+        "W_v.bias": [e],
+        "attn.Qlandmark_op.weight": [d, d, r, r],
+        "attn.Qnorm_act.0.weight": [d],
+        "attn.Qnorm_act.0.bias": [d],
+        "ff.weight": [e, e],
+        "ff.bias": [e],
+        "attn.conv.weight": [heads, 1, k, k],
+    }
+    bad = [f"{prefix}{k_}: {list(t.shape)} (want {want[k_]})" for k_, t in sub.items() if list(t.shape) != want[k_]]
+    if bad:
+        raise WeightsError(f"load_soft_attention: {where}: wrong shapes: {'; '.join(sorted(bad))}")
+    floats = [f"{prefix}{k_} ({t.dtype})" for k_, t in sub.items() if not t.is_floating_point()]
+    if floats:
+        raise WeightsError(
+            f"load_soft_attention: {where}: {', '.join(sorted(floats))} (rule: weights are floating point)"
+        )
     module = SoftmaxFreeAttention(
         e,
         heads,
@@ -481,14 +552,6 @@ def load_soft_attention(
         layer_norm_eps=layer_norm_eps,
     )
     names = {**_SOFT_KEYS, **_SOFT_OPTIONAL}
-    ours = module.state_dict()
-    bad = [
-        f"{prefix}{k_}: {list(t.shape)} (want {list(ours[names[k_]].shape)})"
-        for k_, t in sub.items()
-        if tuple(t.shape) != tuple(ours[names[k_]].shape)
-    ]
-    if bad:
-        raise WeightsError(f"load_soft_attention: wrong shapes: {'; '.join(sorted(bad))}")
     module.load_state_dict({names[k_]: t.to(torch.float32) for k_, t in sub.items()})
     return module
 

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -197,41 +198,89 @@ STUDENT_FORMAT = "softdeploy-student-1"
 
 def save_student(student: SentenceEncoder, path: str | Path, **metadata: str) -> Path:
     """Writes ``student``'s weights to a safetensors file whose metadata holds its BertConfig (so
-    :func:`load_student` rebuilds it without the code that made it) and ``metadata`` (strings)."""
+    :func:`load_student` rebuilds it without the code that made it) and ``metadata`` (strings). The file is written
+    under a temporary name and renamed into place once complete (:func:`softdeploy.files.write_with`): an interrupted
+    or failed write leaves the previous file, never a partial one; a write error is one OutputError naming ``path``."""
     from safetensors.torch import save_file
+
+    from softdeploy.files import write_with
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().contiguous().clone() for k, v in student.bert.state_dict().items()}
     meta = {**metadata, "format": STUDENT_FORMAT, "config": student.bert.config.to_json_string()}  # type: ignore[union-attr]
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    save_file(tensors, str(tmp), metadata=meta)
-    tmp.replace(path)
+    write_with(path, lambda tmp: save_file(tensors, str(tmp), metadata=meta), what="student")
     return path
 
 
-def load_student(path: str | Path) -> tuple[SentenceEncoder, dict[str, str]]:
-    """A student written by :func:`save_student` (eval mode) and its metadata; DistillError for any other file."""
-    import json
+# the layer index in the name of an encoder layer's weight
+_LAYER = re.compile(r"^encoder\.layer\.(\d+)\.")
 
-    from safetensors import SafetensorError, safe_open
+
+def load_student(path: str | Path) -> tuple[SentenceEncoder, dict[str, str]]:
+    """A student written by :func:`save_student` (eval mode) and its metadata; DistillError for any other file.
+
+    Nothing is built before the file is checked: the safetensors header (repeated names, offsets, empty dimensions),
+    the recorded config (JSON without repeated keys; its layer count that of the tensors present), then every shape
+    the config implies -- computed on the meta device, without memory -- against the tensors' shapes. The model built
+    afterwards is the size of the weights the file holds, however large the sizes its config names. Non-finite weights
+    are refused naming the tensor."""
     from transformers import BertConfig, BertModel
 
+    from softdeploy.safetensors_check import DuplicateKeyError, load_tensors, loads_unique, read_header
+
     path = Path(path)
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            meta = dict(f.metadata() or {})
-            tensors = {k: f.get_tensor(k) for k in f.keys()}
-    except (SafetensorError, OSError) as e:
-        raise DistillError(f"{path}: not a readable safetensors file ({e})") from None
+    if not path.is_file():
+        raise DistillError(f"{path}: no such file (rule: a student written by save_student)")
+    header = read_header(path, DistillError)
+    meta = header.metadata
     if meta.get("format") != STUDENT_FORMAT:
         raise DistillError(f"{path}: not a softdeploy student (format {meta.get('format')!r})")
-    config = BertConfig.from_dict(json.loads(meta["config"]))
-    config._attn_implementation = "eager"
-    # layer reductions of the teacher keep its (unused) pooler; paraphrase-MiniLM-L3 has none
+    try:
+        raw = loads_unique(meta.get("config", ""))
+    except DuplicateKeyError as e:
+        raise DistillError(f"{path}: the recorded config names {e.key!r} twice (rule: each key once)") from None
+    except ValueError as e:
+        raise DistillError(
+            f"{path}: the recorded config is not JSON ({e}) (rule: BertConfig.to_json_string())"
+        ) from None
+    if not isinstance(raw, dict):
+        raise DistillError(f"{path}: the recorded config is a {type(raw).__name__} (rule: a BertConfig object)")
+    layers = {int(m.group(1)) for k in header.tensors if (m := _LAYER.match(k))}
+    count = raw.get("num_hidden_layers")
+    if not isinstance(count, int) or isinstance(count, bool) or count != len(layers) or layers != set(range(count)):
+        raise DistillError(
+            f"{path}: the config records num_hidden_layers {count!r}, the file holds weights of layers "
+            f"{sorted(layers)[:8]} (rule: one set of weights per layer, numbered from 0)"
+        )
+    try:
+        config = BertConfig.from_dict(raw)
+        config._attn_implementation = "eager"
+        # layer reductions of the teacher keep its (unused) pooler; paraphrase-MiniLM-L3 has none
+        with torch.device("meta"):
+            shell = BertModel(config, add_pooling_layer="pooler.dense.weight" in header.tensors)
+    except Exception as e:  # transformers raises ValueError, TypeError, ... for configs it cannot build
+        raise DistillError(f"{path}: the recorded config cannot build a BertModel ({type(e).__name__}: {e})") from None
+    want = {k: tuple(v.shape) for k, v in shell.state_dict().items()}
+    have = header.shapes()
+    missing, unexpected = sorted(set(want) - set(have)), sorted(set(have) - set(want))
+    wrong = [
+        f"{k}: {list(have[k])} (config: {list(want[k])})" for k in sorted(set(want) & set(have)) if have[k] != want[k]
+    ]
+    if missing or unexpected or wrong:
+        raise DistillError(
+            f"{path}: weights do not fit the config it records (missing {missing[:4]}, unexpected {unexpected[:4]}, "
+            f"wrong shapes {wrong[:4]})"
+        )
+    size = sum(t.numel() for t in (*shell.parameters(), *shell.buffers()))
+    if size > 2 * header.numel + 1_000_000:  # buffers the file does not store (position ids) stay small beside it
+        raise DistillError(
+            f"{path}: the config builds {size} values from {header.numel} stored (rule: a student is its weights)"
+        )
+    tensors = load_tensors(header, DistillError)
     bert = BertModel(config, add_pooling_layer="pooler.dense.weight" in tensors)
     try:
         bert.load_state_dict(tensors, strict=True)
     except RuntimeError as e:
         raise DistillError(f"{path}: weights do not fit the config it records ({str(e).splitlines()[0]})") from None
-    return SentenceEncoder(bert.eval()).eval(), meta
+    return SentenceEncoder(bert.eval()).eval(), dict(meta)

@@ -258,6 +258,8 @@ def _save(
 ) -> None:
     from safetensors.torch import save_file
 
+    from softdeploy.files import write_with
+
     tensors = {f"student.{k}": v.detach().contiguous().clone() for k, v in student.state_dict().items()}
     state = opt.state_dict()
     for i, s in state["state"].items():
@@ -272,36 +274,121 @@ def _save(
         "step": str(step),
         "param_groups": json.dumps(state["param_groups"]),
     }
-    tmp = path.with_suffix(path.suffix + ".tmp")
     path.parent.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(tmp), metadata=meta)
-    tmp.replace(path)  # a crash mid-write leaves the previous checkpoint intact
+    # written beside the checkpoint and renamed over it once complete: a crash, Ctrl-C or full disk mid-write leaves
+    # the previous checkpoint intact and no partial file behind
+    write_with(path, lambda tmp: save_file(tensors, str(tmp), metadata=meta), what="checkpoint")
 
 
-def _load(path: Path, key: str, student: SentenceEncoder, opt: torch.optim.Optimizer, bloop: Bloop | None) -> int:
-    from safetensors import safe_open
+_OPT_STATE = {"step": "a scalar", "exp_avg": "the parameter's shape", "exp_avg_sq": "the parameter's shape"}
 
-    with safe_open(str(path), framework="pt") as f:
-        meta = f.metadata() or {}
-        if meta.get("format") != CHECKPOINT_FORMAT:
-            raise DistillError(f"{path}: not a softdeploy distill checkpoint (format {meta.get('format')!r})")
-        if meta.get("key") != key:
-            raise DistillError(
-                f"{path}: checkpoint of another run (key {meta.get('key')} != {key}: settings, data or student "
-                "differ); delete it or choose another checkpoint path"
-            )
-        tensors = {k: f.get_tensor(k) for k in f.keys()}
+
+def _load(
+    path: Path,
+    key: str,
+    steps: int,
+    student: SentenceEncoder,
+    opt: torch.optim.Optimizer,
+    bloop: Bloop | None,
+) -> int:
+    """Restores ``student``, ``opt`` and ``bloop`` from the checkpoint ``path`` of the run ``key`` of ``steps``
+    steps; returns its step. Everything is checked against the run before anything is restored -- the header, the
+    format, the key, the step (0 <= step <= steps: the key covers ``steps``, so a later step means an edited or
+    damaged file, whose resume would return an untrained student as if trained), the optimizer's groups, every
+    tensor's name and shape, finite values -- each failure a DistillError naming the file and what is wrong."""
+    from softdeploy.safetensors_check import load_tensors, read_header
+
+    header = read_header(path, DistillError)
+    meta = header.metadata
+    if meta.get("format") != CHECKPOINT_FORMAT:
+        raise DistillError(f"{path}: not a softdeploy distill checkpoint (format {meta.get('format')!r})")
+    if meta.get("key") != key:
+        raise DistillError(
+            f"{path}: checkpoint of another run (key {meta.get('key')} != {key}: settings, data or student "
+            "differ); delete it or choose another checkpoint path"
+        )
+    raw_step = meta.get("step", "")
+    if not (raw_step.isascii() and raw_step.isdigit()):
+        raise DistillError(f"{path}: step {raw_step!r} (rule: the checkpoint records its step as an integer >= 0)")
+    step = int(raw_step)
+    if step > steps:
+        raise DistillError(
+            f"{path}: step {step} is past the run's {steps} steps (rule: a checkpoint of this run records "
+            "0 <= step <= steps; the file was edited or damaged -- delete it to start over)"
+        )
+    try:
+        groups = json.loads(meta.get("param_groups", ""))
+    except ValueError as e:
+        raise DistillError(f"{path}: param_groups is not JSON ({e}) (rule: AdamW's param_groups)") from None
+    mine = opt.state_dict()["param_groups"]
+    if (
+        not isinstance(groups, list)
+        or len(groups) != len(mine)
+        or not all(isinstance(g, dict) and g.get("params") == m["params"] for g, m in zip(groups, mine, strict=False))
+    ):
+        raise DistillError(
+            f"{path}: the optimizer's parameter groups do not match the student's "
+            f"({sum(len(m['params']) for m in mine)} parameters in {len(mine)} group(s)) (rule: one run, one student)"
+        )
+    problems = _checkpoint_problems(header.shapes(), student, opt, bloop)
+    if bloop is not None:
+        held = sum(f"bloop.{i}" in header.tensors for i in range(len(bloop.params)))
+        if held not in (0, len(bloop.params)):
+            problems.append(f"Bloop's EMA of {held} of the {len(bloop.params)} parameters (rule: all or none)")
+    if problems:
+        raise DistillError(f"{path}: does not fit this run's student: {'; '.join(problems[:4])}")
+    tensors = load_tensors(header, DistillError)
     student.load_state_dict({k[len("student.") :]: v for k, v in tensors.items() if k.startswith("student.")})
     opt_state: dict[int, dict[str, Tensor]] = {}
     for k, v in tensors.items():
         if k.startswith("optimizer."):
             _, i, name = k.split(".", 2)
             opt_state.setdefault(int(i), {})[name] = v
-    opt.load_state_dict({"state": opt_state, "param_groups": json.loads(meta["param_groups"])})
+    try:
+        opt.load_state_dict({"state": opt_state, "param_groups": groups})
+    except (ValueError, KeyError, TypeError, RuntimeError) as e:
+        raise DistillError(f"{path}: the optimizer state cannot be restored ({type(e).__name__}: {e})") from None
     if bloop is not None:
         ema = [tensors[f"bloop.{i}"] for i in range(len(bloop.params)) if f"bloop.{i}" in tensors]
         bloop.grad_main_ema = ema if ema else None
-    return int(meta["step"])
+    return step
+
+
+def _checkpoint_problems(
+    have: dict[str, tuple[int, ...]], student: SentenceEncoder, opt: torch.optim.Optimizer, bloop: Bloop | None
+) -> list[str]:
+    """What in a checkpoint's tensor names and shapes does not fit the run: missing or unexpected student weights,
+    wrong shapes, optimizer and Bloop state of parameters the run does not have."""
+    problems: list[str] = []
+    want = {f"student.{k}": tuple(v.shape) for k, v in student.state_dict().items()}
+    params = [p for g in opt.param_groups for p in g["params"]]
+    ema_params = list(bloop.params) if bloop is not None else []
+    missing = sorted(set(want) - set(have))
+    if missing:
+        problems.append(f"missing {missing[:3]}")
+    for name, shape in have.items():
+        if name.startswith("student."):
+            if name not in want:
+                problems.append(f"unexpected tensor {name!r}")
+            elif shape != want[name]:
+                problems.append(f"{name} has shape {list(shape)}, the student's is {list(want[name])}")
+            continue
+        head, _, rest = name.partition(".")
+        index, _, field = rest.partition(".")
+        if head == "optimizer" and index.isdigit() and int(index) < len(params) and field in _OPT_STATE:
+            expect = () if field == "step" else tuple(params[int(index)].shape)
+            if shape != expect:
+                problems.append(f"{name} has shape {list(shape)} (rule: {_OPT_STATE[field]}, {list(expect)})")
+        elif head == "bloop" and index.isdigit() and not field and int(index) < len(ema_params):
+            if shape != tuple(ema_params[int(index)].shape):
+                problems.append(
+                    f"{name} has shape {list(shape)}, its parameter's is {list(ema_params[int(index)].shape)}"
+                )
+        else:
+            problems.append(
+                f"unexpected tensor {name!r} (rule: student.*, optimizer.<i>.step/exp_avg/exp_avg_sq, bloop.<i>)"
+            )
+    return problems
 
 
 GROUP_CHUNK = 50  # batches per length-sorted chunk: long enough to group lengths, short enough to stay random
@@ -458,7 +545,7 @@ def distill(
     ckpt = Path(checkpoint) if checkpoint is not None else None
     start = 0
     if ckpt is not None and ckpt.is_file():
-        start = _load(ckpt, key, student, opt, bloop)
+        start = _load(ckpt, key, cfg.steps, student, opt, bloop)
     objective = _Objective(cfg)
     layer_map = hidden_layer_map(teacher.num_layers, student.num_layers)
     teacher.eval()

@@ -15,9 +15,10 @@ statistics of the last training forward are kept for :func:`routing_loss`.
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -117,8 +118,14 @@ def wrap(
 ) -> list[str]:
     """Replaces (in place) every ``nn.Linear`` of ``model`` whose qualified name matches one of
     ``patterns`` (fnmatch, e.g. ``"*attention.self.query"``) by a :class:`LoRAMixerLinear`;
-    ``scaling = alpha / rank`` (alpha defaults to rank: scaling 1). Returns the wrapped names; no match
-    is an error naming the patterns."""
+    ``scaling = alpha / rank`` (alpha defaults to rank: scaling 1; a finite number > 0). Returns the wrapped names;
+    no match is an error naming the patterns. All or nothing: a failure leaves ``model`` as it was."""
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+        raise ArgumentError(f"LoRAMixer: rank {rank!r} is out of range (rule: an integer >= 1)")
+    if isinstance(num_experts, bool) or not isinstance(num_experts, int) or num_experts < 1:
+        raise ArgumentError(f"LoRAMixer: num_experts {num_experts!r} is out of range (rule: an integer >= 1)")
+    if alpha is not None and (isinstance(alpha, bool) or not math.isfinite(alpha) or alpha <= 0):
+        raise ArgumentError(f"LoRAMixer: alpha {alpha!r} is out of range (rule: a finite number > 0)")
     scaling = (rank if alpha is None else alpha) / rank
     names = [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and _matches(n, patterns)]
     if not names:
@@ -127,14 +134,42 @@ def wrap(
             f"no nn.Linear of the model matches {list(patterns)} (rule: fnmatch on qualified names; "
             f"the model's Linear layers include {linears})"
         )
-    for name in names:
-        parent, attr = _parent(model, name)
-        setattr(
-            parent,
-            attr,
-            LoRAMixerLinear(getattr(parent, attr), num_experts, rank, top_k=top_k, scaling=scaling),
-        )
+    # all mixers are built before the first replaces its Linear: a failure leaves the model as it was
+    with all_or_nothing(model):
+        built: dict[str, nn.Module] = {
+            name: LoRAMixerLinear(model.get_submodule(name), num_experts, rank, top_k=top_k, scaling=scaling)  # type: ignore[arg-type]
+            for name in names
+        }
+        swap_in(model, built)
     return names
+
+
+@contextlib.contextmanager
+def all_or_nothing(model: nn.Module) -> Iterator[None]:
+    """Restores the ``requires_grad`` flag of every parameter of ``model`` when the block raises: building a
+    LoRAMixerLinear freezes its base Linear, which must not outlive a wrapping that failed."""
+    flags = [(p, p.requires_grad) for p in model.parameters()]
+    try:
+        yield
+    except BaseException:
+        for p, flag in flags:
+            p.requires_grad_(flag)
+        raise
+
+
+def swap_in(model: nn.Module, built: Mapping[str, nn.Module]) -> None:
+    """Sets each module of ``built`` in place of the submodule of that qualified name, all of them or, when one
+    fails, none (the replaced ones are put back)."""
+    old: list[tuple[nn.Module, str, nn.Module]] = []
+    try:
+        for name, m in built.items():
+            parent, attr = _parent(model, name)
+            old.append((parent, attr, getattr(parent, attr)))
+            setattr(parent, attr, m)
+    except BaseException:
+        for parent, attr, m in reversed(old):
+            setattr(parent, attr, m)
+        raise
 
 
 def mixers(model: nn.Module) -> dict[str, LoRAMixerLinear]:

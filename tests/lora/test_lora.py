@@ -279,7 +279,7 @@ def test_adapter_errors_name_file_value_and_rule(adapter_dirs, tmp_path):
     garbage.mkdir()
     (garbage / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 2}))
     (garbage / "adapter_model.safetensors").write_bytes(b"\x80\x04not safetensors at all")
-    with pytest.raises(AdapterError, match=r"garbage/adapter_model.safetensors: not a safetensors file"):
+    with pytest.raises(AdapterError, match=r"garbage/adapter_model.safetensors: not a readable safetensors file"):
         load_experts(Encoder().bert, [garbage])
     pickled = tmp_path / "pickled"
     pickled.mkdir()

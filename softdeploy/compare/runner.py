@@ -220,13 +220,18 @@ def _tvm_runner(path: Path, tuned: bool, threads: int) -> Runner:
 
 
 def _fp32_model(case: Case, models: Path, progress: Progress) -> Path:
-    """The case's fp32 export, reused only while its content fingerprint is unchanged.
+    """The case's fp32 export ``models/fp32.onnx``, reused only while its content fingerprint is unchanged.
 
     The key is ``case.fingerprint()`` (weights, data and settings; see :mod:`softdeploy.compare.cache`)
-    with the softdeploy and torch versions; a case without ``fingerprint`` is exported on every run."""
+    with the softdeploy and torch versions, kept in ``models/fp32.stamp.json``; a case without ``fingerprint`` is
+    exported on every run. The model and its stamp are cache entries (:mod:`softdeploy.cache`): written atomically
+    with a content digest, checked on reuse; a truncated, edited or undigested model is reported in one line, set
+    aside and exported again. Either way the case's optional ``use_fp32(path)`` is told the path, so that a case
+    which reads the fp32 model itself (a workflow's reference outputs) works on a rerun as on the first run."""
     import importlib.metadata
 
     import softdeploy
+    from softdeploy import cache
 
     path = models / "fp32.onnx"
     stamp = models / "fp32.stamp.json"
@@ -238,16 +243,40 @@ def _fp32_model(case: Case, models: Path, progress: Progress) -> Path:
         "describe": case.describe(),
         "fingerprint": own() if callable(own) else None,
     }
-    if want["fingerprint"] is not None and path.is_file() and stamp.is_file():
-        try:
-            if json.loads(stamp.read_text()) == json.loads(json.dumps(want, default=str)):
-                return path
-        except json.JSONDecodeError:
-            pass
-    with progress.step(f"export {case.name} to ONNX (torch.onnx dynamo)"):
-        case.export_fp32(path)
-    stamp.write_text(json.dumps(want, indent=1, default=str))
+    want = json.loads(json.dumps(want, default=str))  # as it reads back from the stamp
+    if want["fingerprint"] is None or cache.load_checked(stamp, _read_json) != want or cache.lookup(path) is None:
+        # the stamp goes first: a run stopped while exporting leaves no stamp, so the next run exports again
+        # without taking the old model (or a missing digest) for a fault
+        for old in (stamp, cache.digest_path(stamp)):
+            old.unlink(missing_ok=True)
+        with progress.step(f"export {case.name} to ONNX (torch.onnx dynamo)"):
+            cache.store(path, lambda tmp: _export_to(case, tmp), what="fp32 model")
+        cache.store(stamp, lambda tmp: tmp.write_text(json.dumps(want, indent=1)), what="fp32 model stamp")
+    use = getattr(case, "use_fp32", None)
+    if callable(use):
+        use(path)
     return path
+
+
+def _read_json(path: Path) -> Any:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def _export_to(case: Case, target: Path) -> None:
+    """``case.export_fp32`` into a private folder beside ``target`` (under the name ``fp32.onnx``: exporters and
+    fusion passes may rewrite the file in place or want its suffix), then moved onto ``target``."""
+    import os
+    import tempfile
+
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".fp32-export-") as tmp:
+        exported = Path(tmp) / "fp32.onnx"
+        case.export_fp32(exported)
+        if not exported.is_file():
+            raise SoftdeployError(f"case {case.name}: export_fp32 wrote no model to {exported}")
+        for extra in Path(tmp).iterdir():  # external weights (fp32.onnx.data): referenced relative to the model
+            if extra != exported:
+                os.replace(extra, target.parent / extra.name)
+        os.replace(exported, target)
 
 
 # torch eager and onnxruntime fp32 (softdeploy's kernels) compute the same model: below these they

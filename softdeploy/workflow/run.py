@@ -54,8 +54,7 @@ def run_workflow(
     budget = None
     q = workflow.quantize
     if q.max_drop is not None:
-        fp32 = _fp32_model(case, models, progress)
-        case._fp32_path = fp32
+        fp32 = _fp32_model(case, models, progress)  # tells the case its path (WorkflowCase.use_fp32)
         budget = budget_search_on(case, fp32, models / f"int8_{q.mode}_budget.onnx", progress)
         case.exclude = tuple(dict.fromkeys([*case.exclude, *(k.node for k in budget.kept)]))
         (folder / "budget.json").write_text(json.dumps(budget.to_json(), indent=1, default=str))

@@ -319,9 +319,8 @@ def run_compare(
     CompareResult; models go to ``out/models``. Accuracy runs use ``eval_threads`` (default all cores); latency runs use
     ``threads`` and ``rounds`` interleaved rounds of ``round_seconds`` each (interleaved so that a change in machine
     load hits every variant alike), after waiting up to ``quiet_wait`` seconds for the machine to go idle. Unknown
-    variant names raise SoftdeployError before any work."""
-    import os
-
+    variant names, a case name that is not a plain folder name and thread counts below 1 raise SoftdeployError
+    before any work; thread counts above the CPU count are lowered to it with a one-line warning."""
     t_start = time.perf_counter()
     steps: dict[str, float] = {}
     specs = known_variants()
@@ -330,7 +329,11 @@ def run_compare(
         raise SoftdeployError(f"unknown variant(s) {unknown}; choose from {list(specs)}")
     if REFERENCE not in variants:
         variants = [REFERENCE, *variants]
-    eval_threads = eval_threads or os.cpu_count() or 1
+    from softdeploy.workflow.spec import bounded_threads, check_folder_name, cpu_count
+
+    check_folder_name(case.name, f"case {case.name!r}")  # the results folder's name: never '..' or a path
+    threads = bounded_threads(threads, "threads")
+    eval_threads = bounded_threads(eval_threads, "eval threads") if eval_threads is not None else cpu_count()
     out = Path(out)
     models = out / "models"
     models.mkdir(parents=True, exist_ok=True)

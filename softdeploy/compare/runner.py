@@ -244,7 +244,10 @@ def _fp32_model(case: Case, models: Path, progress: Progress) -> Path:
         "fingerprint": own() if callable(own) else None,
     }
     want = json.loads(json.dumps(want, default=str))  # as it reads back from the stamp
-    if want["fingerprint"] is None or cache.load_checked(stamp, _read_json) != want or cache.lookup(path) is None:
+    # a stamp without its digest (a run stopped while writing it, or a folder from before digests) only says the
+    # export is not known to be complete: exported again without a fault reported
+    stamped = want["fingerprint"] is not None and cache.digest_path(stamp).is_file()
+    if not stamped or cache.load_checked(stamp, _read_json) != want or cache.lookup(path) is None:
         # the stamp goes first: a run stopped while exporting leaves no stamp, so the next run exports again
         # without taking the old model (or a missing digest) for a fault
         for old in (stamp, cache.digest_path(stamp)):

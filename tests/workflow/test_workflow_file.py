@@ -145,6 +145,14 @@ def test_compare_threads_above_the_cpu_count(model_and_data: Path) -> None:
     assert json.loads(Path("res/m/results.json").read_text())["threads"] == cpu_count()
 
 
+def test_compare_threads_zero_is_one_line(model_and_data: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    args = ["compare", "wf/m.onnx", "--data", "wf/x.npz", "--quick", "--variants", "ort-fp32", "--out", "res"]
+    assert main([*args, "--threads", "0"]) == 2
+    err = capfd.readouterr().err.strip()
+    assert err == "softdeploy: error: m: threads: 0 is less than the minimum of 1", err
+    assert not Path("res").exists()
+
+
 # ---- the file itself ----------------------------------------------------------------------------------------------
 
 

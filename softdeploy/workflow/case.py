@@ -130,11 +130,20 @@ class WorkflowCase:
         return fingerprint(self._model, self._data.batches, self._data.labels, self.describe())
 
     def export_fp32(self, path: Path) -> None:
-        """Writes the fp32 ONNX model (exported from the factory, or the given file) to ``path``."""
-        import onnx
+        """Writes the fp32 ONNX model (exported from the factory, or the given file) to ``path`` (atomically), the
+        model :meth:`reference` reads."""
+        from softdeploy.files import save_model
 
-        onnx.save(self._model, path)
+        save_model(self._model, path, "fp32 model")
         self._fp32_path = Path(path)
+
+    def use_fp32(self, path: Path) -> None:
+        """The fp32 model the comparison uses (just exported or reused from an earlier run): :meth:`reference` reads
+        it. The reference outputs of another model are dropped."""
+        path = Path(path)
+        if path != self._fp32_path:
+            self._reference = None
+        self._fp32_path = path
 
     def torch_runner(self, threads: int) -> Runner:
         """The torch module as a runner over the same feeds (WorkflowError for an ONNX-file model, which has none)."""

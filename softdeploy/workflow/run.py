@@ -4,6 +4,7 @@ the workflow's own metric, when it sets ``quantize.max_drop``) -> compare every 
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,7 @@ def run_workflow(
     from softdeploy.compare import run_compare
     from softdeploy.compare.report import write_reports
     from softdeploy.compare.runner import _fp32_model, known_variants
+    from softdeploy.files import write_text
 
     case = WorkflowCase(workflow)
     case.prepare(progress)
@@ -48,17 +50,16 @@ def run_workflow(
     unknown = [v for v in variants if v not in known_variants()]
     if unknown:
         raise WorkflowError(f"variants: unknown {unknown}; choose from {list(known_variants())}")
-    folder = Path(out or workflow.out) / workflow.name
+    folder = results_folder(Path(out or workflow.out), workflow.name)
     models = folder / "models"
     models.mkdir(parents=True, exist_ok=True)
     budget = None
     q = workflow.quantize
     if q.max_drop is not None:
-        fp32 = _fp32_model(case, models, progress)
-        case._fp32_path = fp32
+        fp32 = _fp32_model(case, models, progress)  # tells the case its path (WorkflowCase.use_fp32)
         budget = budget_search_on(case, fp32, models / f"int8_{q.mode}_budget.onnx", progress)
         case.exclude = tuple(dict.fromkeys([*case.exclude, *(k.node for k in budget.kept)]))
-        (folder / "budget.json").write_text(json.dumps(budget.to_json(), indent=1, default=str))
+        write_text(folder / "budget.json", json.dumps(budget.to_json(), indent=1, default=str), "budget report")
     result = run_compare(
         case,
         folder,
@@ -73,6 +74,17 @@ def run_workflow(
     with progress.step("write report.md, results.csv, results.json, accuracy_vs_latency.png"):
         reports = write_reports(result, folder)
     return WorkflowResult(result, budget, folder, reports)
+
+
+def results_folder(out: Path, name: str) -> Path:
+    """``out/name``, the one folder a workflow writes to; WorkflowError unless ``name`` is a plain folder name, so
+    that the folder lies inside ``out`` (compared as written: a link the user made inside ``out`` stays theirs)."""
+    from softdeploy.workflow.spec import check_folder_name
+
+    folder = out / check_folder_name(name, "workflow")
+    if Path(os.path.normpath(folder)).parent != Path(os.path.normpath(out)):
+        raise WorkflowError(f"workflow: name: {name!r} would put the results outside {out} (rule: a plain folder name)")
+    return folder
 
 
 def budget_search_on(case: WorkflowCase, fp32: Path, output: Path, progress: Progress) -> Any:

@@ -3,6 +3,12 @@
 YAML or JSON, validated against :data:`SCHEMA` (``softdeploy/workflow/schema.json``, published with the
 package); a violation is a :class:`WorkflowError` naming the key (``data.batch: 0 is less than the
 minimum of 1``). Relative paths are relative to the workflow file's folder.
+
+Beyond the schema: the file is UTF-8 text, each key appears once per mapping (YAML and JSON would keep the last
+silently), ``name`` is a plain folder name (not ``.`` or ``..``: the results go to ``OUT/NAME/`` and nowhere else),
+and ``threads`` above this machine's CPU count is lowered to it with a one-line
+:class:`~softdeploy.errors.SoftdeployWarning` (more threads than cores only slows every variant down, and tens of
+thousands of them took minutes to start).
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from softdeploy.errors import SoftdeployError
+from softdeploy.errors import SoftdeployError, SoftdeployWarning
 
 SCHEMA_PATH = Path(__file__).with_name("schema.json")
 
@@ -90,6 +96,57 @@ def is_callable_ref(value: str) -> bool:
     return re.fullmatch(r"[\w./\\-]+\.py:\w+|[A-Za-z_][\w.]*:\w+", value) is not None
 
 
+def folder_name_problem(name: object) -> str | None:
+    """Why ``name`` is not a plain folder name (one path component, not ``.`` or ``..``, no separator), or None.
+    A workflow's or case's name is the folder of its results inside the output folder; anything else would write
+    outside it."""
+    if not isinstance(name, str) or not name:
+        return "an empty name"
+    if set(name) == {"."}:  # '.' and '..' name the output folder and the one above it
+        return f"{name!r} is not a folder of its own"
+    bad = next((c for c in name if c in "/\\\0"), None)
+    if bad is not None:
+        return f"{name!r} holds the path separator or NUL {bad!r}"
+    return None
+
+
+def check_folder_name(name: object, where: str) -> str:
+    """``name`` when it is a plain folder name (:func:`folder_name_problem`); else WorkflowError naming ``where``."""
+    problem = folder_name_problem(name)
+    if problem is not None:
+        raise WorkflowError(
+            f"{where}: name: {problem} (rule: a plain folder name of letters, digits, '_', '.' and '-', not only dots; "
+            "the results go to OUT/NAME/)"
+        )
+    return str(name)
+
+
+def cpu_count() -> int:
+    """The CPU cores this process may run on (its affinity where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def bounded_threads(threads: int, where: str = "threads") -> int:
+    """``threads``, lowered to :func:`cpu_count` with a one-line SoftdeployWarning when it is above it (more threads
+    than cores only slows every variant down, and tens of thousands took minutes to start). WorkflowError below 1."""
+    import warnings
+
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise WorkflowError(f"{where}: {threads!r} (rule: a whole number of threads, at least 1)")
+    cores = cpu_count()
+    if threads > cores:
+        warnings.warn(
+            f"{where}: {threads} is more than the {cores} CPU cores of this machine; using {cores}",
+            SoftdeployWarning,
+            stacklevel=2,
+        )
+        return cores
+    return threads
+
+
 def _resolve(base: Path, value: str | None) -> str | None:
     """A path relative to the workflow file (also the file of 'file.py:fn'); 'pkg.mod:fn' stays as it is."""
     if value is None:
@@ -116,6 +173,8 @@ def validate(raw: Any, where: str = "workflow") -> None:
 
 def parse(raw: Mapping[str, Any], *, base: str | os.PathLike[str] = ".", name: str = "workflow") -> Workflow:
     """A Workflow from an already-loaded mapping (validated first)."""
+    if isinstance(raw, Mapping) and isinstance(raw.get("name"), str):
+        check_folder_name(raw["name"], name)  # before the schema: its pattern alone lets '.' and '..' through
     validate(raw, name)
     base = Path(base)
     model = raw["model"]
@@ -136,7 +195,7 @@ def parse(raw: Mapping[str, Any], *, base: str | os.PathLike[str] = ".", name: s
     )
     q = raw.get("quantize", {})
     return Workflow(
-        name=raw.get("name", name),
+        name=check_folder_name(raw.get("name", name), name),
         title=raw.get("title", ""),
         model=_resolve(base, model_ref) or "",
         factory=factory,
@@ -153,7 +212,7 @@ def parse(raw: Mapping[str, Any], *, base: str | os.PathLike[str] = ".", name: s
             exclude=tuple(q.get("exclude", ())),
         ),
         variants=tuple(raw["variants"]) if "variants" in raw else None,
-        threads=int(raw.get("threads", 1)),
+        threads=bounded_threads(int(raw.get("threads", 1)), f"{name}: threads"),
         rounds=int(raw.get("rounds", 8)),
         out=_resolve(base, raw.get("out", "softdeploy-results")) or "softdeploy-results",
         base=base,
@@ -161,20 +220,90 @@ def parse(raw: Mapping[str, Any], *, base: str | os.PathLike[str] = ".", name: s
 
 
 def load_workflow(path: str | os.PathLike[str]) -> Workflow:
-    """Reads a YAML (``.yaml`` / ``.yml``) or JSON workflow file and validates it."""
+    """Reads a YAML (``.yaml`` / ``.yml``) or JSON workflow file and validates it. Every problem with the file (not
+    UTF-8, not valid YAML/JSON, a key twice in one mapping, a schema violation) is a one-line WorkflowError naming
+    the file."""
     p = Path(path)
     if not p.is_file():
         raise WorkflowError(f"workflow file {p} does not exist" if not p.exists() else f"workflow {p} is not a file")
-    text = p.read_text()
     try:
-        if p.suffix in (".yaml", ".yml"):
-            import yaml
-
-            raw = yaml.safe_load(text)
-        else:
-            raw = json.loads(text)
+        data = p.read_bytes()
+    except OSError as e:
+        raise WorkflowError(f"workflow file {p}: cannot be read ({e.strerror or e})") from e
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise WorkflowError(
+            f"{p}: not UTF-8 text: byte {data[e.start]:#04x} at line {line} (rule: save the workflow file as UTF-8)"
+        ) from None
+    is_yaml = p.suffix in (".yaml", ".yml")
+    try:
+        raw = _load_yaml(text) if is_yaml else json.loads(text, object_pairs_hook=_unique_keys)
+    except _DuplicateKey as e:
+        raise WorkflowError(
+            f"{p}: {e} (rule: each key once; {'YAML' if is_yaml else 'JSON'} would keep the last)"
+        ) from None
     except Exception as e:  # yaml.YAMLError / json.JSONDecodeError
-        raise WorkflowError(f"{p}: not valid {'YAML' if p.suffix in ('.yaml', '.yml') else 'JSON'}: {e}") from e
+        raise WorkflowError(f"{p}: not valid {'YAML' if is_yaml else 'JSON'}: {_one_line(e)}") from None
     if not isinstance(raw, Mapping):
         raise WorkflowError(f"{p}: the top level must be a mapping of keys (model, data, metrics, ...)")
     return parse(raw, base=p.resolve().parent, name=p.stem)
+
+
+class _DuplicateKey(ValueError):
+    """A key that appears twice in one mapping of the file."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """json's object_pairs_hook: the object as a dict, refusing a key that appears twice."""
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise _DuplicateKey(f"key {k!r} appears twice in one object")
+        out[k] = v
+    return out
+
+
+@functools.cache
+def _unique_key_loader() -> Any:
+    """yaml.SafeLoader refusing a key that appears twice in one mapping (made on first use: yaml is imported then)."""
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            seen: set[Any] = set()
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    dup = key in seen
+                    seen.add(key)
+                except TypeError:  # an unhashable key: the constructor below reports it
+                    continue
+                if dup:
+                    mark = key_node.start_mark
+                    raise _DuplicateKey(
+                        f"line {mark.line + 1}, column {mark.column + 1}: key {key!r} appears twice in one mapping"
+                    )
+            return super().construct_mapping(node, deep)
+
+    return UniqueKeyLoader
+
+
+def _load_yaml(text: str) -> Any:
+    import yaml
+
+    return yaml.load(text, Loader=_unique_key_loader())  # a SafeLoader subclass: no arbitrary objects
+
+
+def _one_line(e: Exception) -> str:
+    """A parser's error in one line: PyYAML's span several (the problem, then the offending line and a caret)."""
+    problem = getattr(e, "problem", None)
+    mark = getattr(e, "problem_mark", None)
+    if problem and mark is not None:
+        context = getattr(e, "context", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}"
+        return f"{where}: {problem}" + (f" ({context})" if context else "")
+    return " ".join(str(e).split())

@@ -368,6 +368,7 @@ def _compare_workflow(args: argparse.Namespace) -> object:
 
     from softdeploy.errors import ArgumentError
     from softdeploy.workflow import load_workflow, parse
+    from softdeploy.workflow.spec import folder_name_for
 
     if args.workflow:
         if args.model or args.data:
@@ -380,7 +381,7 @@ def _compare_workflow(args: argparse.Namespace) -> object:
         name, _, output = m.partition("=")
         metrics.append({"name": name, **({"output": output} if output else {})})
     raw = {
-        "name": Path(args.model).stem,
+        "name": folder_name_for(Path(args.model).stem),
         "model": args.model,
         "data": {
             "inputs": args.data,
@@ -393,7 +394,7 @@ def _compare_workflow(args: argparse.Namespace) -> object:
         "rounds": args.rounds,
         "out": args.out,
     }
-    return parse(raw, base=Path.cwd(), name=Path(args.model).stem)
+    return parse(raw, base=Path.cwd(), name=folder_name_for(Path(args.model).stem))
 
 
 def _run_workflow(workflow: object, console: object, *, variants: list[str] | None = None, quick: bool = False) -> int:

@@ -93,8 +93,10 @@ class Case(Protocol):
 
     Methods, in the order the runner calls them: ``prepare``; ``export_fp32``; ``torch_runner``;
     ``calibration_feeds`` and ``probe_feeds`` (int8 variants); ``evaluate`` and ``timed`` (every variant);
-    ``floors`` and ``describe`` (the report). Optional: ``static_config``, ``fingerprint``, ``sections`` and
-    ``torch_size_bytes`` (see the module docstring). :class:`softdeploy.workflow.case.WorkflowCase` is the
+    ``floors`` and ``describe`` (the report). Optional: ``static_config``, ``fingerprint``, ``sections``,
+    ``torch_size_bytes`` (see the module docstring) and ``use_fp32(path)``, called with the fp32 model's path after
+    every export *and* whenever a cached export is reused, so a case that reads its own fp32 model (a reference for
+    agreement) finds it on a rerun too. :class:`softdeploy.workflow.case.WorkflowCase` is the
     implementation a workflow file builds; softdeploy.models has the built-in cases.
     """
 

@@ -121,6 +121,13 @@ def check_folder_name(name: object, where: str) -> str:
     return str(name)
 
 
+def folder_name_for(stem: str) -> str:
+    """A results folder name made from a file's stem (``compare MODEL``): every run of characters outside the rule of
+    :func:`check_folder_name` becomes one ``_`` ("my model (v2)" -> "my_model_v2_"); "model" when nothing is left."""
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", stem).strip(".")
+    return name if folder_name_problem(name) is None else "model"
+
+
 def cpu_count() -> int:
     """The CPU cores this process may run on (its affinity where the OS has one)."""
     try:

@@ -129,3 +129,12 @@ def test_a_killed_export_leaves_nothing_that_outlives_the_next_export(model_and_
     assert main(COMPARE) == 0
     assert not dead.exists() and live.exists()
     assert sorted(p.name for p in models.glob(".fp32-export-*")) == [live.name]
+
+
+def test_a_model_file_name_outside_the_folder_rule_gets_a_plain_results_folder(model_and_data: Path) -> None:
+    """`compare MODEL` names its results folder after the model file: a stem with spaces or brackets is made into a
+    plain folder name rather than refused."""
+    (model_and_data / "m.onnx").rename(model_and_data / "my model (v2).onnx")
+    argv = [a if a != "m.onnx" else "my model (v2).onnx" for a in COMPARE]
+    assert main(argv) == 0
+    assert _rows(model_and_data / "res" / "my_model_v2_") == ["ort-fp32", "ort-int8-dynamic"]

@@ -276,8 +276,13 @@ def _save(
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     # written beside the checkpoint and renamed over it once complete: a crash, Ctrl-C or full disk mid-write leaves
-    # the previous checkpoint intact and no partial file behind
+    # the previous checkpoint intact and no partial file behind; its digest (softdeploy.cache) follows, so an edited
+    # or replaced checkpoint is told from the one this run wrote
+    from softdeploy.cache import digest_path, seal
+
+    digest_path(path).unlink(missing_ok=True)
     write_with(path, lambda tmp: save_file(tensors, str(tmp), metadata=meta), what="checkpoint")
+    seal(path, "checkpoint")
 
 
 _OPT_STATE = {"step": "a scalar", "exp_avg": "the parameter's shape", "exp_avg_sq": "the parameter's shape"}
@@ -296,8 +301,15 @@ def _load(
     format, the key, the step (0 <= step <= steps: the key covers ``steps``, so a later step means an edited or
     damaged file, whose resume would return an untrained student as if trained), the optimizer's groups, every
     tensor's name and shape, finite values -- each failure a DistillError naming the file and what is wrong."""
+    from softdeploy.cache import digest_path, verify
+    from softdeploy.errors import CacheError
     from softdeploy.safetensors_check import load_tensors, read_header
 
+    if digest_path(path).exists():  # checkpoints written before digests existed are checked structurally only
+        try:
+            verify(path)
+        except CacheError as e:
+            raise DistillError(f"checkpoint {path}: {str(e).split(': ', 1)[-1]}") from e
     header = read_header(path, DistillError)
     meta = header.metadata
     if meta.get("format") != CHECKPOINT_FORMAT:

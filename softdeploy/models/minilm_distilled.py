@@ -230,7 +230,7 @@ class MiniLMDistilled(MiniLMRetrieval):
         set aside and distilled again: :mod:`softdeploy.models.cached`), else ``train(checkpoint)`` and stored there.
         ``checkpoint-KEY.safetensors`` is the resume state of an interrupted distillation: used when it is readable,
         set aside when not (or when distill refuses it, naming it), removed once the student is stored."""
-        from softdeploy.cache import set_aside
+        from softdeploy.cache import digest_path, set_aside
         from softdeploy.distill import load_student, save_student
         from softdeploy.distill.train import CHECKPOINT_FORMAT
         from softdeploy.errors import DistillError
@@ -265,6 +265,7 @@ class MiniLMDistilled(MiniLMRetrieval):
         )
         if not self._trained_from_cache:
             ckpt.unlink(missing_ok=True)  # the student is stored: its resume state is no longer needed
+            digest_path(ckpt).unlink(missing_ok=True)
         return student
 
     def describe(self) -> dict[str, Any]:

@@ -290,3 +290,22 @@ def test_copied_checkpoint_still_resumes(tokenizer: Any, halfway: Path, tmp_path
     shutil.copy(halfway, ckpt)
     r = run(tokenizer, ckpt)
     assert r.resumed_from == 2 and len(r.main_losses) == 2
+
+
+def test_checkpoint_edited_in_place_is_told_by_its_digest(tokenizer: Any, halfway: Path, tmp_path: Path) -> None:
+    """A checkpoint changed after this run wrote it -- finite, well-formed, other values -- no longer matches the
+    digest written beside it (softdeploy.cache) and is refused rather than resumed."""
+    from softdeploy.cache import digest_path
+
+    ckpt = tmp_path / "run.safetensors"
+    assert digest_path(halfway).is_file()
+    shutil.copy(digest_path(halfway), digest_path(ckpt))
+
+    def scale(t: dict[str, torch.Tensor]) -> None:
+        t["student.bert.encoder.layer.1.output.dense.weight"] *= 1.5
+
+    edited(halfway, ckpt, tensors=scale)
+    with pytest.raises(
+        DistillError, match=r"run.safetensors: .*(does not match its recorded sha256|bytes, its digest)"
+    ):
+        run(tokenizer, ckpt)

@@ -226,6 +226,9 @@ class OpDef:
     # is proportional to, an array broadcastable to each float output (e.g. max(1, max|V|) per head and
     # column); the absolute tolerance is atol times it (error_scale). None: atol as it is.
     atol_scale: Callable[..., Any] | None = None
+    # The input the outputs are linear in (O(c V) = c O(V), attention's V), if any: the reliability fuzz
+    # scales it over many magnitudes, which the tolerance must follow (atol_scale).
+    linear_in: str | None = None
     # The snake_case stem when the derived one is not wanted (e.g. "SoftmaxTopK" -> "softmax_topk",
     # not "softmax_top_k"); None derives it from the name.
     stem_override: str | None = None

@@ -370,6 +370,7 @@ DEF = OpDef(
     infer_shapes=infer_shapes,
     tolerance=_TOLERANCE,
     atol_scale=value_scale,
+    linear_in="V",
     source="Lu et al. 2021, SOFT: Softmax-free Transformer with Linear Complexity, arXiv 2110.11945; "
     "fudan-zvg/SOFT (kernel/inverse.py newton_inv, models/softmax_free_transformer.py)",
 )

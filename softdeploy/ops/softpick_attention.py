@@ -468,6 +468,7 @@ DEF = OpDef(
     infer_shapes=infer_shapes,
     tolerance=_TOLERANCE,
     atol_scale=value_scale,
+    linear_in="V",
     source="Zuhri, Fuadi & Aji 2025, arXiv 2504.20966; zaydzuhri/softpick-attention (naive_softpick_attn.py, "
     "flash_softpick_attn.py); Dao 2023 (FlashAttention-2) for the blocking",
 )

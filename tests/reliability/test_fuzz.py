@@ -19,9 +19,10 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 from hypothesis import Phase, given, settings
+from hypothesis import strategies as st
 
 from reliability.checks import judge
-from reliability.fuzzing import Case
+from reliability.fuzzing import MAGNITUDES, Case, scale_linear_input
 from reliability.strategies import cases
 from softdeploy import conformance
 from softdeploy.ops import REGISTRY
@@ -247,16 +248,25 @@ class Report:
         )
 
 
-@functools.cache
-def fuzz(name: str) -> Report:
-    op = REGISTRY[name]
-    report = Report(name, collections.Counter(), [], {k.reason: [] for k in KNOWN if k.op == name}, [])
+def _magnitude_only(op, case: Case, scaled: Case) -> bool:
+    """Whether ``scaled`` differs from ``case`` by the magnitude of op's linear input alone: no entry made
+    non-finite by the scaling, and magnitudes (<= 1e30) whose sums stay far within float32's range."""
+    i = [p.name for p in op.inputs].index(op.linear_in)
+    a, b = (np.asarray(c.sample.inputs[i], np.float64) for c in (case, scaled))
+    finite = np.isfinite(b)
+    return bool(np.array_equal(np.isfinite(a), finite) and np.all(np.abs(b[finite]) <= 1e30))
 
-    # No shrinking: every case is judged (nothing is raised inside), and the findings are listed with
-    # their inputs at the end.
-    @settings(max_examples=EXAMPLES, phases=[Phase.explicit, Phase.generate])
-    @given(cases(op))
-    def run(case: Case) -> None:
+
+@functools.cache
+def fuzz(name: str, magnitudes: bool = False) -> Report:
+    """The op's fuzz report; ``magnitudes``: each case's linear input (OpDef.linear_in) also scaled by one of
+    fuzzing.MAGNITUDES."""
+    op = REGISTRY[name]
+    label = f"{name} ({op.linear_in} scaled by {', '.join(f'{m:g}' for m in MAGNITUDES)})" if magnitudes else name
+    report = Report(label, collections.Counter(), [], {k.reason: [] for k in KNOWN if k.op == name}, [])
+
+    def record(case: Case) -> str:
+        """Judges the case into the report; returns what it was: ok, refused, known, out of range or new."""
         out = judge(op, case.sample, case.dtype, ISAS)
         report.counts[out.kind] += 1
         if out.kind == "ok":
@@ -264,18 +274,45 @@ def fuzz(name: str) -> Report:
             report.counts["ok with special values"] += any("specials" in m for m in case.mutations)
             report.counts["ok resized"] += any("->" in m for m in case.mutations)
         if out.kind != "finding":
-            return
+            return out.kind
         text = f"{case.describe()}\n    => {out.detail}"
         for k in KNOWN:
             if k.op == name and k.matches(case, out.detail):
                 report.known[k.reason].append(text)
-                return
+                return "known"
         if _beyond_dot_product_domain(case):
             report.out_of_range.append(text)
-            return
+            return "out of range"
         report.new.append(text)
+        return "new"
 
-    run()
+    # No shrinking: every case is judged (nothing is raised inside), and the findings are listed with
+    # their inputs at the end.
+    if magnitudes:
+
+        @settings(max_examples=EXAMPLES, phases=[Phase.explicit, Phase.generate])
+        @given(cases(op), st.sampled_from(MAGNITUDES))
+        def run_scaled(case: Case, factor: float) -> None:
+            scaled = scale_linear_input(case, factor)
+            # O is linear in the input and the tolerance per unit of it: a case that matches at one magnitude
+            # matches at every magnitude float32 holds, so "beyond float32" may not excuse it (as it did the
+            # fixed atol's misses)
+            if record(scaled) == "out of range" and _magnitude_only(op, case, scaled):
+                if judge(op, case.sample, case.dtype, ISAS).kind == "ok":
+                    report.new.append(
+                        f"{scaled.describe()}\n    => out of tolerance at this magnitude of {op.linear_in} only: "
+                        "the unscaled case matches"
+                    )
+
+        run_scaled()
+    else:
+
+        @settings(max_examples=EXAMPLES, phases=[Phase.explicit, Phase.generate])
+        @given(cases(op))
+        def run(case: Case) -> None:
+            record(case)
+
+        run()
     return report
 
 
@@ -292,6 +329,17 @@ def test_fuzz_kernel_matches_reference_or_refuses_clearly(name, capsys):
     with capsys.disabled():
         print(f"\n{report.line()}")
     assert report.counts["ok"] > 0, f"{name}: no fuzz case was valid; the cases do not exercise the kernel"
+    assert not report.new, f"{report.line()}\n" + "\n".join(report.new[:10])
+
+
+@pytest.mark.parametrize("name", [n for n, op in REGISTRY.items() if op.linear_in is not None])
+def test_fuzz_magnitudes_of_the_linear_input(name, capsys):
+    """The fuzz with the op's linear input scaled from 1e-3 to 1e20: the kernel stays within the tolerance
+    (atol per unit of that input's magnitude), or the case is beyond float32's conditioning by the op's bound."""
+    report = fuzz(name, magnitudes=True)
+    with capsys.disabled():
+        print(f"\n{report.line()}")
+    assert report.counts["ok"] > 0, f"{name}: no scaled fuzz case was valid"
     assert not report.new, f"{report.line()}\n" + "\n".join(report.new[:10])
 
 

@@ -258,11 +258,44 @@ def _magnitude_only(op, case: Case, scaled: Case) -> bool:
 
 
 @functools.cache
-def fuzz(name: str, magnitudes: bool = False) -> Report:
-    """The op's fuzz report; ``magnitudes``: each case's linear input (OpDef.linear_in) also scaled by one of
-    fuzzing.MAGNITUDES."""
+def fuzz(name: str) -> Report:
     op = REGISTRY[name]
-    label = f"{name} ({op.linear_in} scaled by {', '.join(f'{m:g}' for m in MAGNITUDES)})" if magnitudes else name
+    report = Report(name, collections.Counter(), [], {k.reason: [] for k in KNOWN if k.op == name}, [])
+
+    # No shrinking: every case is judged (nothing is raised inside), and the findings are listed with
+    # their inputs at the end.
+    @settings(max_examples=EXAMPLES, phases=[Phase.explicit, Phase.generate])
+    @given(cases(op))
+    def run(case: Case) -> None:
+        out = judge(op, case.sample, case.dtype, ISAS)
+        report.counts[out.kind] += 1
+        if out.kind == "ok":
+            report.counts[f"ok {case.dtype}"] += 1
+            report.counts["ok with special values"] += any("specials" in m for m in case.mutations)
+            report.counts["ok resized"] += any("->" in m for m in case.mutations)
+        if out.kind != "finding":
+            return
+        text = f"{case.describe()}\n    => {out.detail}"
+        for k in KNOWN:
+            if k.op == name and k.matches(case, out.detail):
+                report.known[k.reason].append(text)
+                return
+        if _beyond_dot_product_domain(case):
+            report.out_of_range.append(text)
+            return
+        report.new.append(text)
+
+    run()
+    return report
+
+
+@functools.cache
+def fuzz_magnitudes(name: str) -> Report:
+    """The fuzz of ``name`` with each case's linear input (OpDef.linear_in) scaled by one of
+    fuzzing.MAGNITUDES, judged as fuzz() judges (which keeps its own source: hypothesis derives the
+    derandomized examples from it, and CI's examples of every op stay the same)."""
+    op = REGISTRY[name]
+    label = f"{name} ({op.linear_in} scaled by {', '.join(f'{m:g}' for m in MAGNITUDES)})"
     report = Report(label, collections.Counter(), [], {k.reason: [] for k in KNOWN if k.op == name}, [])
 
     def record(case: Case) -> str:
@@ -286,33 +319,21 @@ def fuzz(name: str, magnitudes: bool = False) -> Report:
         report.new.append(text)
         return "new"
 
-    # No shrinking: every case is judged (nothing is raised inside), and the findings are listed with
-    # their inputs at the end.
-    if magnitudes:
+    @settings(max_examples=EXAMPLES, phases=[Phase.explicit, Phase.generate])
+    @given(cases(op), st.sampled_from(MAGNITUDES))
+    def run_scaled(case: Case, factor: float) -> None:
+        scaled = scale_linear_input(case, factor)
+        # O is linear in the input and the tolerance per unit of it: a case that matches at one magnitude
+        # matches at every magnitude float32 holds, so "beyond float32" may not excuse it (as it did the
+        # fixed atol's misses)
+        if record(scaled) == "out of range" and _magnitude_only(op, case, scaled):
+            if judge(op, case.sample, case.dtype, ISAS).kind == "ok":
+                report.new.append(
+                    f"{scaled.describe()}\n    => out of tolerance at this magnitude of {op.linear_in} only: "
+                    "the unscaled case matches"
+                )
 
-        @settings(max_examples=EXAMPLES, phases=[Phase.explicit, Phase.generate])
-        @given(cases(op), st.sampled_from(MAGNITUDES))
-        def run_scaled(case: Case, factor: float) -> None:
-            scaled = scale_linear_input(case, factor)
-            # O is linear in the input and the tolerance per unit of it: a case that matches at one magnitude
-            # matches at every magnitude float32 holds, so "beyond float32" may not excuse it (as it did the
-            # fixed atol's misses)
-            if record(scaled) == "out of range" and _magnitude_only(op, case, scaled):
-                if judge(op, case.sample, case.dtype, ISAS).kind == "ok":
-                    report.new.append(
-                        f"{scaled.describe()}\n    => out of tolerance at this magnitude of {op.linear_in} only: "
-                        "the unscaled case matches"
-                    )
-
-        run_scaled()
-    else:
-
-        @settings(max_examples=EXAMPLES, phases=[Phase.explicit, Phase.generate])
-        @given(cases(op))
-        def run(case: Case) -> None:
-            record(case)
-
-        run()
+    run_scaled()
     return report
 
 
@@ -336,7 +357,7 @@ def test_fuzz_kernel_matches_reference_or_refuses_clearly(name, capsys):
 def test_fuzz_magnitudes_of_the_linear_input(name, capsys):
     """The fuzz with the op's linear input scaled from 1e-3 to 1e20: the kernel stays within the tolerance
     (atol per unit of that input's magnitude), or the case is beyond float32's conditioning by the op's bound."""
-    report = fuzz(name, magnitudes=True)
+    report = fuzz_magnitudes(name)
     with capsys.disabled():
         print(f"\n{report.line()}")
     assert report.counts["ok"] > 0, f"{name}: no scaled fuzz case was valid"

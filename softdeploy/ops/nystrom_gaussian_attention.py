@@ -24,9 +24,9 @@ regularization.
 Forms: the float64 reference below (squared distances as differences); the function body (standard
 ONNX in float64, an ONNX Loop for the iteration, distances as ``‖a‖² + ‖b‖² - 2a·b`` clamped at 0);
 the torch op (float64, the same form); the kernel (ops/nystrom_gaussian_attention.cc, float32):
-distances as differences in register tiles, the Newton-Schulz products and the three n-long products
-as tiled GEMMs, the last Newton-Schulz step and ``V_T (K1ᵀ V)`` in float64, ``K1`` kept ``[n, m]`` (memory
-O(n m), never ``[n, n]``).
+distances as differences in register tiles, the Newton-Schulz steps but the last and the two n-long
+products (``K1ᵀ V``, ``K1 W``) as tiled float32 GEMMs, the last Newton-Schulz step and ``W = V_T (K1ᵀ V)``
+in float64, ``K1`` kept ``[n, m]`` (memory O(n m), never ``[n, n]``).
 
 Accuracy: O is linear in V, so the absolute tolerance (atol below) is per unit of V: multiplied by
 ``max(1, max|V|)`` over the head's n rows, per head and column.

@@ -263,7 +263,13 @@ def op_page(d: OpDef, tvm: tuple[set[str], dict[str, str], dict[str, str]]) -> s
         "definition above says otherwise), "
         "per input element type "
         "(`|got - ref| <= atol + rtol * |ref|`), held by the conformance tests for every backend over "
-        f"{sum(counts.values())} samples ({', '.join(f'{n} {k}' for k, n in sorted(counts.items()))}).",
+        f"{sum(counts.values())} samples ({', '.join(f'{n} {k}' for k, n in sorted(counts.items()))})."
+        + (
+            f" The outputs are linear in {d.linear_in}, so atol is per unit of {d.linear_in}: multiplied by "
+            f"`max(1, max|{d.linear_in}|)` (`OpDef.atol_scale`; the definition above says over which entries)."
+            if d.linear_in
+            else ""
+        ),
         "",
         "| input type | rtol | atol |",
         "| --- | --- | --- |",

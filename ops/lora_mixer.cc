@@ -18,7 +18,9 @@
 //    bit-identical logits (exact ties) and 1 and 2 threads give identical results.
 //  * Work is split into fixed blocks of kTokenBlock tokens (sd::ParallelFor over blocks), never by
 //    the number of threads.
-//  * Non-finite tokens (any logit NaN or +-inf) get NaN Delta and Gates and Experts 0..top_k-1.
+//  * Non-finite tokens (any logit NaN or +-inf) get NaN Delta and Gates and Experts 0..top_k-1. The
+//    logits are float32 in every form (the reference rounds its float64 logits to float32 to decide
+//    this): a logit beyond float32's range is +-inf, its token non-finite.
 //  * A non-finite weight is an error whatever the routing: unselected experts are scanned, selected
 //    ones are checked through the work (a non-finite value is absorbing in the sums of products), and
 //    any sign of one runs the full scan of A, Bm and Router in that order (RequireFinite's message),

@@ -7,12 +7,20 @@
 // Python half (the contract, the non-finite distance rule, the float64 oracle, the function body):
 // softdeploy/ops/nystrom_gaussian_attention.py; docs/ops/NystromGaussianAttention.md.
 //
-// Per (batch, head) task, float32 throughout, every product a register-tiled GEMM (common/tile_gemm.h):
+// Per (batch, head) task, every n-long product a register-tiled float32 GEMM (common/tile_gemm.h):
 //   Lt = L^T (packed [d, m]);  D1 = dist(Q, Lt) [n, m] and D2 = dist(L, Lt) [m, m] as sums of squared
 //   differences (no |a|^2 + |b|^2 - 2ab cancellation: K2's diagonal is exactly 1);  the non-finite rule
 //   (NaN if either vector has a NaN or both an inf, +inf if one has an inf) on flagged rows only;
 //   K = exp(-D / (2 sqrt d));  Newton-Schulz: A = P V_t, V_{t+1} = 2 V_t - V_t A (two m x m x m GEMMs per
-//   step);  K1t = K1^T;  KtV = K1t V [m, dv];  W = V_T KtV [m, dv];  O = K1 W [n, dv].
+//   step), the last step in float64;  K1t = K1^T;  KtV = K1t V [m, dv];  W = V_T KtV [m, dv] in float64,
+//   rounded once;  O = K1 W [n, dv].
+// Why the last step and W in float64: V_T approximates P^-1, whose entries grow to ~1/regularization with
+// both signs (P's condition number reaches ~1e3 for m = 16, reg = 0.01), so W = V_T KtV cancels, and a
+// float32 V_T carries ~cond(P) u of rounding that the last float32 step adds afresh. Newton-Schulz corrects
+// errors of V_{T-1} to first order on the converged part of the spectrum, so ONE float64 step from the
+// float32 V_{T-1} and a float64 W give the float64 iteration's V_T to ~u: O's error dropped ~10x (to
+// ~1e-6 relative to max|O|, the error of float32 K1, K2 and the n-long float32 sums), for 1/T of the
+// Newton-Schulz work (2 m^3 + m^2 dv float64 multiply-adds per head).
 // Memory: O(n m + m^2 + m dv) per task; nothing of size n x n.
 //
 // What must stay true: every form runs exactly newton_iters steps (the op is the iteration, not an
@@ -39,6 +47,7 @@ struct Ops {
   GemmFn gemm;
   GemmFn dist;
   void (*neg_exp)(float*, int64_t, float);  // x <- exp(-x * c)
+  void (*gemm64)(const double*, const double*, double*, int64_t, int64_t, int64_t);
 };
 
 void NegExpPortable(float* x, int64_t n, float c) {
@@ -58,6 +67,34 @@ SD_TARGET_AVX2 void NegExpAvx2(float* x, int64_t n, float c) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, simd::ExpNonPositive(_mm256_mul_ps(_mm256_loadu_ps(x + i), mc)));
   for (; i < n; ++i) x[i] = std::exp(-x[i] * c);
+}
+
+// C[rows x cols] = A[rows x kdim] B[kdim x cols] in float64, row-major, the column loop innermost: every C
+// element is the same sequential sum over k whatever the vector width the compiler picks, so the ISA
+// variants below agree bit for bit.
+SD_INLINE inline void Gemm64Body(const double* a, const double* b, double* c, int64_t rows, int64_t kdim,
+                                 int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r) {
+    double* cr = c + r * cols;
+    for (int64_t j = 0; j < cols; ++j) cr[j] = 0.0;
+    for (int64_t kk = 0; kk < kdim; ++kk) {
+      const double x = a[r * kdim + kk];
+      const double* br = b + kk * cols;
+      for (int64_t j = 0; j < cols; ++j) cr[j] += x * br[j];
+    }
+  }
+}
+
+void Gemm64Portable(const double* a, const double* b, double* c, int64_t rows, int64_t kdim, int64_t cols) {
+  Gemm64Body(a, b, c, rows, kdim, cols);
+}
+SD_TARGET_AVX2 void Gemm64Avx2(const double* a, const double* b, double* c, int64_t rows, int64_t kdim,
+                               int64_t cols) {
+  Gemm64Body(a, b, c, rows, kdim, cols);
+}
+SD_TARGET_AVX512 void Gemm64Avx512(const double* a, const double* b, double* c, int64_t rows, int64_t kdim,
+                                   int64_t cols) {
+  Gemm64Body(a, b, c, rows, kdim, cols);
 }
 
 // Row flags of the non-finite rule: bit 0 = holds a NaN, bit 1 = holds an inf.
@@ -131,24 +168,40 @@ void RunHead(const Problem& p, const Ops& ops, int64_t bh) {
     nan_row = nan_row || std::isnan(s);
     max_row = std::max(max_row, s);
   }
-  const float alpha = nan_row ? NAN : static_cast<float>(1.8 / (max_row * max_row));
-  std::vector<float> pm(k2), vt(static_cast<size_t>(m * m)), a(static_cast<size_t>(m * m)), vn(a.size());
-  for (int64_t i = 0; i < m; ++i) pm[i * m + i] += p.reg;
-  for (int64_t e = 0; e < m * m; ++e) vt[e] = alpha * pm[e];
-  for (int64_t t = 0; t < p.iters; ++t) {
-    ops.gemm(pm.data(), m, vt.data(), m, m, a.data(), m, m, m, false);  // A = P V_t
-    ops.gemm(vt.data(), m, a.data(), m, m, vn.data(), m, m, m, false);  // V_t P V_t
-    for (int64_t e = 0; e < m * m; ++e) vn[e] = 2.0f * vt[e] - vn[e];
-    vt.swap(vn);
+  const double alpha = nan_row ? NAN : 1.8 / (max_row * max_row);
+  // P in float64 (for the last step) and float32 (for the others): K2 + reg I
+  std::vector<double> p64(static_cast<size_t>(m * m));
+  for (int64_t e = 0; e < m * m; ++e) p64[e] = k2[e];
+  for (int64_t i = 0; i < m; ++i) p64[i * m + i] += static_cast<double>(p.reg);
+  std::vector<double> vt64(p64.size());
+  for (int64_t e = 0; e < m * m; ++e) vt64[e] = alpha * p64[e];
+  if (p.iters > 0) {
+    // V_0 .. V_{T-1} in float32 (register-tiled), then V_T = 2 V - V (P V) in float64 (file comment)
+    std::vector<float> pm(static_cast<size_t>(m * m)), vt(pm.size()), a(pm.size()), vn(pm.size());
+    for (int64_t e = 0; e < m * m; ++e) pm[e] = static_cast<float>(p64[e]), vt[e] = static_cast<float>(vt64[e]);
+    for (int64_t t = 0; t + 1 < p.iters; ++t) {
+      ops.gemm(pm.data(), m, vt.data(), m, m, a.data(), m, m, m, false);  // A = P V_t
+      ops.gemm(vt.data(), m, a.data(), m, m, vn.data(), m, m, m, false);  // V_t P V_t
+      for (int64_t e = 0; e < m * m; ++e) vn[e] = 2.0f * vt[e] - vn[e];
+      vt.swap(vn);
+    }
+    std::vector<double> v64(p64.size()), a64(p64.size());
+    for (int64_t e = 0; e < m * m; ++e) v64[e] = vt[e];
+    ops.gemm64(p64.data(), v64.data(), a64.data(), m, m, m);   // A = P V_{T-1}
+    ops.gemm64(v64.data(), a64.data(), vt64.data(), m, m, m);  // V_{T-1} P V_{T-1}
+    for (int64_t e = 0; e < m * m; ++e) vt64[e] = 2.0 * v64[e] - vt64[e];
   }
-  // right to left: K1^T V [m, dv], then V_T (K1^T V) [m, dv], then K1 (...) [n, dv]
+  // right to left: K1^T V [m, dv] (float32), then W = V_T (K1^T V) [m, dv] (float64, rounded once), then
+  // K1 W [n, dv] (float32)
   std::vector<float> k1t(static_cast<size_t>(m * n));
   for (int64_t i = 0; i < n; ++i) {
     for (int64_t j = 0; j < m; ++j) k1t[j * n + i] = k1[i * m + j];
   }
   std::vector<float> ktv(static_cast<size_t>(m * dv)), w(static_cast<size_t>(m * dv));
   ops.gemm(k1t.data(), n, v, dv, n, ktv.data(), dv, m, dv, false);
-  ops.gemm(vt.data(), m, ktv.data(), dv, m, w.data(), dv, m, dv, false);
+  std::vector<double> ktv64(ktv.begin(), ktv.end()), w64(ktv.size());
+  ops.gemm64(vt64.data(), ktv64.data(), w64.data(), m, m, dv);
+  for (size_t e = 0; e < w.size(); ++e) w[e] = static_cast<float>(w64[e]);
   ops.gemm(k1.data(), m, w.data(), dv, m, o, dv, n, dv, false);
 }
 
@@ -216,9 +269,9 @@ struct NystromKernel {
     }
     Ops ops;
     switch (isa) {
-      case Isa::kAvx512: ops = {tile::GemmAvx512<false>, tile::GemmAvx512<true>, NegExpAvx512}; break;
-      case Isa::kAvx2: ops = {tile::GemmAvx2<false>, tile::GemmAvx2<true>, NegExpAvx2}; break;
-      default: ops = {tile::GemmPortable<false>, tile::GemmPortable<true>, NegExpPortable};
+      case Isa::kAvx512: ops = {tile::GemmAvx512<false>, tile::GemmAvx512<true>, NegExpAvx512, Gemm64Avx512}; break;
+      case Isa::kAvx2: ops = {tile::GemmAvx2<false>, tile::GemmAvx2<true>, NegExpAvx2, Gemm64Avx2}; break;
+      default: ops = {tile::GemmPortable<false>, tile::GemmPortable<true>, NegExpPortable, Gemm64Portable};
     }
     const Problem& cp = p;
     ParallelFor(ctx, static_cast<size_t>(p.B * p.H), [&](size_t t) { RunHead(cp, ops, static_cast<int64_t>(t)); });

@@ -157,29 +157,45 @@ class Attrs {
     *out = std::move(v);
     return true;
   }
-  // Fails when `name` is present with a type other than `want`; returns when it is absent. (TENSOR,
-  // GRAPH and the like are not probed: the Session check refuses them.)
+  // Fails when `name` is present with a type other than `want`; returns when it is absent. The scalar
+  // getters check the attribute's type; the array getters do not (onnxruntime copies the list field of
+  // that element type, so any present attribute "succeeds", with 0 values unless it is that list): they
+  // tell presence and the INTS / FLOATS that hold values, and a TENSOR is probed by its own checked
+  // getter. What is left -- STRINGS, an empty INTS or FLOATS, GRAPH and the like -- the C API of
+  // ORT_API_VERSION 21 cannot tell apart, and the message says so instead of guessing.
   void RejectOtherType(const char* name, const char* want) const {
     std::string got;
     int64_t i = 0;
     float f = 0;
     std::string s;
-    size_t n = 0;
+    size_t n_ints = 0, n_floats = 0;
     if (std::string(want) != "INT" && Ok(api_.KernelInfoGetAttribute_int64(info_, name, &i))) {
       got = StrCat("INT ", i);
     } else if (std::string(want) != "FLOAT" && Ok(api_.KernelInfoGetAttribute_float(info_, name, &f))) {
       got = StrCat("FLOAT ", f);
     } else if (std::string(want) != "STRING" && GetString(name, &s)) {
       got = StrCat("STRING '", s, "'");
-    } else if (Ok(api_.KernelInfoGetAttributeArray_int64(info_, name, nullptr, &n))) {
-      got = StrCat("INTS of ", n, " values");
-    } else if (Ok(api_.KernelInfoGetAttributeArray_float(info_, name, nullptr, &n))) {
-      got = StrCat("FLOATS of ", n, " values");
+    } else if (!Ok(api_.KernelInfoGetAttributeArray_int64(info_, name, nullptr, &n_ints))) {
+      return;  // absent
+    } else if (n_ints > 0) {
+      got = StrCat("INTS of ", n_ints, " values");
+    } else if (Ok(api_.KernelInfoGetAttributeArray_float(info_, name, nullptr, &n_floats)) && n_floats > 0) {
+      got = StrCat("FLOATS of ", n_floats, " values");
+    } else if (IsTensor(name)) {
+      got = "TENSOR";
     } else {
-      return;
+      got = "a list without numbers (STRINGS, or an empty INTS or FLOATS) or a GRAPH / SPARSE_TENSOR / TYPE_PROTO";
     }
     Fail(op_, NodeName(), "attribute '", name, "' must be ", want, ", got ", got, " (rule: '", name, "' is declared ",
          want, " in docs/ops/", op_, ".md; write it in that type, as REGISTRY['", op_, "'].make_node does)");
+  }
+  bool IsTensor(const char* name) const {
+    OrtAllocator* alloc = nullptr;
+    if (!Ok(api_.GetAllocatorWithDefaultOptions(&alloc))) return false;
+    OrtValue* value = nullptr;
+    if (!Ok(api_.KernelInfoGetAttribute_tensor(info_, name, alloc, &value))) return false;
+    api_.ReleaseValue(value);
+    return true;
   }
   // "node 'name': " (as softdeploy.runtime.Session's check words it), or "" for an unnamed node.
   std::string NodeName() const {

@@ -29,7 +29,12 @@ Rules (the contract; docs/ops/LoRAMixer.md renders it):
   (identical router rows always give equal logits, so the lower index first).
 * Per-token special values: a token whose logits are not all finite (X holds NaN or +-inf, or a
   logit overflows) gets ``Delta`` all NaN and ``Gates`` all NaN, ``Experts`` = 0, 1, ..., top_k-1;
-  the other tokens are not affected.
+  the other tokens are not affected. The logits are float32 values whatever T is (the kernel, the
+  function body and the torch op compute them in float32), so "overflows" means beyond float32's
+  range: ``|l_e|`` that rounds to +-inf in float32. The float64 reference rounds its logits to float32
+  to decide this (and only this). Where ``sum_i |Router_ei x_i|`` itself exceeds float32's range a
+  partial sum may overflow although the logit would not (the order of the sum decides): such tokens
+  are beyond float32's range, not covered by this rule.
 * ``scaling`` must be finite, and so must A, Bm and Router (trained parameters): a non-finite entry is
   an error naming the input and the entry's index. The kernel checks all E experts although it
   computes only the selected ones: without the check, a NaN in an unselected expert would vanish in
@@ -135,7 +140,8 @@ def reference(
     s = np.float64(np.float32(scaling))  # ONNX FLOAT attributes are float32
     with np.errstate(invalid="ignore", over="ignore"):
         logits = x2 @ r64.T  # [N, E]
-    ok = np.isfinite(logits).all(axis=-1)
+        # the contract's logits are float32: one beyond float32's range makes the token non-finite
+        ok = np.isfinite(logits.astype(np.float32)).all(axis=-1)
     safe = np.where(ok[:, None], logits, 0.0)
     order = np.argsort(-safe, axis=-1, kind="stable")[:, :top_k]  # stable: equal logits -> lower index
     chosen = np.take_along_axis(safe, order, axis=-1)

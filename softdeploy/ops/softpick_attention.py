@@ -33,6 +33,9 @@ reference -- it materialises ``[B, H, Tq, Tk]``); the torch op (float64 too); th
 ``expm1(s) · 2^-R``, rescale by ``2^(R_old - R_new)``, ``eps`` joined at the end as ``eps·e^(m - R ln2)``).
 Rows with special values (non-finite Q row, K, V or Mask entries, or scores beyond ``2^16``) take
 the kernel's exact float64 path, which evaluates the composition literally.
+
+Accuracy: O is linear in V, so the absolute tolerance (atol below) is per unit of V: multiplied by
+``max(1, max|V|)`` over the keys, per head and column.
 """
 
 from __future__ import annotations
@@ -212,6 +215,15 @@ def SoftpickAttention(Q, K, V, Mask, scale: float = 0.0, causal: int = 0, eps: f
     return out
 
 
+def value_scale(q: Any, k: Any, v: Any, mask: Any = None) -> np.ndarray:
+    """The magnitude O's absolute error is proportional to: O = W V with weights summing to <= 1, so an
+    error in the weights moves O by at most that error times max|V| over the keys; max(1, max_k |V|) over
+    the finite entries, per query head and column, ``[B, H, 1, Dv]`` (OpDef.atol_scale)."""
+    a = np.abs(np.asarray(v, np.float64))
+    s = np.maximum(1.0, np.max(np.where(np.isfinite(a), a, 0.0), axis=2, keepdims=True, initial=0.0))
+    return np.repeat(s, np.shape(q)[1] // max(1, np.shape(v)[1]), axis=1)
+
+
 def _softpick_torch64(s: Any, eps: float) -> Any:
     import torch
 
@@ -275,16 +287,21 @@ def infer_shapes(ctx: Any) -> None:
 # ~D·u·sum_d |q_d k_d|·|scale| (u = 2^-24; typically sqrt(D)·u·... with the kernel's FMA chains); a
 # score error ds moves each weight by about ds·(w_j + e^(s_j - m)/den), so the output moves by at most
 # ~2·ds·max|V| -- an ABSOLUTE error (O = W V sums terms of both signs, so outputs near 0 have no
-# relative accuracy to give). The expm1 polynomial adds ~1e-7 relative per weight, the float32 output
+# relative accuracy to give) that grows with |V|: atol is per unit of V, multiplied by max(1, max|V|) of
+# the head and column (value_scale, OpDef.atol_scale); a fixed atol was missed by any float32 kernel once
+# |V| reached ~30 (a plain float32 evaluation -- float32 scores, float64 Softpick and W V -- errs 1.6e-7 per
+# unit of V on b2_h4_t33_d16; the kernel 4e-7). The expm1 polynomial adds ~1e-7 relative per weight, the float32 output
 # rounding u·|O|. The samples keep sum_d |q_d k_d|·|scale| <= ~12 (scores up to ~10, the range
 # attention produces; "large_scores" goes to ~100 on the fast path) and |V| <= ~4: D = 64 gives
 # ds <= 64·6e-8·12 = 4.6e-5 worst case, ~2e-6 typical. Measured max |err| over the samples:
-# 1.5e-6 typical, 4.2e-6 on large_scores (all three ISA variants). atol = rtol = 1e-5 leaves 2.4x on
+# 1.5e-6 typical, 4.2e-6 on large_scores (all three ISA variants); per unit of V (value_scale), with V
+# scaled by 1 ... 1e5: 5.2e-7 typical, 2.3e-6 on large_scores. atol = rtol = 1e-5 leaves 2.4x on
 # the worst measured case and stays ~100x below what one lost key's weight (~1e-3 at Tk = 100) costs.
 # Rows on the exact float64 path (special values) are within one float32 rounding. A Mask adds one
-# more float32 rounding to each score, u·|s + Mask|: negligible for masks of 0 / -inf or O(1), but a
-# finite Mask in the hundreds moves e^s by ~2e-5 relative, beyond this tolerance for any float32
-# kernel; the reliability fuzz counts such cases as beyond float32's conditioning (its ds includes
+# more float32 rounding to each score, u·|s + Mask|: negligible for masks of 0 / -inf or O(1); a finite
+# Mask in the hundreds moves e^s by up to ~2e-5 relative, so O by up to ~2e-5 per unit of V where those
+# roundings align (~2e-6 measured with 90 keys and |V| ~ 4e14: they do not align); the reliability fuzz
+# counts the cases whose bound exceeds the tolerance as beyond float32's conditioning (its ds includes
 # that term) rather than widening the tolerance.
 # float16 inputs are the float16-rounded values computed in float32: the same bound plus the float16
 # output rounding (rtol 1e-3, 4.9e-4 per rounding).
@@ -372,6 +389,15 @@ def samples(rng: np.random.Generator) -> Iterator[Sample]:
     q[0, 1, 3] *= 1e-20  # scores ~ 1e-20: expm1 without cancellation
     q[0, 1, 4] = -q[0, 1, 4] * 200.0  # m ~ -1e3: exp(-m) would overflow
     yield Sample("nonpositive_and_tiny_scores", (q, k, v), kind="special")
+    # large |V|: O scales with V, and so does the tolerance (value_scale), per head and column
+    q, k, v = qkv(2, 4, 2, 33, 33, 16, s=1.5)
+    v[0, 0] *= 30.0
+    v[0, 1] *= 1e4
+    v[1, 0, :, :3] *= 1e-3  # small columns beside large ones: their tolerance stays absolute
+    v[1, 0, :, 3:] *= 1e3
+    yield Sample("large_v_per_head_x30_x1e4", (q, k, v), kind="special")
+    q, k, _ = qkv(1, 2, 1, 40, 70, 16, 8, s=1.5)
+    yield Sample("large_v_1e6_causal", (q, k, t(1, 1, 70, 8, s=1e6)), {"causal": 1}, kind="special")
     q, k, v = qkv(1, 2, 2, 6, 20, 8)
     k[:] = k[:, :, :1]  # every key equal: ties
     yield Sample("tied_keys", (q, k, v), kind="special")
@@ -441,6 +467,8 @@ DEF = OpDef(
     torch_fake=torch_fake,
     infer_shapes=infer_shapes,
     tolerance=_TOLERANCE,
+    atol_scale=value_scale,
+    linear_in="V",
     source="Zuhri, Fuadi & Aji 2025, arXiv 2504.20966; zaydzuhri/softpick-attention (naive_softpick_attn.py, "
     "flash_softpick_attn.py); Dao 2023 (FlashAttention-2) for the blocking",
 )

@@ -150,6 +150,28 @@ def test_overflow_with_finite_weights_is_not_an_error():
         assert np.isfinite(np.delete(delta, 2, axis=0)).all() and np.isfinite(gates).all(), isa
 
 
+@pytest.mark.parametrize("backend", ["reference", "function", "torch", *(f"kernel-{i}" for i in ISAS)])
+def test_a_logit_beyond_float32_makes_the_token_non_finite_in_every_form(backend):
+    """The logits are float32 values in every form (the float64 reference rounds them to float32 to decide
+    finiteness): a logit of 4e38 (finite in float64) makes its token non-finite -- Delta and Gates NaN,
+    Experts 0..k-1 -- and one of 3e38 (float32's max is 3.4e38) does not. Each logit is one product
+    plus an exact 0 (no partial sum larger than the logit)."""
+    x = np.array([[2e38, 0.0], [2e38, 0.0], [1.0, 1.0]], np.float32)
+    router = np.array([[2.0, 0.0], [1.5, 0.0], [0.0, 1.0]], np.float32)  # token 0: logits 4e38, 3e38, 0
+    x[1, 0] = 1e38  # token 1: logits 2e38, 1.5e38, 0 -- finite
+    a = np.full((3, 2, 2), 0.25, np.float32)
+    bm = np.full((3, 4, 2), 1e-39, np.float32)  # Delta of token 0/1 stays within float32 when finite
+    sample = Sample("logit_overflow", (x, a, bm, router), {"top_k": 2})
+    if backend.startswith("kernel-"):
+        delta, experts, gates = kernel(sample, backend.removeprefix("kernel-"))
+    else:
+        delta, experts, gates = conformance.run(OP, sample, backend)
+    assert np.isnan(delta[0]).all() and np.isnan(gates[0]).all(), (delta, gates)
+    assert experts[0].tolist() == [0, 1]
+    assert np.isfinite(delta[1:]).all() and np.isfinite(gates[1:]).all(), (delta, gates)
+    assert experts[1].tolist() == [0, 1] and experts[2].tolist() == [0, 1]
+
+
 def test_omitted_optional_outputs():
     rng = np.random.default_rng(5)
     sample = Sample("s", make_case(rng, (9,), 32, 16, 4, 8), {"top_k": 2})

@@ -38,8 +38,10 @@ def _rounded(want: np.ndarray, like: np.ndarray) -> np.ndarray:
 
 
 def compare(op: OpDef, sample: Sample, dtype: str, got: tuple[np.ndarray, ...], want: tuple[np.ndarray, ...]) -> str:
-    """'' when ``got`` matches ``want`` within the op's declared tolerance for ``dtype``, else why not."""
+    """'' when ``got`` matches ``want`` within the op's declared tolerance for ``dtype`` (atol times the
+    op's error scale on the sample's inputs, OpDef.error_scale), else why not."""
     rtol, atol = op.tolerance[dtype]
+    scale = op.error_scale(sample.inputs)
     if len(got) < len(want):
         return f"{len(got)} outputs, expected {len(want)}"
     for port, g, w in zip(op.outputs, got, want, strict=False):
@@ -62,14 +64,15 @@ def compare(op: OpDef, sample: Sample, dtype: str, got: tuple[np.ndarray, ...], 
                 f"{g.size}, first at {at.tolist()}: got {g64[tuple(at)]!r}, want {w64[tuple(at)]!r}"
             )
         with np.errstate(invalid="ignore"):
-            same = (g64 == w64) | nan_g | (np.abs(g64 - w64) <= atol + rtol * np.abs(w64))
+            same = (g64 == w64) | nan_g | (np.abs(g64 - w64) <= atol * scale + rtol * np.abs(w64))
         if not same.all():
             at = np.argwhere(~same)
             with np.errstate(invalid="ignore", divide="ignore"):
                 rel = np.abs(g64 - w64) / np.abs(w64)
             worst = tuple(at[np.nanargmax(np.where(np.isfinite(rel[~same]), rel[~same], np.inf))])
             return (
-                f"{port.name}: {len(at)} of {g.size} out of tolerance (rtol {rtol:g}, atol {atol:g}); worst at "
+                f"{port.name}: {len(at)} of {g.size} out of tolerance (rtol {rtol:g}, atol {atol:g}"
+                f"{'' if np.ndim(scale) == 0 and scale == 1.0 else ' x error scale'}); worst at "
                 f"{list(worst)}: got {g64[worst]!r}, want {w64[worst]!r} (relative {rel[worst]:.3g})"
             )
     return ""

@@ -46,6 +46,30 @@ CUBIC_DIM = {"NystromGaussianAttention": 2}  # op -> the input whose axis -2 is 
 HUGE = 2**40  # huge-but-empty dims: 2**40 rows of nothing must cost nothing
 
 
+# Factors the magnitude fuzz scales an op's linear input by (OpDef.linear_in, attention's V: O(c V) =
+# c O(V)), from below 1 to far beyond float16's range: a float32 kernel's absolute error grows with |V|, and
+# the tolerance must follow (OpDef.atol_scale) -- a fixed atol was missed once V was scaled by 3.7 (Nystrom)
+# or |V| reached ~30 (Softpick attention).
+MAGNITUDES = (1e-3, 1.0, 3.7, 30.0, 1e3, 1e6, 1e20)
+
+
+def scale_linear_input(case: Case, factor: float) -> Case:
+    """``case`` with its op's linear input (OpDef.linear_in) multiplied by ``factor`` in its own element
+    type (beyond float16's range: +-inf, whose rules the op has too); unchanged for ops without one."""
+    op = REGISTRY[case.op]
+    if op.linear_in is None:
+        return case
+    index = [p.name for p in op.inputs].index(op.linear_in)
+    inputs = list(case.sample.inputs)
+    value = inputs[index]
+    if value is None or np.asarray(value).dtype.kind != "f":
+        return case
+    with np.errstate(over="ignore"):
+        inputs[index] = (np.asarray(value, np.float64) * factor).astype(np.asarray(value).dtype)
+    sample = dataclasses.replace(case.sample, inputs=tuple(inputs))
+    return dataclasses.replace(case, sample=sample, mutations=(*case.mutations, f"{op.linear_in} x{factor:g}"))
+
+
 def specials(dtype: np.dtype) -> tuple[float, ...]:
     """The special values written into float inputs of ``dtype``."""
     f = np.finfo(dtype)

@@ -102,3 +102,54 @@ def test_attribute_of_another_type_is_converted_exactly_or_refused(name, label, 
         assert _equal(got, right), f"{backend}: {label} does not run as its exact conversion {typed}"
         answers[backend] = "converted"
     assert answers["kernel"] == answers["function"], answers
+
+
+# A list or tensor where a scalar is declared, as onnxruntime's kernel sees it (Session's own check refuses
+# these first, so the model goes to onnxruntime directly): the kernel names the declared type and what it
+# got. onnxruntime's array getters do not check the attribute's type (a FLOATS or STRINGS attribute read as
+# INTS is a list of 0 values), so "INTS of 0 values" for a FLOATS or STRINGS attribute was the kernel guessing.
+_NON_SCALARS = {
+    "INTS": ([1, 2], "got INTS of 2 values"),
+    "FLOATS": ([0.5, 1.5], "got FLOATS of 2 values"),
+    "STRINGS": (["a", "b"], "got a list without numbers (STRINGS, or an empty INTS or FLOATS)"),
+    "TENSOR": (None, "got TENSOR"),
+}
+
+
+def _kernel_error(op: OpDef, sample: Sample, attribute) -> str:
+    import onnxruntime as ort
+
+    from softdeploy.runtime import library_path
+
+    model = op.make_model(sample, with_function=False)
+    node = next(n for n in model.graph.node if n.op_type == op.name)
+    keep = [a for a in node.attribute if a.name != attribute.name]
+    del node.attribute[:]
+    node.attribute.extend([*keep, attribute])
+    so = ort.SessionOptions()
+    so.register_custom_ops_library(str(library_path()))
+    so.log_severity_level = 4
+    try:
+        ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])  # noqa: TID251
+    except Exception as e:  # onnxruntime's own exception types differ by version
+        return str(e)
+    return ""
+
+
+@pytest.mark.parametrize("kind", list(_NON_SCALARS))
+@pytest.mark.parametrize(
+    ("name", "attr"),
+    [pytest.param(op.name, a.name, id=f"{op.name}-{a.name}") for op in REGISTRY.values() for a in op.attrs],
+)
+def test_kernel_names_the_declared_and_the_actual_type_of_a_non_scalar(name, attr, kind):
+    from onnx import AttributeProto, TensorProto, helper
+
+    op = REGISTRY[name]
+    declared = next(a for a in op.attrs if a.name == attr)
+    value, got = _NON_SCALARS[kind]
+    if kind == "TENSOR":
+        value = helper.make_tensor(attr, TensorProto.FLOAT, [1], [1.0])
+    attribute = helper.make_attribute(attr, value, attr_type=getattr(AttributeProto, kind))
+    message = _kernel_error(op, _base(op), attribute)
+    assert f"{name}: attribute '{attr}' must be {declared.onnx_type}, {got}" in message, message
+    assert "INTS of 0 values" not in message

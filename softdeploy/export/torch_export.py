@@ -164,9 +164,9 @@ def export_program(
     if lost:
         raise ExportError(_specialization_message(lost, module, args, kwargs, dynamic_shapes))
     if path is not None:
-        tmp = Path(str(path) + ".tmp")
-        onnx.save(model, tmp)
-        tmp.replace(path)
+        from softdeploy.files import save_model
+
+        save_model(model, path)  # a temporary file beside ``path``, renamed once complete
     return model, program.exported_program
 
 

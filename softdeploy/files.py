@@ -205,12 +205,15 @@ def remove_stale_partials(path: str | os.PathLike[str]) -> list[Path]:
     gone); returns the paths removed. Partials of live processes are left alone."""
     path = Path(path)
     removed = []
-    prefix = f".{path.name}{_PARTIAL}"
+    # A write that goes through a temporary name itself (quantize_file's model: quantize() writes its temporary file
+    # atomically too) leaves ``..NAME.partial-PID-T.partial-PID-T2``: the leading dots are stripped before matching.
+    prefix = f"{path.name.lstrip('.')}{_PARTIAL}"
     with contextlib.suppress(OSError):
         for entry in path.parent.iterdir():
-            if not entry.name.startswith(prefix):
+            name = entry.name.lstrip(".")
+            if not (entry.name.startswith(".") and name.startswith(prefix)):
                 continue
-            pid = entry.name[len(prefix) :].split("-", 1)[0]
+            pid = name[len(prefix) :].split("-", 1)[0]
             if pid.isdigit() and not _pid_alive(int(pid)):
                 with contextlib.suppress(OSError):
                     entry.unlink()

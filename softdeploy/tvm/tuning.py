@@ -375,8 +375,8 @@ def database_size(folder: str | Path) -> int:
     path = Path(folder) / "database_tuning_record.json"
     if not path.is_file():
         return 0
-    with path.open() as f:
-        return sum(1 for line in f if line.strip() and json.loads(line))
+    with path.open() as f:  # a line without its newline is being appended now, or was torn by a kill: not counted
+        return sum(1 for line in f if line.endswith("\n") and line.strip() and json.loads(line))
 
 
 def keep_best(folder: str | Path, per_workload: int = 1) -> tuple[int, int]:

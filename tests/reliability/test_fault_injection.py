@@ -517,3 +517,19 @@ def test_demo_checks_its_model_path_before_training(tmp_path: Path) -> None:
     (tmp_path / "file.txt").write_text("x")
     with pytest.raises(OutputError, match="is a file; give a folder"):
         run_demo(out=str(tmp_path / "file.txt"))
+
+
+def test_a_tuning_database_line_torn_by_a_kill_is_dropped(tmp_path: Path) -> None:
+    from softdeploy.errors import SoftdeployWarning
+    from softdeploy.tvm.build import drop_torn_lines
+    from softdeploy.tvm.tuning import database_size
+
+    workloads = tmp_path / "database_workload.json"
+    records = tmp_path / "database_tuning_record.json"
+    workloads.write_text('["w0"]\n')
+    records.write_text("[0, [0, [0.1]]]\n[0, [0, [0.2")  # MetaSchedule killed while appending a record
+    assert database_size(tmp_path) == 1
+    with pytest.warns(SoftdeployWarning, match=r"database_tuning_record\.json: its last line \(12 bytes\) was cut"):
+        assert drop_torn_lines(tmp_path) == [records]
+    assert records.read_text() == "[0, [0, [0.1]]]\n" and workloads.read_text() == '["w0"]\n'
+    assert drop_torn_lines(tmp_path) == [] and _partials(tmp_path) == []

@@ -183,10 +183,11 @@ def _one_line(stderr: str) -> str:
 
 
 def _faults(seed: int, slow: float, work: float, *, fresh: bool = True, die_in_write: bool = True) -> list[Fault]:
-    """The faults of one command: SIGKILL at random moments (over a previous result, and with ``fresh`` into an empty
-    folder too), SIGINT at a random moment once the command runs, with ``die_in_write`` death inside the write that
-    crosses a file size limit, a full disk, a read-only folder. ``slow``: about how long the command takes here,
-    seconds; ``work``: how long of it after its work begins (the random moments spread over these)."""
+    """The faults of one command: SIGKILL at a random moment once the command's work begins, over a previous result
+    (and with ``fresh`` at a random moment from its start, into an empty folder), SIGINT at a random moment once the
+    work begins, with ``die_in_write`` death inside the write that crosses a file size limit, a full disk, a
+    read-only folder. ``slow``: about how long the command takes here, seconds; ``work``: how long of it after its
+    work begins (the random moments spread over these)."""
     rng = random.Random(seed)
     return [
         *(
@@ -194,7 +195,7 @@ def _faults(seed: int, slow: float, work: float, *, fresh: bool = True, die_in_w
             if fresh
             else []
         ),
-        Fault("sigkill", previous=True, signal=signal.SIGKILL, delay=rng.uniform(0.3, slow)),
+        Fault("sigkill", previous=True, signal=signal.SIGKILL, delay=rng.uniform(0.0, work), after_start=True),
         Fault("sigint", previous=True, signal=signal.SIGINT, delay=rng.uniform(0.0, work), after_start=True),
         *([Fault("die-in-write", previous=True, preexec=_size_limit, die_in_write=True)] if die_in_write else []),
         Fault("full-disk", previous=True, preexec=_size_limit),
@@ -310,13 +311,13 @@ def test_quantize_under_faults(top: Path, inputs: Path) -> None:
     command = Command(lambda out: ["quantize", str(model), "-o", str(out / "q.onnx")], ["q.onnx", "q.json"])
     # no death inside a write: the first write to cross a limit is the quantizer's copy of its input in a temporary
     # folder (the quantized model is the smaller file), which the full disk covers already
-    _inject(command, top, model.read_bytes(), _faults(seed=1, slow=4.0, work=1.0, die_in_write=False))
+    _inject(command, top, model.read_bytes(), _faults(seed=1, slow=4.0, work=0.15, die_in_write=False))
 
 
 def test_optimize_under_faults(top: Path, inputs: Path) -> None:
     model = inputs / "tiny.onnx"
     command = Command(lambda out: ["optimize", str(model), str(out / "o.onnx")], ["o.onnx"])
-    _inject(command, top, model.read_bytes(), _faults(seed=2, slow=4.0, work=1.0))
+    _inject(command, top, model.read_bytes(), _faults(seed=2, slow=4.0, work=0.3))
 
 
 def test_export_under_faults(top: Path, inputs: Path) -> None:

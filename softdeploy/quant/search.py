@@ -218,6 +218,7 @@ def _publish(model: QuantizedModel, output: Path) -> None:
 
     from softdeploy.files import write_with
 
+    output.parent.mkdir(parents=True, exist_ok=True)
     write_with(output, lambda tmp: shutil.copyfile(model.path, tmp), "quantized model")
     model.path = output
 

@@ -469,6 +469,13 @@ def test_outputs_are_checked_before_any_work(
     (top / "m.json").mkdir()  # the report beside the model: refused before the quantization too
     err = _cli(["quantize", str(model), "-o", str(top / "m.onnx"), "--overwrite"], top, monkeypatch, capsys)
     assert f"output {top / 'm.json'}: is a folder" in err
+    err = _cli(["export", f"{inputs / 'factory.py'}:make", str(folder), "--overwrite"], top, monkeypatch, capsys)
+    assert f"output {folder}: is a folder" in err
+    err = _cli(["compile", str(model), "-o", str(folder), "--overwrite"], top, monkeypatch, capsys)
+    assert f"output {folder}: is a folder" in err
+    (top / "distilled" / "distill.json").mkdir(parents=True)  # refused before the teacher is loaded or a step run
+    err = _cli(["distill", str(top / "distilled"), "--steps", "1"], top, monkeypatch, capsys)
+    assert f"output {top / 'distilled' / 'distill.json'}: is a folder" in err
     dangling = top / "dangling.onnx"
     dangling.symlink_to(top / "nowhere" / "x.onnx")
     err = _cli(["optimize", str(model), str(dangling), "--overwrite"], top, monkeypatch, capsys)

@@ -225,7 +225,9 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         from softdeploy.quant.quantize import check_softdeploy_ops
 
         output = Path(args.output or Path(args.model).with_suffix("").as_posix() + f".int8_{args.mode}.onnx")
-        _refuse_overwrite([output, output.with_suffix(".json")], args.overwrite, sources=[args.model])
+        # --data, --labels and --calibration may name arrays or loaders as well as files: the files among them
+        inputs = [args.model, *(p for p in (args.data, args.labels, args.calibration) if p and Path(p).exists())]
+        _refuse_overwrite([output, output.with_suffix(".json")], args.overwrite, sources=inputs)
         check_softdeploy_ops(load_model(args.model))  # before any work: a bad file or an op we do not define
         from softdeploy.workflow.spec import DataSpec, MetricSpec
 
@@ -294,7 +296,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     from softdeploy.compare import VARIANTS, run_compare
     from softdeploy.compare.progress import RichProgress
-    from softdeploy.compare.report import write_reports
+    from softdeploy.compare.report import REPORT_FILES, write_reports
     from softdeploy.errors import ArgumentError
     from softdeploy.models import DEFAULT_CASE
     from softdeploy.terminal import captured
@@ -307,6 +309,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         return _run_workflow(_compare_workflow(args), console, variants=variants, quick=args.quick)
     case = _load_case(args.case or DEFAULT_CASE, quick=args.quick)
     out = Path(args.out) / case.name
+    # reports are rewritten on every run; a folder or a dangling link in their place is refused before the run
+    _refuse_overwrite([out / name for name in REPORT_FILES.values()], True)
     with RichProgress(console) as progress, captured("compare"):
         result = run_compare(
             case,
@@ -467,7 +471,10 @@ def cmd_distill(args: argparse.Namespace) -> int:
     from softdeploy.terminal import captured
 
     out = Path(args.out)
-    _refuse_overwrite([out / "student.safetensors"], args.overwrite)
+    outputs = [out / "student.safetensors", out / "distill.json", *([out / "student.onnx"] if args.export else [])]
+    inputs = [p for p in (args.texts, args.extra_file) if p]
+    _refuse_overwrite(outputs[:1], args.overwrite, sources=inputs)
+    _refuse_overwrite(outputs[1:], True, sources=inputs)  # rewritten with the student: only folders and links refused
     from softdeploy.distill.data import BROAD_SOURCES, distillation_texts
 
     if args.texts is not None:
@@ -612,7 +619,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     from softdeploy.export.factory import load_factory
     from softdeploy.terminal import captured
 
-    _refuse_overwrite([args.out], args.overwrite)
+    factory_file = args.factory.rpartition(":")[0]  # path/to/file.py:attr reads that file
+    sources = [factory_file] if factory_file.endswith(".py") else []
+    _refuse_overwrite([args.out], args.overwrite, sources=sources)
     spec = load_factory(args.factory)
     tolerance = tuple(float(v) for v in args.tolerance.split(",")) if args.tolerance else None
     with captured("export"):
@@ -637,13 +646,11 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_optimize(args: argparse.Namespace) -> int:
     """``softdeploy optimize IN OUT``: rewrites standard-op patterns into softdeploy ops, prints the per-rule report and
     the verification."""
-    import onnx
-
     from softdeploy.export.rewrites import DEFAULT_RULES, optimize
-    from softdeploy.files import load_model, load_npz
+    from softdeploy.files import load_model, load_npz, save_model
     from softdeploy.terminal import captured
 
-    _refuse_overwrite([args.out], args.overwrite, sources=[args.input])
+    _refuse_overwrite([args.out], args.overwrite, sources=[args.input, *([args.feeds] if args.feeds else [])])
     dims = dict(_dim(d) for d in args.dim)
     model = load_model(args.input)
     feeds = load_npz(args.feeds, "--feeds") if args.feeds else None
@@ -657,7 +664,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
             feeds=feeds,
             dims=dims,
         )
-    onnx.save(result.model, args.out)
+    save_model(result.model, args.out, "optimized model")  # renamed onto OUT only once complete
     print(result.to_text())
     print(f"wrote {args.out}")
     return 0

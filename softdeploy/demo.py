@@ -92,6 +92,9 @@ def _latency_ms(fn: Any, repeats: int = 50) -> float:
     return float(np.median(times) * 1e3)
 
 
+MODEL_FILE = "softpick_classifier.onnx"  # the exported model's name in the demo's folder
+
+
 def run_demo(threads: int = 1, out: str | None = None, overwrite: bool = False) -> dict[str, Any]:
     """``softdeploy demo``: trains the demo model, exports it, runs it with torch, stock onnxruntime (function bodies)
     and softdeploy's kernels, and prints agreement and latency; returns the numbers; the model goes to ``out`` (default:
@@ -104,6 +107,13 @@ def run_demo(threads: int = 1, out: str | None = None, overwrite: bool = False) 
     from softdeploy.runtime import Session
 
     console = Console()
+    if out:  # before the training: an existing model needs ``overwrite``; a folder or a dangling link is refused
+        from softdeploy.errors import OutputError
+        from softdeploy.files import check_outputs
+
+        if Path(out).exists() and not Path(out).is_dir():
+            raise OutputError(f"--out {out}: is a file; give a folder (the demo writes {MODEL_FILE} into it)")
+        check_outputs([Path(out) / MODEL_FILE], overwrite=overwrite)
     torch.set_num_threads(threads)
     rng = np.random.default_rng(0)
     train_x, train_y = make_data(20000, rng)
@@ -117,7 +127,7 @@ def run_demo(threads: int = 1, out: str | None = None, overwrite: bool = False) 
 
     folder = Path(out) if out else Path(tempfile.mkdtemp(prefix="softdeploy-demo-"))
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "softpick_classifier.onnx"
+    path = folder / MODEL_FILE
     batch = torch.export.Dim("batch", min=1, max=4096)
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)  # exporter chatter (e.g. torchvision absent)
     with warnings.catch_warnings():

@@ -190,6 +190,18 @@ def _partial_name(path: Path) -> Path:
     return path.with_name(f".{path.name}{_PARTIAL}{os.getpid()}-{secrets.token_hex(4)}")
 
 
+_PARTIAL_NAME = re.compile(r"^\.(.+)\.partial-\d+-[0-9a-f]{8}$")
+
+
+def final_name(path: Path) -> Path:
+    """The output a temporary name of :func:`atomic_output` stands for (``path`` itself when it is no such name): a
+    writer handed the temporary path that writes through :func:`atomic_output` again (quantize() under quantize_file)
+    names the user's path in its errors, not its own temporary one."""
+    while (m := _PARTIAL_NAME.match(path.name)) is not None:
+        path = path.with_name(m.group(1))
+    return path
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -205,12 +217,15 @@ def remove_stale_partials(path: str | os.PathLike[str]) -> list[Path]:
     gone); returns the paths removed. Partials of live processes are left alone."""
     path = Path(path)
     removed = []
-    prefix = f".{path.name}{_PARTIAL}"
+    # A write that goes through a temporary name itself (quantize_file's model: quantize() writes its temporary file
+    # atomically too) leaves ``..NAME.partial-PID-T.partial-PID-T2``: the leading dots are stripped before matching.
+    prefix = f"{path.name.lstrip('.')}{_PARTIAL}"
     with contextlib.suppress(OSError):
         for entry in path.parent.iterdir():
-            if not entry.name.startswith(prefix):
+            name = entry.name.lstrip(".")
+            if not (entry.name.startswith(".") and name.startswith(prefix)):
                 continue
-            pid = entry.name[len(prefix) :].split("-", 1)[0]
+            pid = name[len(prefix) :].split("-", 1)[0]
             if pid.isdigit() and not _pid_alive(int(pid)):
                 with contextlib.suppress(OSError):
                     entry.unlink()
@@ -254,19 +269,20 @@ def atomic_output(path: str | os.PathLike[str], what: str = "output") -> Iterato
     it was; a file-system error (full disk, read-only folder, file size limit) is re-raised as one-line
     :class:`OutputError` naming ``path``. ``what`` names the output in that message ("model", "report", ...)."""
     path = Path(path)
+    shown = final_name(path)
     try:
         if path.is_dir():
-            raise OutputError(f"{what} {path}: is a folder; give a file path")
+            raise OutputError(f"{what} {shown}: is a folder; give a file path")
         if not path.parent.is_dir():
-            raise OutputError(f"{what} {path}: cannot be written: the folder {path.parent} does not exist")
+            raise OutputError(f"{what} {shown}: cannot be written: the folder {path.parent} does not exist")
     except PermissionError as e:
-        raise output_error(path, e, what) from e  # type: ignore[misc]
+        raise output_error(shown, e, what) from e  # type: ignore[misc]
     remove_stale_partials(path)
     tmp = _partial_name(path)
     try:
         yield tmp
         if not tmp.exists():
-            raise OutputError(f"{what} {path}: the writer produced no file")
+            raise OutputError(f"{what} {shown}: the writer produced no file")
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -282,7 +298,7 @@ def atomic_output(path: str | os.PathLike[str], what: str = "output") -> Iterato
         if isinstance(e, OutputError):
             raise
         if isinstance(e, Exception):
-            found = output_error(path, e, what)
+            found = output_error(shown, e, what)
             if found is not None:
                 raise found from e
         raise

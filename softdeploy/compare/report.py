@@ -225,25 +225,32 @@ def plot(result: CompareResult, path: Path) -> None:
         ax.margins(x=0.25, y=0.25)
     fig.suptitle(result.title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, format="png")  # not from the name: write_reports passes a temporary one
     plt.close(fig)
+
+
+# The files write_reports writes into the results folder, by kind.
+REPORT_FILES = {
+    "markdown": "report.md",
+    "csv": "results.csv",
+    "json": "results.json",
+    "plot": "accuracy_vs_latency.png",
+}
 
 
 def write_reports(result: CompareResult, out: str | Path) -> dict[str, Path]:
     """Writes report.md, results.csv, results.json and accuracy_vs_latency.png into ``out``; returns their paths by
     kind."""
+    from softdeploy.files import write_text, write_with
+
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    paths = {
-        "markdown": out / "report.md",
-        "csv": out / "results.csv",
-        "json": out / "results.json",
-        "plot": out / "accuracy_vs_latency.png",
-    }
-    paths["markdown"].write_text(to_markdown(result))
-    write_csv(result, paths["csv"])
-    paths["json"].write_text(json.dumps(result.to_json(), indent=1, default=str))
-    plot(result, paths["plot"])
+    paths = {kind: out / name for kind, name in REPORT_FILES.items()}
+    # each file under a temporary name, renamed once complete: an interrupted run leaves the previous reports whole
+    write_text(paths["markdown"], to_markdown(result), "report")
+    write_with(paths["csv"], lambda tmp: write_csv(result, tmp), "results table")
+    write_text(paths["json"], json.dumps(result.to_json(), indent=1, default=str), "results")
+    write_with(paths["plot"], lambda tmp: plot(result, tmp), "plot")
     return paths
 
 

@@ -27,6 +27,7 @@ from softdeploy.distill.students import (
 )
 from softdeploy.distill.train import DistillConfig, distill, distill_stages
 from softdeploy.errors import ArgumentError
+from softdeploy.files import write_text
 
 StudentKind = Literal["reduce", "l3"]
 
@@ -153,7 +154,7 @@ def run_distill(
     if export:
         export_encoder(final.student, out / "student.onnx")
         summary["onnx"] = str(out / "student.onnx")
-    (out / "distill.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_text(out / "distill.json", json.dumps(summary, indent=2) + "\n", "distillation summary")
     # the run is complete: its resume state (student + AdamW moments, ~3x the student) is no longer needed
     for f in sorted(ckpts.glob("*.safetensors")):
         f.unlink()

@@ -99,11 +99,9 @@ def export(
         error.report = report  # type: ignore[attr-defined]
         raise error
     if path is not None:
-        import onnx
+        from softdeploy.files import save_model
 
-        tmp = Path(str(path) + ".tmp")
-        onnx.save(model, tmp)
-        tmp.replace(path)
+        save_model(model, path)  # a temporary file beside ``path``, renamed once complete
     return ExportResult(model=model, path=Path(path) if path is not None else None, validation=report)
 
 

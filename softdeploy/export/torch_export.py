@@ -8,8 +8,11 @@ function bodies are attached *after* export (attach_function_bodies).
 
 from __future__ import annotations
 
+import contextlib
 import inspect
-from collections.abc import Sequence
+import signal
+import threading
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -123,6 +126,38 @@ def export_module(
     return model
 
 
+@contextlib.contextmanager
+def _interrupts_kept() -> Iterator[None]:
+    """Ctrl-C during the block ends it as KeyboardInterrupt even where a library catches it: torch's exporter reports
+    an import that the interrupt broke as an ordinary export failure (a many-line report, exit code 2), where the
+    user asked to stop. Only in the main thread and while Python's own SIGINT handler is installed."""
+    if threading.current_thread() is not threading.main_thread() or (
+        signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
+        yield
+        return
+    hit: list[int] = []
+
+    def handler(signum: int, frame: Any) -> None:
+        hit.append(signum)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:
+        if hit:
+            raise KeyboardInterrupt from e
+        raise
+    else:
+        if hit:
+            raise KeyboardInterrupt
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def export_program(
     module: Any,
     args: Sequence[Any],
@@ -142,31 +177,32 @@ def export_program(
 
     if path is not None and Path(path).exists() and not overwrite:
         raise ExportError(f"{path} exists; pass overwrite=True (CLI: --overwrite) to replace it")
-    try:
-        program = torch.onnx.export(
-            module,
-            tuple(args),
-            kwargs=kwargs,
-            dynamo=True,
-            custom_translation_table=translation_table(),
-            dynamic_shapes=dynamic_shapes,
-            input_names=list(input_names) if input_names else None,
-            output_names=list(output_names) if output_names else None,
-            opset_version=opset,
-            optimize=True,
-            verbose=False,
-        )
-    except Exception as e:  # torch raises many exception types from the exporter
-        raise ExportError(f"torch.onnx.export failed: {e}") from e
+    with _interrupts_kept():
+        try:
+            program = torch.onnx.export(
+                module,
+                tuple(args),
+                kwargs=kwargs,
+                dynamo=True,
+                custom_translation_table=translation_table(),
+                dynamic_shapes=dynamic_shapes,
+                input_names=list(input_names) if input_names else None,
+                output_names=list(output_names) if output_names else None,
+                opset_version=opset,
+                optimize=True,
+                verbose=False,
+            )
+        except Exception as e:  # torch raises many exception types from the exporter
+            raise ExportError(f"torch.onnx.export failed: {e}") from e
     model = attach_function_bodies(drop_unused_optional_outputs(program.model_proto))
     onnx.checker.check_model(model, full_check=True)
     lost = specialized_dims(model, module, dynamic_shapes)
     if lost:
         raise ExportError(_specialization_message(lost, module, args, kwargs, dynamic_shapes))
     if path is not None:
-        tmp = Path(str(path) + ".tmp")
-        onnx.save(model, tmp)
-        tmp.replace(path)
+        from softdeploy.files import save_model
+
+        save_model(model, path)  # a temporary file beside ``path``, renamed once complete
     return model, program.exported_program
 
 

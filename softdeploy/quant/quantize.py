@@ -32,6 +32,7 @@ from typing import Any, Literal
 import numpy as np
 
 from softdeploy.errors import SoftdeployError
+from softdeploy.files import atomic_output, write_text
 from softdeploy.quant.calibration import as_calibration_reader, softdeploy_calibration_sessions
 from softdeploy.quant.rowwise import FORMS as ROWWISE_FORMS
 from softdeploy.runtime.session import Kernels
@@ -336,97 +337,100 @@ def quantize(
     only = [n for n in config.only if n in names] if config.only is not None else None
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
+    # Everything onnxruntime's quantizer and the rewrites below write goes to a temporary file beside ``output``,
+    # renamed onto it once the model is complete: a kill, Ctrl-C or full disk leaves the previous file (or none).
+    with atomic_output(output, "quantized model") as target:
 
-    def run_quantizer(reduce_range: bool) -> str | None:
-        """onnxruntime's quantizer on ``proto`` into ``output``; the kernels that ran the calibration (static)."""
-        with tempfile.TemporaryDirectory(prefix="softdeploy-quant-") as tmp, _quiet_quantizer():
-            src = Path(tmp) / "named.onnx"
-            onnx.save(proto, src)
-            if config.mode == "dynamic":
-                quantize_dynamic(
-                    src,
-                    output,
-                    weight_type=QuantType.QInt8,
-                    per_channel=config.per_channel,
-                    reduce_range=reduce_range,
-                    op_types_to_quantize=op_types,
-                    nodes_to_quantize=only,
-                    nodes_to_exclude=exclude,
-                )
-                return None
-            if config.mode != "static":
-                raise QuantizationError(f"mode must be 'dynamic' or 'static', not {config.mode!r}")
-            cache = Path(calibration_cache) if calibration_cache is not None else None
-            if not calibration and not (cache is not None and cache.is_file()):
-                raise QuantizationError("static quantization needs calibration data (input batches)")
-            method = {
-                "minmax": OrtCalibrationMethod.MinMax,
-                "percentile": OrtCalibrationMethod.Percentile,
-                "entropy": OrtCalibrationMethod.Entropy,
-            }[config.calibrate_method]
-            with softdeploy_calibration_sessions(kernels=kernels) as record:
-                quantize_static(
-                    src,
-                    output,
-                    as_calibration_reader(calibration) if calibration else None,
-                    quant_format=QuantFormat.QDQ,
-                    op_types_to_quantize=op_types,
-                    per_channel=config.per_channel,
-                    reduce_range=reduce_range,
-                    activation_type=QuantType.QUInt8,
-                    weight_type=QuantType.QInt8,
-                    nodes_to_quantize=only,
-                    nodes_to_exclude=exclude,
-                    calibrate_method=method,
-                    calibration_cache_path=cache,
-                )
-            if record.kernels is None:
-                return calibration_kernels_from_cache(cache)
-            if cache is not None:
-                cache.with_suffix(".kernels").write_text(record.kernels)
-            return record.kernels
+        def run_quantizer(reduce_range: bool) -> str | None:
+            """onnxruntime's quantizer on ``proto`` into ``target``; the kernels that ran the calibration (static)."""
+            with tempfile.TemporaryDirectory(prefix="softdeploy-quant-") as tmp, _quiet_quantizer():
+                src = Path(tmp) / "named.onnx"
+                onnx.save(proto, src)  # a private temporary folder: never a result
+                if config.mode == "dynamic":
+                    quantize_dynamic(
+                        src,
+                        target,
+                        weight_type=QuantType.QInt8,
+                        per_channel=config.per_channel,
+                        reduce_range=reduce_range,
+                        op_types_to_quantize=op_types,
+                        nodes_to_quantize=only,
+                        nodes_to_exclude=exclude,
+                    )
+                    return None
+                if config.mode != "static":
+                    raise QuantizationError(f"mode must be 'dynamic' or 'static', not {config.mode!r}")
+                cache = Path(calibration_cache) if calibration_cache is not None else None
+                if not calibration and not (cache is not None and cache.is_file()):
+                    raise QuantizationError("static quantization needs calibration data (input batches)")
+                method = {
+                    "minmax": OrtCalibrationMethod.MinMax,
+                    "percentile": OrtCalibrationMethod.Percentile,
+                    "entropy": OrtCalibrationMethod.Entropy,
+                }[config.calibrate_method]
+                with softdeploy_calibration_sessions(kernels=kernels) as record:
+                    quantize_static(
+                        src,
+                        target,
+                        as_calibration_reader(calibration) if calibration else None,
+                        quant_format=QuantFormat.QDQ,
+                        op_types_to_quantize=op_types,
+                        per_channel=config.per_channel,
+                        reduce_range=reduce_range,
+                        activation_type=QuantType.QUInt8,
+                        weight_type=QuantType.QInt8,
+                        nodes_to_quantize=only,
+                        nodes_to_exclude=exclude,
+                        calibrate_method=method,
+                        calibration_cache_path=cache,
+                    )
+                if record.kernels is None:
+                    return calibration_kernels_from_cache(cache)
+                if cache is not None:
+                    write_text(cache.with_suffix(".kernels"), record.kernels, "calibration kernels note")
+                return record.kernels
 
-    if weights in ROWWISE_FORMS:
-        # The weight MatMuls become RowwiseInt8MatMul (softdeploy.quant.rowwise); onnxruntime's dynamic quantizer
-        # then takes the other candidates (embedding Gathers, Conv, ...) in its own 8-bit format.
-        if config.mode != "dynamic" or not config.per_channel:
-            raise QuantizationError(
-                f"{weights} weights are a dynamic, per-channel format (RowwiseInt8MatMul quantizes its activations "
-                f"per row at run time, its weights per output channel); got mode {config.mode!r}, "
-                f"{'per-channel' if config.per_channel else 'per-tensor'}: use 8-bit, 7-bit or pair-bounded weights"
+        if weights in ROWWISE_FORMS:
+            # The weight MatMuls become RowwiseInt8MatMul (softdeploy.quant.rowwise); onnxruntime's dynamic quantizer
+            # then takes the other candidates (embedding Gathers, Conv, ...) in its own 8-bit format.
+            if config.mode != "dynamic" or not config.per_channel:
+                raise QuantizationError(
+                    f"{weights} weights are a dynamic, per-channel format (RowwiseInt8MatMul quantizes its activations "
+                    f"per row at run time, its weights per output channel); got mode {config.mode!r}, "
+                    f"{'per-channel' if config.per_channel else 'per-tensor'}: use 8-bit, 7-bit or pair-bounded weights"
+                )
+            from softdeploy.quant.rowwise import rewrite_matmuls
+
+            levels, groups = ROWWISE_FORMS[weights]
+            matmuls = {name for name, op_type in candidates if op_type == "MatMul"}
+            rewrite_matmuls(
+                proto,
+                levels=levels,
+                groups=groups,
+                only=matmuls if only is None else matmuls & set(only),
+                exclude=exclude,
             )
-        from softdeploy.quant.rowwise import rewrite_matmuls
-
-        levels, groups = ROWWISE_FORMS[weights]
-        matmuls = {name for name, op_type in candidates if op_type == "MatMul"}
-        rewrite_matmuls(
-            proto,
-            levels=levels,
-            groups=groups,
-            only=matmuls if only is None else matmuls & set(only),
-            exclude=exclude,
-        )
-        rest = [(n, t) for n, t in candidates if t != "MatMul" and (only is None or n in only) and n not in exclude]
-        calibration_kernels = None
-        if rest:
-            op_types, only = sorted({t for _, t in rest}), [n for n, _ in rest]
-            run_quantizer(reduce_range=False)
-            out_model = onnx.load(os.fspath(output))
-        else:
-            onnx.save(proto, os.fspath(output))
-            out_model = proto
-    else:
-        calibration_kernels = run_quantizer(reduce_range=weights == "7-bit")
-        out_model = onnx.load(os.fspath(output))
-        if weights == "pair-bounded":
-            why_not = _bound_pairs(out_model, proto)  # the 8-bit model's int8 MatMul weights, rewritten in place
-            if why_not:
-                weights = "7-bit"
-                format_note += f"; 7-bit weights instead of pair-bounded: {why_not}"
-                calibration_kernels = run_quantizer(reduce_range=True)
-                out_model = onnx.load(os.fspath(output))
+            rest = [(n, t) for n, t in candidates if t != "MatMul" and (only is None or n in only) and n not in exclude]
+            calibration_kernels = None
+            if rest:
+                op_types, only = sorted({t for _, t in rest}), [n for n, _ in rest]
+                run_quantizer(reduce_range=False)
+                out_model = onnx.load(os.fspath(target))
             else:
-                onnx.save(out_model, os.fspath(output))
+                onnx.save(proto, os.fspath(target))
+                out_model = proto
+        else:
+            calibration_kernels = run_quantizer(reduce_range=weights == "7-bit")
+            out_model = onnx.load(os.fspath(target))
+            if weights == "pair-bounded":
+                why_not = _bound_pairs(out_model, proto)  # the 8-bit model's int8 MatMul weights, rewritten in place
+                if why_not:
+                    weights = "7-bit"
+                    format_note += f"; 7-bit weights instead of pair-bounded: {why_not}"
+                    calibration_kernels = run_quantizer(reduce_range=True)
+                    out_model = onnx.load(os.fspath(target))
+                else:
+                    onnx.save(out_model, os.fspath(target))
     # A rewritten MatMul (RowwiseInt8MatMul) or a quantized node no longer stands under its name and op type.
     quantized = _quantized_names(out_model, candidates, config.mode)
     qset = set(quantized)

@@ -211,6 +211,18 @@ def node_sensitivities(
     ]
 
 
+def _publish(model: QuantizedModel, output: Path) -> None:
+    """Copies the chosen model from the search's work folder (perhaps on another file system, where a rename fails)
+    onto ``output`` through a temporary file beside it, and points ``model.path`` there."""
+    import shutil
+
+    from softdeploy.files import write_with
+
+    output.parent.mkdir(parents=True, exist_ok=True)
+    write_with(output, lambda tmp: shutil.copyfile(model.path, tmp), "quantized model")
+    model.path = output
+
+
 def budget_search(
     fp32: str | Path,
     output: str | Path,
@@ -238,10 +250,15 @@ def budget_search(
         cache = work / "calibration.json" if config.mode == "static" else None
         base = evaluate(fp32) if fp32_metric is None else fp32_metric
         note("fp32 evaluated")
-        full = quantize(fp32, output, config, calibration=calibration, calibration_cache=cache, kernels=kernels)
+        # every candidate goes to the private work folder; only the chosen one is written to ``output`` (in one
+        # step, at the end): a search that is interrupted leaves no model under ``output`` that was not chosen
+        full = quantize(
+            fp32, work / "full.onnx", config, calibration=calibration, calibration_cache=cache, kernels=kernels
+        )
         full_metric = evaluate(full.path)
         note("all-int8 evaluated")
         if base - full_metric <= max_drop:
+            _publish(full, output)
             return BudgetResult(metric_name, max_drop, base, full_metric, full_metric, [], [], [], full)
         sens = node_sensitivities(
             fp32,
@@ -295,6 +312,5 @@ def budget_search(
         else:  # not even all in float meets it (e.g. float ops after dequantization differ): report the best
             best_k = max(results, key=lambda kk: results[kk][0])
         metric, chosen = results[best_k]
-        chosen.path.replace(output)
-        chosen.path = output
+        _publish(chosen, output)
         return BudgetResult(metric_name, max_drop, base, full_metric, metric, sens[:best_k], sens, trials, chosen)

@@ -32,7 +32,7 @@ def quantize_file(
     work. ``metric``: a :class:`softdeploy.workflow.spec.MetricSpec` for ``max_drop`` (default: the cosine
     of the first float output to fp32; an integer output is refused as a cosine target). A result with no
     node in int8 is a QuantizationError: the file would be a float model under an int8 name."""
-    from softdeploy.files import load_model
+    from softdeploy.files import atomic_output, load_model
     from softdeploy.quant.quantize import check_softdeploy_ops
     from softdeploy.workflow.data import collect_outputs, load_dataset, model_inputs, model_outputs
     from softdeploy.workflow.metrics import resolve
@@ -44,50 +44,54 @@ def quantize_file(
     if config.mode == "static" and dataset is None:
         raise QuantizationError("static quantization needs --data (calibration samples of the model's inputs)")
     calibration = dataset.calibration if dataset is not None and config.mode == "static" else None
-    if max_drop is None:
-        result: QuantizedModel | BudgetResult = quantize(model, output, config, calibration=calibration)
-    else:
-        if dataset is None:
-            raise QuantizationError("--max-drop needs data to measure the metric on (--data)")
-        from softdeploy.runtime import Session
+    # The model is written beside ``output`` under a temporary name and renamed onto it only once it is complete and
+    # holds int8 nodes: an interrupted run or a refused result leaves ``output`` as it was (an --overwrite'd previous
+    # model included).
+    with atomic_output(output, "quantized model") as target:
+        if max_drop is None:
+            result: QuantizedModel | BudgetResult = quantize(model, target, config, calibration=calibration)
+        else:
+            if dataset is None:
+                raise QuantizationError("--max-drop needs data to measure the metric on (--data)")
+            from softdeploy.runtime import Session
 
-        outputs = model_outputs(proto)
-        chosen = resolve(metric or MetricSpec("cosine"), outputs, dataset.labels is not None)
-        names = list(outputs)
-        reference = collect_outputs(Session(model, kernels="auto", threads=threads).run, dataset.batches, names)
-        sign = 1.0 if chosen.goal == "max" else -1.0  # the search maximises
+            outputs = model_outputs(proto)
+            chosen = resolve(metric or MetricSpec("cosine"), outputs, dataset.labels is not None)
+            names = list(outputs)
+            reference = collect_outputs(Session(model, kernels="auto", threads=threads).run, dataset.batches, names)
+            sign = 1.0 if chosen.goal == "max" else -1.0  # the search maximises
 
-        def evaluate(path: Path) -> float:
-            got = collect_outputs(Session(path, kernels="auto", threads=threads).run, dataset.batches, names)
-            return sign * chosen(got, dataset.labels, reference)
+            def evaluate(path: Path) -> float:
+                got = collect_outputs(Session(path, kernels="auto", threads=threads).run, dataset.batches, names)
+                return sign * chosen(got, dataset.labels, reference)
 
-        result = budget_search(
-            model,
-            output,
-            config,
-            evaluate,
-            max_drop=max_drop,
-            probe=dataset.batches[:4],
-            calibration=calibration,
-            metric_name=chosen.label if sign > 0 else f"-{chosen.label} (lower is better)",
-            threads=threads,
-            progress=progress,
-        )
-    made = result.model if isinstance(result, BudgetResult) else result
-    if not made.quantized_nodes:
-        Path(made.path).unlink(missing_ok=True)  # written by this call (an existing file was refused before)
-        gemms = sum(n.op_type == "Gemm" for n in proto.graph.node)
-        hint = (
-            f"; the model's {gemms} Gemm nodes (torch Linear on 2-D inputs) are int8 in static mode only: --mode static"
-            if gemms and config.mode == "dynamic"
-            else ""
-        )
-        raise QuantizationError(
-            f"nothing was quantized in {model}: no node of the op types {list(config.resolved_op_types())} "
-            + ("could be int8 within the budget" if isinstance(result, BudgetResult) else "is a candidate")
-            + f" ({len(made.float_nodes)} candidates kept in float); {made.path} would be a float model under an "
-            "int8 name (rule: an int8 model has int8 nodes; raise --max-drop, or choose --op-types)" + hint
-        )
+            result = budget_search(
+                model,
+                target,
+                config,
+                evaluate,
+                max_drop=max_drop,
+                probe=dataset.batches[:4],
+                calibration=calibration,
+                metric_name=chosen.label if sign > 0 else f"-{chosen.label} (lower is better)",
+                threads=threads,
+                progress=progress,
+            )
+        made = result.model if isinstance(result, BudgetResult) else result
+        if not made.quantized_nodes:
+            gemms = sum(n.op_type == "Gemm" for n in proto.graph.node)
+            hint = (
+                f"; the model's {gemms} Gemm nodes (torch Linear on 2-D inputs) are int8 in static mode only: --mode static"
+                if gemms and config.mode == "dynamic"
+                else ""
+            )
+            raise QuantizationError(
+                f"nothing was quantized in {model}: no node of the op types {list(config.resolved_op_types())} "
+                + ("could be int8 within the budget" if isinstance(result, BudgetResult) else "is a candidate")
+                + f" ({len(made.float_nodes)} candidates kept in float); {output} would be a float model under an "
+                "int8 name (rule: an int8 model has int8 nodes; raise --max-drop, or choose --op-types)" + hint
+            )
+    made.path = Path(output)
     return result
 
 
@@ -169,6 +173,6 @@ def report_json(result: QuantizedModel | BudgetResult) -> dict[str, Any]:
 
 def write_report(result: QuantizedModel | BudgetResult, path: str | os.PathLike[str]) -> Path:
     """Writes report_json(result) to ``path`` (the ``<output>.json`` next to a quantized model) and returns it."""
-    path = Path(path)
-    path.write_text(json.dumps(report_json(result), indent=1, default=str))
-    return path
+    from softdeploy.files import write_text
+
+    return write_text(path, json.dumps(report_json(result), indent=1, default=str), "quantization report")

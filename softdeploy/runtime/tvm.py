@@ -124,10 +124,23 @@ class TVMSession:
         return self
 
     def save(self, path: str | os.PathLike) -> Path:
-        """Writes the compiled library (``.so``) and its signature (``.json``, input names/shapes/dtypes)."""
+        """Writes the compiled library (``.so``) and its signature (``.json``, input names/shapes/dtypes), each under
+        a temporary name beside it and renamed once complete: an interrupted or failed save leaves the previous pair.
+        The signature is renamed just before the library, so a new library never stands beside an old signature."""
+        from softdeploy.files import atomic_output, write_text
+
         path = Path(path)
-        self.executable.export_library(str(path))
-        path.with_suffix(".json").write_text(self._signature.to_json())
+        with atomic_output(path, "compiled library") as tmp:
+            # export_library picks the linker's output format from the name's suffix: keep it, then take the name
+            lib = tmp.with_name(tmp.name + path.suffix) if path.suffix else tmp
+            try:
+                self.executable.export_library(str(lib))
+                if lib != tmp:
+                    os.replace(lib, tmp)
+            finally:
+                if lib != tmp:
+                    lib.unlink(missing_ok=True)
+            write_text(path.with_suffix(".json"), self._signature.to_json(), "compiled model signature")
         return path
 
     def _open(self, executable: Any, threads: int | None, rpc: Any) -> None:

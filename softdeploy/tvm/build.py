@@ -109,13 +109,45 @@ class BuildReport:
         return "\n".join([text, *problems])
 
 
+DATABASE_FILES = ("database_workload.json", "database_tuning_record.json")
+
+
+def drop_torn_lines(folder: str | Path) -> list[Path]:
+    """Cuts the last line of each JSON database file in ``folder`` that does not end in a newline: MetaSchedule
+    appends one JSON line per workload and record, so a tuning run killed during an append leaves half a line, which
+    would stop every later run that opens the database. Says so in one warning per file; returns the files cut."""
+    from softdeploy.errors import SoftdeployWarning
+    from softdeploy.files import write_bytes
+
+    cut = []
+    for name in DATABASE_FILES:
+        path = Path(folder) / name
+        if not path.is_file():
+            continue
+        data = path.read_bytes()
+        if not data or data.endswith(b"\n"):
+            continue
+        keep = data[: data.rfind(b"\n") + 1]
+        write_bytes(path, keep, "tuning database")
+        warnings.warn(
+            f"{path}: its last line ({len(data) - len(keep)} bytes) was cut short, as by a run killed while writing "
+            "it; dropped (the lines before it are kept)",
+            SoftdeployWarning,
+            stacklevel=2,
+        )
+        cut.append(path)
+    return cut
+
+
 def open_database(path: str | Path) -> Any:
-    """The JSON tuning database in folder ``path`` (created when missing)."""
+    """The JSON tuning database in folder ``path`` (created when missing; a line that a killed run left half-written
+    is dropped, see :func:`drop_torn_lines`)."""
     import_tvm()
     import tvm.s_tir.meta_schedule as ms
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
+    drop_torn_lines(path)
     return ms.database.JSONDatabase(
         path_workload=str(path / "database_workload.json"),
         path_tuning_record=str(path / "database_tuning_record.json"),

@@ -375,8 +375,8 @@ def database_size(folder: str | Path) -> int:
     path = Path(folder) / "database_tuning_record.json"
     if not path.is_file():
         return 0
-    with path.open() as f:
-        return sum(1 for line in f if line.strip() and json.loads(line))
+    with path.open() as f:  # a line without its newline is being appended now, or was torn by a kill: not counted
+        return sum(1 for line in f if line.endswith("\n") and line.strip() and json.loads(line))
 
 
 def keep_best(folder: str | Path, per_workload: int = 1) -> tuple[int, int]:
@@ -403,9 +403,12 @@ def keep_best(folder: str | Path, per_workload: int = 1) -> tuple[int, int]:
     renumber = {old: new for new, old in enumerate(sorted(best))}
     new_workloads = [workloads[old] for old in sorted(best)]
     new_records = [[renumber[w], r[1]] for w in sorted(best) for r in best[w]]
-    for path, lines in ((workload_path, new_workloads), (record_path, [json.dumps(r) for r in new_records])):
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text("".join(line + "\n" for line in lines))
-    for path in (workload_path, record_path):
-        path.with_suffix(".json.tmp").replace(path)
+    from softdeploy.files import atomic_output
+
+    # both files are written completely under temporary names before either is renamed onto its own: only the instant
+    # between the two renames can part them
+    with atomic_output(workload_path, "tuning workloads") as tmp_workloads:
+        tmp_workloads.write_text("".join(line + "\n" for line in new_workloads))
+        with atomic_output(record_path, "tuning records") as tmp_records:
+            tmp_records.write_text("".join(json.dumps(r) + "\n" for r in new_records))
     return len(records), len(new_records)

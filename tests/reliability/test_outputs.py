@@ -17,7 +17,14 @@ import pytest
 
 from softdeploy import cache
 from softdeploy.errors import CacheError, OutputError, OverwriteError, SoftdeployWarning
-from softdeploy.files import atomic_output, check_outputs, remove_stale_partials, write_bytes, write_text
+from softdeploy.files import (
+    atomic_output,
+    check_outputs,
+    final_name,
+    remove_stale_partials,
+    write_bytes,
+    write_text,
+)
 
 
 def _partials(folder: Path) -> list[str]:
@@ -130,6 +137,25 @@ def test_stale_partials_of_dead_processes_are_removed(tmp_path: Path) -> None:
     live.write_text("x")
     assert remove_stale_partials(out) == [stale]
     assert live.exists()
+
+
+def test_nested_temporary_names_name_the_output_and_are_cleaned_up(tmp_path: Path) -> None:
+    # quantize_file hands quantize() its temporary path, which quantize() writes through atomic_output again
+    out = tmp_path / "q.onnx"
+    with atomic_output(out) as outer:
+        assert final_name(outer) == out
+        with atomic_output(outer) as inner:
+            assert final_name(inner) == out
+            inner.write_text("model")
+        assert outer.read_text() == "model"
+    assert out.read_text() == "model" and _partials(tmp_path) == []
+    with pytest.raises(OutputError) as caught, atomic_output(out, "model") as outer, atomic_output(outer, "model"):
+        raise OSError(28, "No space left on device")
+    assert str(caught.value).startswith(f"model {out}: cannot be written: No space left")
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    torn = tmp_path / f"..q.onnx.partial-{int(dead.stdout)}-abcd1234.partial-{int(dead.stdout)}-dcba4321"
+    torn.write_text("half")  # left by a kill during the inner write
+    assert remove_stale_partials(out) == [torn]
 
 
 def test_hard_link_to_input_is_refused(tmp_path: Path) -> None:

@@ -1,0 +1,543 @@
+"""Fault injection for the commands that write: ``softdeploy quantize``, ``optimize`` and ``export`` run in a child
+(``python -m softdeploy.cli``, the tree under test first on PYTHONPATH) that is killed (SIGKILL) or interrupted (SIGINT)
+at seeded random moments, killed inside a write (SIGXFSZ at a file size limit), runs into a full disk (RLIMIT_FSIZE:
+Python ignores SIGXFSZ, so the write fails with EFBIG as it would with ENOSPC) or writes into a read-only folder.
+
+Afterwards every output's final name holds the complete previous result or the complete new one -- never a partial
+file, which the next run would refuse as an existing result ("pass --overwrite") -- and a rerun succeeds and leaves no
+temporary file behind. The faults of one command run side by side, each in its own folder, to keep the file quick.
+
+The save paths of the slow commands (TVM's compile, compare's reports) and the up-front checks of every command
+(folders, hard links to an input) are tested directly, without a child."""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import json
+import os
+import random
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import softdeploy
+from softdeploy.errors import OutputError, OverwriteError
+from softdeploy.files import load_model
+from tests.quant.tiny import mlp_with_custom_op
+
+ROOT = Path(softdeploy.__file__).resolve().parents[1]
+SIZE_LIMIT = 4096  # bytes: below every model written here (the smallest, export's, is ~18 KB)
+_PR_CAPBSET_DROP = 24  # prctl option (linux/prctl.h)
+_CAP_DAC_OVERRIDE, _CAP_DAC_READ_SEARCH = 1, 2  # linux/capability.h
+
+
+# ---- the child -------------------------------------------------------------------------------------------------
+
+
+def _env(logs: Path) -> dict[str, str]:
+    path = os.pathsep.join(x for x in (str(ROOT), os.environ.get("PYTHONPATH", "")) if x)
+    return {**os.environ, "PYTHONPATH": path, "SOFTDEPLOY_LOG_DIR": str(logs)}
+
+
+def _size_limit() -> None:
+    """preexec_fn: a file size limit in the child (a full disk for every file it writes)."""
+    resource.setrlimit(resource.RLIMIT_FSIZE, (SIZE_LIMIT, SIZE_LIMIT))
+
+
+def _without_root_override() -> None:
+    """preexec_fn: permission bits bind the child even when it runs as root (as CI does). Dropping to another user is
+    not an option here -- the interpreter may live under /root, which only root may enter -- so root keeps its uid and
+    loses the capabilities that override file permissions (from its bounding set, which survives exec)."""
+    if os.geteuid() != 0:
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    for cap in (_CAP_DAC_OVERRIDE, _CAP_DAC_READ_SEARCH):
+        if libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
+
+
+# SIGXFSZ back to its default action (Python ignores it): the child dies inside the write that crosses the limit
+_DIE_IN_WRITE = (
+    "import signal, sys\n"
+    "signal.signal(signal.SIGXFSZ, signal.SIG_DFL)\n"
+    "from softdeploy.cli import main\n"
+    "sys.exit(main(sys.argv[1:]))\n"
+)
+
+
+@dataclasses.dataclass
+class Fault:
+    """One run of a command under one fault, in a folder of its own."""
+
+    name: str
+    previous: bool  # the outputs hold a complete previous result before the run (and --overwrite is given)
+    signal: int | None = None  # sent after ``delay`` seconds ...
+    delay: float = 0.0
+    after_start: bool = False  # ... counted from the moment the command's work begins (see _started)
+    preexec: Callable[[], None] | None = None
+    die_in_write: bool = False
+    read_only: bool = False
+    folder: Path = Path()
+    returncode: int = 0
+    stdout: str = ""
+    stderr: str = ""
+
+
+@dataclasses.dataclass
+class Command:
+    """A writing command: its arguments for an output folder, and its outputs there."""
+
+    args: Callable[[Path], list[str]]
+    outputs: list[str]
+
+
+def _started(pid: int, logs: Path) -> bool:
+    """Whether the child runs its command: it opens its log (``VERB-TIME-PID[-N].log``) as the command's work begins,
+    past the interpreter's start-up and the argument parsing."""
+    return any(logs.glob(f"*-{pid}.log")) or any(logs.glob(f"*-{pid}-*.log"))
+
+
+def _run(command: Command, fault: Fault, logs: Path) -> None:
+    argv = [*command.args(fault.folder), *(["--overwrite"] if fault.previous else [])]
+    cmd = (
+        [sys.executable, "-c", _DIE_IN_WRITE, *argv]
+        if fault.die_in_write
+        else [sys.executable, "-m", "softdeploy.cli", *argv]
+    )
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=fault.folder.parent,
+        env=_env(logs),
+        preexec_fn=fault.preexec,
+    )
+    if fault.signal is not None:
+        if fault.after_start:
+            deadline = time.monotonic() + 120
+            while proc.poll() is None and not _started(proc.pid, logs) and time.monotonic() < deadline:
+                time.sleep(0.02)
+        time.sleep(fault.delay)
+        if proc.poll() is None:
+            proc.send_signal(fault.signal)
+    fault.stdout, fault.stderr = proc.communicate(timeout=300)
+    fault.returncode = proc.returncode
+
+
+# ---- what must hold afterwards -----------------------------------------------------------------------------------
+
+PREVIOUS_JSON = b'{"previous": "a complete report"}\n'
+
+
+def _previous(folder: Path, command: Command, model: bytes) -> dict[str, bytes]:
+    """Puts a complete previous result under every output name; returns it by name."""
+    folder.mkdir()
+    made = {}
+    for name in command.outputs:
+        made[name] = PREVIOUS_JSON if name.endswith(".json") else model
+        (folder / name).write_bytes(made[name])
+    return made
+
+
+def _whole(path: Path) -> None:
+    """The file is a complete result: a loadable ONNX model (its top level all there), or a JSON document."""
+    if path.suffix == ".json":
+        json.loads(path.read_text())
+    else:
+        load_model(path)
+
+
+def _check_outputs(command: Command, fault: Fault, previous: dict[str, bytes]) -> None:
+    for name in command.outputs:
+        path = fault.folder / name
+        if not path.exists():
+            assert not previous, f"{fault.name}: the previous {name} is gone"
+            continue
+        if previous and path.read_bytes() == previous[name]:
+            continue
+        _whole(path)  # the complete new result, or this raises naming the partial file
+
+
+def _partials(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if ".partial-" in p.name)
+
+
+def _one_line(stderr: str) -> str:
+    """The error line; every line the CLI printed is its own ``softdeploy: ...`` (the log note may precede it)."""
+    lines = stderr.strip().splitlines()
+    assert lines and all(line.startswith("softdeploy: ") for line in lines), stderr
+    assert "Traceback" not in stderr, stderr
+    return lines[-1]
+
+
+def _faults(seed: int, slow: float, work: float, *, fresh: bool = True, die_in_write: bool = True) -> list[Fault]:
+    """The faults of one command: SIGKILL at a random moment once the command's work begins, over a previous result
+    (and with ``fresh`` at a random moment from its start, into an empty folder), SIGINT at a random moment once the
+    work begins, with ``die_in_write`` death inside the write that crosses a file size limit, a full disk, a
+    read-only folder. ``slow``: about how long the command takes here, seconds; ``work``: how long of it after its
+    work begins (the random moments spread over these)."""
+    rng = random.Random(seed)
+    return [
+        *(
+            [Fault("sigkill-fresh", previous=False, signal=signal.SIGKILL, delay=rng.uniform(0.3, slow))]
+            if fresh
+            else []
+        ),
+        Fault("sigkill", previous=True, signal=signal.SIGKILL, delay=rng.uniform(0.0, work), after_start=True),
+        Fault("sigint", previous=True, signal=signal.SIGINT, delay=rng.uniform(0.0, work), after_start=True),
+        *([Fault("die-in-write", previous=True, preexec=_size_limit, die_in_write=True)] if die_in_write else []),
+        Fault("full-disk", previous=True, preexec=_size_limit),
+        Fault("read-only", previous=True, preexec=_without_root_override, read_only=True),
+    ]
+
+
+@pytest.fixture
+def top() -> Iterator[Path]:
+    # a folder of its own outside pytest's tmp_path, so that a read-only folder in it can be made writable again
+    folder = Path(tempfile.mkdtemp(prefix="softdeploy-faults-"))
+    try:
+        yield folder
+    finally:
+        for p in folder.rglob("*"):
+            if p.is_dir() and not p.is_symlink():
+                p.chmod(0o755)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _inject(command: Command, top: Path, previous_model: bytes, faults: list[Fault]) -> None:
+    """Runs every fault of ``command`` side by side, checks the outputs after each, then reruns where SIGKILL ended
+    the command and checks that the rerun succeeds and leaves no temporary file."""
+    logs = top / "logs"
+    logs.mkdir()
+    before: dict[str, dict[str, bytes]] = {}
+    for fault in faults:
+        fault.folder = top / fault.name
+        if fault.previous:
+            before[fault.name] = _previous(fault.folder, command, previous_model)
+        else:
+            fault.folder.mkdir()
+        if fault.read_only:
+            fault.folder.chmod(0o555)
+    with ThreadPoolExecutor(len(faults)) as pool:
+        list(pool.map(lambda f: _run(command, f, logs), faults))
+
+    for fault in faults:
+        previous = before.get(fault.name, {})
+        what = f"{fault.name}: rc {fault.returncode}, stderr {fault.stderr[-600:]!r}"
+        _check_outputs(command, fault, previous)
+        for name in command.outputs:  # no temporary file under a final name, ever
+            assert ".partial-" not in (fault.folder / name).resolve().name
+        if fault.signal == signal.SIGKILL:
+            assert fault.returncode in (0, -signal.SIGKILL), what
+        elif fault.signal == signal.SIGINT:
+            # it may have finished first: Python restores SIGINT's default action as it exits, and the signal then
+            # ends the process (-SIGINT) once the command has written its outputs and said so
+            finished = fault.returncode == 0 or (fault.returncode == -signal.SIGINT and "wrote " in fault.stdout)
+            if not finished:
+                # 130; or death by SIGINT after the line, which a shell reports as 130 too: CPython exits that way
+                # when a KeyboardInterrupt escaped a nested PyRun_* call of some library, whatever main returned
+                assert fault.returncode in (130, -signal.SIGINT), what
+                assert _one_line(fault.stderr) == "softdeploy: interrupted", what
+            assert _partials(fault.folder) == [], what
+        elif fault.die_in_write:
+            assert fault.returncode == -signal.SIGXFSZ, what
+            for name in command.outputs:
+                assert (fault.folder / name).read_bytes() == previous[name], what
+        else:
+            reason = "Permission denied" if fault.read_only else "File too large"
+            assert fault.returncode == 2, what
+            line = _one_line(fault.stderr)
+            assert line.startswith("softdeploy: error: ") and f"cannot be written: {reason}" in line, what
+            assert any(f" {fault.folder / name}: " in line for name in command.outputs), what  # the output's name
+            for name in command.outputs:
+                assert (fault.folder / name).read_bytes() == previous[name], what
+            assert _partials(fault.folder) == [], what
+
+    # the reruns: a killed run's leftovers are neither taken for a result nor kept
+    reruns = [f for f in faults if f.signal == signal.SIGKILL]
+    for fault in reruns:
+        done = any((fault.folder / name).exists() for name in command.outputs)
+        fault.previous = done  # --overwrite only where a file is there (a previous one, or the killed run's whole one)
+        fault.signal, fault.preexec, fault.die_in_write = None, None, False
+    with ThreadPoolExecutor(len(reruns)) as pool:
+        list(pool.map(lambda f: _run(command, f, logs), reruns))
+    for fault in reruns:
+        assert fault.returncode == 0, f"rerun after {fault.name}: {fault.stderr[-600:]}"
+        for name in command.outputs:
+            _whole(fault.folder / name)
+        assert _partials(fault.folder) == [], fault.name
+
+
+@pytest.fixture
+def inputs(top: Path) -> Path:
+    """The inputs every fault's run reads (a folder the read-only runs may read): a tiny ONNX model and a torch
+    factory."""
+    import onnx
+
+    folder = top / "inputs"
+    folder.mkdir()
+    onnx.save(mlp_with_custom_op(with_function=True), folder / "tiny.onnx")
+    (folder / "factory.py").write_text(
+        "import torch\n"
+        "from softdeploy.ops._torch import register_torch_ops\n"
+        "class M(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.fc = torch.nn.Linear(64, 64)\n"
+        "    def forward(self, x):\n"
+        "        register_torch_ops()\n"
+        "        return torch.ops.softdeploy.two_pass_softmax(self.fc(x), axis=-1)\n"
+        "def make():\n"
+        "    torch.manual_seed(0)\n"
+        "    return M(), (torch.randn(3, 64),)\n"
+    )
+    return folder
+
+
+def test_quantize_under_faults(top: Path, inputs: Path) -> None:
+    model = inputs / "tiny.onnx"
+    command = Command(lambda out: ["quantize", str(model), "-o", str(out / "q.onnx")], ["q.onnx", "q.json"])
+    # no death inside a write: the first write to cross a limit is the quantizer's copy of its input in a temporary
+    # folder (the quantized model is the smaller file), which the full disk covers already
+    _inject(command, top, model.read_bytes(), _faults(seed=1, slow=4.0, work=0.15, die_in_write=False))
+
+
+def test_optimize_under_faults(top: Path, inputs: Path) -> None:
+    model = inputs / "tiny.onnx"
+    command = Command(lambda out: ["optimize", str(model), str(out / "o.onnx")], ["o.onnx"])
+    _inject(command, top, model.read_bytes(), _faults(seed=2, slow=4.0, work=0.3))
+
+
+def test_export_under_faults(top: Path, inputs: Path) -> None:
+    factory = f"{inputs / 'factory.py'}:make"
+    command = Command(lambda out: ["export", factory, str(out / "e.onnx"), "--no-validate"], ["e.onnx"])
+    # the slowest command: no separate kill into an empty folder (quantize's and optimize's cover that path)
+    _inject(command, top, (inputs / "tiny.onnx").read_bytes(), _faults(seed=3, slow=10.0, work=4.0, fresh=False))
+
+
+# ---- the save paths of the slow commands, and the checks before any work ----------------------------------------
+
+
+class _Library:
+    """Stands in for TVM's executable: export_library writes ``body`` (half of it, then fails, when ``fail``)."""
+
+    def __init__(self, body: bytes, fail: BaseException | None = None) -> None:
+        self.body, self.fail, self.names = body, fail, []
+
+    def export_library(self, name: str) -> None:
+        self.names.append(name)
+        if self.fail is not None:
+            Path(name).write_bytes(self.body[: len(self.body) // 2])
+            raise self.fail
+        Path(name).write_bytes(self.body)
+
+
+def _tvm_session(library: _Library, signature: str) -> object:
+    from softdeploy.runtime.tvm import TVMSession
+
+    sess = TVMSession.__new__(TVMSession)
+    sess.executable = library
+
+    class Signature:
+        def to_json(self) -> str:
+            return signature
+
+    sess._signature = Signature()
+    return sess
+
+
+@pytest.mark.parametrize("fail", [OSError(28, "No space left on device"), KeyboardInterrupt()])
+def test_compile_save_leaves_the_previous_library_and_signature(tmp_path: Path, fail: BaseException) -> None:
+    out = tmp_path / "model_tvm.so"
+    out.write_bytes(b"previous library")
+    out.with_suffix(".json").write_text('{"previous": 1}')
+    library = _Library(b"new library" * 100, fail)
+    with pytest.raises(OutputError if isinstance(fail, OSError) else KeyboardInterrupt) as caught:
+        _tvm_session(library, '{"new": 1}').save(out)  # type: ignore[attr-defined]
+    if isinstance(fail, OSError):
+        assert str(caught.value) == (
+            f"compiled library {out}: cannot be written: No space left on device (free some space or write elsewhere)"
+        )
+    assert out.read_bytes() == b"previous library"
+    assert out.with_suffix(".json").read_text() == '{"previous": 1}'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model_tvm.json", "model_tvm.so"]
+    assert library.names[0].endswith(".so")  # TVM picks the linker's output format from the suffix
+
+
+def test_compile_save_writes_both_files(tmp_path: Path) -> None:
+    out = tmp_path / "model_tvm.so"
+    out.write_bytes(b"previous library")
+    _tvm_session(_Library(b"new library"), '{"new": 1}').save(out)  # type: ignore[attr-defined]
+    assert out.read_bytes() == b"new library" and out.with_suffix(".json").read_text() == '{"new": 1}'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model_tvm.json", "model_tvm.so"]
+
+
+def test_compare_reports_are_each_whole_after_an_interrupt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from softdeploy.compare import report
+
+    for name in report.REPORT_FILES.values():
+        (tmp_path / name).write_text(f"previous {name}")
+
+    def plot(result: object, path: Path) -> None:
+        Path(path).write_bytes(b"\x89PNG half of a plot")
+        raise KeyboardInterrupt
+
+    class Result:
+        def to_json(self) -> dict[str, int]:
+            return {"new": 1}
+
+    monkeypatch.setattr(report, "to_markdown", lambda result: "new report")
+    monkeypatch.setattr(report, "write_csv", lambda result, path: Path(path).write_text("new,table\n"))
+    monkeypatch.setattr(report, "plot", plot)
+    with pytest.raises(KeyboardInterrupt):
+        report.write_reports(Result(), tmp_path)  # type: ignore[arg-type]
+    assert (tmp_path / "report.md").read_text() == "new report"
+    assert json.loads((tmp_path / "results.json").read_text()) == {"new": 1}
+    assert (tmp_path / "accuracy_vs_latency.png").read_text() == "previous accuracy_vs_latency.png"
+    assert _partials(tmp_path) == []
+
+
+def test_tuning_records_pruned_in_place_or_not_at_all(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from softdeploy.tvm.tuning import keep_best
+
+    workloads = tmp_path / "database_workload.json"
+    records = tmp_path / "database_tuning_record.json"
+    workloads.write_text('["w0"]\n["w1"]\n')
+    records.write_text("\n".join(json.dumps(r) for r in ([0, [0, [0.2]]], [0, [0, [0.1]]], [1, [0, [0.3]]])) + "\n")
+    before = (workloads.read_text(), records.read_text())
+    real_replace = os.replace
+
+    def replace(src: object, dst: object) -> None:  # the disk fills before the first rename
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", replace)
+    with pytest.raises(OutputError, match=r"database_tuning_record\.json: cannot be written: No space left"):
+        keep_best(tmp_path, 1)
+    assert (workloads.read_text(), records.read_text()) == before
+    assert _partials(tmp_path) == []
+    monkeypatch.setattr(os, "replace", real_replace)
+    assert keep_best(tmp_path, 1) == (3, 2)
+    assert [json.loads(line)[1][1] for line in records.read_text().splitlines()] == [[0.1], [0.3]]
+
+
+def test_quantize_result_without_int8_nodes_keeps_the_previous_model(top: Path, inputs: Path) -> None:
+    from softdeploy.quant import QuantConfig
+    from softdeploy.quant.quantize import QuantizationError
+    from softdeploy.quant.workflow import quantize_file
+
+    out = top / "q.onnx"
+    out.write_bytes(b"previous model")  # replaced only by a model with int8 nodes (--overwrite was given)
+    with pytest.raises(QuantizationError, match="would be a float model"):
+        quantize_file(inputs / "tiny.onnx", out, QuantConfig(op_types=("Conv",)), max_drop=None)
+    assert out.read_bytes() == b"previous model"
+    assert _partials(top) == []
+
+
+def _cli(argv: list[str], cwd: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> str:
+    """Runs the CLI in this process, expecting a softdeploy error (exit 2); returns its one stderr line."""
+    from softdeploy.cli import main
+
+    monkeypatch.chdir(cwd)
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith("softdeploy: error: "), err
+    return err
+
+
+def test_outputs_are_checked_before_any_work(
+    top: Path, inputs: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = inputs / "tiny.onnx"
+    folder = top / "a-folder.onnx"
+    folder.mkdir()
+    err = _cli(["optimize", str(model), str(folder), "--overwrite"], top, monkeypatch, capsys)
+    assert f"output {folder}: is a folder; give a file path" in err
+    err = _cli(["quantize", str(model), "-o", str(folder), "--overwrite"], top, monkeypatch, capsys)
+    assert f"output {folder}: is a folder" in err
+    (top / "m.json").mkdir()  # the report beside the model: refused before the quantization too
+    err = _cli(["quantize", str(model), "-o", str(top / "m.onnx"), "--overwrite"], top, monkeypatch, capsys)
+    assert f"output {top / 'm.json'}: is a folder" in err
+    err = _cli(["export", f"{inputs / 'factory.py'}:make", str(folder), "--overwrite"], top, monkeypatch, capsys)
+    assert f"output {folder}: is a folder" in err
+    err = _cli(["compile", str(model), "-o", str(folder), "--overwrite"], top, monkeypatch, capsys)
+    assert f"output {folder}: is a folder" in err
+    (top / "distilled" / "distill.json").mkdir(parents=True)  # refused before the teacher is loaded or a step run
+    err = _cli(["distill", str(top / "distilled"), "--steps", "1"], top, monkeypatch, capsys)
+    assert f"output {top / 'distilled' / 'distill.json'}: is a folder" in err
+    dangling = top / "dangling.onnx"
+    dangling.symlink_to(top / "nowhere" / "x.onnx")
+    err = _cli(["optimize", str(model), str(dangling), "--overwrite"], top, monkeypatch, capsys)
+    assert "which does not exist; softdeploy does not write through links" in err
+    assert not (top / "nowhere").exists()
+
+
+def test_hard_links_to_an_input_are_refused(
+    top: Path, inputs: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = inputs / "tiny.onnx"
+    before = model.read_bytes()
+    link = top / "link.onnx"
+    os.link(model, link)
+    for argv in (
+        ["optimize", str(model), str(link), "--overwrite"],
+        ["quantize", str(model), "-o", str(link), "--overwrite"],
+    ):
+        err = _cli(argv, top, monkeypatch, capsys)
+        assert f"{link} is also the input {model}" in err
+    factory = inputs / "factory.py"
+    factory_link = top / "factory_link.onnx"
+    os.link(factory, factory_link)
+    err = _cli(["export", f"{factory}:make", str(factory_link), "--overwrite"], top, monkeypatch, capsys)
+    assert f"{factory_link} is also the input {factory}" in err
+    feeds = top / "feeds.npz"
+    np.savez(feeds, X=np.zeros((2, 16), np.float32))
+    feeds_link = top / "feeds_link.onnx"
+    os.link(feeds, feeds_link)
+    err = _cli(
+        ["optimize", str(model), str(feeds_link), "--feeds", str(feeds), "--overwrite"], top, monkeypatch, capsys
+    )
+    assert "is also the input" in err
+    assert model.read_bytes() == before
+
+
+def test_demo_checks_its_model_path_before_training(tmp_path: Path) -> None:
+    from softdeploy.demo import MODEL_FILE, run_demo
+
+    (tmp_path / MODEL_FILE).write_bytes(b"the user's model")
+    with pytest.raises(OverwriteError, match="pass --overwrite"):
+        run_demo(out=str(tmp_path))
+    (tmp_path / MODEL_FILE).unlink()
+    (tmp_path / MODEL_FILE).mkdir()
+    with pytest.raises(OutputError, match="is a folder"):
+        run_demo(out=str(tmp_path), overwrite=True)
+    (tmp_path / "file.txt").write_text("x")
+    with pytest.raises(OutputError, match="is a file; give a folder"):
+        run_demo(out=str(tmp_path / "file.txt"))
+
+
+def test_a_tuning_database_line_torn_by_a_kill_is_dropped(tmp_path: Path) -> None:
+    from softdeploy.errors import SoftdeployWarning
+    from softdeploy.tvm.build import drop_torn_lines
+    from softdeploy.tvm.tuning import database_size
+
+    workloads = tmp_path / "database_workload.json"
+    records = tmp_path / "database_tuning_record.json"
+    workloads.write_text('["w0"]\n')
+    records.write_text("[0, [0, [0.1]]]\n[0, [0, [0.2")  # MetaSchedule killed while appending a record
+    assert database_size(tmp_path) == 1
+    with pytest.warns(SoftdeployWarning, match=r"database_tuning_record\.json: its last line \(12 bytes\) was cut"):
+        assert drop_torn_lines(tmp_path) == [records]
+    assert records.read_text() == "[0, [0, [0.1]]]\n" and workloads.read_text() == '["w0"]\n'
+    assert drop_torn_lines(tmp_path) == [] and _partials(tmp_path) == []

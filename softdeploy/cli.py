@@ -966,8 +966,12 @@ def entry() -> None:
     onnxruntime), whose static destructors then abort at interpreter exit ("terminate called ..."). Every output is
     written atomically (:mod:`softdeploy.files`), so nothing is left half-written by ending there."""
     import os
+    import signal
 
     code = main()
+    # The command is over: a Ctrl-C from here on must not turn its exit into death by signal during the interpreter's
+    # shutdown (the outputs are written, the exit code stands).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if code == 130:
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):

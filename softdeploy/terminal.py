@@ -173,15 +173,21 @@ def cli_session(verb: str, *, verbose: bool) -> Iterator[None]:
     warnings.showwarning = capture.showwarning
     root.addHandler(handler)
     _ACTIVE = capture
+    interrupted = False
     try:
         yield
+    except KeyboardInterrupt:
+        interrupted = True  # Ctrl-C is one line, the CLI's own: the log (kept on disk) is not announced
+        raise
     finally:
         _ACTIVE = None
         root.removeHandler(handler)
         warnings.showwarning = capture.showwarning_before
         path, lines = capture.close()
         fallback = f"{capture.fallback_reason}; " if capture.fallback_reason else ""
-        if path is not None:
+        if interrupted:
+            pass
+        elif path is not None:
             print(
                 f"softdeploy: {fallback}{lines} lines of library output (torch, onnxruntime, TVM) in {path}",
                 file=sys.stderr,

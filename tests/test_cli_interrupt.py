@@ -39,8 +39,8 @@ DELAYS = [0.15, 0.3, 0.5, 0.7, 0.9, 1.1, 1.4, 1.7, 2.0, 2.5]
 @pytest.mark.parametrize("delay", DELAYS)
 def test_ctrl_c_during_start_up_is_one_line_and_exit_130(delay: float, tmp_path: Path) -> None:
     run = _interrupt_after(delay, "doctor", cwd=tmp_path)
-    if run.returncode == 0:  # finished before the signal: nothing to check at this delay on a fast machine
-        assert "softdeploy: interrupted" not in run.stderr
+    if run.returncode == 0:  # finished before the signal (or during its shutdown, which ignores Ctrl-C): no message
+        assert "softdeploy: interrupted" not in run.stderr and "Traceback" not in run.stderr, run.stderr
         return
     assert run.returncode == 130, run.stderr
     assert "Traceback" not in run.stderr and "terminate called" not in run.stderr, run.stderr

@@ -156,7 +156,7 @@ def run_distill(
         summary["onnx"] = str(out / "student.onnx")
     write_text(out / "distill.json", json.dumps(summary, indent=2) + "\n", "distillation summary")
     # the run is complete: its resume state (student + AdamW moments, ~3x the student) is no longer needed
-    for f in sorted(ckpts.glob("*.safetensors")):
+    for f in sorted(ckpts.glob("*.safetensors")) + sorted(ckpts.glob("*.safetensors.sha256")):  # with their digests
         f.unlink()
     if ckpts.is_dir() and not any(ckpts.iterdir()):
         ckpts.rmdir()

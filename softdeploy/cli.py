@@ -470,30 +470,7 @@ def cmd_distill(args: argparse.Namespace) -> int:
     from softdeploy.distill.train import DistillConfig
     from softdeploy.terminal import captured
 
-    out = Path(args.out)
-    outputs = [out / "student.safetensors", out / "distill.json", *([out / "student.onnx"] if args.export else [])]
-    inputs = [p for p in (args.texts, args.extra_file) if p]
-    _refuse_overwrite(outputs[:1], args.overwrite, sources=inputs)
-    _refuse_overwrite(outputs[1:], True, sources=inputs)  # rewritten with the student: only folders and links refused
-    from softdeploy.distill.data import BROAD_SOURCES, distillation_texts
-
-    if args.texts is not None:
-        texts = _text_lines("--texts", args.texts)
-    else:
-        texts = distillation_texts(tuple(args.sources.split(",")), limit=args.limit_texts, seed=args.seed)
-    extra: list[str] = []
-    if args.extra_file is not None:
-        if args.extra_texts is not None:
-            from softdeploy.errors import ArgumentError
-
-            raise ArgumentError("--extra-texts and --extra-file both name the broad texts: give one")
-        # as a built-in source: distinct, shuffled with the seed, the first --extra-count when given
-        extra = list(dict.fromkeys(_text_lines("--extra-file", args.extra_file)))
-        random.Random(args.seed).shuffle(extra)
-        extra = extra[: args.extra_count]
-    elif args.extra_texts != "none":  # None: not given, the recipe's broad stream
-        sources = tuple(args.extra_texts.split(",")) if args.extra_texts else BROAD_SOURCES
-        extra = distillation_texts(sources, limit=args.extra_count, seed=args.seed)
+    # settings first, then the output folder, then the texts: no work before a bad argument is said
     cfg = DistillConfig(
         objective=args.objective,
         level=args.level,
@@ -517,6 +494,36 @@ def cmd_distill(args: argparse.Namespace) -> int:
         extra_fraction=args.extra_fraction,
     )
     cfg.check()
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        from softdeploy.errors import OutputError
+
+        raise OutputError(
+            f"distill: OUT {out} is a file; give a folder (the student, distill.json and checkpoints go there)"
+        )
+    outputs = [out / "student.safetensors", out / "distill.json", *([out / "student.onnx"] if args.export else [])]
+    inputs = [p for p in (args.texts, args.extra_file) if p]
+    _refuse_overwrite(outputs[:1], args.overwrite, sources=inputs)
+    _refuse_overwrite(outputs[1:], True, sources=inputs)  # rewritten with the student: only folders and links refused
+    from softdeploy.distill.data import BROAD_SOURCES, distillation_texts
+
+    if args.texts is not None:
+        texts = _text_lines("--texts", args.texts)
+    else:
+        texts = distillation_texts(tuple(args.sources.split(",")), limit=args.limit_texts, seed=args.seed)
+    extra: list[str] = []
+    if args.extra_file is not None:
+        if args.extra_texts is not None:
+            from softdeploy.errors import ArgumentError
+
+            raise ArgumentError("--extra-texts and --extra-file both name the broad texts: give one")
+        # as a built-in source: distinct, shuffled with the seed, the first --extra-count when given
+        extra = list(dict.fromkeys(_text_lines("--extra-file", args.extra_file)))
+        random.Random(args.seed).shuffle(extra)
+        extra = extra[: args.extra_count]
+    elif args.extra_texts != "none":  # None: not given, the recipe's broad stream
+        sources = tuple(args.extra_texts.split(",")) if args.extra_texts else BROAD_SOURCES
+        extra = distillation_texts(sources, limit=args.extra_count, seed=args.seed)
     console = _console()
     with RichProgress(console) as progress, captured("distill"):
         run = run_distill(

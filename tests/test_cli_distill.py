@@ -78,6 +78,9 @@ def test_distill_takes_its_broad_texts_from_a_file(tmp_path: Path) -> None:
         (["--extra-file", "/nonexistent/broad.txt"], "--extra-file /nonexistent/broad.txt: no such file"),
         (["--extra-file", "EMPTY"], "the file holds no text"),
         (["--extra-texts", "wordnet", "--extra-file", "EMPTY"], "--extra-texts and --extra-file both name"),
+        (["--lr", "-1"], "lr -1.0 is out of range (rule: a learning rate > 0)"),
+        (["--lr", "nan"], "lr nan is not a finite number"),
+        (["--lam", "-0.5"], "lam -0.5 is out of range"),
     ],
 )
 def test_distill_errors_are_one_line(
@@ -89,6 +92,18 @@ def test_distill_errors_are_one_line(
     err = capsys.readouterr().err.strip().splitlines()
     assert err[0].startswith("softdeploy: error: ") and message in err[0], err
     assert len([line for line in err if line.startswith("softdeploy: error")]) == 1
+
+
+def test_distill_into_a_file_is_one_line_before_any_work(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "student"
+    out.write_text("a file the user keeps")
+    assert main(["distill", str(out), *QUICK]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"softdeploy: error: distill: OUT {out} is a file; give a folder (the student, distill.json and "
+        "checkpoints go there)"
+    ]
+    assert out.read_text() == "a file the user keeps"
 
 
 def test_distill_usage_error_for_a_bad_layer_list(capsys: pytest.CaptureFixture[str]) -> None:

@@ -127,6 +127,18 @@ class DistillConfig:
             raise ArgumentError(
                 f"distill: warmup {self.warmup} is out of range (rule: 0 <= warmup < 1, a fraction of steps)"
             )
+        for name in ("lr", "temperature", "scale", "lam", "ema", "weight_decay", "hidden_weight"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ArgumentError(f"distill: {name} {value!r} is not a finite number")
+        if self.lr <= 0.0:
+            raise ArgumentError(f"distill: lr {self.lr} is out of range (rule: a learning rate > 0)")
+        if self.weight_decay < 0.0:
+            raise ArgumentError(f"distill: weight_decay {self.weight_decay} is out of range (rule: >= 0)")
+        if not 0.0 < self.ema <= 1.0:
+            raise ArgumentError(f"distill: ema {self.ema} is out of range (rule: 0 < ema <= 1)")
+        if self.lam < 0.0:
+            raise ArgumentError(f"distill: lam {self.lam} is out of range (rule: >= 0)")
         if self.hidden_weight < 0.0:
             raise ArgumentError(f"distill: hidden_weight {self.hidden_weight} is out of range (rule: >= 0)")
         if not 0.0 < self.extra_fraction < 1.0:

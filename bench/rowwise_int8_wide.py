@@ -50,13 +50,13 @@ def fp32_model(k: int, n: int, rng: np.random.Generator):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
 
 
-def variants() -> list[tuple[str, str]]:
-    """(SOFTDEPLOY_ISA, what the library then runs) for avx512 and avx2, without repeats (an AVX2-only CPU lowers
-    avx512 to avx2)."""
+def variants() -> list[tuple[str, str, str]]:
+    """(SOFTDEPLOY_ISA, the variant the library then selects, which tile it runs) for avx512 and avx2, without
+    repeats (an AVX2-only CPU lowers avx512 to avx2)."""
     from softdeploy.conformance import forced_isa
     from softdeploy.runtime import library_status
 
-    out: dict[str, tuple[str, str]] = {}
+    out: dict[str, tuple[str, str, str]] = {}
     for isa in ("avx512", "avx2"):
         with forced_isa(isa):
             info = library_status().info
@@ -64,7 +64,7 @@ def variants() -> list[tuple[str, str]]:
             vnni = (info.isa_selected == "avx512" and info.avx512_vnni) or (
                 info.isa_selected == "avx2" and info.avx_vnni
             )
-            out[info.isa_selected] = (isa, f"{info.isa_selected} {'VNNI tile' if vnni else 'no VNNI'}")
+            out[info.isa_selected] = (isa, info.isa_selected, "VNNI tile" if vnni else "no VNNI")
     return list(out.values())
 
 
@@ -84,7 +84,7 @@ def main() -> None:
     libs = {"before": args.before.resolve(), "after": args.after.resolve()}
     sync_print(f"- libraries: before {libs['before']}, after {libs['after']}")
     runs = variants()
-    sync_print(f"- variants: {'; '.join(f'SOFTDEPLOY_ISA={isa}: {what}' for isa, what in runs)}\n")
+    sync_print(f"- variants: {'; '.join(f'SOFTDEPLOY_ISA={isa}: {sel} ({what})' for isa, sel, what in runs)}\n")
     rng = np.random.default_rng(0)
     tmp = Path(tempfile.mkdtemp(prefix="rowwise-wide-bench-"))
     shapes = SHAPES[:2] if args.quick else SHAPES
@@ -107,10 +107,10 @@ def main() -> None:
             fp32, forms = models[(k, n)]
             x = {"X": rng.standard_normal((m, k)).astype(np.float32)}
             sessions = {"fp32": ort_session(str(fp32), nt)}
-            for isa, _ in runs:
+            for isa, sel, _ in runs:
                 for lib, path in libs.items():
                     with forced_isa(isa):
-                        sessions[f"u8 {isa} {lib}"] = ort_session(str(forms["u8"]), nt, library=path)
+                        sessions[f"u8 {sel} {lib}"] = ort_session(str(forms["u8"]), nt, library=path)
             with forced_isa("avx2"):
                 sessions["lane avx2 after"] = ort_session(str(forms["lane"]), nt, library=libs["after"])
             outs = {name: s.run(None, x)[0] for name, s in sessions.items() if name.startswith("u8")}
@@ -124,8 +124,8 @@ def main() -> None:
             )
             us = {name: t[name].median * 1e6 for name in sessions}
             cells = [f"{m} x {k} x {n}", f"{us['fp32']:.0f}"]
-            for isa, _ in runs:
-                before, after = us[f"u8 {isa} before"], us[f"u8 {isa} after"]
+            for _, sel, _ in runs:
+                before, after = us[f"u8 {sel} before"], us[f"u8 {sel} after"]
                 cells += [
                     f"{before:.0f}",
                     f"{after:.0f}",
@@ -138,13 +138,13 @@ def main() -> None:
             rows.append(cells)
             sync_print(f"  done nt={nt} {m}x{k}x{n}")
         heads = ["M x K x N", "fp32 us"]
-        for isa, _ in runs:
+        for _, sel, _ in runs:
             heads += [
-                f"u8 {isa} before us",
-                f"u8 {isa} after us",
-                f"fp32 / u8 {isa} before",
-                f"fp32 / u8 {isa} after",
-                f"u8 {isa} after GMAC/s",
+                f"u8 {sel} before us",
+                f"u8 {sel} after us",
+                f"fp32 / u8 {sel} before",
+                f"fp32 / u8 {sel} after",
+                f"u8 {sel} after GMAC/s",
             ]
         heads += ["lane avx2 us", "fp32 / lane avx2", "max spread", "bg load"]
         sync_print(f"\nMicroseconds per call (median of interleaved rounds), {nt} thread(s):\n")

@@ -16,8 +16,8 @@
 // The vpmaddubsw paths (AVX2 without AVX-VNNI, AVX-512 without VNNI) run weights outside the lane bound on the widened
 // packing instead: int16 weights packed at creation, the quantized rows widened per call, vpmaddwd into int32 -- exact
 // for every int8 B, so a model written for the VNNI class stays vectorized there. The row quantization is the AVX2
-// unit's on every vector path. A constant B (an initializer) is packed (and its lane bound found) once, at kernel creation; a B
-// fed at run time is packed on every call.
+// unit's on every vector path. A constant B (an initializer) is packed (and its lane bound found) once, at kernel
+// creation; a B fed at run time is packed on every call.
 //
 // What must stay true: every contract check runs before ParallelFor; all variants produce the same integers and
 // the same bits (the same float32 operations; see the vector units' headers); the kernel's state after creation is

@@ -12,7 +12,8 @@
 // lane tiles on lane-bounded B (|B| <= 16, what "lane-bounded" weights run) and the AVX-512 VNNI tile on the full-range
 // B; every widened and split result is checked against the int64 reference integers first. Minimum over rounds of the
 // median of each round's repetitions, the forms interleaved.
-//   S="-O3 -std=c++17 -fno-math-errno -ffp-contract=off -fno-tree-pre -Iops"; V="-mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx2 -mfma"
+//   S="-O3 -std=c++17 -fno-math-errno -ffp-contract=off -fno-tree-pre -Iops"
+//   V="-mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx2 -mfma"
 //   mkdir -p /tmp/rww && g++ $S -c ops/rowwise_int8_matmul_common.cc -o /tmp/rww/c.o &&
 //   g++ $S -mavx2 -mfma -c ops/rowwise_int8_matmul_avx2.cc -o /tmp/rww/a2.o &&
 //   g++ $S $V -c ops/rowwise_int8_matmul_avx512.cc -o /tmp/rww/bw.o &&
@@ -163,16 +164,18 @@ int main() {
         std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
         return v[v.size() / 2];
       };
-      t[0].push_back(time([&] { rw::GemmAvx2(pw.View(), xwp, sa.data(), za.data(), s.M, sb.data(), nullptr, y.data(), s.N); }));
-      t[5].push_back(time([&] { rw::GemmYmm<SplitSums>(sv, x2.data(), sa.data(), za.data(), s.M, sb.data(), nullptr, y.data(), s.N); }));
-      t[1].push_back(time([&] { rw::GemmAvx2(pl.View(), xq7.data(), sa.data(), za.data(), s.M, sb.data(), nullptr, y.data(), s.N); }));
+      const float* no_bias = nullptr;
+      const auto run = [&](auto gemm, const rw::PackedView& w, const uint8_t* x) {
+        return time([&] { gemm(w, x, sa.data(), za.data(), s.M, sb.data(), no_bias, y.data(), s.N); });
+      };
+      t[0].push_back(run(rw::GemmAvx2, pw.View(), xwp));
+      t[5].push_back(run(rw::GemmYmm<SplitSums>, sv, x2.data()));
+      t[1].push_back(run(rw::GemmAvx2, pl.View(), xq7.data()));
       if (bw) {
-        t[2].push_back(time([&] { rw::GemmAvx512Bw(pwz.View(), xwp, sa.data(), za.data(), s.M, sb.data(), nullptr, y.data(), s.N); }));
-        t[3].push_back(time([&] { rw::GemmAvx512Bw(pl.View(), xq7.data(), sa.data(), za.data(), s.M, sb.data(), nullptr, y.data(), s.N); }));
+        t[2].push_back(run(rw::GemmAvx512Bw, pwz.View(), xwp));
+        t[3].push_back(run(rw::GemmAvx512Bw, pl.View(), xq7.data()));
       }
-      if (vnni) {
-        t[4].push_back(time([&] { rw::GemmAvx512Vnni(pv.View(), xq.data(), sa.data(), za.data(), s.M, sb.data(), nullptr, y.data(), s.N); }));
-      }
+      if (vnni) t[4].push_back(run(rw::GemmAvx512Vnni, pv.View(), xq.data()));
     }
     char cells[6][32];
     for (int i = 0; i < 6; ++i) {

@@ -10,7 +10,7 @@ Peers, one-node models of Y = X W + bias with W a float32 initializer, measured 
   softdeploy    com.softdeploy RowwiseInt8MatMul of the same weights (softdeploy.quant.rowwise: lane-bounded, 7-bit
                 per-row activations, groups 4, bias folded), softdeploy's kernel library
   softdeploy_u8 the same op in the rowwise-8-bit form (8-bit rows, plain 8-bit weights: the AVX-512 VNNI default;
-                on a CPU without the VNNI tile its weights take the exact portable loops, slowly)
+                on a CPU without the VNNI tile its weights take the widened vpmaddwd tile: bench/rowwise_int8_wide.py)
 Issue 13's pair: avx2 (the kernel under SOFTDEPLOY_ISA=avx2) and ort_body (its function body in stock onnxruntime:
 the row quantization and an exact float64 MatMul); `body/avx2` >= 1 at every shape is the floor.
 `GMAC/s` counts M x K x N multiply-adds per call; where the VNNI tile runs, a register-only vpdpbusd zmm loop timed in

@@ -12,10 +12,12 @@
 // ops/rowwise_int8_matmul_avx512vnni.cc, every int8 B; without VNNI ops/rowwise_int8_matmul_avx512.cc, the AVX2
 // tile's form on zmm); AVX2 (ops/rowwise_int8_matmul_ymm.h: on a CPU with AVX-VNNI the VEX vpdpbusd tile of
 // ops/rowwise_int8_matmul_avxvnni.cc, every int8 B; without it ops/rowwise_int8_matmul_avx2.cc, vpmaddubsw results
-// summed in int16 under the lane bound of ops/rowwise_int8_matmul_kernels.h); and portable C++ (also the vpmaddubsw
-// paths' way for weights outside the lane bound, exact for any int8 B). The row quantization is the AVX2 unit's on
-// every vector path. A constant B (an initializer) is packed (and its lane bound found) once, at kernel creation; a B
-// fed at run time is packed on every call.
+// summed in int16 under the lane bound of ops/rowwise_int8_matmul_kernels.h); and portable C++ (CPUs without AVX2).
+// The vpmaddubsw paths (AVX2 without AVX-VNNI, AVX-512 without VNNI) run weights outside the lane bound on the widened
+// packing instead: int16 weights packed at creation, the quantized rows widened per call, vpmaddwd into int32 -- exact
+// for every int8 B, so a model written for the VNNI class stays vectorized there. The row quantization is the AVX2
+// unit's on every vector path. A constant B (an initializer) is packed (and its lane bound found) once, at kernel
+// creation; a B fed at run time is packed on every call.
 //
 // What must stay true: every contract check runs before ParallelFor; all variants produce the same integers and
 // the same bits (the same float32 operations; see the vector units' headers); the kernel's state after creation is
@@ -157,14 +159,18 @@ struct RowwiseInt8MatMulKernel {
     // read once, the quantized rows (M * kp bytes) by every task. A unit of work ~ 32 int8 products.
     const int64_t panels = packed->np / kNR;
     const size_t tasks = NumTasks(panels, M * kp * kNR / 32);
-    if (path == Path::kAvx512Vnni || path == Path::kAvxVnni || packed->groups > 0) {  // groups: vpmaddubsw paths
+    if (vector) {
+      // The widened packing's tiles read the quantized rows as int16 (widened once here, not per panel).
+      std::vector<int16_t> xw(packed->width == 2 ? static_cast<size_t>(M * kp) : 0);
+      if (packed->width == 2) WidenRows(xq.data(), M, kp, xw.data());
+      const uint8_t* rows = packed->width == 2 ? reinterpret_cast<const uint8_t*>(xw.data()) : xq.data();
       const PackedView whole = packed->View();
       ParallelFor(ctx, tasks, [&](size_t task) {
         int64_t p0, p1;
         TaskRange(task, tasks, panels, &p0, &p1);
         const int64_t n0 = p0 * kNR;
         PackedView part = whole;
-        part.panels = whole.panels + n0 * kp;
+        part.panels = whole.panels + n0 * kp * whole.width;
         part.colsum = whole.colsum + n0;
         part.np = (p1 - p0) * kNR;
         part.N = std::min(N, p1 * kNR) - n0;
@@ -177,14 +183,14 @@ struct RowwiseInt8MatMulKernel {
             GemmAvxVnni(part, xq.data(), sa.data(), za.data(), M, sb + n0, bias_part, y + n0, N);
             break;
           case Path::kAvx512Bw:
-            GemmAvx512Bw(part, xq.data(), sa.data(), za.data(), M, sb + n0, bias_part, y + n0, N);
+            GemmAvx512Bw(part, rows, sa.data(), za.data(), M, sb + n0, bias_part, y + n0, N);
             break;
-          default: GemmAvx2(part, xq.data(), sa.data(), za.data(), M, sb + n0, bias_part, y + n0, N); break;
+          default: GemmAvx2(part, rows, sa.data(), za.data(), M, sb + n0, bias_part, y + n0, N); break;
         }
       });
       return;
     }
-    // Portable (and weights outside the lane bound): int32 sums over B as stored, a row of the task's columns at a time.
+    // Portable (CPUs without AVX2): int32 sums over B as stored, a row of the task's columns at a time.
     ParallelFor(ctx, tasks, [&](size_t task) {
       int64_t p0, p1;
       TaskRange(task, tasks, panels, &p0, &p1);

@@ -9,6 +9,10 @@
 // mixes ran at 108, 142 and 156 GMAC/s on one Zen 4 core. Exact under the lane bound of
 // ops/rowwise_int8_matmul_kernels.h, which Pack checks.
 //
+// Weights outside the lane bound (no vpmaddubsw form is exact: e.g. rowwise-8-bit's plain 8-bit grid, the VNNI
+// class's format) run WideSums on the widened packing: int16 weights and activations, vpmaddwd straight into int32
+// (2 vector ops per 16 products; bench/results/rowwise_int8_wide.md has the measurements and the form it beat).
+//
 // What must stay true: the quantized integers equal the portable variant's (the same float32 operations; a row's min
 // and max do not depend on order; the zero point's integer add equals the portable float add of two small
 // integers); every int16 sum is exact (groups from Pack); the epilogue is fma(float(acc - z * colsum), sa * sb,
@@ -56,11 +60,33 @@ struct LaneSums {
   }
 };
 
+// The same sums on the widened packing (weights outside the lane bound): per pair of k, the int16 activations
+// (q[k], q[k + 1]) broadcast and one vpmaddwd + vpaddd per row and half, exact in int32 for every int8 B.
+struct WideSums {
+  template <int MR>
+  static inline void Run(const uint8_t* xq, int64_t kp, const int8_t* panel, __m256i out[MR][2]) {
+    const int16_t* a = reinterpret_cast<const int16_t*>(xq);
+    __m256i acc[MR][2];  // local, as above
+    for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+    for (int64_t k = 0; k < kp; k += 2, panel += 2 * 32) {
+      const __m256i b0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel));
+      const __m256i b1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + 32));
+      for (int r = 0; r < MR; ++r) {
+        const __m256i x = Broadcast4(reinterpret_cast<const uint8_t*>(a + r * kp + k));
+        acc[r][0] = _mm256_add_epi32(acc[r][0], _mm256_madd_epi16(x, b0));
+        acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(x, b1));
+      }
+    }
+    for (int r = 0; r < MR; ++r) out[r][0] = acc[r][0], out[r][1] = acc[r][1];
+  }
+};
+
 }  // namespace
 
 void GemmAvx2(const PackedView& w, const uint8_t* xq, const float* sa, const int32_t* za, int64_t M, const float* sb,
               const float* bias, float* y, int64_t ldy) {
-  if (w.groups == 4) GemmYmm<LaneSums<4>>(w, xq, sa, za, M, sb, bias, y, ldy);
+  if (w.width == 2) GemmYmm<WideSums>(w, xq, sa, za, M, sb, bias, y, ldy);
+  else if (w.groups == 4) GemmYmm<LaneSums<4>>(w, xq, sa, za, M, sb, bias, y, ldy);
   else if (w.groups == 2) GemmYmm<LaneSums<2>>(w, xq, sa, za, M, sb, bias, y, ldy);
   else GemmYmm<LaneSums<1>>(w, xq, sa, za, M, sb, bias, y, ldy);
 }

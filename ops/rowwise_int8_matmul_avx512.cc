@@ -10,6 +10,9 @@
 // halves (columns 0-7 and 8-15 of a panel) side by side, so the lane sets, and the lane bound Pack checks, are the
 // AVX2 tile's.
 //
+// Weights outside the lane bound run WideSums on the widened packing (int16 weights and activations, vpmaddwd into
+// int32), as the AVX2 unit does.
+//
 // What must stay true: every int16 sum is exact (groups from Pack's lane bound), so the integers, and with the shared
 // epilogue the bits, are the other variants'.
 #include "rowwise_int8_matmul_zmm.h"
@@ -51,11 +54,36 @@ struct LaneSums {
   }
 };
 
+// The widened packing's sums (weights outside the lane bound; the AVX2 unit's WideSums on zmm): per pair of k, the
+// int16 activations (q[k], q[k + 1]) broadcast and one vpmaddwd + vpaddd per row and panel, exact for every int8 B.
+struct WideSums {
+  template <int MR, int NP>
+  static inline void Run(const uint8_t* xq, int64_t kp, const int8_t* const panel[NP], __m512i acc[MR][NP]) {
+    const int16_t* a = reinterpret_cast<const int16_t*>(xq);
+    __m512i sums[MR][NP];  // local: GCC keeps it in registers
+    for (int r = 0; r < MR; ++r) {
+      for (int p = 0; p < NP; ++p) sums[r][p] = _mm512_setzero_si512();
+    }
+    for (int64_t k = 0; k < kp; k += 2) {
+      __m512i b[NP];
+      for (int p = 0; p < NP; ++p) b[p] = _mm512_loadu_si512(panel[p] + 32 * k);  // 64 bytes per pair of k
+      for (int r = 0; r < MR; ++r) {
+        const __m512i x = Broadcast4Zmm(reinterpret_cast<const uint8_t*>(a + r * kp + k));
+        for (int p = 0; p < NP; ++p) sums[r][p] = _mm512_add_epi32(sums[r][p], _mm512_madd_epi16(x, b[p]));
+      }
+    }
+    for (int r = 0; r < MR; ++r) {
+      for (int p = 0; p < NP; ++p) acc[r][p] = sums[r][p];
+    }
+  }
+};
+
 }  // namespace
 
 void GemmAvx512Bw(const PackedView& w, const uint8_t* xq, const float* sa, const int32_t* za, int64_t M,
                   const float* sb, const float* bias, float* y, int64_t ldy) {
-  if (w.groups == 4) GemmZmm<LaneSums<4>>(w, xq, sa, za, M, sb, bias, y, ldy);
+  if (w.width == 2) GemmZmm<WideSums>(w, xq, sa, za, M, sb, bias, y, ldy);
+  else if (w.groups == 4) GemmZmm<LaneSums<4>>(w, xq, sa, za, M, sb, bias, y, ldy);
   else if (w.groups == 2) GemmZmm<LaneSums<2>>(w, xq, sa, za, M, sb, bias, y, ldy);
   else GemmZmm<LaneSums<1>>(w, xq, sa, za, M, sb, bias, y, ldy);
 }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 namespace sd {
 namespace rowwise_int8 {
@@ -49,7 +50,8 @@ int LaneGroups(const int8_t* b, int64_t K, int64_t N, int levels) {
   return ok[2] ? 4 : ok[1] ? 2 : ok[0] ? 1 : 0;
 }
 
-// Column sums always; the lane bound for the vpmaddubsw paths; panels where a vector tile will read them.
+// Column sums always; the lane bound for the vpmaddubsw paths; panels on every vector path (widened where the lane
+// bound gives groups 0 on a vpmaddubsw path).
 Packed Pack(const int8_t* b, int64_t K, int64_t N, int levels, Path path) {
   Packed p;
   p.K = K;
@@ -63,7 +65,19 @@ Packed Pack(const int8_t* b, int64_t K, int64_t N, int levels, Path path) {
   if (path == Path::kPortable) return p;
   if (path == Path::kAvx2 || path == Path::kAvx512Bw) {
     p.groups = LaneGroups(b, K, N, levels);
-    if (p.groups == 0) return p;
+    if (p.groups == 0) {  // the widened packing (layout: ops/rowwise_int8_matmul_kernels.h), exact for every int8 B
+      p.width = 2;
+      std::vector<int16_t> wide(static_cast<size_t>(p.kp * p.np), 0);
+      for (int64_t n0 = 0; n0 < p.np; n0 += kNR) {
+        int16_t* panel = wide.data() + n0 * p.kp;
+        for (int64_t k = 0; k < K; ++k) {
+          for (int64_t c = 0; c < kNR && n0 + c < N; ++c) panel[(k / 2) * 2 * kNR + 2 * c + k % 2] = b[k * N + n0 + c];
+        }
+      }
+      p.panels.resize(wide.size() * sizeof(int16_t));
+      std::memcpy(p.panels.data(), wide.data(), p.panels.size());
+      return p;
+    }
   }
   p.panels.assign(static_cast<size_t>(p.kp * p.np), 0);
   for (int64_t n0 = 0; n0 < p.np; n0 += kNR) {
@@ -116,6 +130,10 @@ int64_t QuantizeRowsPortable(const float* x, int64_t M, int64_t K, int64_t kp, i
     for (; k < kp; ++k) dst[k] = static_cast<uint8_t>(zp);
   }
   return -1;
+}
+
+void WidenRows(const uint8_t* xq, int64_t M, int64_t kp, int16_t* xw) {
+  for (int64_t i = 0; i < M * kp; ++i) xw[i] = xq[i];
 }
 
 void GemmPortable(const int8_t* b, int64_t K, int64_t N, const int32_t* colsum, const uint8_t* xq, int64_t kp,

@@ -12,33 +12,39 @@
 namespace sd {
 namespace rowwise_int8 {
 
-// How a call multiplies, fixed at kernel creation: the portable loops; the AVX2 tile or its zmm form (AVX-512
-// without VNNI), each where the lane bound allows and else the portable loops; or a VNNI tile (ymm with AVX-VNNI on
-// the avx2 variant, zmm with AVX-512 VNNI), for every B.
+// How a call multiplies, fixed at kernel creation: the portable loops; the AVX2 tiles or their zmm forms (AVX-512
+// without VNNI): vpmaddubsw where the lane bound allows, else vpmaddwd on the widened packing; or a VNNI tile (ymm
+// with AVX-VNNI on the avx2 variant, zmm with AVX-512 VNNI), for every B.
 enum class Path { kPortable, kAvx2, kAvxVnni, kAvx512Bw, kAvx512Vnni };
 
 // B packed for the vector tiles (layout: ops/rowwise_int8_matmul_kernels.h), its column sums and lane bound.
 struct Packed {
-  std::vector<int8_t> panels;  // empty on the portable path, and on the AVX2 path when groups == 0
+  std::vector<int8_t> panels;  // empty on the portable path; int16 weights' bytes when width == 2
   std::vector<int32_t> colsum;
   int64_t K = 0, N = 0, kp = 0, np = 0;
   int groups = 0;
-  PackedView View() const { return {panels.data(), colsum.data(), K, N, kp, np, groups}; }
+  int width = 1;  // 2: the widened packing (the vpmaddubsw paths' weights outside the lane bound)
+  PackedView View() const { return {panels.data(), colsum.data(), K, N, kp, np, groups, width}; }
 };
 
 // The largest of 4, 2, 1 vpmaddubsw results that may be summed in int16 for activations on 0..levels (0: not even
 // single pairs are exact). See the lane bound in ops/rowwise_int8_matmul_kernels.h.
 int LaneGroups(const int8_t* b, int64_t K, int64_t N, int levels);
 
-// Column sums always; the lane bound for the vpmaddubsw paths; panels where a vector tile will read them.
+// Column sums always; the lane bound for the vpmaddubsw paths; panels on every vector path (widened where the lane
+// bound gives groups 0 on a vpmaddubsw path).
 Packed Pack(const int8_t* b, int64_t K, int64_t N, int levels, Path path);
 
 // The portable row quantization: the AVX2 unit's operations, one entry at a time. Returns the first bad row or -1.
 int64_t QuantizeRowsPortable(const float* x, int64_t M, int64_t K, int64_t kp, int levels, uint8_t* xq, float* sa,
                              int32_t* za);
 
+// Rows [0, M) of the quantized rows xq (row stride kp) widened to int16 into xw (same layout): the activations of the
+// widened packing's vpmaddwd tiles.
+void WidenRows(const uint8_t* xq, int64_t M, int64_t kp, int16_t* xw);
+
 // Columns [n0, n1) of Y [M, N] from B [K, N] as stored (int32 sums, a row at a time) and the quantized rows: the
-// portable variant, and the AVX2 one's path for weights outside the lane bound. The epilogue is the tiles':
+// portable variant (CPUs without AVX2). The epilogue is the tiles':
 // fma(float(acc - za colsum), sa sb, bias), bias nullptr for 0.
 void GemmPortable(const int8_t* b, int64_t K, int64_t N, const int32_t* colsum, const uint8_t* xq, int64_t kp,
                   const float* sa, const int32_t* za, int64_t M, const float* sb, const float* bias, float* y,

@@ -14,7 +14,13 @@
 // [-32768, 32767]: for every lane set S = {16i + 4g + 2p + j : g in the group set, j in {0, 1}} of every column,
 // L * (sum of the positive B[k, n], k in S) <= 32767 and L * (sum of the negative ones) >= -32768, L the
 // activations' top code (levels). Pack computes the largest of 4, 2, 1 that holds for every lane set; 0 when even
-// single pairs can saturate (then no vpmaddubsw form is exact and the portable path runs).
+// single pairs can saturate (then no vpmaddubsw form is exact).
+//
+// The widened packing (width 2), for the vpmaddubsw paths' weights outside the lane bound (groups 0): B as int16, per
+// panel and pair of k (k = 2i, 2i + 1), 64 bytes: lane c (4 bytes) holds B[2i, n0 + c], B[2i + 1, n0 + c] for the 16
+// columns c in order (a ymm tile reads columns 0-7 at offset 0 and 8-15 at offset 32; a zmm one all 16). The tiles
+// then multiply int16-widened activations (xq as int16, row stride kp entries) with vpmaddwd straight into int32:
+// |q0 b0 + q1 b1| <= 2 * 255 * 128, so every int8 B is exact. A panel is kp * kNR * width bytes.
 //
 // No onnxruntime and no std containers here: the vector translation units include this header (see ops/common/vec.h
 // on why inline code shared with an -mavx2 unit must have internal linkage).
@@ -35,11 +41,13 @@ struct PackedView {
   const int32_t* colsum;
   int64_t K, N, kp, np;
   int groups;  // 4, 2 or 1; 0: no vpmaddubsw form is exact for these weights
+  int width;   // bytes per packed weight: 1 (int8 panels), 2 (the widened packing: vpmaddwd tiles, int16 xq)
 };
 
 // Rows [0, M) of Y (row stride ldy) at the columns of `w` (a whole packing or a range of its panels) from the quantized rows xq (row stride kp, padded with each row's zero point),
 // their scales sa and zero points za: Y[m, n] = fma(float(acc - za[m] colsum[n]), sa[m] * sb[n], bias[n]) with acc
-// = sum_k xq[m, k] B[k, n] in int32. bias may be nullptr (0). AVX2 + FMA only; w.groups must be 4, 2 or 1.
+// = sum_k xq[m, k] B[k, n] in int32. bias may be nullptr (0). AVX2 + FMA only; w.groups 4, 2 or 1 (width 1: the
+// vpmaddubsw tile), or width 2 (the vpmaddwd tile; xq then points at int16 rows, see the widened packing above).
 void GemmAvx2(const PackedView& w, const uint8_t* xq, const float* sa, const int32_t* za, int64_t M, const float* sb,
               const float* bias, float* y, int64_t ldy);
 
@@ -53,8 +61,8 @@ void GemmAvxVnni(const PackedView& w, const uint8_t* xq, const float* sa, const 
 void GemmAvx512Vnni(const PackedView& w, const uint8_t* xq, const float* sa, const int32_t* za, int64_t M,
                     const float* sb, const float* bias, float* y, int64_t ldy);
 
-// The AVX2 tile's int16-summing form on zmm (ops/rowwise_int8_matmul_avx512.cc), for AVX-512 CPUs without VNNI:
-// w.groups must be 4, 2 or 1. AVX-512 F/BW/VL/DQ only.
+// The AVX2 tiles' forms on zmm (ops/rowwise_int8_matmul_avx512.cc), for AVX-512 CPUs without VNNI: as GemmAvx2,
+// w.groups 4, 2 or 1 (width 1), or width 2 with int16 xq. AVX-512 F/BW/VL/DQ only.
 void GemmAvx512Bw(const PackedView& w, const uint8_t* xq, const float* sa, const int32_t* za, int64_t M,
                   const float* sb, const float* bias, float* y, int64_t ldy);
 

@@ -5,7 +5,8 @@
 //
 // A tile is kMR = 6 rows x one 16-column panel: two ymm accumulators per row (columns 0-7 and 8-15), in the packing
 // of ops/rowwise_int8_matmul_kernels.h. Sums::Run<MR>(a, kp, panel, acc) sets acc[r][h] to the int32 sums of rows
-// r of the quantized activations `a` (row stride kp) times the panel's columns 8h..8h+7.
+// r of the quantized activations `a` (row stride kp entries: uint8, or int16 on the widened packing) times the panel's
+// columns 8h..8h+7.
 //
 // Include only from a translation unit compiled with at least -mavx2 -mfma (CMakeLists.txt); everything here has
 // internal linkage (see ops/common/vec.h on why).
@@ -56,7 +57,8 @@ template <class Sums, int MR>
 inline void TileAndStoreYmm(const PackedView& w, const uint8_t* xq, const float* sa, const int32_t* za, int64_t m,
                             int64_t n0, const float* sb, const float* bias, float* y, int64_t ldy) {
   __m256i acc[MR][2];
-  Sums::template Run<MR>(xq + m * w.kp, w.kp, w.panels + n0 * w.kp, acc);
+  // (w.width: bytes per weight and per activation, 2 on the widened packing)
+  Sums::template Run<MR>(xq + m * w.kp * w.width, w.kp, w.panels + n0 * w.kp * w.width, acc);
   EpilogueYmm<MR>(acc, sa + m, za + m, sb, w.colsum + n0, bias, y + m * ldy + n0, ldy, MinYmm(kNR, w.N - n0));
 }
 
@@ -68,7 +70,7 @@ void GemmYmm(const PackedView& w, const uint8_t* xq, const float* sa, const int3
   static_assert(kMR == 6, "the remainder switch below covers 1..5 rows");
   // The next panel is prefetched (into L1: measured better than L2) while this one runs, a share per row tile: in a
   // model the weights are read once per call from L3 or DRAM, which cost ~10% of the GEMM's time without it.
-  const int64_t panel_lines = w.kp * kNR / 64, tiles = full / kMR > 1 ? full / kMR : 1;
+  const int64_t panel_lines = w.kp * kNR * w.width / 64, tiles = full / kMR > 1 ? full / kMR : 1;
   const int64_t per_tile = (panel_lines + tiles - 1) / tiles;
   alignas(32) float sb_edge[kNR], bias_edge[kNR];
   alignas(32) static const float kZeros[kNR] = {};
@@ -83,7 +85,7 @@ void GemmYmm(const PackedView& w, const uint8_t* xq, const float* sa, const int3
       sb_p = sb_edge;
       bias_p = bias_edge;
     }
-    const char* next = reinterpret_cast<const char*>(w.panels + (n0 + kNR) * w.kp);
+    const char* next = reinterpret_cast<const char*>(w.panels + (n0 + kNR) * w.kp * w.width);
     const bool prefetch = n0 + kNR < w.np;
     for (int64_t m = 0, t = 0; m < full; m += kMR, ++t) {
       if (prefetch) {

@@ -40,9 +40,10 @@ template <class Sums, int MR, int NP>
 inline void TileZmm(const PackedView& w, const uint8_t* xq, const float* sa, const int32_t* za, int64_t m, int64_t n0,
                     const float* sb, const float* bias, float* y, int64_t ldy) {
   const int8_t* panel[NP];
-  for (int p = 0; p < NP; ++p) panel[p] = w.panels + (n0 + p * kNR) * w.kp;
+  // (w.width: bytes per weight and per activation, 2 on the widened packing)
+  for (int p = 0; p < NP; ++p) panel[p] = w.panels + (n0 + p * kNR) * w.kp * w.width;
   __m512i acc[MR][NP];  // local: GCC keeps it in registers
-  Sums::template Run<MR, NP>(xq + m * w.kp, w.kp, panel, acc);
+  Sums::template Run<MR, NP>(xq + m * w.kp * w.width, w.kp, panel, acc);
   for (int p = 0; p < NP; ++p) {
     const int64_t c0 = n0 + p * kNR;
     const __mmask16 mask = static_cast<__mmask16>((1u << MinZmm(kNR, w.N - c0)) - 1u);  // 1..16 columns
@@ -67,10 +68,10 @@ void PanelsZmm(const PackedView& w, const uint8_t* xq, const float* sa, const in
   // The next NP panels are prefetched while these run, a share per row tile (as in the AVX2 unit: in a model the
   // weights come from L3 or DRAM once per call).
   const int64_t next_n0 = n0 + NP * kNR;
-  const int64_t next_lines = next_n0 < w.np ? MinZmm(w.np - next_n0, NP * kNR) * w.kp / 64 : 0;
+  const int64_t next_lines = next_n0 < w.np ? MinZmm(w.np - next_n0, NP * kNR) * w.kp * w.width / 64 : 0;
   const int64_t tiles = full / kMRZmm > 1 ? full / kMRZmm : 1;
   const int64_t per_tile = (next_lines + tiles - 1) / tiles;
-  const char* next = reinterpret_cast<const char*>(w.panels + next_n0 * w.kp);
+  const char* next = reinterpret_cast<const char*>(w.panels + next_n0 * w.kp * w.width);
   for (int64_t m = 0, t = 0; m < full; m += kMRZmm, ++t) {
     for (int64_t l = t * per_tile; l < MinZmm(next_lines, (t + 1) * per_tile); ++l)
       _mm_prefetch(next + 64 * l, _MM_HINT_T0);

@@ -36,18 +36,20 @@ The kernel (ops/rowwise_int8_matmul.cc) has three variants, all giving the same 
 * AVX-512 (ops/rowwise_int8_matmul_zmm.h: 8 rows x 32 columns per tile), in two forms chosen by the CPU:
   with VNNI (ops/rowwise_int8_matmul_avx512vnni.cc) ``vpdpbusd``, exact for every int8 ``B``, 72-81% of the core's
   ``vpdpbusd`` peak at MiniLM's shapes and level with onnxruntime's VNNI int8 (bench/results/rowwise_int8_matmul.md);
-  without VNNI (ops/rowwise_int8_matmul_avx512.cc) the AVX2 form below on zmm, under the same lane bound.
+  without VNNI (ops/rowwise_int8_matmul_avx512.cc) the AVX2 forms below on zmm, under the same lane bound.
 * AVX2 (ops/rowwise_int8_matmul_avx2.cc), no VNNI needed: ``vpmaddubsw`` products summed in int16 over 2 or 4
   groups before one ``vpmaddwd`` + ``vpaddd``, 2.25-2.5 vector ops per 32 products against onnxruntime's 3
   (bench/results/minilm_int8_options.md). That is exact only while no int16 lane can saturate, i.e. for
   "lane-bounded" weights (see :func:`lane_groups`), which :func:`lane_bounded_weights` produces; the kernel checks
-  the bound when it packs ``B`` (once per session for an initializer) and takes the exact portable loops for weights
-  outside it. The bound is a speed condition, never a correctness one. On a CPU with AVX-VNNI (AVX2 cores from
+  the bound when it packs ``B`` (once per session for an initializer). Weights outside it (the plain 8-bit grid of
+  "rowwise-8-bit", written for VNNI CPUs) are packed widened to int16 instead and multiplied with ``vpmaddwd`` into
+  int32 (2 vector ops per 16 products), exact for every int8 ``B`` (bench/results/rowwise_int8_wide.md). The bound
+  is a speed condition, never a correctness one. On a CPU with AVX-VNNI (AVX2 cores from
   Alder Lake on) the AVX2 variant instead runs ``vpdpbusd`` on ymm (ops/rowwise_int8_matmul_avxvnni.cc), exact for
   every int8 ``B`` like the AVX-512 VNNI tile: 89-92% of the ymm ``vpdpbusd`` peak at MiniLM's shapes, timed through
   its EVEX twin on Zen 4 (bench/micro/rowwise_int8_pieces.cc; the size sweep checks that twin on every AVX-512 VNNI
   CPU).
-* portable C++.
+* portable C++ (CPUs without AVX2).
 """
 
 from __future__ import annotations
@@ -255,7 +257,7 @@ def lane_set_sums(q: np.ndarray, groups: int) -> np.ndarray:
 
 def lane_groups(q: np.ndarray, levels: int) -> int:
     """How many vpmaddubsw results the AVX2 kernel may sum in int16 for int8 weights ``q [K, N]`` and activations on
-    0..levels: 4, 2 or 1, or 0 when not even single pairs are exact (the kernel then takes its portable path). The
+    0..levels: 4, 2 or 1, or 0 when not even single pairs are exact (the kernel then takes its widened vpmaddwd tile). The
     same rule as the kernel's LaneGroups (ops/rowwise_int8_matmul.cc), with -32767 rather than -32768 as the
     negative limit (never more permissive)."""
     for groups in (4, 2, 1):
@@ -300,7 +302,7 @@ def samples(rng: np.random.Generator) -> Iterator[Sample]:
     def scales(n: int) -> np.ndarray:
         return (rng.uniform(0.5, 2.0, n) / 127).astype(np.float32)
 
-    # groups 4 at L = 127 (8 products of |w| <= 20: at most 160 <= 258), 2 at L = 255, portable for full-range weights
+    # groups 4 at L = 127 (8 products of |w| <= 20: at most 160 <= 258), 2 at L = 255, widened for full-range weights
     b = weights(384, 96, 20)
     yield Sample("tokens_2x64x384_octet", (acts(2, 64, 384), b, scales(96)), {"levels": 127})
     yield Sample("tokens_2x64x384_u8", (acts(2, 64, 384), b, scales(96)))

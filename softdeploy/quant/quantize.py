@@ -34,6 +34,7 @@ import numpy as np
 from softdeploy.errors import SoftdeployError
 from softdeploy.files import atomic_output, write_text
 from softdeploy.quant.calibration import as_calibration_reader, softdeploy_calibration_sessions
+from softdeploy.quant.gemm import gemms_as_matmuls
 from softdeploy.quant.rowwise import FORMS as ROWWISE_FORMS
 from softdeploy.runtime.session import Kernels
 
@@ -111,7 +112,9 @@ class QuantConfig:
             return STATIC_DEFAULT_OP_TYPES
         from onnxruntime.quantization.registry import IntegerOpsRegistry
 
-        return tuple(sorted(IntegerOpsRegistry))
+        # Gemm too: quantize() rewrites it as MatMul + Add first (softdeploy.quant.gemm), which onnxruntime's
+        # integer ops and softdeploy's formats both take
+        return tuple(sorted(set(IntegerOpsRegistry) | {"Gemm"}))
 
 
 @dataclasses.dataclass
@@ -245,9 +248,15 @@ def node_scope(model: Any, name: str) -> str:
 def _quantized_names(out_model: Any, candidates: Sequence[tuple[str, str]], mode: Mode) -> list[str]:
     nodes = list(out_model.graph.node)
     if mode == "dynamic":
-        # onnxruntime replaces a quantized node by integer ops under new names; a candidate that is
-        # still there with its float op type was not quantized.
-        still_float = {(n.name, n.op_type) for n in nodes}
+        # onnxruntime replaces a quantized node by integer ops under new names; a candidate that is still there with
+        # its op type was not quantized -- unless it now reads an 8-bit integer initializer: an embedding Gather keeps
+        # its name and op type and gathers from the uint8 table (a DequantizeLinear follows it).
+        from onnx import TensorProto
+
+        int8 = {t.name for t in out_model.graph.initializer if t.data_type in (TensorProto.INT8, TensorProto.UINT8)}
+        still_float = {(n.name, n.op_type) for n in nodes if not any(i in int8 for i in n.input)}
+        # a Gemm kept in float that onnxruntime rewrote as a float MatMul "<name>_MatMul" (see quantize)
+        still_float |= {(name[: -len("_MatMul")], "Gemm") for name, op in still_float if op == "MatMul"}
         return [name for name, op in candidates if (name, op) not in still_float]
     # QDQ: a node runs in int8 when its weight arrives through a DequantizeLinear of an int8
     # initializer (an activation input may come through a DQ even for a float node: the QDQ pair
@@ -317,6 +326,21 @@ def quantize(
         raise QuantizationError(f"nodes {unknown} are not in the model (node names: see `softdeploy quantize --list`)")
     import onnx
 
+    gemm_matmuls: set[str] = set()
+    if config.mode == "dynamic":
+        # Dynamic int8 has no Gemm op: the selected Gemms become MatMul (+ Add) under their own names, and from here
+        # on are candidates of type MatMul (what the quantizers see, and what _quantized_names checks).
+        selected = {
+            n
+            for n, t in candidates
+            if t == "Gemm" and n not in config.exclude and (config.only is None or n in config.only)
+        }
+        if selected and proto is model:
+            proto, caller = onnx.ModelProto(), proto
+            proto.CopyFrom(caller)  # the caller's model keeps its Gemms
+        gemm_matmuls = set(gemms_as_matmuls(proto, selected))
+        candidates = [(n, "MatMul" if n in gemm_matmuls else t) for n, t in candidates]
+
     from softdeploy.quant.formats import int8_format
 
     chosen = int8_format()
@@ -331,10 +355,18 @@ def quantize(
         if why_not:
             format_note += f"; {weights} weights in onnxruntime's format instead of {table_weights_row}: {why_not}"
     op_types = list(config.resolved_op_types())
+    if gemm_matmuls and "MatMul" not in op_types:
+        op_types.append("MatMul")  # the rewritten Gemms only: `only` below keeps the model's own MatMuls out
     exclude = [n for n in config.exclude if n in names]
     if config.mode == "static":
         exclude += sorted(activation_matmuls(proto))
+    else:
+        # onnxruntime's dynamic quantizer rewrites each Gemm it can into a MatMul "<name>_MatMul" (+ Add) and quantizes
+        # that: the Gemms still here were excluded or left out on purpose, so their MatMul is excluded under that name
+        exclude += [f"{n.name}_MatMul" for n in proto.graph.node if n.op_type == "Gemm"]
     only = [n for n in config.only if n in names] if config.only is not None else None
+    if gemm_matmuls and "MatMul" not in config.resolved_op_types() and only is None:
+        only = sorted(names)
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     # Everything onnxruntime's quantizer and the rewrites below write goes to a temporary file beside ``output``,

@@ -119,7 +119,7 @@ def rewrite_matmuls(
 
 def weight_groups(model: Any) -> dict[str, int]:
     """Per RowwiseInt8MatMul node of ``model``: the int16 groups its weights allow (``lane_groups``) -- what the
-    kernel will run: 4, 2, 1, or 0 for its portable path."""
+    kernel will run: 4, 2, 1, or 0 for its widened (vpmaddwd) tile on CPUs without VNNI."""
     from onnx import numpy_helper
 
     from softdeploy.ops.rowwise_int8_matmul import lane_groups

@@ -79,10 +79,14 @@ def quantize_file(
             )
         made = result.model if isinstance(result, BudgetResult) else result
         if not made.quantized_nodes:
-            gemms = sum(n.op_type == "Gemm" for n in proto.graph.node)
+            from softdeploy.quant.gemm import gemm_as_matmul_rule
+
+            inits = {t.name: t for t in proto.graph.initializer}
+            rules = [gemm_as_matmul_rule(n, inits) for n in proto.graph.node if n.op_type == "Gemm"]
+            rules = [r for r in rules if r]
             hint = (
-                f"; the model's {gemms} Gemm nodes (torch Linear on 2-D inputs) are int8 in static mode only: --mode static"
-                if gemms and config.mode == "dynamic"
+                f"; the model's {len(rules)} Gemm nodes stay float in dynamic mode: {rules[0]}; --mode static takes them"
+                if rules and config.mode == "dynamic"
                 else ""
             )
             raise QuantizationError(

@@ -78,7 +78,7 @@ def test_distill_takes_its_broad_texts_from_a_file(tmp_path: Path) -> None:
         (["--extra-file", "/nonexistent/broad.txt"], "--extra-file /nonexistent/broad.txt: no such file"),
         (["--extra-file", "EMPTY"], "the file holds no text"),
         (["--extra-texts", "wordnet", "--extra-file", "EMPTY"], "--extra-texts and --extra-file both name"),
-        (["--lr", "-1"], "lr -1.0 is out of range (rule: a learning rate > 0)"),
+        (["--lr", "-1"], "lr -1.0 is out of range (rule: a learning rate >= 0)"),
         (["--lr", "nan"], "lr nan is not a finite number"),
         (["--lam", "-0.5"], "lam -0.5 is out of range"),
     ],

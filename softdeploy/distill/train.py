@@ -131,8 +131,8 @@ class DistillConfig:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise ArgumentError(f"distill: {name} {value!r} is not a finite number")
-        if self.lr <= 0.0:
-            raise ArgumentError(f"distill: lr {self.lr} is out of range (rule: a learning rate > 0)")
+        if self.lr < 0.0:  # 0 is allowed: steps that leave the weights as they are
+            raise ArgumentError(f"distill: lr {self.lr} is out of range (rule: a learning rate >= 0)")
         if self.weight_decay < 0.0:
             raise ArgumentError(f"distill: weight_decay {self.weight_decay} is out of range (rule: >= 0)")
         if not 0.0 < self.ema <= 1.0:

@@ -157,10 +157,13 @@ def test_stages_chain_layer_reductions(tokenizer: Any, tmp_path: Path) -> None:
     with pytest.raises(ArgumentError, match="final layers \\[0, 1\\] are not 3"):
         distill_stages(teacher, TEXTS, tokenizer=tokenizer, layers=[5, 4, 3], final_layers=[0, 1], config=CFG)
     assert [r.steps for r in rs] == [2, 2, 2]
-    assert sorted(p.name for p in tmp_path.iterdir()) == [
+    assert sorted(p.name for p in tmp_path.iterdir()) == [  # each checkpoint with its content digest
         "stage1-5layers.safetensors",
+        "stage1-5layers.safetensors.sha256",
         "stage2-4layers.safetensors",
+        "stage2-4layers.safetensors.sha256",
         "stage3-3layers.safetensors",
+        "stage3-3layers.safetensors.sha256",
     ]
     with pytest.raises(ArgumentError, match="must decrease"):
         distill_stages(teacher, TEXTS, tokenizer=tokenizer, layers=[4, 5], config=CFG)

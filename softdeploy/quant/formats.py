@@ -124,7 +124,7 @@ class Int8Format:
         """One line for reports: the format chosen for ``mode`` first, then the class it was chosen for and why."""
         weights = self.weights_for(mode)
         if weights in ROWWISE_FORMAT:
-            fmt = f"{WEIGHTS[weights]}: {ROWWISE_FORMAT[weights]}, per-channel"
+            fmt = f"{WEIGHTS[weights]}, per-channel"
         else:
             graph = self.dynamic_format if mode == "dynamic" else self.static_format
             fmt = f"{WEIGHTS[weights]}: {graph}, {self.types}, {'per-channel' if self.per_channel else 'per-tensor'}"
@@ -359,7 +359,7 @@ def weights_line(weights: str, mode: str, why: str, *, per_channel: bool = True)
     """The format line: the format used first, then why, e.g. "int8 format: lane-bounded 8-bit weights in
     com.softdeploy RowwiseInt8MatMul (...), per-channel -- why"."""
     if weights in ROWWISE_FORMAT:
-        fmt = f"{WEIGHTS[weights]}: {ROWWISE_FORMAT[weights]}, per-channel"
+        fmt = f"{WEIGHTS[weights]}, per-channel"
     else:
         row = TABLE["vnni"]  # every onnxruntime row has the same graph formats and types
         graph = row.dynamic_format if mode == "dynamic" else row.static_format

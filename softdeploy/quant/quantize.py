@@ -468,6 +468,9 @@ def quantize(
             from softdeploy.quant.rowwise import rewrite_matmuls
 
             levels, groups = ROWWISE_FORMS[weights]
+            if proto is model:  # the rewrite is in place: the caller's ModelProto keeps its MatMuls
+                proto, caller = onnx.ModelProto(), proto
+                proto.CopyFrom(caller)
             matmuls = {name for name, op_type in candidates if op_type == "MatMul"}
             rewrite_matmuls(
                 proto,

@@ -124,7 +124,7 @@ class Int8Format:
         """One line for reports: the format chosen for ``mode`` first, then the class it was chosen for and why."""
         weights = self.weights_for(mode)
         if weights in ROWWISE_FORMAT:
-            fmt = f"{WEIGHTS[weights]}, per-channel"
+            fmt = f"{WEIGHTS[weights]}, per-channel, {ROWWISE_FORMAT[weights].split('(', 1)[1][:-1]}"
         else:
             graph = self.dynamic_format if mode == "dynamic" else self.static_format
             fmt = f"{WEIGHTS[weights]}: {graph}, {self.types}, {'per-channel' if self.per_channel else 'per-tensor'}"
@@ -355,11 +355,21 @@ def target_weights(target: str, mode: str = "dynamic") -> tuple[str | None, str]
     return row.weights_for(mode), row.why_for(mode)
 
 
+def weights_why(weights: str, mode: str = "dynamic") -> str:
+    """Why the table takes ``weights`` where it does (the first row of :data:`TABLE` that takes it in ``mode``, else
+    in the other mode); "" for a format no row takes (7-bit: onnxruntime's reduce_range)."""
+    for m in (mode, "static" if mode == "dynamic" else "dynamic"):
+        for row in TABLE.values():
+            if row.weights_for(m) == weights:
+                return row.why_for(m)
+    return ""
+
+
 def weights_line(weights: str, mode: str, why: str, *, per_channel: bool = True) -> str:
     """The format line: the format used first, then why, e.g. "int8 format: lane-bounded 8-bit weights in
     com.softdeploy RowwiseInt8MatMul (...), per-channel -- why"."""
     if weights in ROWWISE_FORMAT:
-        fmt = f"{WEIGHTS[weights]}, per-channel"
+        fmt = f"{WEIGHTS[weights]}, per-channel, {ROWWISE_FORMAT[weights].split('(', 1)[1][:-1]}"
     else:
         row = TABLE["vnni"]  # every onnxruntime row has the same graph formats and types
         graph = row.dynamic_format if mode == "dynamic" else row.static_format

@@ -354,7 +354,7 @@ def quantize(
         gemm_matmuls = set(gemms_as_matmuls(proto, selected))
         candidates = [(n, "MatMul" if n in gemm_matmuls else t) for n, t in candidates]
 
-    from softdeploy.quant.formats import int8_cpu_class, int8_format, target_weights, weights_line
+    from softdeploy.quant.formats import int8_cpu_class, int8_format, target_weights, weights_line, weights_why
 
     chosen = int8_format()
     asked = config.asked_weights()
@@ -369,7 +369,8 @@ def quantize(
             config.mode,
             f"as asked, not the {for_target or table_weights_row} weights of target {target}"
             if for_target
-            else f"{asked} weights as asked, not the table's {table_weights_row} (this {chosen.cpu_class} CPU's)",
+            else f"{asked} weights as asked, not the table's {table_weights_row} (this {chosen.cpu_class} CPU's)"
+            + (f"; {asked}: {weights_why(asked, config.mode)}" if weights_why(asked, config.mode) else ""),
             per_channel=config.per_channel,
         )
     elif for_target is not None:

@@ -28,6 +28,7 @@ Prints markdown (bench/results/int8_matrix.md).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -199,7 +200,8 @@ def main() -> None:
         return
     t0 = time.time()
     work = args.work or Path(tempfile.mkdtemp(prefix="int8-matrix-"))
-    prepare(work, args.sentences)
+    with contextlib.redirect_stdout(sys.stderr):  # onnxruntime's calibrator prints its progress
+        prepare(work, args.sentences)
     shim = work / "cpuid_avx2.so"
     src = Path(__file__).resolve().parent / "cpuid_avx2.c"
     subprocess.run(["gcc", "-O2", "-shared", "-fPIC", str(src), "-o", str(shim), "-ldl"], check=True)

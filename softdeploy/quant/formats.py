@@ -483,8 +483,8 @@ def model_int8_lines(model: Any, info: Any = None) -> list[str]:
     qdq = sum(n.op_type == "DequantizeLinear" for n in model.graph.node)
     if ort_int8 or qdq:
         here = int8_format()
-        lines.append(
-            f"{len(ort_int8)} onnxruntime integer node(s), {qdq} DequantizeLinear: MLAS's {here.kernel} u8s8 kernel "
-            f"({here.cpu_class} CPU)"
-        )
+        kernel = f"MLAS's {here.kernel} u8s8 kernel ({here.cpu_class} CPU)"
+        if os.environ.get("SOFTDEPLOY_TEST_CPU"):  # a setting of softdeploy's kernels only
+            kernel = "MLAS's own kernel for this machine (SOFTDEPLOY_TEST_CPU does not reach onnxruntime)"
+        lines.append(f"{len(ort_int8)} onnxruntime integer node(s), {qdq} DequantizeLinear: {kernel}")
     return lines

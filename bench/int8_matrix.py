@@ -194,9 +194,14 @@ def main() -> None:
     p.add_argument("--sentences", type=int, default=64, help="queries for the cosines")
     p.add_argument("--classes", default=",".join(CLASSES), help="comma-separated, from: " + ", ".join(CLASSES))
     p.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
+    p.add_argument("--report-only", action="store_true", help="print the markdown of the classes timed in --work")
     args = p.parse_args()
     if args.worker:
         worker(args.work, args.rounds, args.worker)
+        return
+    if args.report_only:
+        names = [n for n in args.classes.split(",") if (args.work / f"class_{n.replace(' ', '_')}.json").is_file()]
+        report({n: json.loads((args.work / f"class_{n.replace(' ', '_')}.json").read_text()) for n in names}, args, 0)
         return
     t0 = time.time()
     work = args.work or Path(tempfile.mkdtemp(prefix="int8-matrix-"))
@@ -224,10 +229,15 @@ def report(results: dict[str, Any], args: argparse.Namespace, seconds: float) ->
     from softdeploy.compare.environment import cpuinfo
 
     print("# int8 format x CPU class: all-MiniLM-L6-v2 (bench/int8_matrix.py)\n")
-    print(f"- host: {cpuinfo()[0]}; 1 thread, batch 1 x 128 tokens, through softdeploy.runtime.Session")
+    name, flags = cpuinfo()
+    isa = [f for f in ("avx2", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "avx_vnni") if f in flags]
     print(
-        f"- command: `PYTHONPATH=. python bench/int8_matrix.py --rounds {args.rounds} --sentences {args.sentences}` "
-        f"({seconds:.0f} s)"
+        f"- host: {name} ({os.cpu_count()} cores as this process sees them; flags: {' '.join(isa)}); 1 thread, batch "
+        "1 x 128 tokens, through softdeploy.runtime.Session"
+    )
+    print(
+        f"- command: `PYTHONPATH=. python bench/int8_matrix.py --rounds {args.rounds} --sentences {args.sentences}`"
+        + (f" ({seconds:.0f} s, the quantization included)" if seconds else "")
     )
     print("- formats: " + "; ".join(f"{k} (`quantize --mode {v}`)" for k, v in FORMATS.items()))
     print("- speed: fp32 median / format median, same class, same interleaved rounds; cosine: token / sentence to fp32")

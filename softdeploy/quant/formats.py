@@ -436,15 +436,26 @@ def slow_rowwise_nodes(model: Any, info: Any = None) -> list[str]:
         return []  # VNNI tiles, the scalar loop or the function body: no widened tile here
     from softdeploy.quant.rowwise import weight_groups
 
-    return [name for name, g in weight_groups(model).items() if g == 0]
+    names = {n.name: n.name or n.output[0] for n in model.graph.node if n.op_type == "RowwiseInt8MatMul"}
+    return [names.get(name, name) or "(unnamed)" for name, g in weight_groups(model).items() if g == 0]
 
 
 def mismatch_line(model: Any, name: str = "the model", info: Any = None) -> str | None:
     """One line when ``model``'s int8 format runs a slower path on this CPU than on its target's class, with what to
     do; None when it does not (or has no RowwiseInt8MatMul whose weights leave the lane bound)."""
+    if info is None:
+        from softdeploy.runtime import library_status
+
+        info = library_status().info
     slow = slow_rowwise_nodes(model, info)
     if not slow:
         return None
+    # the kernels' selected variant, which SOFTDEPLOY_ISA or SOFTDEPLOY_TEST_CPU may have lowered below the CPU's
+    here = f"the kernels' {info.isa_selected} variant runs without a VNNI tile here"
+    if getattr(info, "isa_requested", None):
+        here += f" (SOFTDEPLOY_ISA={info.isa_requested})"
+    elif getattr(info, "isa_cpu_limit", None):
+        here += f" (SOFTDEPLOY_TEST_CPU={info.isa_cpu_limit})"
     meta = model_int8_metadata(model)
     written = (
         f"quantized for target {meta[TARGET_KEY]} ({meta.get(FORMAT_KEY, 'format unrecorded')})"
@@ -453,7 +464,7 @@ def mismatch_line(model: Any, name: str = "the model", info: Any = None) -> str 
     )
     return (
         f"{name}: {len(slow)} RowwiseInt8MatMul node(s) (e.g. {slow[0]!r}) have weights outside the vpmaddubsw lane "
-        f"bound, {written}; this CPU ({int8_cpu_class()}) has no VNNI, so they run the {PATH_WIDE}: re-quantize with "
+        f"bound, {written}; {here}, so they run the {PATH_WIDE}: re-quantize with "
         "`softdeploy quantize --target portable` (or `--target avx2`) for this CPU's fast path"
     )
 

@@ -434,10 +434,35 @@ def slow_rowwise_nodes(model: Any, info: Any = None) -> list[str]:
         info = library_status().info
     if info is None or rowwise_path(4, info) != PATH_LANE.format(g=8):
         return []  # VNNI tiles, the scalar loop or the function body: no widened tile here
-    from softdeploy.quant.rowwise import weight_groups
+    if model_int8_metadata(model).get(FORMAT_KEY) == "lane-bounded":
+        return []  # written inside the bound by quantize(): no scan at every session
+    import numpy as np
+    from onnx import numpy_helper
 
-    names = {n.name: n.name or n.output[0] for n in model.graph.node if n.op_type == "RowwiseInt8MatMul"}
-    return [names.get(name, name) or "(unnamed)" for name, g in weight_groups(model).items() if g == 0]
+    inits = {t.name: t for t in model.graph.initializer}
+    out = []
+    for node in model.graph.node:
+        if node.op_type != "RowwiseInt8MatMul" or node.input[1] not in inits:
+            continue
+        levels = next((a.i for a in node.attribute if a.name == "levels"), 255)
+        # lane_groups(q, levels) == 0 (the widened tile) exactly when single pairs already break the bound: the
+        # same test as softdeploy.ops.rowwise_int8_matmul.lane_set_sums(q, 1), in int16 (|pair| <= 254) -- a
+        # session pays milliseconds, not the seconds of every group size in int64
+        w = numpy_helper.to_array(inits[node.input[1]])
+        if w.ndim != 2 or not w.size:
+            continue
+        # 64 rows at a time: plain 8-bit weights break the bound in the first block, so the scan stops there
+        for start in range(0, w.shape[0], 64):
+            q = np.asarray(w[start : start + 64], np.int16)
+            if q.shape[0] % 2:
+                q = np.concatenate([q, np.zeros((1, q.shape[1]), np.int16)])
+            a, b = q[0::2], q[1::2]
+            pos = np.maximum(a, 0) + np.maximum(b, 0)
+            neg = np.maximum(-a, 0) + np.maximum(-b, 0)
+            if int(max(pos.max(), neg.max())) * levels > 32767:
+                out.append(node.name or node.output[0])
+                break
+    return out
 
 
 def mismatch_line(model: Any, name: str = "the model", info: Any = None) -> str | None:

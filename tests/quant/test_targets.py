@@ -252,3 +252,32 @@ def test_workflow_target_key(tmp_path: Path) -> None:
     from softdeploy.workflow.spec import schema
 
     assert schema()["properties"]["quantize"]["properties"]["target"]["enum"] == list(TARGETS)
+
+
+@pytest.mark.parametrize("scale", [0.05, 0.3, 1.0, 3.0])
+@pytest.mark.parametrize("levels", [127, 255])
+def test_the_warning_scan_agrees_with_lane_groups(scale: float, levels: int) -> None:
+    """Session's scan (single pairs, int16, stops at the first block over the bound) finds exactly the nodes whose
+    lane_groups is 0, the widened tile's."""
+    from types import SimpleNamespace
+
+    from onnx import numpy_helper
+
+    from softdeploy.quant.formats import slow_rowwise_nodes
+    from softdeploy.quant.rowwise import weight_groups
+
+    rng = np.random.default_rng(int(scale * 100) + levels)
+    model = _fc(k=130, n=24)
+    q = np.clip(np.rint(rng.standard_normal((130, 24)) * 127 * scale / 3), -127, 127).astype(np.int8)
+    from softdeploy.ops import REGISTRY
+
+    node = REGISTRY["RowwiseInt8MatMul"].make_node(["X", "Q", "S"], ["Y"], name="r", levels=levels)
+    del model.graph.node[:]
+    model.graph.node.append(node)
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(
+        [numpy_helper.from_array(q, "Q"), numpy_helper.from_array(np.ones(24, np.float32), "S")]
+    )
+    no_vnni = SimpleNamespace(isa_selected="avx2", avx_vnni=False, avx512_vnni=False)
+    want = [name for name, g in weight_groups(model).items() if g == 0]
+    assert slow_rowwise_nodes(model, no_vnni) == want

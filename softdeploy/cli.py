@@ -1,10 +1,12 @@
 """The ``softdeploy`` command: a thin layer over library calls.
 
 softdeploy ops      the operator registry (inputs, attributes, kernel variant on this CPU)
-softdeploy doctor   is the native library found and loadable; versions; CPU features
+softdeploy doctor   is the native library found and loadable; versions; CPU features; with MODEL, its int8
+                    target, format and the kernel path its int8 nodes take here
 softdeploy demo     a small model using the softmax-family ops: trained, exported, run with stock
                     onnxruntime and with softdeploy's kernels; agreement and latency
-softdeploy quantize int8 dynamic (per-channel) or static QDQ with calibration through our kernels;
+softdeploy quantize int8 dynamic (per-channel) or static QDQ with calibration through our kernels, for a
+                    --target CPU class (portable: fast and exact on every x86-64 class);
                     --max-drop keeps the nodes too sensitive to quantize in float and says why
 softdeploy compare  one model in every variant (torch, onnxruntime fp32 stock / softdeploy, int8
                     dynamic / static) on the same data: task accuracy, agreement, latency, size;

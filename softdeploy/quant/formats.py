@@ -74,6 +74,20 @@ attention x values) stay float (no faster in int8 at these sizes, 0.009 MRR@10 l
 accuracy on an AVX2 one; the speed of an AVX2 core, and the accuracy of unbounded 8-bit weights on
 vpmaddubsw, cannot be measured on a VNNI one (MLAS has no switch to turn VNNI off).
 
+The table picks the format for the CPU that quantizes; a model deployed on another class can run its format on a
+slower path there (rowwise-8-bit weights on a CPU without VNNI take RowwiseInt8MatMul's widened vpmaddwd tile, 0.63-0.76x
+the lane-bounded one on MiniLM). ``quantize(config=QuantConfig(target=...))`` (``softdeploy quantize --target``) names
+the class the model is for instead (:data:`TARGETS`, :func:`target_weights`): ``auto`` (this CPU's row), a class of the
+table (its row), or ``portable``: the format that is exact on every x86-64 class and takes each one's fast path,
+chosen by measurement (bench/results/int8_matrix.md, MiniLM on every class this Zen 4 host can present): dynamic
+lane-bounded (the fastest format on AVX2 and AVX-512 without VNNI in every run, 1.88-1.97x fp32 on AVX2; level with
+the best with VNNI), static pair-bounded QDQ (the one static format whose integers cannot saturate vpmaddubsw). The
+model records its target and format in metadata_props (:data:`TARGET_KEY`, :data:`FORMAT_KEY`);
+``softdeploy.runtime.Session`` warns when its RowwiseInt8MatMul weights take the widened tile here
+(:func:`mismatch_line`), and ``softdeploy doctor MODEL`` reports the path each int8 node takes
+(:func:`model_int8_lines`). The format line (:meth:`Int8Format.line`, :func:`weights_line`) names the format used
+first, then why.
+
 The class follows softdeploy's CPU detection (the kernel library's, ops/common/cpu.cc), so
 ``SOFTDEPLOY_TEST_CPU=avx2`` makes this machine choose as an AVX2 CPU without VNNI would (onnxruntime
 itself still runs its VNNI kernels here).

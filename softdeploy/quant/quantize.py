@@ -145,6 +145,7 @@ class QuantizedModel:
     # the int8 format chosen for this CPU and why (formats.Int8Format.line); says so when another was asked
     int8_format: str = ""
     weights: str = "8-bit"  # formats.WEIGHTS: what the int8 weights are
+    target: str = ""  # the CPU class the model is for, as its metadata records it (formats.TARGET_KEY)
 
     @property
     def reduce_range(self) -> bool:
@@ -519,6 +520,7 @@ def quantize(
         seconds=time.perf_counter() - t0,
         int8_format=format_note,
         weights=weights,
+        target=recorded_target,
     )
 
 

@@ -239,6 +239,9 @@ def test_cli_quantize_target(tmp_path: Path) -> None:
     out = tmp_path / "fc.int8.onnx"
     assert main(["quantize", str(src), "-o", str(out), "--target", "portable"]) == 0
     assert model_int8_metadata(onnx.load(out)) == {TARGET_KEY: "portable", FORMAT_KEY: "lane-bounded"}
+    report = json.loads(out.with_suffix(".json").read_text())
+    assert report["int8_target"] == "portable" and report["weights"] == "lane-bounded"
+    assert report["int8_format"].startswith("int8 format: lane-bounded")
 
 
 def test_workflow_target_key(tmp_path: Path) -> None:

@@ -536,5 +536,9 @@ def model_int8_lines(model: Any, info: Any = None) -> list[str]:
         kernel = f"MLAS's {here.kernel} u8s8 kernel ({here.cpu_class} CPU)"
         if os.environ.get("SOFTDEPLOY_TEST_CPU"):  # a setting of softdeploy's kernels only
             kernel = "MLAS's own kernel for this machine (SOFTDEPLOY_TEST_CPU does not reach onnxruntime)"
-        lines.append(f"{len(ort_int8)} onnxruntime integer node(s), {qdq} DequantizeLinear: {kernel}")
+        lines.append(
+            f"{len(ort_int8)} onnxruntime integer node(s), {qdq} DequantizeLinear (QDQ or int8 embedding tables): {kernel}"
+        )
+    if len(lines) == 1:
+        lines.append("no int8 nodes (RowwiseInt8MatMul, onnxruntime integer ops, DequantizeLinear): a float model")
     return lines

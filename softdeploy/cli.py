@@ -1,10 +1,12 @@
 """The ``softdeploy`` command: a thin layer over library calls.
 
 softdeploy ops      the operator registry (inputs, attributes, kernel variant on this CPU)
-softdeploy doctor   is the native library found and loadable; versions; CPU features
+softdeploy doctor   is the native library found and loadable; versions; CPU features; with MODEL, its int8
+                    target, format and the kernel path its int8 nodes take here
 softdeploy demo     a small model using the softmax-family ops: trained, exported, run with stock
                     onnxruntime and with softdeploy's kernels; agreement and latency
-softdeploy quantize int8 dynamic (per-channel) or static QDQ with calibration through our kernels;
+softdeploy quantize int8 dynamic (per-channel) or static QDQ with calibration through our kernels, for a
+                    --target CPU class (portable: fast and exact on every x86-64 class);
                     --max-drop keeps the nodes too sensitive to quantize in float and says why
 softdeploy compare  one model in every variant (torch, onnxruntime fp32 stock / softdeploy, int8
                     dynamic / static) on the same data: task accuracy, agreement, latency, size;
@@ -164,6 +166,15 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     """``softdeploy doctor``: what the kernel library says about itself and a run of every op through its kernel; exit 1
     on any failure."""
     rows, warnings, failures = doctor_report()
+    if getattr(args, "model", None):
+        from softdeploy.files import load_model
+        from softdeploy.quant.formats import mismatch_line
+
+        model = load_model(args.model)
+        rows += _model_int8_rows(args.model, model)
+        slower = mismatch_line(model, f"model {args.model}")
+        if slower:
+            warnings.append(slower)
     console = _console()
     lines = [f"[bold]{k:>16}[/bold]  {v}" for k, v in rows]
     lines += [f"[bold yellow]{'warning':>16}[/bold yellow]  {w}" for w in warnings]
@@ -172,6 +183,14 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     for line in lines:  # soft_wrap: a long path or message stays on one line, greppable
         console.print(line, soft_wrap=True, highlight=False)  # type: ignore[attr-defined]
     return 1 if failures else 0
+
+
+def _model_int8_rows(path: str, model: object) -> list[tuple[str, str]]:
+    """``softdeploy doctor MODEL``: the model's int8 target and format (its metadata) and the kernel path its int8
+    nodes take on this CPU, one row each."""
+    from softdeploy.quant.formats import model_int8_lines
+
+    return [("model", str(path))] + [("model int8", line) for line in model_int8_lines(model)]
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -192,6 +211,7 @@ def _quant_config(args: argparse.Namespace) -> object:
         calibrate_method=args.calibrate_method,
         exclude=tuple(n for n in (args.exclude or "").split(",") if n),
         weights=args.weights,
+        target=args.target,
     )
 
 
@@ -917,7 +937,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("ops", help="list the operator registry").set_defaults(fn=cmd_ops)
-    sub.add_parser("doctor", help="check the native library and the environment").set_defaults(fn=cmd_doctor)
+    p = sub.add_parser("doctor", help="check the native library and the environment (and a quantized MODEL)")
+    p.add_argument(
+        "model", nargs="?", help="an ONNX model: its int8 target, format and the path its int8 nodes take here"
+    )
+    p.set_defaults(fn=cmd_doctor)
     p = sub.add_parser("demo", help="train, export and run a small model with the softmax-family ops")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", default=None, help="folder for the exported model (default: a new temporary folder)")
@@ -1066,6 +1090,14 @@ def _add_quantize_parser(sub: argparse._SubParsersAction) -> None:  # type: igno
         "cannot saturate onnxruntime's kernels on CPUs without VNNI; lane-bounded and rowwise-8-bit (dynamic mode) "
         "turn the weight MatMuls into softdeploy's RowwiseInt8MatMul with per-row activations (lane-bounded: fast "
         "without VNNI; rowwise-8-bit: fast with AVX-512 VNNI or AVX-VNNI), and need the kernels",
+    )
+    p.add_argument(
+        "--target",
+        choices=("auto", "portable", "vnni", "avx512", "avx2", "x86-64"),
+        default=None,
+        help="the CPU class the model is for (default: auto, this CPU's): portable runs fast and exact on every "
+        "x86-64 class (dynamic: lane-bounded RowwiseInt8MatMul; static: pair-bounded QDQ); vnni, avx512, avx2, "
+        "x86-64 take that class's row of `softdeploy doctor`'s table; the model records its target and format",
     )
     p.add_argument(
         "--data",

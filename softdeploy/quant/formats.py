@@ -74,6 +74,20 @@ attention x values) stay float (no faster in int8 at these sizes, 0.009 MRR@10 l
 accuracy on an AVX2 one; the speed of an AVX2 core, and the accuracy of unbounded 8-bit weights on
 vpmaddubsw, cannot be measured on a VNNI one (MLAS has no switch to turn VNNI off).
 
+The table picks the format for the CPU that quantizes; a model deployed on another class can run its format on a
+slower path there (rowwise-8-bit weights on a CPU without VNNI take RowwiseInt8MatMul's widened vpmaddwd tile, 0.63-0.76x
+the lane-bounded one on MiniLM). ``quantize(config=QuantConfig(target=...))`` (``softdeploy quantize --target``) names
+the class the model is for instead (:data:`TARGETS`, :func:`target_weights`): ``auto`` (this CPU's row), a class of the
+table (its row), or ``portable``: the format that is exact on every x86-64 class and takes each one's fast path,
+chosen by measurement (bench/results/int8_matrix.md, MiniLM on every class this Zen 4 host can present): dynamic
+lane-bounded (the fastest format on AVX2 and AVX-512 without VNNI in every run, 1.88-1.97x fp32 on AVX2; level with
+the best with VNNI), static pair-bounded QDQ (the one static format whose integers cannot saturate vpmaddubsw). The
+model records its target and format in metadata_props (:data:`TARGET_KEY`, :data:`FORMAT_KEY`);
+``softdeploy.runtime.Session`` warns when its RowwiseInt8MatMul weights take the widened tile here
+(:func:`mismatch_line`), and ``softdeploy doctor MODEL`` reports the path each int8 node takes
+(:func:`model_int8_lines`). The format line (:meth:`Int8Format.line`, :func:`weights_line`) names the format used
+first, then why.
+
 The class follows softdeploy's CPU detection (the kernel library's, ops/common/cpu.cc), so
 ``SOFTDEPLOY_TEST_CPU=avx2`` makes this machine choose as an AVX2 CPU without VNNI would (onnxruntime
 itself still runs its VNNI kernels here).
@@ -83,6 +97,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from typing import Any
 
 VNNI_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "avx512vnni", "avxvnni"})
 _AVX512 = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq"})
@@ -120,18 +135,14 @@ class Int8Format:
         return self.dynamic_why if mode == "dynamic" and self.dynamic_weights else self.why
 
     def line(self, mode: str = "dynamic") -> str:
-        """One line for reports: the class, the format chosen for ``mode`` and why."""
+        """One line for reports: the format chosen for ``mode`` first, then the class it was chosen for and why."""
         weights = self.weights_for(mode)
         if weights in ROWWISE_FORMAT:
-            return (
-                f"int8 format for a {self.cpu_class} CPU: {ROWWISE_FORMAT[weights]}, {WEIGHTS[weights]}, "
-                f"per-channel, {self.float_matmuls} in float -- {self.why_for(mode)}"
-            )
-        fmt = self.dynamic_format if mode == "dynamic" else self.static_format
-        return (
-            f"int8 format for a {self.cpu_class} CPU: {fmt}, {self.types}, {WEIGHTS[weights]}, "
-            f"{'per-channel' if self.per_channel else 'per-tensor'}, {self.float_matmuls} in float -- {self.why}"
-        )
+            fmt = f"{WEIGHTS[weights]}, per-channel, {ROWWISE_FORMAT[weights].split('(', 1)[1][:-1]}"
+        else:
+            graph = self.dynamic_format if mode == "dynamic" else self.static_format
+            fmt = f"{WEIGHTS[weights]}: {graph}, {self.types}, {'per-channel' if self.per_channel else 'per-tensor'}"
+        return f"int8 format: {fmt}, {self.float_matmuls} in float -- chosen for a {self.cpu_class} CPU: {self.why_for(mode)}"
 
 
 # The weight formats, each as reports name it. Every one is symmetric int8 (zero point 0).
@@ -307,4 +318,227 @@ def format_lines(mode: str = "dynamic") -> list[str]:
     if here.cpu_class != TABLE["avx2"].cpu_class:
         other = TABLE["avx2"]
         lines.append(f"an AVX2 CPU without VNNI would get: {WEIGHTS[other.weights_for(mode)]} -- {other.why_for(mode)}")
+    return lines
+
+
+# ---- the deployment target ------------------------------------------------------------------------------------------
+#
+# A model is quantized on one machine and deployed on others: ``target`` names the CPU class the model is for, and
+# the format follows it instead of the quantizing CPU. ``auto`` is the quantizing CPU's row of TABLE; a class name is
+# that class's row; ``portable`` is the format that is exact and fast on every x86-64 class. Measured on
+# all-MiniLM-L6-v2 (bench/results/int8_matrix.md): in dynamic mode lane-bounded RowwiseInt8MatMul runs the vpdpbusd
+# tile with VNNI and its four-vpmaddubsw tile without, never the widened one, while rowwise-8-bit weights on a CPU
+# without VNNI take the widened vpmaddwd tile; in static mode pair-bounded QDQ weights cannot saturate vpmaddubsw and
+# keep the 8-bit grid, so their integers are the same on every class.
+
+TARGETS: tuple[str, ...] = ("auto", "portable", "vnni", "avx512", "avx2", "x86-64")
+
+# The model's metadata_props keys that record what it was quantized for, and in which weight format.
+TARGET_KEY = "softdeploy.int8_target"
+FORMAT_KEY = "softdeploy.int8_format"
+
+_PORTABLE_WHY = {
+    "dynamic": (
+        "lane-bounded RowwiseInt8MatMul is exact on every kernel path and takes the fast one on every x86-64 class "
+        "(vpdpbusd with VNNI, four vpmaddubsw summed in int16 without); rowwise-8-bit weights would take the widened "
+        "vpmaddwd tile without VNNI"
+    ),
+    "static": (
+        "pair-bounded weights cannot saturate vpmaddubsw (CPUs without VNNI) and keep the 8-bit grid, so every class "
+        "computes the same integers at its own int8 GEMM's speed"
+    ),
+}
+
+
+def check_target(target: str) -> str:
+    """``target`` if it is one of :data:`TARGETS`; else ValueError naming the rule."""
+    if target not in TARGETS:
+        raise ValueError(f"int8 target {target!r} is not one of {list(TARGETS)}")
+    return target
+
+
+def target_weights(target: str, mode: str = "dynamic") -> tuple[str | None, str]:
+    """The weight format (:data:`WEIGHTS`) a model quantized for ``target`` in ``mode`` gets, and why (one line);
+    ``(None, "")`` for ``auto`` (this CPU's row, :func:`int8_format`, as quantize() chooses it)."""
+    check_target(target)
+    if target == "auto":
+        return None, ""
+    if target == "portable":
+        return ("lane-bounded" if mode == "dynamic" else "pair-bounded"), _PORTABLE_WHY.get(mode, "")
+    row = TABLE[target]
+    return row.weights_for(mode), row.why_for(mode)
+
+
+def weights_why(weights: str, mode: str = "dynamic") -> str:
+    """Why the table takes ``weights`` where it does (the first row of :data:`TABLE` that takes it in ``mode``, else
+    in the other mode); "" for a format no row takes (7-bit: onnxruntime's reduce_range)."""
+    for m in (mode, "static" if mode == "dynamic" else "dynamic"):
+        for row in TABLE.values():
+            if row.weights_for(m) == weights:
+                return row.why_for(m)
+    return ""
+
+
+def weights_line(weights: str, mode: str, why: str, *, per_channel: bool = True) -> str:
+    """The format line: the format used first, then why, e.g. "int8 format: lane-bounded 8-bit weights in
+    com.softdeploy RowwiseInt8MatMul (...), per-channel -- why"."""
+    if weights in ROWWISE_FORMAT:
+        fmt = f"{WEIGHTS[weights]}, per-channel, {ROWWISE_FORMAT[weights].split('(', 1)[1][:-1]}"
+    else:
+        row = TABLE["vnni"]  # every onnxruntime row has the same graph formats and types
+        graph = row.dynamic_format if mode == "dynamic" else row.static_format
+        fmt = f"{WEIGHTS[weights]}: {graph}, {row.types}, {'per-channel' if per_channel else 'per-tensor'}"
+    return f"int8 format: {fmt} -- {why}" if why else f"int8 format: {fmt}"
+
+
+def model_int8_metadata(model: Any) -> dict[str, str]:
+    """The target and format a quantized model records (:data:`TARGET_KEY`, :data:`FORMAT_KEY`; absent keys left
+    out), from a ModelProto."""
+    return {p.key: p.value for p in model.metadata_props if p.key in (TARGET_KEY, FORMAT_KEY)}
+
+
+def set_int8_metadata(model: Any, target: str, weights: str) -> None:
+    """Records (in place, replacing earlier values) the target a ModelProto was quantized for and its weight
+    format."""
+    keep = [p for p in model.metadata_props if p.key not in (TARGET_KEY, FORMAT_KEY)]
+    del model.metadata_props[:]
+    model.metadata_props.extend(keep)
+    for key, value in ((TARGET_KEY, target), (FORMAT_KEY, weights)):
+        prop = model.metadata_props.add()
+        prop.key, prop.value = key, value
+
+
+# How reports name RowwiseInt8MatMul's kernel paths (ops/rowwise_int8_matmul.cc), fastest first.
+PATH_VNNI_ZMM = "vpdpbusd zmm tile (AVX-512 VNNI)"
+PATH_VNNI_YMM = "vpdpbusd ymm tile (AVX-VNNI)"
+PATH_LANE = "vpmaddubsw tile, {g} products summed in int16 per lane"
+PATH_WIDE = "widened vpmaddwd tile (weights outside the lane bound; ~0.6x the lane-bounded tile)"
+PATH_SCALAR = "scalar portable loop (no AVX2)"
+PATH_BODY = "its function body in stock onnxruntime (softdeploy's kernel library does not load)"
+
+
+def rowwise_path(groups: int, info: Any = None) -> str:
+    """The kernel path a RowwiseInt8MatMul whose weights allow ``groups`` (rowwise.weight_groups: 4, 2, 1, 0) runs
+    on this CPU under the kernel library's selected variant (``info``: the library's, default this process's)."""
+    if info is None:
+        from softdeploy.runtime import library_status
+
+        info = library_status().info
+    if info is None:
+        return PATH_BODY
+    isa = info.isa_selected
+    if isa == "avx512" and info.avx512_vnni:
+        return PATH_VNNI_ZMM
+    if isa == "avx2" and info.avx_vnni:
+        return PATH_VNNI_YMM
+    if isa not in ("avx512", "avx2"):
+        return PATH_SCALAR
+    return PATH_LANE.format(g=2 * groups) if groups else PATH_WIDE
+
+
+def slow_rowwise_nodes(model: Any, info: Any = None) -> list[str]:
+    """RowwiseInt8MatMul nodes of ``model`` (a ModelProto) that take the widened tile on this CPU: weights outside
+    the lane bound under a vpmaddubsw variant (AVX2 without AVX-VNNI, AVX-512 without VNNI). Looks at the weights
+    only on such a CPU, so a VNNI CPU pays nothing."""
+    if not any(n.op_type == "RowwiseInt8MatMul" for n in model.graph.node):
+        return []
+    if info is None:
+        from softdeploy.runtime import library_status
+
+        info = library_status().info
+    if info is None or rowwise_path(4, info) != PATH_LANE.format(g=8):
+        return []  # VNNI tiles, the scalar loop or the function body: no widened tile here
+    if model_int8_metadata(model).get(FORMAT_KEY) == "lane-bounded":
+        return []  # written inside the bound by quantize(): no scan at every session
+    import numpy as np
+    from onnx import numpy_helper
+
+    inits = {t.name: t for t in model.graph.initializer}
+    out = []
+    for node in model.graph.node:
+        if node.op_type != "RowwiseInt8MatMul" or node.input[1] not in inits:
+            continue
+        levels = next((a.i for a in node.attribute if a.name == "levels"), 255)
+        # lane_groups(q, levels) == 0 (the widened tile) exactly when single pairs already break the bound: the
+        # same test as softdeploy.ops.rowwise_int8_matmul.lane_set_sums(q, 1), in int16 (|pair| <= 254) -- a
+        # session pays milliseconds, not the seconds of every group size in int64
+        w = numpy_helper.to_array(inits[node.input[1]])
+        if w.ndim != 2 or not w.size:
+            continue
+        # 64 rows at a time: plain 8-bit weights break the bound in the first block, so the scan stops there
+        for start in range(0, w.shape[0], 64):
+            q = np.asarray(w[start : start + 64], np.int16)
+            if q.shape[0] % 2:
+                q = np.concatenate([q, np.zeros((1, q.shape[1]), np.int16)])
+            a, b = q[0::2], q[1::2]
+            pos = np.maximum(a, 0) + np.maximum(b, 0)
+            neg = np.maximum(-a, 0) + np.maximum(-b, 0)
+            if int(max(pos.max(), neg.max())) * levels > 32767:
+                out.append(node.name or node.output[0])
+                break
+    return out
+
+
+def mismatch_line(model: Any, name: str = "the model", info: Any = None) -> str | None:
+    """One line when ``model``'s int8 format runs a slower path on this CPU than on its target's class, with what to
+    do; None when it does not (or has no RowwiseInt8MatMul whose weights leave the lane bound)."""
+    if info is None:
+        from softdeploy.runtime import library_status
+
+        info = library_status().info
+    slow = slow_rowwise_nodes(model, info)
+    if not slow:
+        return None
+    # the kernels' selected variant, which SOFTDEPLOY_ISA or SOFTDEPLOY_TEST_CPU may have lowered below the CPU's
+    here = f"the kernels' {info.isa_selected} variant runs without a VNNI tile here"
+    if getattr(info, "isa_requested", None):
+        here += f" (SOFTDEPLOY_ISA={info.isa_requested})"
+    elif getattr(info, "isa_cpu_limit", None):
+        here += f" (SOFTDEPLOY_TEST_CPU={info.isa_cpu_limit})"
+    meta = model_int8_metadata(model)
+    written = (
+        f"quantized for target {meta[TARGET_KEY]} ({meta.get(FORMAT_KEY, 'format unrecorded')})"
+        if TARGET_KEY in meta
+        else "with no int8 target recorded"
+    )
+    return (
+        f"{name}: {len(slow)} RowwiseInt8MatMul node(s) (e.g. {slow[0]!r}) have weights outside the vpmaddubsw lane "
+        f"bound, {written}; {here}, so they run the {PATH_WIDE}: re-quantize with "
+        "`softdeploy quantize --target portable` (or `--target avx2`) for this CPU's fast path"
+    )
+
+
+def model_int8_lines(model: Any, info: Any = None) -> list[str]:
+    """For ``softdeploy doctor MODEL``: the model's target and format, and the path its int8 nodes take here (a slower
+    one than its target's: :func:`mismatch_line`)."""
+    meta = model_int8_metadata(model)
+    lines = [
+        f"target: {meta.get(TARGET_KEY, 'not recorded')}; format: "
+        f"{WEIGHTS.get(meta.get(FORMAT_KEY, ''), meta.get(FORMAT_KEY, 'not recorded'))}"
+    ]
+    rowwise = [n for n in model.graph.node if n.op_type == "RowwiseInt8MatMul"]
+    if rowwise:
+        from softdeploy.quant.rowwise import weight_groups
+
+        paths: dict[str, int] = {}
+        for g in weight_groups(model).values():
+            path = rowwise_path(g, info)
+            paths[path] = paths.get(path, 0) + 1
+        lines += [f"{count} RowwiseInt8MatMul node(s): {path}" for path, count in paths.items()]
+    ort_int8 = [
+        n
+        for n in model.graph.node
+        if n.op_type in ("MatMulInteger", "DynamicQuantizeMatMul", "QLinearMatMul", "ConvInteger", "QLinearConv")
+    ]
+    qdq = sum(n.op_type == "DequantizeLinear" for n in model.graph.node)
+    if ort_int8 or qdq:
+        here = int8_format()
+        kernel = f"MLAS's {here.kernel} u8s8 kernel ({here.cpu_class} CPU)"
+        if os.environ.get("SOFTDEPLOY_TEST_CPU"):  # a setting of softdeploy's kernels only
+            kernel = "MLAS's own kernel for this machine (SOFTDEPLOY_TEST_CPU does not reach onnxruntime)"
+        lines.append(
+            f"{len(ort_int8)} onnxruntime integer node(s), {qdq} DequantizeLinear (QDQ or int8 embedding tables): {kernel}"
+        )
+    if len(lines) == 1:
+        lines.append("no int8 nodes (RowwiseInt8MatMul, onnxruntime integer ops, DequantizeLinear): a float model")
     return lines

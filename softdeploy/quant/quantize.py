@@ -73,6 +73,19 @@ class QuantConfig:
     only: tuple[str, ...] | None = None  # quantize only these nodes (the sensitivity probe)
     reduce_range: bool | None = None  # onnxruntime's spelling of weights "7-bit" (True) / "8-bit" (False)
     weights: str | None = None  # formats.WEIGHTS; None: the CPU's row of formats.TABLE
+    # formats.TARGETS: the CPU class the model is for (None: SOFTDEPLOY_INT8_TARGET, else "auto", this CPU's row)
+    target: str | None = None
+
+    def resolved_target(self) -> str:
+        """The deployment target (formats.TARGETS): ``target``, else SOFTDEPLOY_INT8_TARGET (how `compare` and Case
+        runs, which build their own configs, take one), else "auto"; QuantizationError for an unknown one."""
+        from softdeploy.quant.formats import TARGETS
+
+        target = self.target or os.environ.get("SOFTDEPLOY_INT8_TARGET") or "auto"
+        if target not in TARGETS:
+            source = "target" if self.target else "SOFTDEPLOY_INT8_TARGET"
+            raise QuantizationError(f"{source} {target!r} is not one of {list(TARGETS)}")
+        return target
 
     def asked_weights(self) -> str | None:
         """The weight format asked for (``weights``, or ``reduce_range`` translated), None for the table's;
@@ -132,6 +145,7 @@ class QuantizedModel:
     # the int8 format chosen for this CPU and why (formats.Int8Format.line); says so when another was asked
     int8_format: str = ""
     weights: str = "8-bit"  # formats.WEIGHTS: what the int8 weights are
+    target: str = ""  # the CPU class the model is for, as its metadata records it (formats.TARGET_KEY)
 
     @property
     def reduce_range(self) -> bool:
@@ -341,19 +355,41 @@ def quantize(
         gemm_matmuls = set(gemms_as_matmuls(proto, selected))
         candidates = [(n, "MatMul" if n in gemm_matmuls else t) for n, t in candidates]
 
-    from softdeploy.quant.formats import int8_format
+    from softdeploy.quant.formats import int8_cpu_class, int8_format, target_weights, weights_line, weights_why
 
     chosen = int8_format()
     asked = config.asked_weights()
+    target = config.resolved_target()
     table_weights_row = chosen.weights_for(config.mode)
     weights = asked or table_weights_row
     format_note = chosen.line(config.mode)
-    if asked is not None and asked != table_weights_row:
-        format_note += f"; {asked} weights as asked, not the table's {table_weights_row}"
-    if asked is None:
+    for_target, target_why = target_weights(target, config.mode)
+    if asked is not None and asked != (for_target or table_weights_row):
+        format_note = weights_line(
+            asked,
+            config.mode,
+            f"as asked, not the {for_target or table_weights_row} weights of target {target}"
+            if for_target
+            else f"{asked} weights as asked, not the table's {table_weights_row} (this {chosen.cpu_class} CPU's)"
+            + (f"; {asked}: {weights_why(asked, config.mode)}" if weights_why(asked, config.mode) else ""),
+            per_channel=config.per_channel,
+        )
+    elif for_target is not None:
+        weights = for_target
+        format_note = weights_line(
+            weights, config.mode, f"for target {target}: {target_why}", per_channel=config.per_channel
+        )
+    if asked is None and for_target is None:
         weights, why_not = table_weights(config.mode, config.per_channel, chosen)
         if why_not:
-            format_note += f"; {weights} weights in onnxruntime's format instead of {table_weights_row}: {why_not}"
+            format_note = weights_line(
+                weights,
+                config.mode,
+                f"onnxruntime's format instead of {table_weights_row} (this {chosen.cpu_class} CPU's row): {why_not}",
+                per_channel=config.per_channel,
+            )
+    # what the model records as its target: the class this CPU is for "auto" (the model was written for it)
+    recorded_target = int8_cpu_class() if target == "auto" else target
     op_types = list(config.resolved_op_types())
     if gemm_matmuls and "MatMul" not in op_types:
         op_types.append("MatMul")  # the rewritten Gemms only: `only` below keeps the model's own MatMuls out
@@ -434,6 +470,9 @@ def quantize(
             from softdeploy.quant.rowwise import rewrite_matmuls
 
             levels, groups = ROWWISE_FORMS[weights]
+            if proto is model:  # the rewrite is in place: the caller's ModelProto keeps its MatMuls
+                proto, caller = onnx.ModelProto(), proto
+                proto.CopyFrom(caller)
             matmuls = {name for name, op_type in candidates if op_type == "MatMul"}
             rewrite_matmuls(
                 proto,
@@ -458,11 +497,17 @@ def quantize(
                 why_not = _bound_pairs(out_model, proto)  # the 8-bit model's int8 MatMul weights, rewritten in place
                 if why_not:
                     weights = "7-bit"
-                    format_note += f"; 7-bit weights instead of pair-bounded: {why_not}"
+                    format_note = (
+                        weights_line("7-bit", config.mode, "", per_channel=config.per_channel)
+                        + f"; 7-bit weights instead of pair-bounded: {why_not} ({format_note})"
+                    )
                     calibration_kernels = run_quantizer(reduce_range=True)
                     out_model = onnx.load(os.fspath(target))
                 else:
                     onnx.save(out_model, os.fspath(target))
+    # The model says what it was quantized for, so Session and `softdeploy doctor MODEL` can tell a CPU that runs
+    # its format on a slower path than its target's.
+    _record_target(out_model, output, recorded_target, weights)
     # A rewritten MatMul (RowwiseInt8MatMul) or a quantized node no longer stands under its name and op type.
     quantized = _quantized_names(out_model, candidates, config.mode)
     qset = set(quantized)
@@ -475,7 +520,20 @@ def quantize(
         seconds=time.perf_counter() - t0,
         int8_format=format_note,
         weights=weights,
+        target=recorded_target,
     )
+
+
+def _record_target(out_model: Any, output: Path, target: str, weights: str) -> None:
+    """Writes the deployment target and weight format into the quantized model's metadata_props (formats.TARGET_KEY,
+    FORMAT_KEY) and saves it to ``output`` again, atomically."""
+    import onnx
+
+    from softdeploy.quant.formats import set_int8_metadata
+
+    set_int8_metadata(out_model, target, weights)
+    with atomic_output(output, "quantized model") as target_path:
+        onnx.save(out_model, os.fspath(target_path))
 
 
 def table_weights(mode: str = "dynamic", per_channel: bool = True, chosen: Any = None) -> tuple[str, str]:

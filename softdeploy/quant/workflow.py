@@ -169,6 +169,7 @@ def report_json(result: QuantizedModel | BudgetResult) -> dict[str, Any]:
         "calibration_kernels": result.calibration_kernels,
         "reduce_range": result.reduce_range,
         "weights": result.weights,
+        "int8_target": result.target,
         "int8_format": result.int8_format,
         "seconds": result.seconds,
         "size_bytes": result.size_bytes,

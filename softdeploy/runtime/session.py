@@ -157,6 +157,8 @@ class Session:
             elif unreadable and isinstance(model, bytes | bytearray):
                 found = ModelLoadError(f"model bytes: {wire_problem(bytes(model)) or 'not an ONNX protobuf'}")
             raise (found or _translate(e)) from e
+        if proto is not None and self.kernels == "native":
+            _warn_slow_int8(proto, path)
         self._inputs = frozenset(self.input_names)
         self._outputs = self.output_names
         # The C++ session behind onnxruntime's Python wrapper: a call that feeds exactly the model's
@@ -334,6 +336,19 @@ def feed_error(
     if reported:  # what the checks above cannot see (a declared scalar looks like an unknown rank)
         return InputError(f"{reported.group(1).split(' Please fix')[0]}; {expected}")
     return None
+
+
+def _warn_slow_int8(proto: Any, path: str | None) -> None:
+    """One SoftdeployWarning when the model's int8 format runs a slower kernel path on this CPU than on the class it
+    was quantized for (RowwiseInt8MatMul weights outside the lane bound on a CPU without VNNI), saying what to do."""
+    import warnings
+
+    from softdeploy.errors import SoftdeployWarning
+    from softdeploy.quant.formats import mismatch_line
+
+    line = mismatch_line(proto, f"model {path}" if path else "the model")
+    if line:
+        warnings.warn(line, SoftdeployWarning, stacklevel=3)
 
 
 def _parse(model: Any) -> Any:

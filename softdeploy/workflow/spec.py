@@ -58,6 +58,8 @@ class QuantizeSpec:
     per_channel: bool = True
     calibrate_method: str = "minmax"
     exclude: tuple[str, ...] = ()
+    # the CPU class the int8 model is for (softdeploy.quant.formats.TARGETS; "auto": the quantizing CPU's)
+    target: str = "auto"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,6 +219,7 @@ def parse(raw: Mapping[str, Any], *, base: str | os.PathLike[str] = ".", name: s
             per_channel=q.get("per_channel", True),
             calibrate_method=q.get("calibrate_method", "minmax"),
             exclude=tuple(q.get("exclude", ())),
+            target=q.get("target", "auto"),
         ),
         variants=tuple(raw["variants"]) if "variants" in raw else None,
         threads=bounded_threads(int(raw.get("threads", 1)), f"{name}: threads"),

@@ -239,16 +239,20 @@ class WorkflowCase:
 
         q = self.workflow.quantize
         return QuantConfig(
-            mode=q.mode, per_channel=q.per_channel, calibrate_method=q.calibrate_method, exclude=self.exclude
+            mode=q.mode,
+            per_channel=q.per_channel,
+            calibrate_method=q.calibrate_method,
+            exclude=self.exclude,
+            target=q.target,
         )
 
     def static_config(self, fp32: Path) -> Any:
         """The static-quantization settings: the workflow's own when its mode is static, else the defaults."""
-        return self.quant_config() if self.workflow.quantize.mode == "static" else _default("static")
+        return self.quant_config() if self.workflow.quantize.mode == "static" else _default("static", self.workflow)
 
     def dynamic_config(self, fp32: Path) -> Any:
         """The dynamic-quantization settings: the workflow's own when its mode is dynamic, else the defaults."""
-        return self.quant_config() if self.workflow.quantize.mode == "dynamic" else _default("dynamic")
+        return self.quant_config() if self.workflow.quantize.mode == "dynamic" else _default("dynamic", self.workflow)
 
     def torch_size_bytes(self) -> int | None:
         """The torch module's parameter bytes (None for an ONNX-file model)."""
@@ -260,7 +264,8 @@ class WorkflowCase:
         return next((n for n, t in self._outputs.items() if t.startswith("float")), next(iter(self._outputs), "output"))
 
 
-def _default(mode: str) -> Any:
+def _default(mode: str, workflow: Any) -> Any:
+    """The other mode's defaults, for the workflow's deployment target."""
     from softdeploy.quant import QuantConfig
 
-    return QuantConfig(mode)
+    return QuantConfig(mode, target=workflow.quantize.target)

@@ -257,6 +257,37 @@ def test_workflow_target_key(tmp_path: Path) -> None:
     assert schema()["properties"]["quantize"]["properties"]["target"]["enum"] == list(TARGETS)
 
 
+@native
+def test_a_workflows_target_reaches_its_int8_models(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`quantize: {target: ...}` in a workflow file is the target of both int8 variants it makes."""
+    from softdeploy.cli import main
+
+    onnx.save(_fc(), tmp_path / "fc.onnx")
+    feed = onnx.load(tmp_path / "fc.onnx").graph.input[0]
+    width = feed.type.tensor_type.shape.dim[-1].dim_value
+    np.savez(
+        tmp_path / "x.npz", **{feed.name: np.random.default_rng(0).standard_normal((16, width)).astype(np.float32)}
+    )
+    wf = {
+        "name": "targeted",
+        "model": "fc.onnx",
+        "data": {"inputs": "x.npz"},
+        "quantize": {"mode": "dynamic", "target": "portable"},
+        "variants": ["ort-fp32", "ort-int8-dynamic", "ort-int8-static"],
+        "rounds": 1,
+        "out": "res",
+    }
+    (tmp_path / "wf.json").write_text(json.dumps(wf))
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "wf.json", "--quick"]) == 0
+    models = tmp_path / "res" / "targeted" / "models"
+    assert model_int8_metadata(onnx.load(models / "int8_dynamic.onnx")) == {
+        TARGET_KEY: "portable",
+        FORMAT_KEY: "lane-bounded",
+    }
+    assert model_int8_metadata(onnx.load(models / "int8_static.onnx"))[TARGET_KEY] == "portable"
+
+
 @pytest.mark.parametrize("scale", [0.05, 0.3, 1.0, 3.0])
 @pytest.mark.parametrize("levels", [127, 255])
 def test_the_warning_scan_agrees_with_lane_groups(scale: float, levels: int) -> None:

@@ -73,7 +73,11 @@ def _arg_info(args: Sequence[Any]) -> list[dict[str, Any]]:
     from softdeploy.runtime.session import _element_type
 
     return [
-        {"name": a.name, "dtype": _element_type(a.type), "shape": [d if isinstance(d, int) else str(d) for d in a.shape or []]}
+        {
+            "name": a.name,
+            "dtype": _element_type(a.type),
+            "shape": [d if isinstance(d, int) else str(d) for d in a.shape or []],
+        }
         for a in args
     ]
 
@@ -212,9 +216,13 @@ class ModelServer:
             raise InputError(f"inputs {sorted(feeds)}: a scalar has no batch dimension")
         if self.batching and len({a.shape[0] for a in feeds.values()}) > 1:
             shapes = {n: list(a.shape) for n, a in feeds.items()}
-            raise InputError(f"inputs {shapes}: the first (batch) dimension differs between inputs (rule: one batch size)")
+            raise InputError(
+                f"inputs {shapes}: the first (batch) dimension differs between inputs (rule: one batch size)"
+            )
 
-    async def infer(self, body: bytes, content_type: str | None, query_outputs: str | None) -> tuple[int, bytes, str, str]:
+    async def infer(
+        self, body: bytes, content_type: str | None, query_outputs: str | None
+    ) -> tuple[int, bytes, str, str]:
         """Runs one request body; returns (status, body, content type, output names)."""
         from softdeploy.serve import wire
 
@@ -273,7 +281,10 @@ class ModelServer:
             )
             return Response(data, status_code=status, media_type=kind, headers={"X-Softdeploy-Outputs": names})
         return JSONResponse(
-            {"error": "NotFound", "message": f"{request.method} {path}: no such route (POST /, GET /healthz, /metadata, /stats)"},
+            {
+                "error": "NotFound",
+                "message": f"{request.method} {path}: no such route (POST /, GET /healthz, /metadata, /stats)",
+            },
             status_code=404,
         )
 
@@ -357,7 +368,9 @@ def serve_model(
             ray.init(address=address, logging_level="ERROR")
         else:
             ray.init(num_cpus=num_cpus, include_dashboard=False, logging_level="ERROR")
-    serve.start(http_options={"host": host, "port": port})
-    serve.run(app, name=name, route_prefix=route_prefix, blocking=False)
+    # Ray Serve's per-request access log would print a line per request on the driver's terminal.
+    logging = {"log_level": "WARNING", "enable_access_log": False}
+    serve.start(http_options={"host": host, "port": port}, logging_config=logging)
+    serve.run(app, name=name, route_prefix=route_prefix, blocking=False, logging_config=logging)
     prefix = route_prefix.rstrip("/")
     return Started(url=f"http://{host}:{port}{prefix}", name=name, options=asdict(options))

@@ -3,7 +3,8 @@
 >>> client = Client("http://127.0.0.1:8000")          # doctest: +SKIP
 >>> client.run({"X": x})["Y"]                          # doctest: +SKIP
 
-A 400 answer is raised as :class:`~softdeploy.errors.InputError` carrying the server's one-line message
+A 400 answer is raised as the server's softdeploy error (:class:`~softdeploy.errors.InputError`, or
+:class:`~softdeploy.errors.OpContractError` for a value an op refuses) carrying its one-line message
 (Session's own words); any other failure as :class:`~softdeploy.errors.RuntimeFailure` naming the status.
 """
 
@@ -17,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from softdeploy import errors
 from softdeploy.errors import ArgumentError, InputError, RuntimeFailure
 from softdeploy.serve import wire
 
@@ -36,18 +38,26 @@ class Client:
 
     def _request(self, path: str, body: bytes | None = None, content_type: str | None = None) -> tuple[bytes, Any]:
         headers = {"Content-Type": content_type} if content_type else {}
-        req = urllib.request.Request(self.url + path, data=body, headers=headers, method="POST" if body is not None else "GET")
+        req = urllib.request.Request(
+            self.url + path, data=body, headers=headers, method="POST" if body is not None else "GET"
+        )
         try:
             with urllib.request.urlopen(req, timeout=self.timeout) as resp:
                 return resp.read(), resp.headers
         except urllib.error.HTTPError as e:
             text = e.read()
+            kind = ""
             try:
-                message = json.loads(text)["message"]
+                doc = json.loads(text)
+                message, kind = doc["message"], doc.get("error", "")
             except Exception:
                 message = text.decode(errors="replace").strip().splitlines()[0] if text.strip() else e.reason
             if e.code == 400:
-                raise InputError(message) from None
+                # The server's own softdeploy error type (InputError, OpContractError, ...) where it names one.
+                error = getattr(errors, kind, None) if kind else None
+                if not (isinstance(error, type) and issubclass(error, errors.SoftdeployError)):
+                    error = InputError
+                raise error(message) from None
             raise RuntimeFailure(f"{self.url}{path}: HTTP {e.code}: {message}") from None
 
     def run(

@@ -47,7 +47,9 @@ def media_type(content_type: str | None) -> str:
 def _json_array(name: str, value: Any, want: str | None) -> np.ndarray:
     if isinstance(value, Mapping):
         if "data" not in value:
-            raise InputError(f"input {name!r}: a JSON object value needs 'data' (and optionally 'dtype'); given {sorted(value)}")
+            raise InputError(
+                f"input {name!r}: a JSON object value needs 'data' (and optionally 'dtype'); given {sorted(value)}"
+            )
         dtype = value.get("dtype")
         try:
             return np.asarray(value["data"], dtype=np.dtype(dtype) if dtype else None)
@@ -122,9 +124,7 @@ def _load_npy(body: bytes) -> np.ndarray:
 def encode_arrays(arrays: Mapping[str, np.ndarray], kind: str) -> tuple[bytes, str]:
     """A response (or request) body holding ``arrays`` in format ``kind`` (a media type); its Content-Type."""
     if kind == JSON:
-        doc = {
-            n: {"dtype": str(a.dtype), "shape": list(a.shape), "data": a.tolist()} for n, a in arrays.items()
-        }
+        doc = {n: {"dtype": str(a.dtype), "shape": list(a.shape), "data": a.tolist()} for n, a in arrays.items()}
         return json.dumps({"outputs": doc}).encode(), JSON
     buf = io.BytesIO()
     if kind == NPY and len(arrays) == 1:

@@ -1138,10 +1138,6 @@ def _add_compare_parser(sub: argparse._SubParsersAction) -> None:  # type: ignor
     p.set_defaults(fn=cmd_compare)
 
 
-if __name__ == "__main__":
-    entry()
-
-
 def _serve_model_path(target: str) -> str:
     """The ONNX file of ``softdeploy serve TARGET``: TARGET itself, or the model of a workflow file."""
     from pathlib import Path
@@ -1224,3 +1220,7 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[
     p.add_argument("--host", default="127.0.0.1", help="HTTP host (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
     p.set_defaults(fn=cmd_serve)
+
+
+if __name__ == "__main__":
+    entry()

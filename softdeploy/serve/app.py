@@ -152,6 +152,7 @@ class ModelServer:
     # ---- running -------------------------------------------------------------------------------
 
     def _count(self, batch: int) -> None:
+        """One run of ``batch`` rows (a request's rows, or several requests' stacked; 1 for an unbatched model)."""
         self.stats["runs"] += 1
         self.stats["rows"] += batch
         self.stats["largest_batch"] = max(self.stats["largest_batch"], batch)
@@ -163,7 +164,8 @@ class ModelServer:
             result = self.session.run(feeds, outputs)
         except SoftdeployError as e:
             return e
-        self._count(1)
+        first = next(iter(feeds.values()), None)
+        self._count(int(first.shape[0]) if self.batching and first is not None else 1)
         return result
 
     def _run_group(self, items: list[tuple[dict[str, np.ndarray], list[str] | None]]) -> list[Any]:

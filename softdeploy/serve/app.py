@@ -266,7 +266,9 @@ class ModelServer:
         if request.method == "GET" and path == "/metadata":
             return JSONResponse({**self.metadata, "replica": self.replica, "stats": self.stats})
         if request.method == "GET" and path == "/stats":
-            return JSONResponse({"replica": self.replica, "uptime_s": time.time() - self.started, **self.stats})
+            return JSONResponse(
+                {"replica": self.replica, "pid": os.getpid(), "uptime_s": time.time() - self.started, **self.stats}
+            )
         if request.method == "POST" and path in ("/", "/infer"):
             declared = request.headers.get("content-length")
             if declared and declared.isdigit() and int(declared) > self.options.max_body_bytes:

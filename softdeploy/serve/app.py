@@ -292,11 +292,6 @@ class ModelServer:
             status_code=404,
         )
 
-    def check_health(self) -> None:
-        """Ray Serve's health check: the session answers (a replica whose session is gone is restarted)."""
-        if self.session.ort_session is None:
-            raise RuntimeError("the replica's session is closed")
-
 
 def _error_body(e: Exception) -> bytes:
     import json
@@ -310,6 +305,7 @@ def _deployment_class() -> Any:
     from ray import serve
 
     class _Server(ModelServer):
+        # Placeholders: each replica sets the application's own size and wait in ModelServer.__init__.
         @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.005)
         async def _run_batch(self, items: list[tuple[dict[str, np.ndarray], list[str] | None]]) -> list[Any]:
             return await self._in_pool(self._run_batch_sync, items)

@@ -3,11 +3,11 @@
 Three body formats, chosen by the request's Content-Type; the response uses the request's format:
 
 * ``application/json``: ``{"inputs": {NAME: VALUE}, "outputs": [NAME, ...]}`` (``outputs`` optional).
-  VALUE is a nested list, or ``{"dtype": "int64", "data": nested list}``. A nested list of numbers
-  takes the model's element type where that loses nothing: JSON has no float32, and every float32
-  prints as a float64 that reads back to the same float32; integers feed a float input exactly when
-  they are below 2**24. Any other mismatch is left for the input checks, which refuse it in Session's
-  words. The response is ``{"outputs": {NAME: {"dtype", "shape", "data"}}}``: ``data`` holds the exact
+  VALUE is a nested list, or ``{"dtype": "int64", "data": nested list}``. JSON has one number type,
+  so numbers for a float input take the model's float type (the nearest value; every float32 sent as
+  JSON reads back to itself), and integers take an integer input's type where they fit. Any other
+  mismatch (a fraction for an integer input) is left for the input checks, which refuse it in
+  Session's words. The response is ``{"outputs": {NAME: {"dtype", "shape", "data"}}}``: ``data`` holds the exact
   values (float32 printed through float64 round-trips bit for bit; NaN and infinities as Python's
   json writes them).
 * ``application/x-npy``: one array, for a model with one input; the response is ``.npy`` where the
@@ -33,7 +33,6 @@ JSON = "application/json"
 NPY = "application/x-npy"
 NPZ = "application/x-npz"
 FORMATS = {"json": JSON, "npy": NPY, "npz": NPZ}
-_EXACT_INT_IN_FLOAT32 = 2**24
 
 
 def media_type(content_type: str | None) -> str:
@@ -64,15 +63,11 @@ def _json_array(name: str, value: Any, want: str | None) -> np.ndarray:
     target = np.dtype(want) if want not in ("str", "bfloat16") else None
     if target is None:
         return array
-    # Only conversions that lose nothing: float64 -> float32 where each value reads back unchanged (every
-    # float32 sent as JSON does), integers -> float where exact, bool/int -> a wider int.
-    if target.kind == "f" and array.dtype.kind == "f":
-        cast = array.astype(target)
-        same = (cast.astype(array.dtype) == array) | (np.isnan(array) & np.isnan(cast))
-        return cast if bool(np.all(same)) else array
-    if target.kind == "f" and array.dtype.kind in "iub":
-        exact = array.size == 0 or int(np.max(np.abs(array.astype(np.int64)))) < _EXACT_INT_IN_FLOAT32
-        return array.astype(target) if exact else array
+    # JSON has one number type: a number given for a float input means the nearest value of that type (every float32
+    # sent as JSON reads back to itself). Integers take an integer input's type where they fit; anything else -- a
+    # fraction for an integer input -- is left for the input checks to refuse in Session's words.
+    if target.kind == "f" and array.dtype.kind in "fiub":
+        return array.astype(target)
     if target.kind in "iu" and array.dtype.kind in "iub":
         info = np.iinfo(target)
         if array.size == 0 or (int(array.min()) >= info.min and int(array.max()) <= info.max):

@@ -358,11 +358,15 @@ def serve_model(
     """Starts Ray (a local one, or joins ``address``), Ray Serve's HTTP proxy on ``host:port`` and the
     application; returns once every replica has opened its session. ``num_cpus``: CPUs of a local Ray
     (default: the machine's)."""
+    import logging
+
     import ray
     from ray import serve
 
     options = options or ServeOptions()
     app = build_app(model, options)
+    # Ray Serve's driver-side INFO lines (started, connecting, ready) would bury the one line the CLI prints.
+    logging.getLogger("ray.serve").setLevel(logging.WARNING)
     if not ray.is_initialized():
         if address:
             ray.init(address=address, logging_level="ERROR")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +26,7 @@ def ray_serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, i
     from ray import serve
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    temp = Path("/tmp") / f"ray_sd_{os.getpid()}"  # Ray's unix sockets need a short path: not pytest's tmp_path
     try:
         ray.init(
             num_cpus=2,
@@ -32,7 +34,7 @@ def ray_serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, i
             object_store_memory=100 * 1024 * 1024,
             log_to_driver=False,
             logging_level="ERROR",
-            _temp_dir=str(Path("/tmp") / f"ray_sd_{os.getpid()}"),
+            _temp_dir=str(temp),
         )
     except Exception as e:  # a machine where Ray cannot start (no /dev/shm, sandboxed sockets, ...)
         reason = f"Ray cannot start here: {type(e).__name__}: {e}"
@@ -48,3 +50,4 @@ def ray_serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, i
     finally:
         serve.shutdown()
         ray.shutdown()
+        shutil.rmtree(temp, ignore_errors=True)

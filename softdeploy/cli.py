@@ -16,6 +16,7 @@ softdeploy optimize IN.onnx OUT.onnx: rewrite standard-op patterns into softdepl
 softdeploy compile  compile an ONNX model with TVM (optionally MetaSchedule-tuned, locally or over RPC)
 softdeploy distill  OUT: distil all-MiniLM-L6-v2 into a 3-layer student (layer reduction, one-shot or in
                     stages, or paraphrase-MiniLM-L3); MSE or softened KD; resumable; OUT/student.safetensors
+softdeploy serve    MODEL.onnx | WORKFLOW.yaml: HTTP serving on Ray Serve (replicas, dynamic batching; extra [serve])
 """
 
 from __future__ import annotations
@@ -973,6 +974,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="replace the library (and its .json) if they exist")
     p.set_defaults(fn=cmd_compile)
     _add_distill_parser(sub)
+    _add_serve_parser(sub)
     _add_verbose(parser, sub)
     return parser
 
@@ -1166,6 +1168,90 @@ def _add_compare_parser(sub: argparse._SubParsersAction) -> None:  # type: ignor
     )
     p.add_argument("--quick", action="store_true", help="a subset of the data and fewer rounds (smoke test)")
     p.set_defaults(fn=cmd_compare)
+
+
+def _serve_model_path(target: str) -> str:
+    """The ONNX file of ``softdeploy serve TARGET``: TARGET itself, or the model of a workflow file."""
+    from pathlib import Path
+
+    from softdeploy.errors import ArgumentError
+
+    if Path(target).suffix.lower() in (".yaml", ".yml", ".json"):
+        from softdeploy.workflow import load_workflow
+
+        workflow = load_workflow(target)
+        if workflow.factory:
+            raise ArgumentError(
+                f"serve {target}: its model {workflow.model!r} is a torch factory (rule: serve an ONNX model: "
+                "export it first with `softdeploy export`)"
+            )
+        return workflow.model
+    return target
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """``softdeploy serve MODEL.onnx | WORKFLOW.yaml``: the model on Ray Serve until Ctrl-C."""
+    import time
+
+    from softdeploy.errors import ArgumentError
+    from softdeploy.serve.app import ServeOptions, serve_model
+
+    options = ServeOptions(
+        replicas=args.replicas,
+        cpus_per_replica=args.cpus_per_replica,
+        max_batch_size=args.max_batch_size,
+        batch_wait_s=args.batch_wait_ms / 1000.0,
+        kernels=args.kernels,
+        max_body_bytes=args.max_body_bytes,
+    )
+    try:
+        import ray  # noqa: F401 -- the extra's presence, checked before any work
+    except ImportError as e:
+        raise ArgumentError("serve needs Ray Serve: pip install 'softdeploy[serve]'") from e
+    started = serve_model(
+        _serve_model_path(args.model),
+        options,
+        address=args.address,
+        host=args.host,
+        port=args.port,
+        num_cpus=args.num_cpus,
+    )
+    print(
+        f"serving {args.model} at {started.url}/ ({args.replicas} replica(s) x {args.cpus_per_replica} CPU(s), "
+        f"batches up to {args.max_batch_size}); GET /metadata, /healthz; Ctrl-C stops",
+        flush=True,
+    )
+    try:
+        while True:
+            time.sleep(3600)
+    finally:
+        from ray import serve
+
+        serve.shutdown()
+
+
+def _add_serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """``softdeploy serve``'s arguments."""
+    p = sub.add_parser(
+        "serve",
+        help="serve an ONNX model over HTTP on Ray Serve (replicas, dynamic batching); extra [serve]",
+        description="Replicas open softdeploy.runtime.Session (kernel library registered, one intra-op thread per "
+        "reserved CPU). POST / with a JSON, .npy or .npz body; GET /healthz, /metadata, /stats.",
+    )
+    p.add_argument("model", help="ONNX model, or a workflow file (YAML/JSON) whose model is an ONNX file")
+    p.add_argument("--replicas", type=int, default=1, help="Ray Serve replicas (default 1)")
+    p.add_argument(
+        "--cpus-per-replica", type=int, default=1, help="CPUs per replica = its intra-op threads (default 1)"
+    )
+    p.add_argument("--max-batch-size", type=int, default=16, help="largest dynamic batch; 1 turns batching off")
+    p.add_argument("--batch-wait-ms", type=float, default=5.0, help="how long a batch waits to fill (default 5 ms)")
+    p.add_argument("--kernels", choices=["native", "portable", "auto"], default="native")
+    p.add_argument("--max-body-bytes", type=int, default=64 * 1024 * 1024, help="larger bodies get a 400")
+    p.add_argument("--address", default=None, help="join this Ray cluster (e.g. HEAD:6379); default: a local Ray")
+    p.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray (default: all)")
+    p.add_argument("--host", default="127.0.0.1", help="HTTP host (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
+    p.set_defaults(fn=cmd_serve)
 
 
 if __name__ == "__main__":

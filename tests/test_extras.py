@@ -45,6 +45,8 @@ FEATURES: dict[str, list[str]] = {
     # compile / TVMSession / MetaSchedule tuning, locally and over RPC: psutil (core counts, worker pools),
     # cloudpickle (tvm/exec/popen_worker.py: every builder and runner job), tornado (tvm/rpc/tracker.py).
     "tvm": ["tvm", "tvm_ffi", "ml_dtypes", "psutil", "cloudpickle", "tornado"],
+    # softdeploy serve: Ray Serve, and the Starlette requests and responses its replicas handle.
+    "serve": ["ray", "starlette"],
     "test": ["pytest", "hypothesis", "ruff"],
     # the documentation build (mkdocs + mkdocstrings' Python handler), where the extra exists.
     "docs": ["mkdocs", "mkdocstrings", "mkdocstrings_handlers", "griffe"],

@@ -89,11 +89,17 @@ def _batchable(sess: Any) -> bool:
 
 
 def int8_target(metadata: Mapping[str, str]) -> str | None:
-    """The int8 target a quantized model's metadata records (the first key naming a target), else None."""
-    for key, value in metadata.items():
-        if "target" in key.lower():
-            return value
-    return None
+    """The deployment target a quantized model's metadata records (``softdeploy quantize --target``), else None."""
+    from softdeploy.quant.formats import TARGET_KEY
+
+    return metadata.get(TARGET_KEY)
+
+
+def int8_format(metadata: Mapping[str, str]) -> str | None:
+    """The int8 weight format a quantized model's metadata records, else None."""
+    from softdeploy.quant.formats import FORMAT_KEY
+
+    return metadata.get(FORMAT_KEY)
 
 
 class ModelServer:
@@ -132,6 +138,7 @@ class ModelServer:
             "kernel_variant": variant,
             "threads": self.session.threads,
             "int8_target": int8_target(custom),
+            "int8_format": int8_format(custom),
             "model_metadata": custom,
             "max_body_bytes": options.max_body_bytes,
         }

@@ -113,7 +113,7 @@ def test_metadata_and_health(tiny):
     from softdeploy.runtime.library import library_info
 
     assert meta["kernel_variant"] == library_info().isa_selected
-    assert meta["int8_target"] == "avx2"  # the model's metadata (tiny.py)
+    assert meta["int8_target"] == "avx2" and meta["int8_format"] == "lane-bounded"  # the model's metadata (tiny.py)
     assert meta["threads"] == 1
 
 

@@ -38,7 +38,7 @@ def rowwise_mlp(features: int = 16, hidden: int = 32, out: int = 8, seed: int = 
     model = helper.make_model(
         graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid(DOMAIN, OPSET_VERSION)], ir_version=10
     )
-    helper.set_model_props(model, {"softdeploy.int8.target": "avx2"})
+    helper.set_model_props(model, {"softdeploy.int8_target": "avx2", "softdeploy.int8_format": "lane-bounded"})
     return attach_function_bodies(model)
 
 

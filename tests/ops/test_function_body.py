@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from softdeploy import DOMAIN
 from softdeploy.ops import REGISTRY
 from softdeploy.ops._body import function_body
@@ -49,6 +51,11 @@ def test_compiled_once_also_when_threads_ask_together() -> None:
         t.join()
     assert len(got) == 4 and all(g is got[0] for g in got)
     assert body.onnx_function() is got[0]
+
+
+def test_runs_eagerly_like_the_compiled_function() -> None:
+    x = np.array([1.5, -2.0], np.float32)
+    np.testing.assert_array_equal(np.asarray(Twice(x)), [3.0, -4.0])
 
 
 def test_each_proto_is_a_fresh_copy() -> None:

@@ -931,13 +931,17 @@ class _TuningProgress:
         self.progress.update(self.task, completed=done, total=max(self.trials, done))
 
 
-def _parser() -> argparse.ArgumentParser:
-    """Every verb's arguments."""
+def _parser(only_ops: bool = False) -> argparse.ArgumentParser:
+    """Every verb's arguments; with ``only_ops``, the ``ops`` verb's alone (the other verbs' choices and help
+    texts import the cases, torch and onnxscript: seconds that listing the registry must not pay)."""
     parser = argparse.ArgumentParser(
         prog="softdeploy", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("ops", help="list the operator registry").set_defaults(fn=cmd_ops)
+    if only_ops:
+        _add_verbose(parser, sub)
+        return parser
     p = sub.add_parser("doctor", help="check the native library and the environment (and a quantized MODEL)")
     p.add_argument(
         "model", nargs="?", help="an ONNX model: its int8 target, format and the path its int8 nodes take here"
@@ -984,7 +988,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     line with exit 2, other failures one line with exit 1 (``--verbose`` adds the traceback), Ctrl-C at any point --
     start-up included -- one line with exit 130."""
     try:
-        args = _parser().parse_args(argv)
+        words = sys.argv[1:] if argv is None else list(argv)
+        verb = next((w for w in words if not w.startswith("-")), None)
+        args = _parser(only_ops=verb == "ops").parse_args(argv)
         import traceback  # noqa: F401 -- what _run needs, imported here, inside the interrupt guard
 
         import softdeploy.terminal  # noqa: F401

@@ -216,7 +216,8 @@ def compare(
     outputs exactly, float outputs within (rtol, atol) with NaN in the same places; atol is multiplied by
     the op's error scale on the sample's inputs (OpDef.error_scale: 1 unless the op's error grows with an
     input, as attention's with |V|)."""
-    assert len(got) >= len(want) or len(got) == len(want), f"{op.name}: {len(got)} outputs, expected {len(want)}"
+    # Exactly as many: an extra output is as wrong as a missing one (zip below would not look at it).
+    assert len(got) == len(want), f"{op.name}: {len(got)} outputs, expected {len(want)}"
     scale = op.error_scale(sample.inputs)
     for port, g, w in zip(op.outputs, got, want, strict=False):
         g, w = np.asarray(g), np.asarray(w)

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import functools
+import importlib.metadata
 import os
 import platform
 import shutil
@@ -59,3 +61,47 @@ def cpuid_shim(tmp_path: Path) -> CpuidShim:
     shim = tmp_path / "cpuid_avx2.so"
     subprocess.run(["gcc", "-O2", "-shared", "-fPIC", str(source), "-o", str(shim), "-ldl"], check=True)
     return CpuidShim(shim)
+
+
+# Marker -> the extra whose distributions a test so marked needs (peft: pinned by the test extra alone). Without one
+# of them the test is skipped with a reason naming the extra; `pip install ".[test]"` (CI) installs them all, so
+# there every marked test runs. The distributions are read from pyproject.toml, so the list cannot drift.
+EXTRA_MARKERS: dict[str, str] = {"models": "models", "tvm": "tvm", "peft": "test"}
+MARKER_DISTRIBUTIONS: dict[str, tuple[str, ...]] = {"peft": ("peft",)}
+
+
+@functools.cache
+def _distributions(marker: str) -> tuple[str, ...]:
+    if marker in MARKER_DISTRIBUTIONS:
+        return MARKER_DISTRIBUTIONS[marker]
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # Python 3.10: pytest itself depends on tomli there
+        import tomli as tomllib
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]
+    return tuple(Requirement(r).name for r in project["optional-dependencies"][EXTRA_MARKERS[marker]])
+
+
+@functools.cache
+def _missing_distributions(names: tuple[str, ...]) -> list[str]:
+    missing = []
+    for name in names:
+        try:
+            importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError:
+            missing.append(name)
+    return missing
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skips each test marked ``models``, ``tvm`` or ``peft`` whose extra is not installed, naming the extra."""
+    for item in items:
+        for marker, extra in EXTRA_MARKERS.items():
+            if item.get_closest_marker(marker) is None:
+                continue
+            missing = _missing_distributions(_distributions(marker))
+            if missing:
+                reason = f'needs the `{extra}` extra ({", ".join(missing)} missing): pip install ".[{extra}]"'
+                item.add_marker(pytest.mark.skip(reason=reason))

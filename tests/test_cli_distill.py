@@ -13,6 +13,7 @@ from softdeploy.cli import main
 QUICK = ["--steps", "2", "--batch-size", "4", "--limit-texts", "8", "--max-length", "16", "--extra-count", "6"]
 
 
+@pytest.mark.models
 def test_distill_writes_a_loadable_student(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from softdeploy.distill import load_student
 
@@ -32,6 +33,7 @@ def test_distill_writes_a_loadable_student(tmp_path: Path, capsys: pytest.Captur
     assert "student.safetensors exists; pass --overwrite" in capsys.readouterr().err
 
 
+@pytest.mark.models
 def test_distill_without_extra_texts_and_from_other_sources(tmp_path: Path) -> None:
     out = tmp_path / "run"
     assert main(["distill", str(out), "--layers", "0,3", *QUICK, "--extra-texts", "none", "--sources", "wordnet"]) == 0
@@ -39,6 +41,7 @@ def test_distill_without_extra_texts_and_from_other_sources(tmp_path: Path) -> N
     assert summary["texts"] == 8 and summary["extra_texts"] == 0
 
 
+@pytest.mark.models
 def test_distill_mixes_extra_texts_into_every_batch(tmp_path: Path) -> None:
     out = tmp_path / "run"
     argv = ["--layers", "0,3", *QUICK, "--extra-texts", "wordnet", "--extra-count", "12", "--extra-fraction", "0.25"]
@@ -47,6 +50,7 @@ def test_distill_mixes_extra_texts_into_every_batch(tmp_path: Path) -> None:
     assert summary["texts"] == 8 and summary["extra_texts"] == 12 and summary["config"]["extra_fraction"] == 0.25
 
 
+@pytest.mark.models
 def test_distill_takes_its_broad_texts_from_a_file(tmp_path: Path) -> None:
     broad = tmp_path / "broad.txt"
     broad.write_text(
@@ -64,20 +68,34 @@ def test_distill_takes_its_broad_texts_from_a_file(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--stages", "4,5"], "stages [4, 5] must be decreasing"),
-        (["--student", "l3", "--layers", "0,1"], "apply to student 'reduce', not 'l3'"),
+        pytest.param(["--stages", "4,5"], "stages [4, 5] must be decreasing", marks=pytest.mark.models),
+        pytest.param(
+            ["--student", "l3", "--layers", "0,1"], "apply to student 'reduce', not 'l3'", marks=pytest.mark.models
+        ),
         (["--objective", "kd", "--batch-size", "2"], "needs batch_size >= 3"),
         (["--softening", "uniform_mixing", "--objective", "kd", "--temperature", "0.5"], "temperature 0.5"),
         (["--texts", "/nonexistent/texts.txt"], "no such file"),
         (["--steps", "0"], "steps 0 is out of range"),
-        (["--extra-texts", "wikipedia"], "source 'wikipedia' is not one of"),
+        pytest.param(["--extra-texts", "wikipedia"], "source 'wikipedia' is not one of", marks=pytest.mark.models),
         (["--sources", "chatterbot,news"], "source 'news' is not one of"),
-        (["--extra-texts", "wordnet-questions:0"], "the count '0' is not a positive integer"),
-        (["--extra-texts", "wordnet,wordnet:5"], "name a source twice"),
+        pytest.param(
+            ["--extra-texts", "wordnet-questions:0"],
+            "the count '0' is not a positive integer",
+            marks=pytest.mark.models,
+        ),
+        pytest.param(["--extra-texts", "wordnet,wordnet:5"], "name a source twice", marks=pytest.mark.models),
         (["--extra-texts", "wordnet", "--extra-fraction", "1.5"], "extra_fraction 1.5 is out of range"),
-        (["--extra-file", "/nonexistent/broad.txt"], "--extra-file /nonexistent/broad.txt: no such file"),
-        (["--extra-file", "EMPTY"], "the file holds no text"),
-        (["--extra-texts", "wordnet", "--extra-file", "EMPTY"], "--extra-texts and --extra-file both name"),
+        pytest.param(
+            ["--extra-file", "/nonexistent/broad.txt"],
+            "--extra-file /nonexistent/broad.txt: no such file",
+            marks=pytest.mark.models,
+        ),
+        pytest.param(["--extra-file", "EMPTY"], "the file holds no text", marks=pytest.mark.models),
+        pytest.param(
+            ["--extra-texts", "wordnet", "--extra-file", "EMPTY"],
+            "--extra-texts and --extra-file both name",
+            marks=pytest.mark.models,
+        ),
         (["--lr", "-1"], "lr -1.0 is out of range (rule: a learning rate >= 0)"),
         (["--lr", "nan"], "lr nan is not a finite number"),
         (["--lam", "-0.5"], "lam -0.5 is out of range"),

@@ -50,7 +50,7 @@ def test_ctrl_c_during_start_up_is_one_line_and_exit_130(delay: float, tmp_path:
 def test_in_process_main_returns_130_on_ctrl_c(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
     from softdeploy import cli
 
-    def interrupted() -> object:
+    def interrupted(**_: object) -> object:
         raise KeyboardInterrupt
 
     monkeypatch.setattr(cli, "_parser", interrupted)

@@ -140,6 +140,7 @@ def test_optimize_quantize_and_compare_are_quiet(exported: tuple[Path, subproces
     assert "ort-int8-static" in run.stdout and "torch-fp32" in run.stdout
 
 
+@pytest.mark.tvm
 def test_compile_keeps_tvms_chatter_in_the_log_and_compares_with_onnxruntime(
     exported: tuple[Path, subprocess.CompletedProcess],
 ) -> None:
@@ -164,6 +165,7 @@ def test_compile_keeps_tvms_chatter_in_the_log_and_compares_with_onnxruntime(
     assert run.returncode == 0 and "Scope Saving" in run.stderr
 
 
+@pytest.mark.tvm
 def test_tuning_shows_progress_and_summary_and_logs_the_tir(tmp_path: Path) -> None:
     """`compile --tune-trials`: MetaSchedule's per-task logs (TIR of every design space) go to the log
     file; the terminal shows a progress line and the summary."""

@@ -3,6 +3,10 @@
 Adding an op = ``softdeploy/ops/<stem>.py`` (defines ``DEF``) + one line here + ``ops/<stem>.cc`` +
 one line in ``ops/ops.inc``. tests/ops/test_registry.py checks that this list, ops.inc and the ops
 the built library registers are the same set.
+
+Importing the registry is cheap (numpy and the op modules): an op's onnxscript function body is
+decorated with ``@function_body`` (softdeploy/ops/_body.py) and compiled the first time it is needed,
+so listing, documenting or running ops through the kernels never imports onnxscript.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ import numpy as np
 
 from softdeploy import DOMAIN, OPSET_VERSION
 from softdeploy.errors import OpContractError
+from softdeploy.ops._body import FunctionBody
 
 # The standard-ONNX opset the function bodies are written against; attach_function_bodies() retargets
 # them to a model's own default opset (every op the bodies use has the same semantics in 18..23).
@@ -210,7 +211,9 @@ class OpDef:
     outputs: tuple[Port, ...]
     attrs: tuple[Attr, ...]
     reference: Callable[..., tuple[np.ndarray, ...]]  # float64 NumPy oracle: (*inputs, **attrs)
-    function: Any  # onnxscript OnnxFunction named like the op: the portable standard-ONNX body
+    # The portable standard-ONNX body, named like the op: a FunctionBody (softdeploy/ops/_body.py), which
+    # compiles its onnxscript function on first use.
+    function: FunctionBody
     samples: Callable[[np.random.Generator], Iterable[Sample]]
     errors: Callable[[], Iterable[ErrorCase]]
     torch_impl: Callable[..., Any]  # eager torch version: (*tensors, **attrs) -> tensor | tuple

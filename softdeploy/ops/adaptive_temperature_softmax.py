@@ -47,16 +47,16 @@ Accuracy promised for float32 inputs (relative, against the float64 reference; a
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from onnxscript import opset18 as op
-from onnxscript import script
-from onnxscript.values import Opset
 
-from softdeploy import DOMAIN, OPSET_VERSION
+from softdeploy.ops._body import function_body
 from softdeploy.ops._common import as_float64, normalize_axis, require_rank_at_least_one, softmax64
 from softdeploy.ops._schema import Attr, ErrorCase, OpDef, Port, Sample
+
+if TYPE_CHECKING:  # bound when the body is compiled (softdeploy/ops/_body.py)
+    from onnxscript import opset18 as op
 
 NAME = "AdaptiveTemperatureSoftmax"
 EPS = 1e-9
@@ -98,7 +98,7 @@ def reference(x: np.ndarray, *, axis: int = -1) -> tuple[np.ndarray]:
         return (softmax64(beta * xf, a),)
 
 
-@script(Opset(DOMAIN, OPSET_VERSION), default_opset=op)
+@function_body
 def AdaptiveTemperatureSoftmax(X, axis: int = -1):
     # An empty X returns at once: the row reductions below would allocate [2^40, 1] for X [2^40, 0].
     if op.Equal(op.Size(X), op.Constant(value_int=0)):

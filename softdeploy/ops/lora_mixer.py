@@ -58,16 +58,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from onnxscript import BOOL, FLOAT, script
-from onnxscript import opset18 as op
-from onnxscript.values import Opset
 
-from softdeploy import DOMAIN, OPSET_VERSION
 from softdeploy.errors import OpContractError
+from softdeploy.ops._body import function_body
 from softdeploy.ops._schema import Attr, ErrorCase, OpDef, Port, Sample
+
+if TYPE_CHECKING:  # bound when the body is compiled (softdeploy/ops/_body.py)
+    from onnxscript import BOOL, FLOAT
+    from onnxscript import opset18 as op
 
 NAME = "LoRAMixer"
 
@@ -164,7 +165,7 @@ def reference(
     )
 
 
-@script(Opset(DOMAIN, OPSET_VERSION), default_opset=op)
+@function_body
 def LoRAMixer(X, A, Bm, Router, top_k: int = 1, scaling: float = 1.0):
     # Dense over the experts, in two GEMMs: U = X . A_all^T [N, E*r], then (U * gates) . Bm_all [N, out]
     # -- the fastest form stock onnxruntime has (a per-token gather of the selected experts' factors

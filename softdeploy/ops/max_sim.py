@@ -36,16 +36,17 @@ softdeploy/export/functions.py); all-true is what "omitted" means, for the kerne
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from onnxscript import BOOL, FLOAT, script
-from onnxscript import opset18 as op
-from onnxscript.values import Opset
 
-from softdeploy import DOMAIN, OPSET_VERSION
 from softdeploy.errors import OpContractError
+from softdeploy.ops._body import function_body
 from softdeploy.ops._schema import BodyFill, ErrorCase, OpDef, Port, Sample
+
+if TYPE_CHECKING:  # bound when the body is compiled (softdeploy/ops/_body.py)
+    from onnxscript import BOOL, FLOAT
+    from onnxscript import opset18 as op
 
 NAME = "MaxSim"
 ELEMENT_TYPES = ("float32", "float16", "int8")
@@ -209,7 +210,7 @@ Q_ALL = BodyFill(True, shape_of=0, end=2)
 D_ALL = BodyFill(True, shape_of=1, end=2)
 
 
-@script(Opset(DOMAIN, OPSET_VERSION), default_opset=op)
+@function_body
 def MaxSim(Q, D, QMask: BOOL, DMask: BOOL, QScale: FLOAT, DScale: FLOAT):
     qf = op.Cast(Q, to=FLOAT.dtype)
     df = op.Cast(D, to=FLOAT.dtype)

@@ -44,17 +44,17 @@ absolute error): up to 4.7e-6 on the nonmonotone_params sample (other seeds), 8.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from onnxscript import opset18 as op
-from onnxscript import script
-from onnxscript.values import Opset
 
-from softdeploy import DOMAIN, OPSET_VERSION
 from softdeploy.errors import OpContractError
+from softdeploy.ops._body import function_body
 from softdeploy.ops._common import as_float64, normalize_axis, require_rank_at_least_one, softmax64
 from softdeploy.ops._schema import Attr, ErrorCase, OpDef, Port, Sample
+
+if TYPE_CHECKING:  # bound when the body is compiled (softdeploy/ops/_body.py)
+    from onnxscript import opset18 as op
 
 NAME = "MultiMax"
 
@@ -127,7 +127,7 @@ def reference(
     return (softmax64(z, a),)
 
 
-@script(Opset(DOMAIN, OPSET_VERSION), default_opset=op)
+@function_body
 def MultiMax(X, Ranges, Ts, Mask, axis: int = -1):
     # float64 throughout, as the reference and the kernel: z's absolute error is the output's relative
     # error, and float32 relu^2 would overflow for |x| > 1.8e19 where the double value is finite.

@@ -36,16 +36,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from onnxscript import BOOL, DOUBLE, script
-from onnxscript import opset18 as op
-from onnxscript.values import Opset
 
-from softdeploy import DOMAIN, OPSET_VERSION
 from softdeploy.errors import OpContractError
+from softdeploy.ops._body import function_body
 from softdeploy.ops._schema import Attr, ErrorCase, OpDef, Port, Sample
+
+if TYPE_CHECKING:  # bound when the body is compiled (softdeploy/ops/_body.py)
+    from onnxscript import BOOL, DOUBLE
+    from onnxscript import opset18 as op
 
 NAME = "NystromGaussianAttention"
 # Newton-Schulz converges quadratically once it converges at all: SOFT uses 20 steps; a count beyond
@@ -136,7 +137,7 @@ def reference(
     return (o,)
 
 
-@script(Opset(DOMAIN, OPSET_VERSION), default_opset=op)
+@function_body
 def NystromGaussianAttention(Q, V, Landmarks, newton_iters: int = 20, regularization: float = 0.01):
     zero_i = op.Constant(value_int=0)
     out_shape = op.Concat(op.Shape(Q, start=0, end=3), op.Shape(V, start=3, end=4), axis=0)

@@ -56,16 +56,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from onnxscript import DOUBLE, FLOAT, script
-from onnxscript import opset18 as op
-from onnxscript.values import Opset
 
-from softdeploy import DOMAIN, OPSET_VERSION
 from softdeploy.errors import OpContractError
+from softdeploy.ops._body import function_body
 from softdeploy.ops._schema import Attr, BodyFill, ErrorCase, OpDef, Port, Sample
+
+if TYPE_CHECKING:  # bound when the body is compiled (softdeploy/ops/_body.py)
+    from onnxscript import DOUBLE, FLOAT
+    from onnxscript import opset18 as op
 
 NAME = "RowwiseInt8MatMul"
 MAX_K = 65536
@@ -165,7 +166,7 @@ def reference(
     return (y.reshape([*lead, n]),)
 
 
-@script(Opset(DOMAIN, OPSET_VERSION), default_opset=op)
+@function_body
 def RowwiseInt8MatMul(A, B, BScale, Bias, levels: int = 255):
     # Rows: A's leading dimensions flattened (ReduceProd of an empty shape is 1: a rank-1 A is one row).
     lead = op.Shape(A, end=-1)

@@ -23,15 +23,12 @@ mask as an all-true mask of its shape (``Port.body_fill``, as in softdeploy/ops/
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from onnxscript import BOOL, FLOAT, INT64, script
-from onnxscript import opset18 as op
-from onnxscript.values import Opset
 
-from softdeploy import DOMAIN, OPSET_VERSION
 from softdeploy.errors import OpContractError
+from softdeploy.ops._body import function_body
 from softdeploy.ops._schema import BodyFill, ErrorCase, OpDef, Port, Sample
 from softdeploy.ops.max_sim import (
     all_valid,
@@ -44,6 +41,10 @@ from softdeploy.ops.max_sim import (
     validate_embeddings,
     validate_side,
 )
+
+if TYPE_CHECKING:  # bound when the body is compiled (softdeploy/ops/_body.py)
+    from onnxscript import BOOL, FLOAT, INT64
+    from onnxscript import opset18 as op
 
 NAME = "SignedMaxSim"
 # What the body gets for an omitted mask: all true, shaped like Q's [B, Lq] / D's [N, Ld].
@@ -114,7 +115,7 @@ def reference(
     return (contrib.sum(axis=2).astype(np.float32),)
 
 
-@script(Opset(DOMAIN, OPSET_VERSION), default_opset=op)
+@function_body
 def SignedMaxSim(Q, QSign, D, DSign, QMask: BOOL, DMask: BOOL):
     sims = op.MatMul(
         op.Unsqueeze(op.Cast(Q, to=FLOAT.dtype), [1]), op.Transpose(op.Cast(D, to=FLOAT.dtype), perm=[0, 2, 1])

@@ -54,16 +54,17 @@ the same boxes.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from onnxscript import FLOAT, INT64, script
-from onnxscript import opset18 as op
-from onnxscript.values import Opset
 
-from softdeploy import DOMAIN, OPSET_VERSION
 from softdeploy.errors import OpContractError
+from softdeploy.ops._body import function_body
 from softdeploy.ops._schema import Attr, ErrorCase, OpDef, Port, Sample
+
+if TYPE_CHECKING:  # bound when the body is compiled (softdeploy/ops/_body.py)
+    from onnxscript import FLOAT, INT64
+    from onnxscript import opset18 as op
 
 NAME = "SoftNMS"
 METHODS = ("linear", "gaussian", "hard")
@@ -280,7 +281,7 @@ def reference(
 # ---- portable function body (standard ONNX, opset 18) ---------------------------------------------
 
 
-@script(Opset(DOMAIN, OPSET_VERSION), default_opset=op)
+@function_body
 def SoftNMS(
     Boxes,
     Scores,

@@ -36,17 +36,17 @@ float64 reference.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from onnxscript import opset18 as op
-from onnxscript import script
-from onnxscript.values import Opset
 
-from softdeploy import DOMAIN, OPSET_VERSION
 from softdeploy.errors import OpContractError
+from softdeploy.ops._body import function_body
 from softdeploy.ops._common import as_float64, normalize_axis, require_rank_at_least_one
 from softdeploy.ops._schema import Attr, ErrorCase, OpDef, Port, Sample
+
+if TYPE_CHECKING:  # bound when the body is compiled (softdeploy/ops/_body.py)
+    from onnxscript import opset18 as op
 
 NAME = "SoftmaxTopK"
 
@@ -104,7 +104,7 @@ def reference(
     return back(values, k), back(idx.astype(np.int64), k), back(lse[:, None], 1)
 
 
-@script(Opset(DOMAIN, OPSET_VERSION), default_opset=op)
+@function_body
 def SoftmaxTopK(X, k: int, axis: int = -1, temperature: float = 1.0):
     # Ranking key (see the module docstring): the logits in float64 -- where every float32/float16
     # value is exact and distinct -- with +inf moved to DBL_MAX and NaN to +inf, so that NaN ranks

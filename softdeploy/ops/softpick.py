@@ -50,17 +50,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from onnxscript import FLOAT, script
-from onnxscript import opset18 as op
-from onnxscript.values import Opset
 
-from softdeploy import DOMAIN, OPSET_VERSION
 from softdeploy.errors import OpContractError
+from softdeploy.ops._body import function_body
 from softdeploy.ops._common import as_float64, normalize_axis, require_rank_at_least_one
 from softdeploy.ops._schema import Attr, ErrorCase, OpDef, Port, Sample
+
+if TYPE_CHECKING:  # bound when the body is compiled (softdeploy/ops/_body.py)
+    from onnxscript import FLOAT
+    from onnxscript import opset18 as op
 
 NAME = "Softpick"
 
@@ -97,7 +98,7 @@ def reference(x: np.ndarray, *, axis: int = -1, eps: float = 1e-6) -> tuple[np.n
     return (np.moveaxis(y, -1, a),)
 
 
-@script(Opset(DOMAIN, OPSET_VERSION), default_opset=op)
+@function_body
 def Softpick(X, axis: int = -1, eps: float = 1e-6):
     # An empty X returns at once: the row reductions below would allocate [2^40, 1] for X [2^40, 0].
     if op.Equal(op.Size(X), op.Constant(value_int=0)):

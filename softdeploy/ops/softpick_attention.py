@@ -42,16 +42,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from onnxscript import BOOL, DOUBLE, FLOAT, script
-from onnxscript import opset18 as op
-from onnxscript.values import Opset
 
-from softdeploy import DOMAIN, OPSET_VERSION
 from softdeploy.errors import OpContractError
+from softdeploy.ops._body import function_body
 from softdeploy.ops._schema import Attr, ErrorCase, OpDef, Port, Sample
+
+if TYPE_CHECKING:  # bound when the body is compiled (softdeploy/ops/_body.py)
+    from onnxscript import BOOL, DOUBLE, FLOAT
+    from onnxscript import opset18 as op
 
 NAME = "SoftpickAttention"
 _LAYOUT = "rule: Q [B, H, Tq, D], K [B, Hk, Tk, D], V [B, Hk, Tk, Dv]"
@@ -148,7 +149,7 @@ def reference(
     return (o,)
 
 
-@script(Opset(DOMAIN, OPSET_VERSION), default_opset=op)
+@function_body
 def SoftpickAttention(Q, K, V, Mask, scale: float = 0.0, causal: int = 0, eps: float = 1e-6):
     b = op.Shape(Q, start=0, end=1)
     h = op.Shape(Q, start=1, end=2)

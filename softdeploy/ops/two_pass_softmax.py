@@ -15,16 +15,16 @@ finite rows up to |x| ~ 1e4 (outputs below the float32 normal range, ~1e-38, flu
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from onnxscript import opset18 as op
-from onnxscript import script
-from onnxscript.values import Opset
 
-from softdeploy import DOMAIN, OPSET_VERSION
+from softdeploy.ops._body import function_body
 from softdeploy.ops._common import as_float64, normalize_axis, require_rank_at_least_one, softmax64
 from softdeploy.ops._schema import Attr, ErrorCase, OpDef, Port, Sample
+
+if TYPE_CHECKING:  # bound when the body is compiled (softdeploy/ops/_body.py)
+    from onnxscript import opset18 as op
 
 NAME = "TwoPassSoftmax"
 
@@ -43,7 +43,7 @@ def reference(x: np.ndarray, *, axis: int = -1) -> tuple[np.ndarray]:
     return (softmax64(as_float64(x), a),)
 
 
-@script(Opset(DOMAIN, OPSET_VERSION), default_opset=op)
+@function_body
 def TwoPassSoftmax(X, axis: int = -1):
     return op.Softmax(X, axis=axis)
 

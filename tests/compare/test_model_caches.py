@@ -200,6 +200,7 @@ def _distilled_case(tmp_path: Path) -> tuple[Any, list[Path]]:
     return case, []
 
 
+@pytest.mark.models
 @pytest.mark.parametrize("damage", ["poison", "truncate", "no digest", "garbage"])
 def test_distilled_student_a_bad_entry_is_set_aside_and_distilled_again(tmp_path: Path, damage: str) -> None:
     case, _ = _distilled_case(tmp_path)
@@ -224,6 +225,7 @@ def test_distilled_student_a_bad_entry_is_set_aside_and_distilled_again(tmp_path
     assert case._trained_from_cache is False and len(calls) == 2
 
 
+@pytest.mark.models
 def test_a_damaged_distill_checkpoint_is_set_aside_and_training_starts_over(tmp_path: Path) -> None:
     case, _ = _distilled_case(tmp_path)
     ckpt = tmp_path / "checkpoint-k.safetensors"
@@ -240,6 +242,7 @@ def test_a_damaged_distill_checkpoint_is_set_aside_and_training_starts_over(tmp_
     assert len(list(tmp_path.glob("checkpoint-k.safetensors.bad-*"))) == 1
 
 
+@pytest.mark.models
 def test_a_readable_distill_checkpoint_is_kept_for_resuming(tmp_path: Path) -> None:
     from safetensors.torch import save_file
 
@@ -259,6 +262,7 @@ def test_a_readable_distill_checkpoint_is_kept_for_resuming(tmp_path: Path) -> N
     assert not ckpt.exists()  # the student is stored: its resume state is removed
 
 
+@pytest.mark.models
 def test_a_checkpoint_distill_refuses_is_set_aside_and_training_starts_over(tmp_path: Path) -> None:
     from safetensors.torch import save_file
 

@@ -13,6 +13,8 @@ from softdeploy.compare import REFERENCE, VARIANTS, run_compare
 from softdeploy.compare.progress import SilentProgress
 from softdeploy.compare.runner import TVM_VARIANTS, known_variants
 
+pytestmark = pytest.mark.tvm  # for `-m` selection; without the `tvm` extra the module skips at import
+
 
 def test_tvm_variants_are_opt_in_and_known() -> None:
     assert not set(TVM_VARIANTS) & set(VARIANTS)  # the default set stays as it was

@@ -29,6 +29,8 @@ from softdeploy.errors import DistillError, OutputError
 
 from .conftest import TEXTS, tiny_encoder
 
+pytestmark = pytest.mark.models  # BERT students need transformers, real ones the weight packages
+
 CFG = DistillConfig(steps=4, batch_size=4, lr=3e-3, max_length=16, checkpoint_every=2)
 
 

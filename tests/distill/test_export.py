@@ -5,12 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from softdeploy.distill.run import export_encoder
 from softdeploy.runtime.session import Session
 
 from .conftest import tiny_encoder
+
+pytestmark = pytest.mark.models  # BERT students need transformers, real ones the weight packages
 
 
 def test_export_encoder_matches_torch(tmp_path: Path) -> None:

@@ -46,6 +46,7 @@ def test_facts_as_questions_are_distinct_and_in_order() -> None:
     assert facts_as_questions(sentences) == ["Who won the election of 1860?"]
 
 
+@pytest.mark.models
 def test_fact_questions_are_the_recorded_ones() -> None:
     """randfacts==0.24.4 (its safe.txt sha256-checked) and countryinfo==1.0.1 as the models extra pins them: the 5,494
     questions the twenty-fifth session trained on (bench/results/distill_recipes.md)."""
@@ -62,6 +63,7 @@ def test_fact_questions_are_the_recorded_ones() -> None:
     assert set(distillation_texts(("fact-questions",))) == set(questions)
 
 
+@pytest.mark.models
 def test_a_source_with_a_count_is_a_seeded_sample_of_it() -> None:
     every = distillation_texts(("wordnet-questions",))
     sample = distillation_texts(("wordnet-questions:500",), seed=3)

@@ -14,6 +14,8 @@ from softdeploy.distill.students import L3_DISTRIBUTION, L3_FILE
 from softdeploy.errors import ArgumentError
 from softdeploy.models.assets import verified_file
 
+pytestmark = pytest.mark.models  # BERT students need transformers, real ones the weight packages
+
 
 @pytest.fixture(scope="module")
 def teacher_and_tokenizer() -> tuple[Any, Any]:

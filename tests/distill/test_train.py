@@ -24,6 +24,7 @@ def _weights(m: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in m.state_dict().items()}
 
 
+@pytest.mark.models
 def test_mse_distillation_lowers_the_loss_and_is_deterministic(tokenizer: Any) -> None:
     teacher = tiny_encoder(4)
     cfg = DistillConfig(steps=30, batch_size=8, lr=3e-3, max_length=16)
@@ -34,6 +35,7 @@ def test_mse_distillation_lowers_the_loss_and_is_deterministic(tokenizer: Any) -
     assert not a.student.training
 
 
+@pytest.mark.models
 def test_checkpoint_key_covers_the_settings(tokenizer: Any, tmp_path: Path) -> None:
     teacher = tiny_encoder(4)
     cfg = CFG
@@ -48,6 +50,7 @@ def test_checkpoint_key_covers_the_settings(tokenizer: Any, tmp_path: Path) -> N
         distill(teacher, layer_reduce(teacher, [1, 3]), TEXTS, tokenizer=tokenizer, config=cfg, checkpoint=ckpt)
 
 
+@pytest.mark.models
 def test_resume_mid_run(tokenizer: Any, tmp_path: Path) -> None:
     from softdeploy.distill.train import _TeacherCache
 
@@ -99,6 +102,7 @@ def test_resume_mid_run(tokenizer: Any, tmp_path: Path) -> None:
     assert all(torch.equal(want[k], got[k]) for k in want)
 
 
+@pytest.mark.models
 @pytest.mark.parametrize("combine", ["bloop", "sum"])
 def test_int8_aux_trains_with_bloop_and_sum(tokenizer: Any, combine: str) -> None:
     teacher = tiny_encoder(4)
@@ -109,6 +113,7 @@ def test_int8_aux_trains_with_bloop_and_sum(tokenizer: Any, combine: str) -> Non
     assert sum(r.aux_losses[-4:]) < sum(r.aux_losses[:4])
 
 
+@pytest.mark.models
 @pytest.mark.parametrize(
     ("softening", "top_k", "completion"),
     [("power", None, "renorm"), ("power", 3, "renorm"), ("uniform_mixing", 3, "tail")],
@@ -142,6 +147,7 @@ def test_kd_loss_known_values() -> None:
     assert float(kd_loss(s, t, temperature=2.0, top_k=1)) == pytest.approx(-4 * float(torch.log(q[0, 0])), abs=1e-6)
 
 
+@pytest.mark.models
 def test_stages_chain_layer_reductions(tokenizer: Any, tmp_path: Path) -> None:
     teacher = tiny_encoder(6)
     rs = distill_stages(teacher, TEXTS, tokenizer=tokenizer, layers=[5, 4, 3], config=CFG, checkpoint_dir=tmp_path)
@@ -175,6 +181,7 @@ def test_stages_chain_layer_reductions(tokenizer: Any, tmp_path: Path) -> None:
     assert evenly_spaced_layers(12, 3) == [0, 6, 11]
 
 
+@pytest.mark.models
 def test_typed_errors(tokenizer: Any) -> None:
     teacher = tiny_encoder(4, hidden=32)
     with pytest.raises(DistillError, match="embedding dimension 32 differs from the student's 48"):
@@ -242,6 +249,7 @@ def test_mixed_batches_take_a_fixed_share_from_each_stream() -> None:
     assert [_MixedBatches(40, 900, 16, 6, seed=2, lengths=lengths)(s) for s in (9, 1)] == [mixed(9), mixed(1)]
 
 
+@pytest.mark.models
 def test_extra_texts_train_resume_and_are_checked(tokenizer: Any, tmp_path: Path) -> None:
     teacher = tiny_encoder(4)
     task, broad = TEXTS[: len(TEXTS) // 2], TEXTS[len(TEXTS) // 2 :]
@@ -270,6 +278,7 @@ def test_extra_texts_train_resume_and_are_checked(tokenizer: Any, tmp_path: Path
         distill(teacher, layer_reduce(teacher, [0]), task, tokenizer=tokenizer, config=three, extra_texts=broad[:2])
 
 
+@pytest.mark.models
 def test_cached_teacher_targets_train_as_the_teacher_pass_does(tokenizer: Any) -> None:
     from softdeploy.distill.train import _TeacherCache
 
@@ -313,6 +322,7 @@ def test_lr_schedule_warmup_then_linear_decay() -> None:
         DistillConfig(hidden_weight=-1.0).check()
 
 
+@pytest.mark.models
 def test_hidden_state_mse_maps_student_layers_and_trains(tokenizer: Any, tmp_path: Path) -> None:
     from softdeploy.distill.train import hidden_layer_map
 

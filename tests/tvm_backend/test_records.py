@@ -18,6 +18,8 @@ from softdeploy.tvm.build import RECORDS_DIR, schedule, shipped_records_for
 from softdeploy.tvm.frontend import import_model, prepare
 from softdeploy.tvm.target import MCPU_RECORD_CLASS, RECORD_CLASS_FEATURES, host_target, record_class
 
+pytestmark = pytest.mark.tvm  # for `-m` selection; without the `tvm` extra the module skips at import
+
 
 @pytest.mark.parametrize(
     ("mcpu", "want"),

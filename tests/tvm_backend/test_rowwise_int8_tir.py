@@ -24,6 +24,8 @@ from softdeploy.tvm.errors import ScheduleWarning
 from softdeploy.tvm.ops import rowwise_int8_matmul as tir
 from softdeploy.tvm.target import host_target, make_target, target_has
 
+pytestmark = pytest.mark.tvm  # for `-m` selection; without the `tvm` extra the module skips at import
+
 OP = REGISTRY["RowwiseInt8MatMul"]
 # a CPU of each layout (LLVM -mcpu names); the AVX-VNNI one runs only on such a CPU
 TARGET_CPUS = {

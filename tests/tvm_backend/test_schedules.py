@@ -21,6 +21,8 @@ from softdeploy.tvm.build import schedule
 from softdeploy.tvm.errors import ScheduleError, ScheduleWarning
 from softdeploy.tvm.frontend import import_model, prepare
 
+pytestmark = pytest.mark.tvm  # for `-m` selection; without the `tvm` extra the module skips at import
+
 # op -> (its kernel, the SCHEDULES rule that must schedule it, samples in the form the rule is for).
 # Row-wise rules take the vector form (last axis, a nonzero multiple of 16 long; the others get dlight).
 HAND = {

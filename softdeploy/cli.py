@@ -1007,10 +1007,13 @@ def entry() -> None:
     import os
     import signal
 
-    code = main()
-    # The command is over: a Ctrl-C from here on must not turn its exit into death by signal during the interpreter's
-    # shutdown (the outputs are written, the exit code stands).
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        code = main()
+        # The command is over: a Ctrl-C from here on must not turn its exit into death by signal during the
+        # interpreter's shutdown (the outputs are written, the exit code stands).
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except KeyboardInterrupt:  # in the instant between the two
+        code = _interrupted()
     if code == 130:
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):

@@ -256,12 +256,13 @@ def cmd_quantize(args: argparse.Namespace) -> int:
                 progress=lambda _s: advance(1),
             )
     else:
+        from softdeploy.files import make_folder
         from softdeploy.models import get_case
 
         output = Path(args.output or f"softdeploy-quantize/{args.case}.int8_{args.mode}.onnx")
         fp32 = output.with_name(output.stem + ".fp32.onnx")  # quantize_case exports the case's model there
         _refuse_overwrite([output, output.with_suffix(".json"), fp32], args.overwrite)
-        output.parent.mkdir(parents=True, exist_ok=True)
+        make_folder(output.parent)
         with RichProgress(console) as progress, captured("quantize"):
             _, result = quantize_case(
                 get_case(args.case),

@@ -304,6 +304,17 @@ def atomic_output(path: str | os.PathLike[str], what: str = "output") -> Iterato
         raise
 
 
+def make_folder(path: str | os.PathLike[str], what: str = "output folder") -> Path:
+    """Creates the folder ``path`` (and its parents) unless it is there; a folder that cannot be created (a read-only
+    or full file system, a file in the way) is one-line :class:`OutputError` naming ``path``. Returns the path."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise output_error(path, e, what) from e  # type: ignore[misc]
+    return path
+
+
 def write_bytes(path: str | os.PathLike[str], data: bytes, what: str = "output") -> Path:
     """Writes ``data`` to ``path`` through :func:`atomic_output`; returns the path."""
     with atomic_output(path, what) as tmp:

@@ -31,6 +31,7 @@ from softdeploy.compare.environment import environment, wait_quiet
 from softdeploy.compare.latency import LatencyStats, measure_interleaved
 from softdeploy.compare.metrics import cosine_rows, kl_softmax, topk_agreement
 from softdeploy.errors import SoftdeployError
+from softdeploy.files import make_folder
 from softdeploy.quant import QuantConfig, QuantizedModel, quantize
 
 REFERENCE = "ort-fp32"
@@ -359,7 +360,7 @@ def run_compare(
     eval_threads = bounded_threads(eval_threads, "eval threads") if eval_threads is not None else cpu_count()
     out = Path(out)
     models = out / "models"
-    models.mkdir(parents=True, exist_ok=True)
+    make_folder(models, "models folder")
 
     t0 = time.perf_counter()
     case.prepare(progress)

@@ -30,8 +30,8 @@ from softdeploy.compare.case import Case, Evaluation, Floor, Progress, Runner, S
 from softdeploy.compare.environment import environment, wait_quiet
 from softdeploy.compare.latency import LatencyStats, measure_interleaved
 from softdeploy.compare.metrics import cosine_rows, kl_softmax, topk_agreement
-from softdeploy.errors import SoftdeployError
-from softdeploy.files import make_folder
+from softdeploy.errors import OutputError, SoftdeployError
+from softdeploy.files import final_name, make_folder
 from softdeploy.quant import QuantConfig, QuantizedModel, quantize
 
 REFERENCE = "ort-fp32"
@@ -294,7 +294,10 @@ def _export_to(case: Case, target: Path) -> None:
             shutil.rmtree(stale, ignore_errors=True)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=f"{_EXPORT_PREFIX}{os.getpid()}-") as tmp:
         exported = Path(tmp) / "fp32.onnx"
-        case.export_fp32(exported)
+        try:
+            case.export_fp32(exported)
+        except OutputError as e:  # a write error of the private copy (a full disk): said of the model's own name
+            raise OutputError(str(e).replace(str(exported), str(final_name(target)))) from e
         if not exported.is_file():
             raise SoftdeployError(f"case {case.name}: export_fp32 wrote no model to {exported}")
         for extra in Path(tmp).iterdir():  # external weights (fp32.onnx.data): referenced relative to the model

@@ -183,7 +183,9 @@ def load_npz(path: str | os.PathLike[str], what: str = "feeds") -> dict[str, np.
 # removed by the next write of the same output once its process is gone.
 
 _PARTIAL = ".partial-"
-_OS_CODE = re.compile(r"\bcode: (\d+)\b")  # Rust's io::Error as safetensors formats it: Os { code: 28, ... }
+# Rust's io::Error in a library's message (safetensors'): its Debug form "Os { code: 28, ... }" or its Display form
+# "I/O error: No space left on device (os error 28)" (safetensors 0.8)
+_OS_CODE = re.compile(r"\b(?:code: |os error )(\d+)\b")
 
 
 def _partial_name(path: Path) -> Path:

@@ -1,14 +1,21 @@
-"""Fault injection for the commands that write: ``softdeploy quantize``, ``optimize`` and ``export`` run in a child
-(``python -m softdeploy.cli``, the tree under test first on PYTHONPATH) that is killed (SIGKILL) or interrupted (SIGINT)
-at seeded random moments, killed inside a write (SIGXFSZ at a file size limit), runs into a full disk (RLIMIT_FSIZE:
-Python ignores SIGXFSZ, so the write fails with EFBIG as it would with ENOSPC) or writes into a read-only folder.
+"""Fault injection for the commands that write: ``softdeploy quantize``, ``optimize``, ``export``, ``compare``, ``run``,
+``distill`` and ``demo`` run in a child (``python -m softdeploy.cli``, the tree under test first on PYTHONPATH) that is
+killed (SIGKILL) or interrupted (SIGINT) at seeded random moments, killed inside a write (SIGXFSZ at a file size
+limit), runs into a full disk (RLIMIT_FSIZE: Python ignores SIGXFSZ, so the write fails with EFBIG as it would with
+ENOSPC) or writes into a read-only folder -- over a previous result, or an empty one where the command's own folders
+(compare's and run's results folder, distill's OUT, demo's --out) cannot be made.
 
 Afterwards every output's final name holds the complete previous result or the complete new one -- never a partial
-file, which the next run would refuse as an existing result ("pass --overwrite") -- and a rerun succeeds and leaves no
-temporary file behind. The faults of one command run side by side, each in its own folder, to keep the file quick.
+file, which the next run would refuse as an existing result ("pass --overwrite") or take for a result (compare and run
+replace their reports without asking) -- and a rerun succeeds and leaves no temporary file behind. Whole is judged per
+type: an ONNX model loads, JSON parses, Markdown ends in a newline, a CSV table parses with a trailing newline, a PNG
+runs from its signature to its IEND chunk, safetensors' ``safe_open`` reads the file. A write that fails is one line
+naming the output (or the folder that could not be made), exit code 2. The faults of one command run side by side,
+each in its own folder, to keep the file quick; the slower commands get fewer faults (compare's cover the write
+failures of the path it shares with run).
 
-The save paths of the slow commands (TVM's compile, compare's reports) and the up-front checks of every command
-(folders, hard links to an input) are tested directly, without a child."""
+TVM's compile is not run here (a tiny compile takes minutes on a loaded machine): its save path, compare's reports
+and the up-front checks of every command (folders, hard links to an input) are tested directly, without a child."""
 
 from __future__ import annotations
 

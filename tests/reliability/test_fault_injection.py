@@ -114,6 +114,7 @@ class Command:
     outputs: list[str]
     overwrite: bool = True  # whether its runs over a previous result pass --overwrite (compare and run have none)
     finished: str = "wrote "  # what its stdout says once its outputs are written
+    also: list[str] = dataclasses.field(default_factory=list)  # files it writes on the way (a write error may name one)
 
 
 def _started(pid: int, logs: Path) -> bool:
@@ -351,7 +352,8 @@ def _inject(command: Command, top: Path, previous_model: bytes, faults: list[Fau
             line = _one_line(fault.stderr)
             assert line.startswith("softdeploy: error: ") and f"cannot be written: {reason}" in line, what
             if previous:
-                assert any(f" {fault.folder / name}: " in line for name in command.outputs), what  # the output's name
+                named = [*command.outputs, *command.also]
+                assert any(f" {fault.folder / name}: " in line for name in named), what  # the output's name
             else:  # the folder of an output that could not be made
                 assert any(f" {fault.folder / name}: " in line for name in _folders(command)), what
             for name in command.outputs:
@@ -444,7 +446,10 @@ def test_compare_under_faults(top: Path, inputs: Path) -> None:
         overwrite=False,  # compare replaces its reports and models without asking
         finished="reports in ",
     )
-    _inject(command, top, model.read_bytes(), _faults(seed=4, slow=10.0, work=6.0, read_only_fresh=True))
+    # no death inside a write: the first write to cross the limit is the private copy of the fp32 export, which the
+    # full disk covers already
+    faults = _faults(seed=4, slow=10.0, work=6.0, die_in_write=False, read_only_fresh=True)
+    _inject(command, top, model.read_bytes(), faults)
 
 
 def test_run_under_faults(top: Path, inputs: Path) -> None:
@@ -469,9 +474,17 @@ def test_run_under_faults(top: Path, inputs: Path) -> None:
     command = Command(
         lambda out: ["run", str(workflow(out)), "--quick"], outputs, overwrite=False, finished="reports in "
     )
-    # compare's faults cover the write failures of the shared path: here the kills, and a folder that cannot be made
+    # compare's faults cover the write failures and the kill into an empty folder of the shared path: here a kill and
+    # an interrupt over a previous result (the budget search, budget.json), and a folder that cannot be made
     faults = _faults(
-        seed=5, slow=12.0, work=8.0, die_in_write=False, full_disk=False, read_only=False, read_only_fresh=True
+        seed=5,
+        slow=12.0,
+        work=8.0,
+        fresh=False,
+        die_in_write=False,
+        full_disk=False,
+        read_only=False,
+        read_only_fresh=True,
     )
     _inject(command, top, model.read_bytes(), faults)
 
@@ -482,10 +495,12 @@ DISTILL_QUICK = ["--steps", "2", "--batch-size", "4", "--limit-texts", "8", "--m
 
 def test_distill_under_faults(top: Path, inputs: Path) -> None:
     command = Command(
-        lambda out: ["distill", str(out / "run"), *DISTILL_QUICK], ["run/student.safetensors", "run/distill.json"]
+        lambda out: ["distill", str(out / "run"), *DISTILL_QUICK],
+        ["run/student.safetensors", "run/distill.json"],
+        also=["run/checkpoints/oneshot.safetensors"],  # the resume state, written as the training ends
     )
-    # the write failures come after the training: a full disk over a previous result, and a folder that cannot be made
-    # (before the teacher is loaded) stand for them
+    # the write failures come after the training: a full disk over a previous result (the checkpoint is the first
+    # write to fail), and a folder that cannot be made (before the teacher is loaded) stand for them
     faults = _faults(
         seed=6, slow=20.0, work=12.0, fresh=False, die_in_write=False, read_only=False, read_only_fresh=True
     )

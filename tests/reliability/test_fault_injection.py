@@ -323,7 +323,6 @@ def _inject(command: Command, top: Path, previous_model: bytes, faults: list[Fau
                 folder.chmod(0o555)
     with ThreadPoolExecutor(len(faults)) as pool:
         list(pool.map(lambda f: _run(command, f, logs), faults))
-    print("DEBUG", [(f.name, f.returncode, round(f.seconds, 1)) for f in faults])  # DEBUG
 
     for fault in faults:
         previous = before.get(fault.name, {})
@@ -371,7 +370,6 @@ def _inject(command: Command, top: Path, previous_model: bytes, faults: list[Fau
         fault.signal, fault.preexec, fault.die_in_write = None, None, False
     with ThreadPoolExecutor(len(reruns)) as pool:
         list(pool.map(lambda f: _run(command, f, logs), reruns))
-    print("DEBUG", [(f.name, f.returncode, round(f.seconds, 1)) for f in reruns])  # DEBUG
     for fault in reruns:
         assert fault.returncode == 0, f"rerun after {fault.name}: {fault.stderr[-600:]}"
         for name in command.outputs:

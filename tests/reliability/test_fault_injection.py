@@ -14,8 +14,9 @@ naming the output (or the folder that could not be made), exit code 2. The fault
 each in its own folder, to keep the file quick; the slower commands get fewer faults (compare's cover the write
 failures of the path it shares with run).
 
-TVM's compile is not run here (a tiny compile takes minutes on a loaded machine): its save path, compare's reports
-and the up-front checks of every command (folders, hard links to an input) are tested directly, without a child."""
+TVM's compile is not run here (an untuned compile of the tiny model took 27 s on a loaded 2-core machine): its save
+path, compare's reports and the up-front checks of every command (folders, hard links to an input) are tested
+directly, without a child."""
 
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from softdeploy.errors import CacheError, SoftdeployWarning
-from softdeploy.files import atomic_output, write_text
+from softdeploy.files import atomic_output, make_folder, write_text
 
 CACHE_ENV = "SOFTDEPLOY_CACHE"
 DIGEST_SUFFIX = ".sha256"
@@ -110,7 +110,7 @@ def store(path: str | os.PathLike[str], writer: Callable[[Path], object], what: 
     """Writes an entry: ``writer(temporary_path)`` writes the file, which is renamed onto ``path`` once complete,
     then its digest is written beside it. Returns ``path``."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_folder(path.parent)
     digest_path(path).unlink(missing_ok=True)  # a file without its digest is never taken for an entry
     with atomic_output(path, what) as tmp:
         writer(tmp)

@@ -277,12 +277,13 @@ def cmd_quantize(args: argparse.Namespace) -> int:
                 progress=lambda _s: advance(1),
             )
     else:
+        from softdeploy.files import make_folder
         from softdeploy.models import get_case
 
         output = Path(args.output or f"softdeploy-quantize/{args.case}.int8_{args.mode}.onnx")
         fp32 = output.with_name(output.stem + ".fp32.onnx")  # quantize_case exports the case's model there
         _refuse_overwrite([output, output.with_suffix(".json"), fp32], args.overwrite)
-        output.parent.mkdir(parents=True, exist_ok=True)
+        make_folder(output.parent)
         with RichProgress(console) as progress, captured("quantize"):
             _, result = quantize_case(
                 get_case(args.case),
@@ -1069,12 +1070,27 @@ def _run(args: argparse.Namespace) -> int:
         print(f"softdeploy: error: {e}", file=sys.stderr)
         return 2
     except Exception as e:
+        if _from_interrupt(e):  # Ctrl-C that a library turned into its own error (pybind11: "initialization failed")
+            return _interrupted()
         if args.verbose:
             traceback.print_exc()
         first = next((line for line in str(e).splitlines() if line.strip()), "")
         hint = "" if args.verbose else " (run with --verbose for the traceback)"
         print(f"softdeploy: error: {type(e).__name__}: {first}{hint}", file=sys.stderr)
         return 1
+
+
+def _from_interrupt(e: BaseException) -> bool:
+    """Whether ``e`` was raised from or while handling a KeyboardInterrupt: a native module interrupted in its
+    import re-raises the interrupt as ``ImportError: initialization failed`` with the interrupt as its cause."""
+    seen: set[int] = set()
+    cause: BaseException | None = e
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, KeyboardInterrupt):
+            return True
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return False
 
 
 def _add_quantize_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

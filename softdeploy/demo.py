@@ -109,11 +109,12 @@ def run_demo(threads: int = 1, out: str | None = None, overwrite: bool = False) 
     console = Console()
     if out:  # before the training: an existing model needs ``overwrite``; a folder or a dangling link is refused
         from softdeploy.errors import OutputError
-        from softdeploy.files import check_outputs
+        from softdeploy.files import check_outputs, make_folder
 
         if Path(out).exists() and not Path(out).is_dir():
             raise OutputError(f"--out {out}: is a file; give a folder (the demo writes {MODEL_FILE} into it)")
         check_outputs([Path(out) / MODEL_FILE], overwrite=overwrite)
+        make_folder(out, "demo folder")  # a folder that cannot be made is said before the training too
     torch.set_num_threads(threads)
     rng = np.random.default_rng(0)
     train_x, train_y = make_data(20000, rng)
@@ -126,7 +127,6 @@ def run_demo(threads: int = 1, out: str | None = None, overwrite: bool = False) 
     model.eval()
 
     folder = Path(out) if out else Path(tempfile.mkdtemp(prefix="softdeploy-demo-"))
-    folder.mkdir(parents=True, exist_ok=True)
     path = folder / MODEL_FILE
     batch = torch.export.Dim("batch", min=1, max=4096)
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)  # exporter chatter (e.g. torchvision absent)

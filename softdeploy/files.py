@@ -183,7 +183,9 @@ def load_npz(path: str | os.PathLike[str], what: str = "feeds") -> dict[str, np.
 # removed by the next write of the same output once its process is gone.
 
 _PARTIAL = ".partial-"
-_OS_CODE = re.compile(r"\bcode: (\d+)\b")  # Rust's io::Error as safetensors formats it: Os { code: 28, ... }
+# Rust's io::Error in a library's message (safetensors'): its Debug form "Os { code: 28, ... }" or its Display form
+# "I/O error: No space left on device (os error 28)" (safetensors 0.8)
+_OS_CODE = re.compile(r"\b(?:code: |os error )(\d+)\b")
 
 
 def _partial_name(path: Path) -> Path:
@@ -302,6 +304,17 @@ def atomic_output(path: str | os.PathLike[str], what: str = "output") -> Iterato
             if found is not None:
                 raise found from e
         raise
+
+
+def make_folder(path: str | os.PathLike[str], what: str = "output folder") -> Path:
+    """Creates the folder ``path`` (and its parents) unless it is there; a folder that cannot be created (a read-only
+    or full file system, a file in the way) is one-line :class:`OutputError` naming ``path``. Returns the path."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise output_error(path, e, what) from e  # type: ignore[misc]
+    return path
 
 
 def write_bytes(path: str | os.PathLike[str], data: bytes, what: str = "output") -> Path:

@@ -57,3 +57,30 @@ def test_in_process_main_returns_130_on_ctrl_c(monkeypatch: pytest.MonkeyPatch, 
     assert cli.main(["ops"]) == 130
     assert capsys.readouterr().err.strip() == "softdeploy: interrupted"
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is restored
+
+
+def test_ctrl_c_turned_into_a_librarys_error_is_one_line_and_exit_130(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """A native module interrupted in its import (pybind11's) raises ``ImportError: initialization failed`` from the
+    KeyboardInterrupt: still Ctrl-C, not an error with exit code 1."""
+    from softdeploy import cli
+
+    def interrupted_import(args: object) -> int:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as e:
+            raise ImportError("initialization failed") from e
+
+    parser = cli._parser
+
+    def patched() -> object:
+        made = parser()
+        made.set_defaults(fn=interrupted_import)
+        for sub in made._subparsers._group_actions[0].choices.values():  # type: ignore[union-attr]
+            sub.set_defaults(fn=interrupted_import)
+        return made
+
+    monkeypatch.setattr(cli, "_parser", patched)
+    assert cli.main(["ops"]) == 130
+    assert capsys.readouterr().err.strip().splitlines()[-1] == "softdeploy: interrupted"

@@ -241,10 +241,9 @@ REPORT_FILES = {
 def write_reports(result: CompareResult, out: str | Path) -> dict[str, Path]:
     """Writes report.md, results.csv, results.json and accuracy_vs_latency.png into ``out``; returns their paths by
     kind."""
-    from softdeploy.files import write_text, write_with
+    from softdeploy.files import make_folder, write_text, write_with
 
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = make_folder(out, "results folder")
     paths = {kind: out / name for kind, name in REPORT_FILES.items()}
     # each file under a temporary name, renamed once complete: an interrupted run leaves the previous reports whole
     write_text(paths["markdown"], to_markdown(result), "report")

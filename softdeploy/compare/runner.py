@@ -30,7 +30,8 @@ from softdeploy.compare.case import Case, Evaluation, Floor, Progress, Runner, S
 from softdeploy.compare.environment import environment, wait_quiet
 from softdeploy.compare.latency import LatencyStats, measure_interleaved
 from softdeploy.compare.metrics import cosine_rows, kl_softmax, topk_agreement
-from softdeploy.errors import SoftdeployError
+from softdeploy.errors import OutputError, SoftdeployError
+from softdeploy.files import final_name, make_folder
 from softdeploy.quant import QuantConfig, QuantizedModel, quantize
 
 REFERENCE = "ort-fp32"
@@ -293,7 +294,10 @@ def _export_to(case: Case, target: Path) -> None:
             shutil.rmtree(stale, ignore_errors=True)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=f"{_EXPORT_PREFIX}{os.getpid()}-") as tmp:
         exported = Path(tmp) / "fp32.onnx"
-        case.export_fp32(exported)
+        try:
+            case.export_fp32(exported)
+        except OutputError as e:  # a write error of the private copy (a full disk): said of the model's own name
+            raise OutputError(str(e).replace(str(exported), str(final_name(target)))) from e
         if not exported.is_file():
             raise SoftdeployError(f"case {case.name}: export_fp32 wrote no model to {exported}")
         for extra in Path(tmp).iterdir():  # external weights (fp32.onnx.data): referenced relative to the model
@@ -359,7 +363,7 @@ def run_compare(
     eval_threads = bounded_threads(eval_threads, "eval threads") if eval_threads is not None else cpu_count()
     out = Path(out)
     models = out / "models"
-    models.mkdir(parents=True, exist_ok=True)
+    make_folder(models, "models folder")
 
     t0 = time.perf_counter()
     case.prepare(progress)

@@ -27,7 +27,7 @@ from softdeploy.distill.students import (
 )
 from softdeploy.distill.train import DistillConfig, distill, distill_stages
 from softdeploy.errors import ArgumentError
-from softdeploy.files import write_text
+from softdeploy.files import make_folder, write_text
 
 StudentKind = Literal["reduce", "l3"]
 
@@ -97,7 +97,7 @@ def run_distill(
     if stages is not None and (not stages or any(b >= a for a, b in itertools.pairwise(stages))):
         raise ArgumentError(f"distill: stages {list(stages)} must be decreasing layer counts, e.g. 5,4,3")
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    make_folder(out, "distillation folder")
     teacher, tokenizer = load_teacher()
     for p in teacher.parameters():
         p.requires_grad_(False)

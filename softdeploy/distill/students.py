@@ -203,10 +203,10 @@ def save_student(student: SentenceEncoder, path: str | Path, **metadata: str) ->
     or failed write leaves the previous file, never a partial one; a write error is one OutputError naming ``path``."""
     from safetensors.torch import save_file
 
-    from softdeploy.files import write_with
+    from softdeploy.files import make_folder, write_with
 
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_folder(path.parent)
     tensors = {k: v.detach().contiguous().clone() for k, v in student.bert.state_dict().items()}
     meta = {**metadata, "format": STUDENT_FORMAT, "config": student.bert.config.to_json_string()}  # type: ignore[union-attr]
     write_with(path, lambda tmp: save_file(tensors, str(tmp), metadata=meta), what="student")

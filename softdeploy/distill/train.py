@@ -270,7 +270,7 @@ def _save(
 ) -> None:
     from safetensors.torch import save_file
 
-    from softdeploy.files import write_with
+    from softdeploy.files import make_folder, write_with
 
     tensors = {f"student.{k}": v.detach().contiguous().clone() for k, v in student.state_dict().items()}
     state = opt.state_dict()
@@ -286,7 +286,7 @@ def _save(
         "step": str(step),
         "param_groups": json.dumps(state["param_groups"]),
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_folder(path.parent, "checkpoint folder")
     # written beside the checkpoint and renamed over it once complete: a crash, Ctrl-C or full disk mid-write leaves
     # the previous checkpoint intact and no partial file behind; its digest (softdeploy.cache) follows, so an edited
     # or replaced checkpoint is told from the one this run wrote

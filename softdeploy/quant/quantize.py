@@ -32,7 +32,7 @@ from typing import Any, Literal
 import numpy as np
 
 from softdeploy.errors import SoftdeployError
-from softdeploy.files import atomic_output, write_text
+from softdeploy.files import atomic_output, make_folder, write_text
 from softdeploy.quant.calibration import as_calibration_reader, softdeploy_calibration_sessions
 from softdeploy.quant.gemm import gemms_as_matmuls
 from softdeploy.quant.rowwise import FORMS as ROWWISE_FORMS
@@ -404,7 +404,7 @@ def quantize(
     if gemm_matmuls and "MatMul" not in config.resolved_op_types() and only is None:
         only = sorted(names)
     output = Path(output)
-    output.parent.mkdir(parents=True, exist_ok=True)
+    make_folder(output.parent)
     # Everything onnxruntime's quantizer and the rewrites below write goes to a temporary file beside ``output``,
     # renamed onto it once the model is complete: a kill, Ctrl-C or full disk leaves the previous file (or none).
     with atomic_output(output, "quantized model") as target:

@@ -216,9 +216,9 @@ def _publish(model: QuantizedModel, output: Path) -> None:
     onto ``output`` through a temporary file beside it, and points ``model.path`` there."""
     import shutil
 
-    from softdeploy.files import write_with
+    from softdeploy.files import make_folder, write_with
 
-    output.parent.mkdir(parents=True, exist_ok=True)
+    make_folder(output.parent)
     write_with(output, lambda tmp: shutil.copyfile(model.path, tmp), "quantized model")
     model.path = output
 

@@ -42,7 +42,7 @@ def run_workflow(
     from softdeploy.compare import run_compare
     from softdeploy.compare.report import write_reports
     from softdeploy.compare.runner import _fp32_model, known_variants
-    from softdeploy.files import write_text
+    from softdeploy.files import make_folder, write_text
 
     case = WorkflowCase(workflow)
     case.prepare(progress)
@@ -52,7 +52,7 @@ def run_workflow(
         raise WorkflowError(f"variants: unknown {unknown}; choose from {list(known_variants())}")
     folder = results_folder(Path(out or workflow.out), workflow.name)
     models = folder / "models"
-    models.mkdir(parents=True, exist_ok=True)
+    make_folder(models, "models folder")
     budget = None
     q = workflow.quantize
     if q.max_drop is not None:

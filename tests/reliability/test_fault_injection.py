@@ -1,29 +1,41 @@
-"""Fault injection for the commands that write: ``softdeploy quantize``, ``optimize`` and ``export`` run in a child
-(``python -m softdeploy.cli``, the tree under test first on PYTHONPATH) that is killed (SIGKILL) or interrupted (SIGINT)
-at seeded random moments, killed inside a write (SIGXFSZ at a file size limit), runs into a full disk (RLIMIT_FSIZE:
-Python ignores SIGXFSZ, so the write fails with EFBIG as it would with ENOSPC) or writes into a read-only folder.
+"""Fault injection for the commands that write: ``softdeploy quantize``, ``optimize``, ``export``, ``compare``, ``run``,
+``distill`` and ``demo`` run in a child (``python -m softdeploy.cli``, the tree under test first on PYTHONPATH) that is
+killed (SIGKILL) or interrupted (SIGINT) at seeded random moments, killed inside a write (SIGXFSZ at a file size
+limit), runs into a full disk (RLIMIT_FSIZE: Python ignores SIGXFSZ, so the write fails with EFBIG as it would with
+ENOSPC) or writes into a read-only folder -- over a previous result, or an empty one where the command's own folders
+(compare's and run's results folder, distill's OUT, demo's --out) cannot be made.
 
 Afterwards every output's final name holds the complete previous result or the complete new one -- never a partial
-file, which the next run would refuse as an existing result ("pass --overwrite") -- and a rerun succeeds and leaves no
-temporary file behind. The faults of one command run side by side, each in its own folder, to keep the file quick.
+file, which the next run would refuse as an existing result ("pass --overwrite") or take for a result (compare and run
+replace their reports without asking) -- and a rerun succeeds and leaves no temporary file behind. Whole is judged per
+type: an ONNX model loads, JSON parses, Markdown ends in a newline, a CSV table parses with a trailing newline, a PNG
+runs from its signature to its IEND chunk, safetensors' ``safe_open`` reads the file. A write that fails is one line
+naming the output (or the folder that could not be made), exit code 2. The faults of one command run side by side,
+each in its own folder, to keep the file quick; the slower commands get fewer faults (compare's cover the write
+failures of the path it shares with run).
 
-The save paths of the slow commands (TVM's compile, compare's reports) and the up-front checks of every command
-(folders, hard links to an input) are tested directly, without a child."""
+TVM's compile is not run here (an untuned compile of the tiny model took 27 s on a loaded 2-core machine): its save
+path, compare's reports and the up-front checks of every command (folders, hard links to an input) are tested
+directly, without a child."""
 
 from __future__ import annotations
 
+import csv
 import ctypes
 import dataclasses
+import io
 import json
 import os
 import random
 import resource
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -90,16 +102,20 @@ class Fault:
     read_only: bool = False
     folder: Path = Path()
     returncode: int = 0
+    seconds: float = 0.0
     stdout: str = ""
     stderr: str = ""
 
 
 @dataclasses.dataclass
 class Command:
-    """A writing command: its arguments for an output folder, and its outputs there."""
+    """A writing command: its arguments for an output folder, and its outputs there (paths relative to it)."""
 
     args: Callable[[Path], list[str]]
     outputs: list[str]
+    overwrite: bool = True  # whether its runs over a previous result pass --overwrite (compare and run have none)
+    finished: str = "wrote "  # what its stdout says once its outputs are written
+    also: list[str] = dataclasses.field(default_factory=list)  # files it writes on the way (a write error may name one)
 
 
 def _started(pid: int, logs: Path) -> bool:
@@ -109,12 +125,13 @@ def _started(pid: int, logs: Path) -> bool:
 
 
 def _run(command: Command, fault: Fault, logs: Path) -> None:
-    argv = [*command.args(fault.folder), *(["--overwrite"] if fault.previous else [])]
+    argv = [*command.args(fault.folder), *(["--overwrite"] if fault.previous and command.overwrite else [])]
     cmd = (
         [sys.executable, "-c", _DIE_IN_WRITE, *argv]
         if fault.die_in_write
         else [sys.executable, "-m", "softdeploy.cli", *argv]
     )
+    t0 = time.monotonic()
     proc = subprocess.Popen(
         cmd,
         stdout=subprocess.PIPE,
@@ -134,32 +151,82 @@ def _run(command: Command, fault: Fault, logs: Path) -> None:
             proc.send_signal(fault.signal)
     fault.stdout, fault.stderr = proc.communicate(timeout=300)
     fault.returncode = proc.returncode
+    fault.seconds = time.monotonic() - t0
 
 
 # ---- what must hold afterwards -----------------------------------------------------------------------------------
 
 PREVIOUS_JSON = b'{"previous": "a complete report"}\n'
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+PNG_END = b"\x00\x00\x00\x00IEND\xaeB`\x82"  # the IEND chunk: no data, then its CRC
+
+
+def _png_chunk(kind: bytes, data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+
+def _previous_file(name: str, model: bytes) -> bytes:
+    """A complete previous file of ``name``'s type: an ONNX model, a JSON document, a Markdown report, a CSV table, a
+    PNG image (one grey pixel) or a safetensors file."""
+    suffix = Path(name).suffix
+    if suffix == ".json":
+        return PREVIOUS_JSON
+    if suffix == ".md":
+        return b"# previous report\n\nA complete previous report.\n"
+    if suffix == ".csv":
+        return b"variant,previous\nort-fp32,1\n"
+    if suffix == ".png":
+        header = _png_chunk(b"IHDR", struct.pack(">IIBBBBB", 1, 1, 8, 0, 0, 0, 0))
+        return PNG_SIGNATURE + header + _png_chunk(b"IDAT", zlib.compress(b"\x00\x80")) + _png_chunk(b"IEND", b"")
+    if suffix == ".safetensors":
+        from safetensors.numpy import save
+
+        return save({"previous": np.zeros(4, np.float32)}, metadata={"previous": "a complete student"})
+    assert suffix == ".onnx", name
+    return model
 
 
 def _previous(folder: Path, command: Command, model: bytes) -> dict[str, bytes]:
-    """Puts a complete previous result under every output name; returns it by name."""
+    """Puts a complete previous result under every output name (its folders made); returns it by name."""
     folder.mkdir()
     made = {}
     for name in command.outputs:
-        made[name] = PREVIOUS_JSON if name.endswith(".json") else model
+        made[name] = _previous_file(name, model)
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
         (folder / name).write_bytes(made[name])
     return made
 
 
 def _whole(path: Path) -> None:
-    """The file is a complete result: a loadable ONNX model (its top level all there), or a JSON document."""
-    if path.suffix == ".json":
+    """The file is a complete result of its type: a loadable ONNX model (its top level all there), a JSON document,
+    Markdown text ending in a newline, a CSV table with a header and a trailing newline, a PNG image from its
+    signature to its IEND chunk, a safetensors file whose header and tensors the file holds; else this raises."""
+    suffix = path.suffix
+    if suffix == ".json":
         json.loads(path.read_text())
+    elif suffix == ".md":
+        text = path.read_text(encoding="utf-8")
+        assert text.strip() and text.endswith("\n"), f"{path}: a report cut short ({len(text)} chars)"
+    elif suffix == ".csv":
+        text = path.read_text(encoding="utf-8")
+        rows = list(csv.reader(io.StringIO(text)))
+        assert text.endswith("\n") and len(rows) >= 2, f"{path}: a table cut short ({len(text)} chars)"
+        assert all(len(r) == len(rows[0]) for r in rows), f"{path}: rows of unequal length (a table cut short)"
+    elif suffix == ".png":
+        data = path.read_bytes()
+        assert data.startswith(PNG_SIGNATURE) and data.endswith(PNG_END), f"{path}: not a whole PNG image"
+    elif suffix == ".safetensors":
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="pt") as f:  # checks that the file holds every tensor its header names
+            assert list(f.keys()), f"{path}: no tensors"
     else:
         load_model(path)
 
 
 def _check_outputs(command: Command, fault: Fault, previous: dict[str, bytes]) -> None:
+    """Every output's name holds the complete previous file or a complete new one (or, without a previous result,
+    nothing)."""
     for name in command.outputs:
         path = fault.folder / name
         if not path.exists():
@@ -170,8 +237,12 @@ def _check_outputs(command: Command, fault: Fault, previous: dict[str, bytes]) -
         _whole(path)  # the complete new result, or this raises naming the partial file
 
 
+_LEFTOVERS = (".partial-", ".fp32-export-")  # atomic_output's temporary files, compare's private export folders
+
+
 def _partials(folder: Path) -> list[str]:
-    return sorted(p.name for p in folder.iterdir() if ".partial-" in p.name)
+    """The temporary files (and export folders) under ``folder``, at any depth."""
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if any(x in p.name for x in _LEFTOVERS))
 
 
 def _one_line(stderr: str) -> str:
@@ -182,24 +253,44 @@ def _one_line(stderr: str) -> str:
     return lines[-1]
 
 
-def _faults(seed: int, slow: float, work: float, *, fresh: bool = True, die_in_write: bool = True) -> list[Fault]:
+def _faults(
+    seed: int,
+    slow: float,
+    work: float,
+    *,
+    fresh: bool = True,
+    die_in_write: bool = True,
+    full_disk: bool = True,
+    read_only: bool = True,
+    read_only_fresh: bool = False,
+    after_start: bool = True,
+) -> list[Fault]:
     """The faults of one command: SIGKILL at a random moment once the command's work begins, over a previous result
     (and with ``fresh`` at a random moment from its start, into an empty folder), SIGINT at a random moment once the
-    work begins, with ``die_in_write`` death inside the write that crosses a file size limit, a full disk, a
-    read-only folder. ``slow``: about how long the command takes here, seconds; ``work``: how long of it after its
-    work begins (the random moments spread over these)."""
+    work begins, with ``die_in_write`` death inside the write that crosses a file size limit, with ``full_disk`` a full
+    disk, with ``read_only`` a read-only folder over a previous result, with ``read_only_fresh`` an empty read-only
+    folder (the command's own folders cannot be made). ``slow``: about how long the command takes here, seconds;
+    ``work``: how long of it after its work begins (the random moments spread over these). ``after_start`` False:
+    the moments of SIGKILL and SIGINT count from the process's start (a command that opens no log as its work
+    begins; see _started), from 0.3 s to ``work``."""
     rng = random.Random(seed)
+    start = 0.0 if after_start else 0.3
     return [
         *(
             [Fault("sigkill-fresh", previous=False, signal=signal.SIGKILL, delay=rng.uniform(0.3, slow))]
             if fresh
             else []
         ),
-        Fault("sigkill", previous=True, signal=signal.SIGKILL, delay=rng.uniform(0.0, work), after_start=True),
-        Fault("sigint", previous=True, signal=signal.SIGINT, delay=rng.uniform(0.0, work), after_start=True),
+        Fault("sigkill", previous=True, signal=signal.SIGKILL, delay=rng.uniform(start, work), after_start=after_start),
+        Fault("sigint", previous=True, signal=signal.SIGINT, delay=rng.uniform(start, work), after_start=after_start),
         *([Fault("die-in-write", previous=True, preexec=_size_limit, die_in_write=True)] if die_in_write else []),
-        Fault("full-disk", previous=True, preexec=_size_limit),
-        Fault("read-only", previous=True, preexec=_without_root_override, read_only=True),
+        *([Fault("full-disk", previous=True, preexec=_size_limit)] if full_disk else []),
+        *([Fault("read-only", previous=True, preexec=_without_root_override, read_only=True)] if read_only else []),
+        *(
+            [Fault("read-only-fresh", previous=False, preexec=_without_root_override, read_only=True)]
+            if read_only_fresh
+            else []
+        ),
     ]
 
 
@@ -228,14 +319,15 @@ def _inject(command: Command, top: Path, previous_model: bytes, faults: list[Fau
             before[fault.name] = _previous(fault.folder, command, previous_model)
         else:
             fault.folder.mkdir()
-        if fault.read_only:
-            fault.folder.chmod(0o555)
+        if fault.read_only:  # the folder and every folder in it: nothing can be made or replaced there
+            for folder in [fault.folder, *(p for p in fault.folder.rglob("*") if p.is_dir())]:
+                folder.chmod(0o555)
     with ThreadPoolExecutor(len(faults)) as pool:
         list(pool.map(lambda f: _run(command, f, logs), faults))
 
     for fault in faults:
         previous = before.get(fault.name, {})
-        what = f"{fault.name}: rc {fault.returncode}, stderr {fault.stderr[-600:]!r}"
+        what = f"{fault.name}: rc {fault.returncode} after {fault.seconds:.1f} s, stderr {fault.stderr[-600:]!r}"
         _check_outputs(command, fault, previous)
         for name in command.outputs:  # no temporary file under a final name, ever
             assert ".partial-" not in (fault.folder / name).resolve().name
@@ -244,7 +336,8 @@ def _inject(command: Command, top: Path, previous_model: bytes, faults: list[Fau
         elif fault.signal == signal.SIGINT:
             # it may have finished first: Python restores SIGINT's default action as it exits, and the signal then
             # ends the process (-SIGINT) once the command has written its outputs and said so
-            finished = fault.returncode == 0 or (fault.returncode == -signal.SIGINT and "wrote " in fault.stdout)
+            said = command.finished in fault.stdout
+            finished = fault.returncode == 0 or (fault.returncode == -signal.SIGINT and said)
             if not finished:
                 assert fault.returncode == 130, what
                 assert fault.stderr.strip().splitlines() == ["softdeploy: interrupted"], what
@@ -258,9 +351,16 @@ def _inject(command: Command, top: Path, previous_model: bytes, faults: list[Fau
             assert fault.returncode == 2, what
             line = _one_line(fault.stderr)
             assert line.startswith("softdeploy: error: ") and f"cannot be written: {reason}" in line, what
-            assert any(f" {fault.folder / name}: " in line for name in command.outputs), what  # the output's name
+            if previous:
+                named = [*command.outputs, *command.also]
+                assert any(f" {fault.folder / name}: " in line for name in named), what  # the output's name
+            else:  # the folder of an output that could not be made
+                assert any(f" {fault.folder / name}: " in line for name in _folders(command)), what
             for name in command.outputs:
-                assert (fault.folder / name).read_bytes() == previous[name], what
+                if previous:
+                    assert (fault.folder / name).read_bytes() == previous[name], what
+                else:
+                    assert not (fault.folder / name).exists(), what
             assert _partials(fault.folder) == [], what
 
     # the reruns: a killed run's leftovers are neither taken for a result nor kept
@@ -278,15 +378,22 @@ def _inject(command: Command, top: Path, previous_model: bytes, faults: list[Fau
         assert _partials(fault.folder) == [], fault.name
 
 
+def _folders(command: Command) -> list[str]:
+    """The folders of the command's outputs, relative to the fault's folder (``a/b/c.md``: ``a``, ``a/b``)."""
+    return sorted({str(p) for name in command.outputs for p in Path(name).parents if str(p) != "."})
+
+
 @pytest.fixture
 def inputs(top: Path) -> Path:
     """The inputs every fault's run reads (a folder the read-only runs may read): a tiny ONNX model and a torch
-    factory."""
+    factory; for compare and run a tiny model with an outlier and its data (as tests/workflow/test_rerun.py's)."""
     import onnx
 
     folder = top / "inputs"
     folder.mkdir()
     onnx.save(mlp_with_custom_op(with_function=True), folder / "tiny.onnx")
+    onnx.save(mlp_with_custom_op(with_function=True, outlier=200.0), folder / "m.onnx")
+    np.savez(folder / "x.npz", X=np.random.default_rng(0).standard_normal((32, 16)).astype(np.float32))
     (folder / "factory.py").write_text(
         "import torch\n"
         "from softdeploy.ops._torch import register_torch_ops\n"
@@ -323,6 +430,101 @@ def test_export_under_faults(top: Path, inputs: Path) -> None:
     command = Command(lambda out: ["export", factory, str(out / "e.onnx"), "--no-validate"], ["e.onnx"])
     # the slowest command: no separate kill into an empty folder (quantize's and optimize's cover that path)
     _inject(command, top, (inputs / "tiny.onnx").read_bytes(), _faults(seed=3, slow=10.0, work=4.0, fresh=False))
+
+
+REPORTS = ["report.md", "results.csv", "results.json", "accuracy_vs_latency.png"]
+
+
+def test_compare_under_faults(top: Path, inputs: Path) -> None:
+    model, data = inputs / "m.onnx", inputs / "x.npz"
+    outputs = [*(f"m/{r}" for r in REPORTS), "m/models/fp32.onnx", "m/models/int8_dynamic.onnx"]
+    variants = ["--variants", "ort-fp32,ort-int8-dynamic"]
+    command = Command(
+        lambda out: ["compare", str(model), "--data", str(data), "--quick", *variants, "--out", str(out)],
+        outputs,
+        overwrite=False,  # compare replaces its reports and models without asking
+        finished="reports in ",
+    )
+    # no death inside a write: the first write to cross the limit is the private copy of the fp32 export, which the
+    # full disk covers already
+    faults = _faults(seed=4, slow=10.0, work=6.0, die_in_write=False, read_only_fresh=True)
+    _inject(command, top, model.read_bytes(), faults)
+
+
+def test_run_under_faults(top: Path, inputs: Path) -> None:
+    model, data = inputs / "m.onnx", inputs / "x.npz"
+
+    def workflow(out: Path) -> Path:  # one per fault, in the inputs folder (the read-only runs' folder is theirs)
+        path = inputs / f"workflow-{out.name}.json"
+        spec = {
+            "name": "wf",
+            "model": str(model),
+            "data": {"inputs": str(data)},
+            "variants": ["ort-fp32", "ort-int8-dynamic"],
+            "quantize": {"mode": "dynamic", "max_drop": 0.5},  # the budget search and budget.json
+            "rounds": 1,
+            "out": str(out),
+        }
+        path.write_text(json.dumps(spec))
+        return path
+
+    models = ["fp32.onnx", "int8_dynamic.onnx", "int8_dynamic_budget.onnx"]
+    outputs = [*(f"wf/{r}" for r in [*REPORTS, "budget.json"]), *(f"wf/models/{m}" for m in models)]
+    command = Command(
+        lambda out: ["run", str(workflow(out)), "--quick"], outputs, overwrite=False, finished="reports in "
+    )
+    # compare's faults cover the write failures and the kill into an empty folder of the shared path: here a kill and
+    # an interrupt over a previous result (the budget search, budget.json), and a folder that cannot be made
+    faults = _faults(
+        seed=5,
+        slow=12.0,
+        work=8.0,
+        fresh=False,
+        die_in_write=False,
+        full_disk=False,
+        read_only=False,
+        read_only_fresh=True,
+    )
+    _inject(command, top, model.read_bytes(), faults)
+
+
+# the smallest real distillation (tests/test_cli_distill.py's QUICK)
+DISTILL_QUICK = ["--steps", "2", "--batch-size", "4", "--limit-texts", "8", "--max-length", "16", "--extra-count", "6"]
+
+
+def test_distill_under_faults(top: Path, inputs: Path) -> None:
+    command = Command(
+        lambda out: ["distill", str(out / "run"), *DISTILL_QUICK],
+        ["run/student.safetensors", "run/distill.json"],
+        also=["run/checkpoints/oneshot.safetensors"],  # the resume state, written as the training ends
+    )
+    # the write failures come after the training: a full disk over a previous result (the checkpoint is the first
+    # write to fail), and a folder that cannot be made (before the teacher is loaded) stand for them
+    faults = _faults(
+        seed=6, slow=20.0, work=12.0, fresh=False, die_in_write=False, read_only=False, read_only_fresh=True
+    )
+    _inject(command, top, b"", faults)
+
+
+def test_demo_under_faults(top: Path, inputs: Path) -> None:
+    from softdeploy.demo import MODEL_FILE
+
+    command = Command(
+        lambda out: ["demo", "--out", str(out / "demo")], [f"demo/{MODEL_FILE}"], finished="softdeploy demo:"
+    )
+    # demo opens no log as its work begins: the kills' moments count from the start
+    faults = _faults(
+        seed=7,
+        slow=17.0,
+        work=15.0,
+        fresh=False,
+        die_in_write=False,
+        read_only=False,
+        read_only_fresh=True,
+        after_start=False,
+    )
+    model = (inputs / "tiny.onnx").read_bytes()
+    _inject(command, top, model, faults)
 
 
 # ---- the save paths of the slow commands, and the checks before any work ----------------------------------------

@@ -21,6 +21,8 @@ from softdeploy.files import (
     atomic_output,
     check_outputs,
     final_name,
+    make_folder,
+    output_error,
     remove_stale_partials,
     write_bytes,
     write_text,
@@ -126,6 +128,33 @@ def test_missing_folder_and_folder_as_output(tmp_path: Path) -> None:
         write_text(tmp_path, "text")
     with pytest.raises(OutputError, match="is a folder"):
         check_outputs([tmp_path], overwrite=True)
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        'Error while serializing: IoError(Os { code: 27, kind: FileTooLarge, message: "File too large" })',
+        "Error while serializing: I/O error: File too large (os error 27)",  # safetensors 0.8
+    ],
+)
+def test_a_libraries_os_error_is_one_line_naming_the_path(message: str) -> None:
+    class SafetensorError(Exception):
+        pass
+
+    found = output_error("out/student.safetensors", SafetensorError(message), "student")
+    assert str(found) == (
+        "student out/student.safetensors: cannot be written: File too large "
+        "(the file size limit (ulimit -f) is below the file's size)"
+    )
+    assert output_error("x", SafetensorError("shape mismatch"), "student") is None
+
+
+def test_a_folder_that_cannot_be_made_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(OutputError, match=r"^results folder .*a-file/sub: cannot be written: Not a directory"):
+        make_folder(tmp_path / "a-file" / "sub", "results folder")
+    assert make_folder(tmp_path / "new" / "sub") == tmp_path / "new" / "sub" and (tmp_path / "new" / "sub").is_dir()
+    assert make_folder(tmp_path / "new" / "sub").is_dir()  # already there: nothing to do
 
 
 def test_stale_partials_of_dead_processes_are_removed(tmp_path: Path) -> None:

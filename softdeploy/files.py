@@ -15,6 +15,7 @@ import errno
 import os
 import re
 import secrets
+import stat
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -214,6 +215,17 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _replaced_mode(path: Path) -> int:
+    """The permission bits a new ``path`` gets: those of the regular file it replaces, else 0666 less the umask."""
+    with contextlib.suppress(OSError):
+        st = os.stat(path)  # follows a link: the mode of the file the user had there
+        if stat.S_ISREG(st.st_mode):
+            return stat.S_IMODE(st.st_mode)
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
 def remove_stale_partials(path: str | os.PathLike[str]) -> list[Path]:
     """Removes the temporary files that writes of ``path`` left behind when their process was killed (their pid is
     gone); returns the paths removed. Partials of live processes are left alone."""
@@ -287,6 +299,9 @@ def atomic_output(path: str | os.PathLike[str], what: str = "output") -> Iterato
             raise OutputError(f"{what} {shown}: the writer produced no file")
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
+        # the mode a plain open() would give (some writers, safetensors', create their files 0600), or the mode of
+        # the file it replaces
+        os.chmod(tmp, _replaced_mode(path))
         os.replace(tmp, path)
         with contextlib.suppress(OSError):  # the rename itself is durable once the folder is synced
             fd = os.open(path.parent, os.O_RDONLY)

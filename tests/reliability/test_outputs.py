@@ -260,3 +260,23 @@ def test_cache_loader_failure_sets_entry_aside(tmp_path: Path) -> None:
     with pytest.warns(SoftdeployWarning, match="cannot be loaded"):
         assert cache.load_checked(entry, loader) is None
     assert not entry.exists()
+
+
+def test_outputs_get_the_usual_mode_or_keep_the_replaced_files(tmp_path: Path) -> None:
+    """A writer that creates its file 0600 (safetensors' does) still leaves a file others may read, as open() would;
+    a file replaced in place keeps its mode."""
+    out = tmp_path / "student.safetensors"
+
+    def private(p: Path) -> None:
+        p.write_bytes(b"weights")
+        p.chmod(0o600)
+
+    umask = os.umask(0o022)
+    try:
+        write_with(out, private)
+        assert out.stat().st_mode & 0o777 == 0o644
+        out.chmod(0o640)
+        write_with(out, private)
+        assert out.stat().st_mode & 0o777 == 0o640
+    finally:
+        os.umask(umask)

@@ -26,6 +26,7 @@ from softdeploy.files import (
     remove_stale_partials,
     write_bytes,
     write_text,
+    write_with,
 )
 
 

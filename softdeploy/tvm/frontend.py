@@ -27,7 +27,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from softdeploy import DOMAIN
-from softdeploy.errors import OpContractError
+from softdeploy.errors import InputError, OpContractError
 from softdeploy.tvm.errors import UnsupportedModelError
 
 # Ops the importer handles outside its converter map.
@@ -151,7 +151,7 @@ def _input_signature(model: Any, shapes: Mapping[str, Sequence[int]]) -> tuple[d
     missing = []
     unknown = sorted(set(shapes) - {i.name for i in model.graph.input})
     if unknown:
-        raise ValueError(f"shapes given for {unknown}, which are not inputs of the model")
+        raise InputError(f"shapes given for {unknown}, which are not inputs of the model")
     for value in model.graph.input:
         if value.name in initializers:
             continue
@@ -160,10 +160,10 @@ def _input_signature(model: Any, shapes: Mapping[str, Sequence[int]]) -> tuple[d
         if value.name in shapes:
             given = [int(d) for d in shapes[value.name]]
             if len(given) != len(tt.shape.dim):
-                raise ValueError(f"input {value.name} has rank {len(tt.shape.dim)}; the given shape {given} does not")
+                raise InputError(f"input {value.name} has rank {len(tt.shape.dim)}; the given shape {given} does not")
             for d, g in zip(tt.shape.dim, given, strict=True):
                 if d.HasField("dim_value") and d.dim_value != g:
-                    raise ValueError(f"input {value.name}: dimension {d.dim_value} is fixed, {g} was given")
+                    raise InputError(f"input {value.name}: dimension {d.dim_value} is fixed, {g} was given")
             out_shapes[value.name] = given
             continue
         dims = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
@@ -173,7 +173,7 @@ def _input_signature(model: Any, shapes: Mapping[str, Sequence[int]]) -> tuple[d
         else:
             out_shapes[value.name] = [int(d) for d in dims if d is not None]
     if missing:
-        raise ValueError(
+        raise InputError(
             "TVM builds for static shapes; give a shape for: " + ", ".join(missing) + " (e.g. --shape input_ids=1x128)"
         )
     return out_shapes, dtypes

@@ -123,7 +123,10 @@ def test_precheck_passes_a_model_with_our_ops():
 
 
 def test_symbolic_dims_without_shapes_are_refused_naming_the_input():
-    with pytest.raises(ValueError, match=r"x \(symbolic dims \['batch'\]\).*--shape"):
+    from softdeploy.errors import InputError
+
+    # a softdeploy error: the CLI says it in one line with exit code 2, like every other bad argument
+    with pytest.raises(InputError, match=r"x \(symbolic dims \['batch'\]\).*--shape"):
         prepare(_tiny_classifier())
 
 

@@ -35,6 +35,7 @@ from softdeploy.errors import SoftdeployError
 from softdeploy.files import atomic_output, write_text
 from softdeploy.quant.calibration import as_calibration_reader, softdeploy_calibration_sessions
 from softdeploy.quant.rowwise import FORMS as ROWWISE_FORMS
+from softdeploy.quant.routing import MAX_FLIP_RATE
 from softdeploy.runtime.session import Kernels
 
 Mode = Literal["dynamic", "static"]
@@ -72,6 +73,10 @@ class QuantConfig:
     only: tuple[str, ...] | None = None  # quantize only these nodes (the sensitivity probe)
     reduce_range: bool | None = None  # onnxruntime's spelling of weights "7-bit" (True) / "8-bit" (False)
     weights: str | None = None  # formats.WEIGHTS; None: the CPU's row of formats.TABLE
+    # a model that routes: keep the routers' input path in float when int8 flips more than max_flip_rate of the
+    # probe tokens' experts at any LoRAMixer node (softdeploy.quant.routing)
+    routing_guard: bool = True
+    max_flip_rate: float = MAX_FLIP_RATE
 
     def asked_weights(self) -> str | None:
         """The weight format asked for (``weights``, or ``reduce_range`` translated), None for the table's;
@@ -129,6 +134,8 @@ class QuantizedModel:
     # the int8 format chosen for this CPU and why (formats.Int8Format.line); says so when another was asked
     int8_format: str = ""
     weights: str = "8-bit"  # formats.WEIGHTS: what the int8 weights are
+    # a model that routes (LoRAMixer nodes): routing agreement with fp32 and the nodes kept in float to protect it
+    routing: Any = None  # softdeploy.quant.routing.RoutingReport
 
     @property
     def reduce_range(self) -> bool:
@@ -295,12 +302,62 @@ def quantize(
     calibration: Sequence[Mapping[str, np.ndarray]] | None = None,
     calibration_cache: str | os.PathLike[str] | None = None,
     kernels: Kernels = "auto",
+    probe: Sequence[Mapping[str, np.ndarray]] | None = None,
 ) -> QuantizedModel:
     """Quantizes ``model`` (path or ModelProto) to ``output`` under ``config``.
 
     ``calibration`` (static mode): input batches, e.g. a few hundred real samples. With
     ``calibration_cache`` (a JSON path) the activation ranges are computed once and reused by later
-    calls (the sensitivity search quantizes the same model many times)."""
+    calls (the sensitivity search quantizes the same model many times).
+
+    A model that routes (LoRAMixer nodes) has its routing agreement with fp32 measured per node on ``probe`` (else
+    the calibration batches, else synthetic feeds) and, with ``config.routing_guard`` (default) and any node past
+    softdeploy.quant.routing.MAX_FLIP_RATE, is quantized again with the candidates on the routers' input path kept
+    in float; ``QuantizedModel.routing`` reports both measures and the nodes kept. The sensitivity probe
+    (``config.only``) skips this."""
+    made = _quantize_once(model, output, config, calibration, calibration_cache, kernels)
+    if config.only is not None or config.mode not in ("dynamic", "static"):
+        return made
+    proto = load_named(model)
+    from softdeploy.quant import routing
+
+    if not routing.mixer_nodes(proto):
+        return made
+    t0 = time.perf_counter()
+    feeds, described = routing.probe_for(proto, probe, calibration)
+    before = routing.measure(proto, made.path, feeds)
+    bad = routing.flipping(before, config.max_flip_rate)
+    if not bad or not config.routing_guard:
+        reason = (
+            f"every node within {config.max_flip_rate:.0%} flipped tokens"
+            if not bad
+            else f"{len(bad)} node(s) past {config.max_flip_rate:.0%} flipped tokens, guard off (routing_guard=False)"
+        )
+        made.routing = routing.RoutingReport(before, before, [], reason, described, config.max_flip_rate)
+        made.seconds += time.perf_counter() - t0
+        return made
+    names = [n for n, _ in candidate_nodes(proto, config)]
+    guard = [n for n in routing.guard_nodes(proto, [r.node for r in bad], names, config.mode) if n not in config.exclude]
+    kept = dataclasses.replace(config, exclude=tuple(config.exclude) + tuple(guard))
+    made = _quantize_once(model, output, kept, calibration, calibration_cache, kernels)
+    made.config = config
+    after = routing.measure(proto, made.path, feeds)
+    made.routing = routing.RoutingReport(
+        before, after, guard, routing.describe_guard(bad, config.max_flip_rate), described, config.max_flip_rate
+    )
+    made.seconds += time.perf_counter() - t0
+    return made
+
+
+def _quantize_once(
+    model: str | os.PathLike[str] | Any,
+    output: str | os.PathLike[str],
+    config: QuantConfig,
+    calibration: Sequence[Mapping[str, np.ndarray]] | None,
+    calibration_cache: str | os.PathLike[str] | None,
+    kernels: Kernels,
+) -> QuantizedModel:
+    """One run of the quantizer under ``config`` (see quantize)."""
     from onnxruntime.quantization import CalibrationMethod as OrtCalibrationMethod
     from onnxruntime.quantization import QuantFormat, QuantType, quantize_dynamic, quantize_static
 

@@ -34,8 +34,8 @@ import numpy as np
 from softdeploy.errors import SoftdeployError
 from softdeploy.files import atomic_output, write_text
 from softdeploy.quant.calibration import as_calibration_reader, softdeploy_calibration_sessions
-from softdeploy.quant.rowwise import FORMS as ROWWISE_FORMS
 from softdeploy.quant.routing import MAX_FLIP_RATE
+from softdeploy.quant.rowwise import FORMS as ROWWISE_FORMS
 from softdeploy.runtime.session import Kernels
 
 Mode = Literal["dynamic", "static"]
@@ -334,10 +334,11 @@ def quantize(
             else f"{len(bad)} node(s) past {config.max_flip_rate:.0%} flipped tokens, guard off (routing_guard=False)"
         )
         made.routing = routing.RoutingReport(before, before, [], reason, described, config.max_flip_rate)
-        made.seconds += time.perf_counter() - t0
-        return made
+        return _with_routing_note(made, t0)
     names = [n for n, _ in candidate_nodes(proto, config)]
-    guard = [n for n in routing.guard_nodes(proto, [r.node for r in bad], names, config.mode) if n not in config.exclude]
+    guard = [
+        n for n in routing.guard_nodes(proto, [r.node for r in bad], names, config.mode) if n not in config.exclude
+    ]
     kept = dataclasses.replace(config, exclude=tuple(config.exclude) + tuple(guard))
     made = _quantize_once(model, output, kept, calibration, calibration_cache, kernels)
     made.config = config
@@ -345,7 +346,14 @@ def quantize(
     made.routing = routing.RoutingReport(
         before, after, guard, routing.describe_guard(bad, config.max_flip_rate), described, config.max_flip_rate
     )
+    return _with_routing_note(made, t0)
+
+
+def _with_routing_note(made: QuantizedModel, t0: float) -> QuantizedModel:
+    """``made`` with the routing measure's time counted and its line after the format line: the one line that the
+    quantize text report and compare's quantization section print for a quantized model."""
     made.seconds += time.perf_counter() - t0
+    made.int8_format = "; ".join(p for p in (made.int8_format, made.routing.line()) if p)
     return made
 
 

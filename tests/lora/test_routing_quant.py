@@ -1,0 +1,116 @@
+"""Quantizing a routed (LoRA-Mixer) model: routing agreement with fp32 is measured per LoRAMixer node and reported,
+and by default the routers' input path stays in float when int8 flips the experts of more than 2% of tokens."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import peft  # the `test` extra pins it
+import pytest
+import torch
+import transformers  # the `models` extra
+from torch import nn
+
+from softdeploy import export
+from softdeploy.lora import load_experts, mixers
+from softdeploy.quant import QuantConfig, output_cosine, quantize
+from softdeploy.quant.workflow import report_json
+from softdeploy.runtime import Session
+
+VOCAB, HIDDEN = 60, 32
+
+
+def bert(seed: int = 0) -> transformers.BertModel:
+    torch.manual_seed(seed)
+    cfg = transformers.BertConfig(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        num_hidden_layers=3,
+        num_attention_heads=2,
+        intermediate_size=48,
+        max_position_embeddings=64,
+        attn_implementation="eager",
+    )
+    return transformers.BertModel(cfg, add_pooling_layer=False).eval()
+
+
+class Encoder(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.bert = bert()
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.bert(input_ids=input_ids).last_hidden_state
+
+
+@pytest.fixture(scope="module")
+def routed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, np.ndarray]]]:
+    """A tiny BERT with three adapters written by PEFT itself, loaded as experts with the router as created (small
+    random logits: near ties that int8 noise flips), exported routed."""
+    dirs = []
+    for i, r in enumerate((2, 4, 4)):
+        cfg = peft.LoraConfig(r=r, lora_alpha=2 * r, target_modules=["query", "value"], init_lora_weights=False)
+        torch.manual_seed(200 + i)
+        pm = peft.get_peft_model(bert(), cfg)
+        d = tmp_path_factory.mktemp(f"adapter{i}")
+        pm.save_pretrained(d)
+        dirs.append(d)
+    model = Encoder()
+    load_experts(model.bert, dirs, top_k=1)
+    assert mixers(model)
+    x = torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(1))
+    src = tmp_path_factory.mktemp("routed") / "routed.onnx"
+    export(model, (x,), src)
+    name = Session(src, kernels="native").input_names[0]
+    probe = [{name: np.random.default_rng(s).integers(0, VOCAB, size=(2, 16)).astype(np.int64)} for s in range(4)]
+    return src, probe
+
+
+def _cosine(src: Path, q: Path, probe: list[dict[str, np.ndarray]]) -> float:
+    ref, got = Session(src, kernels="native"), Session(q, kernels="native")
+    return output_cosine([ref.run(f)[0] for f in probe], [got.run(f)[0] for f in probe])
+
+
+def test_routing_agreement_is_measured_and_reported(routed, tmp_path):
+    src, probe = routed
+    q = quantize(src, tmp_path / "off.onnx", QuantConfig("dynamic", routing_guard=False), probe=probe)
+    rep = q.routing
+    assert rep is not None and len(rep.after) == 6  # query and value of 3 layers
+    assert all(r.tokens == 4 * 2 * 16 and 0.0 <= r.agreement <= 1.0 for r in rep.after)
+    assert rep.kept_float == [] and rep.before == rep.after
+    doc = report_json(q)
+    assert doc["routing"]["nodes"][0]["node"] == rep.after[0].node
+    assert "routing agreement with fp32" in doc["routing"]["summary"]
+    json.dumps(doc, default=str)  # the report is JSON
+
+
+def test_default_keeps_routing_in_int8(routed, tmp_path):
+    src, probe = routed
+    off = quantize(src, tmp_path / "off.onnx", QuantConfig("dynamic", routing_guard=False), probe=probe)
+    on = quantize(src, tmp_path / "on.onnx", QuantConfig("dynamic"), probe=probe)
+    assert on.routing is not None
+    if off.routing.agreement_before >= 0.98:  # nothing flipped here: nothing to protect
+        pytest.skip(f"int8 kept routing without the guard ({off.routing.agreement_before:.1%})")
+    assert on.routing.kept_float and set(on.routing.kept_float) <= set(on.float_nodes)
+    assert on.quantized_nodes, "the guard keeps the routers' input path in float, not the whole model"
+    assert on.routing.agreement >= 0.98, on.routing.line()
+    assert "kept in float to protect routing" in on.routing.line()
+    assert _cosine(src, on.path, probe) > max(0.99, _cosine(src, off.path, probe))
+
+
+def test_synthetic_probe_when_no_data(routed, tmp_path):
+    src, _ = routed
+    q = quantize(src, tmp_path / "q.onnx", QuantConfig("dynamic"))
+    assert q.routing is not None and "synthetic" in q.routing.probe
+
+
+def test_sensitivity_probe_skips_routing(routed, tmp_path):
+    src, _ = routed
+    from softdeploy.quant import candidate_nodes
+    from softdeploy.quant.quantize import load_named
+
+    first = candidate_nodes(load_named(src), QuantConfig("dynamic"))[0][0]
+    q = quantize(src, tmp_path / "one.onnx", QuantConfig("dynamic", only=(first,)))
+    assert q.routing is None

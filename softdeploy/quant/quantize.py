@@ -336,15 +336,28 @@ def quantize(
         made.routing = routing.RoutingReport(before, before, [], reason, described, config.max_flip_rate)
         return _with_routing_note(made, t0)
     names = [n for n, _ in candidate_nodes(proto, config)]
-    guard = [
-        n for n in routing.guard_nodes(proto, [r.node for r in bad], names, config.mode) if n not in config.exclude
-    ]
-    kept = dataclasses.replace(config, exclude=tuple(config.exclude) + tuple(guard))
-    made = _quantize_once(model, output, kept, calibration, calibration_cache, kernels)
-    made.config = config
-    after = routing.measure(proto, made.path, feeds)
+    flipped = [r.node for r in bad]
+    # First the residual stream's writers nearest to the routers (fewer nodes in float); where routing still flips
+    # past the limit, everything upstream of the routers' input.
+    for stage in ("nearest", "upstream"):  # the stage that held is reported after the loop
+        guard = [
+            n
+            for n in routing.guard_nodes(proto, flipped, names, config.mode, nearest=stage == "nearest")
+            if n not in config.exclude
+        ]
+        kept = dataclasses.replace(config, exclude=tuple(config.exclude) + tuple(guard))
+        made = _quantize_once(model, output, kept, calibration, calibration_cache, kernels)
+        made.config = config
+        after = routing.measure(proto, made.path, feeds)
+        if not routing.flipping(after, config.max_flip_rate):
+            break
     made.routing = routing.RoutingReport(
-        before, after, guard, routing.describe_guard(bad, config.max_flip_rate), described, config.max_flip_rate
+        before,
+        after,
+        guard,
+        routing.describe_guard(bad, config.max_flip_rate, stage),
+        described,
+        config.max_flip_rate,
     )
     return _with_routing_note(made, t0)
 
@@ -373,6 +386,12 @@ def _quantize_once(
 
     register_onnx_schemas()  # the quantizer's shape inference must know com.softdeploy ops
     t0 = time.perf_counter()
+    if not isinstance(model, str | os.PathLike):
+        import onnx
+
+        copy = onnx.ModelProto()  # the rewrites below work in place: the caller's model stays float
+        copy.CopyFrom(model)
+        model = copy
     proto = load_named(model)
     check_softdeploy_ops(proto)
     candidates = candidate_nodes(proto, config)

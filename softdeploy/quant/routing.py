@@ -174,9 +174,14 @@ def measure(fp32: Any, int8: Any, probe: Sequence[Mapping[str, np.ndarray]]) -> 
     return out
 
 
-def guard_nodes(model: Any, mixers: Sequence[str], candidates: Sequence[str], mode: str) -> list[str]:
+def guard_nodes(
+    model: Any, mixers: Sequence[str], candidates: Sequence[str], mode: str, *, nearest: bool = False
+) -> list[str]:
     """The candidate nodes that protect the routing of ``mixers``: those upstream of each router's input and, in
-    static mode, those that read that input (their Q/DQ pair would sit on it); in graph order."""
+    static mode, those that read that input (their Q/DQ pair would sit on it); in graph order. ``nearest``: only the
+    first candidates met on each path up from the input (the ones whose output reaches the router without passing
+    another candidate: in a transformer the residual stream's writers -- embeddings, attention output and FFN output
+    projections -- not the projections behind them)."""
     producer = {o: n for n in model.graph.node for o in n.output if o}
     cand = set(candidates)
     by_name = {n.name: n for n in mixer_nodes(model)}
@@ -196,6 +201,8 @@ def guard_nodes(model: Any, mixers: Sequence[str], candidates: Sequence[str], mo
             seen.add(p.name)
             if p.name in cand:
                 keep.add(p.name)
+                if nearest:
+                    continue
             stack.extend(i for i in p.input if i)
         if mode == "static":
             keep |= {n.name for n in model.graph.node if x in n.input and n.name in cand}
@@ -261,11 +268,17 @@ def flipping(routes: Sequence[NodeRouting], max_flip_rate: float = MAX_FLIP_RATE
     return [r for r in routes if r.flip_rate > max_flip_rate]
 
 
-def describe_guard(bad: Sequence[NodeRouting], max_flip_rate: float) -> str:
-    """Why the guard was kept: the flipping nodes, worst first (a few named)."""
+def describe_guard(bad: Sequence[NodeRouting], max_flip_rate: float, stage: str = "upstream") -> str:
+    """Why the guard was kept: the flipping nodes, worst first (a few named), and which nodes were kept."""
     worst = sorted(bad, key=lambda r: r.agreement)
     named = ", ".join(f"{r.node} {r.flip_rate:.1%}" for r in worst[:3]) + (" ..." if len(worst) > 3 else "")
+    which = (
+        "the candidates nearest their routers' input (the residual stream's writers) were kept in float"
+        if stage == "nearest"
+        else "keeping the nearest candidates in float was not enough, so every candidate upstream of their routers' "
+        "input was kept in float"
+    )
     return (
         f"with every candidate int8, {len(bad)} LoRAMixer node(s) routed more than {max_flip_rate:.0%} of tokens to "
-        f"other experts than fp32 ({named}); the candidates upstream of their routers' input were kept in float"
+        f"other experts than fp32 ({named}); {which}"
     )

@@ -144,3 +144,16 @@ def test_budget_search_keeps_routing_and_reports_it(routed, tmp_path):
     doc = res.to_json()
     assert doc["routing"]["kept_float"] and doc["routing"]["agreement"] >= 0.98
     assert any("routing agreement with fp32" in line for line in res.explain())
+
+
+def test_a_model_proto_handed_to_quantize_stays_float(tmp_path):
+    # the rowwise rewrite works on the loaded model in place; a ModelProto from the caller must come back unchanged
+    import onnx
+
+    from tests.quant.tiny import mlp_with_custom_op
+
+    model = mlp_with_custom_op(with_function=True)
+    before = model.SerializeToString()
+    quantize(model, tmp_path / "q.onnx", QuantConfig("dynamic", weights="rowwise-8-bit"))
+    assert model.SerializeToString() == before
+    assert "RowwiseInt8MatMul" in {n.op_type for n in onnx.load(tmp_path / "q.onnx").graph.node}

@@ -35,6 +35,7 @@ from softdeploy.errors import SoftdeployError
 from softdeploy.files import atomic_output, make_folder, write_text
 from softdeploy.quant.calibration import as_calibration_reader, softdeploy_calibration_sessions
 from softdeploy.quant.gemm import gemms_as_matmuls
+from softdeploy.quant.routing import MAX_FLIP_RATE
 from softdeploy.quant.rowwise import FORMS as ROWWISE_FORMS
 from softdeploy.runtime.session import Kernels
 
@@ -75,6 +76,10 @@ class QuantConfig:
     weights: str | None = None  # formats.WEIGHTS; None: the CPU's row of formats.TABLE
     # formats.TARGETS: the CPU class the model is for (None: SOFTDEPLOY_INT8_TARGET, else "auto", this CPU's row)
     target: str | None = None
+    # a model that routes: keep the routers' input path in float when int8 flips more than max_flip_rate of the
+    # probe tokens' experts at any LoRAMixer node (softdeploy.quant.routing)
+    routing_guard: bool = True
+    max_flip_rate: float = MAX_FLIP_RATE
 
     def resolved_target(self) -> str:
         """The deployment target (formats.TARGETS): ``target``, else SOFTDEPLOY_INT8_TARGET (how `compare` and Case
@@ -146,6 +151,8 @@ class QuantizedModel:
     int8_format: str = ""
     weights: str = "8-bit"  # formats.WEIGHTS: what the int8 weights are
     target: str = ""  # the CPU class the model is for, as its metadata records it (formats.TARGET_KEY)
+    # a model that routes (LoRAMixer nodes): routing agreement with fp32 and the nodes kept in float to protect it
+    routing: Any = None  # softdeploy.quant.routing.RoutingReport
 
     @property
     def reduce_range(self) -> bool:
@@ -318,12 +325,83 @@ def quantize(
     calibration: Sequence[Mapping[str, np.ndarray]] | None = None,
     calibration_cache: str | os.PathLike[str] | None = None,
     kernels: Kernels = "auto",
+    probe: Sequence[Mapping[str, np.ndarray]] | None = None,
 ) -> QuantizedModel:
     """Quantizes ``model`` (path or ModelProto) to ``output`` under ``config``.
 
     ``calibration`` (static mode): input batches, e.g. a few hundred real samples. With
     ``calibration_cache`` (a JSON path) the activation ranges are computed once and reused by later
-    calls (the sensitivity search quantizes the same model many times)."""
+    calls (the sensitivity search quantizes the same model many times).
+
+    A model that routes (LoRAMixer nodes) has its routing agreement with fp32 measured per node on ``probe`` (else
+    the calibration batches, else synthetic feeds) and, with ``config.routing_guard`` (default) and any node past
+    softdeploy.quant.routing.MAX_FLIP_RATE, is quantized again with the candidates on the routers' input path kept
+    in float; ``QuantizedModel.routing`` reports both measures and the nodes kept. The sensitivity probe
+    (``config.only``) skips this."""
+    made = _quantize_once(model, output, config, calibration, calibration_cache, kernels)
+    if config.only is not None or config.mode not in ("dynamic", "static"):
+        return made
+    proto = load_named(model)
+    from softdeploy.quant import routing
+
+    if not routing.mixer_nodes(proto):
+        return made
+    t0 = time.perf_counter()
+    feeds, described = routing.probe_for(proto, probe, calibration)
+    before = routing.measure(proto, made.path, feeds)
+    bad = routing.flipping(before, config.max_flip_rate)
+    if not bad or not config.routing_guard:
+        reason = (
+            f"every node within {config.max_flip_rate:.0%} flipped tokens"
+            if not bad
+            else f"{len(bad)} node(s) past {config.max_flip_rate:.0%} flipped tokens, guard off (routing_guard=False)"
+        )
+        made.routing = routing.RoutingReport(before, before, [], reason, described, config.max_flip_rate)
+        return _with_routing_note(made, t0)
+    names = [n for n, _ in candidate_nodes(proto, config)]
+    flipped = [r.node for r in bad]
+    # First the residual stream's writers nearest to the routers (fewer nodes in float); where routing still flips
+    # past the limit, everything upstream of the routers' input.
+    for stage in ("nearest", "upstream"):  # the stage that held is reported after the loop
+        guard = [
+            n
+            for n in routing.guard_nodes(proto, flipped, names, config.mode, nearest=stage == "nearest")
+            if n not in config.exclude
+        ]
+        kept = dataclasses.replace(config, exclude=tuple(config.exclude) + tuple(guard))
+        made = _quantize_once(model, output, kept, calibration, calibration_cache, kernels)
+        made.config = config
+        after = routing.measure(proto, made.path, feeds)
+        if not routing.flipping(after, config.max_flip_rate):
+            break
+    made.routing = routing.RoutingReport(
+        before,
+        after,
+        guard,
+        routing.describe_guard(bad, config.max_flip_rate, stage),
+        described,
+        config.max_flip_rate,
+    )
+    return _with_routing_note(made, t0)
+
+
+def _with_routing_note(made: QuantizedModel, t0: float) -> QuantizedModel:
+    """``made`` with the routing measure's time counted and its line after the format line: the one line that the
+    quantize text report and compare's quantization section print for a quantized model."""
+    made.seconds += time.perf_counter() - t0
+    made.int8_format = "; ".join(p for p in (made.int8_format, made.routing.line()) if p)
+    return made
+
+
+def _quantize_once(
+    model: str | os.PathLike[str] | Any,
+    output: str | os.PathLike[str],
+    config: QuantConfig,
+    calibration: Sequence[Mapping[str, np.ndarray]] | None,
+    calibration_cache: str | os.PathLike[str] | None,
+    kernels: Kernels,
+) -> QuantizedModel:
+    """One run of the quantizer under ``config`` (see quantize)."""
     from onnxruntime.quantization import CalibrationMethod as OrtCalibrationMethod
     from onnxruntime.quantization import QuantFormat, QuantType, quantize_dynamic, quantize_static
 
@@ -331,6 +409,12 @@ def quantize(
 
     register_onnx_schemas()  # the quantizer's shape inference must know com.softdeploy ops
     t0 = time.perf_counter()
+    if not isinstance(model, str | os.PathLike):
+        import onnx
+
+        copy = onnx.ModelProto()  # the rewrites below work in place: the caller's model stays float
+        copy.CopyFrom(model)
+        model = copy
     proto = load_named(model)
     check_softdeploy_ops(proto)
     candidates = candidate_nodes(proto, config)

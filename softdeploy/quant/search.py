@@ -6,6 +6,9 @@ Given a task metric (higher is better) and a budget ``max_drop``:
 2. sensitivity of each candidate node: quantize *that node alone* and measure how far the model's
    outputs move from fp32 on a few probe batches (1 - mean cosine of the output rows). This is the
    "why" of the report: a node is kept because quantizing it alone costs the most.
+   A model that routes (LoRAMixer nodes) keeps its routers' input path in float in every candidate model when int8
+   flips the experts of more than 2% of the probe tokens (softdeploy.quant.routing): the budget then applies to
+   what routing leaves in int8.
 3. keep the k most sensitive nodes in float for k = 1, 2, 4, ... until the task metric is within
    budget, then bisect between the last failing and the first passing k: the smallest such k
    (the search assumes the drop shrinks as more nodes stay in float; each trial is recorded, so a
@@ -95,6 +98,8 @@ class BudgetResult:
             f"{self.metric_name}: fp32 {self.fp32_metric:.4f}, all candidates int8 {self.full_int8_metric:.4f} "
             f"(drop {self.fp32_metric - self.full_int8_metric:+.4f}; budget {self.max_drop})"
         ]
+        if self.model.routing is not None:
+            lines.append(self.model.routing.line())
         if not self.sensitivities:
             lines.append("within budget with every candidate quantized: nothing kept in float")
             return lines
@@ -137,6 +142,7 @@ class BudgetResult:
             "reduce_range": self.model.reduce_range,
             "weights": self.model.weights,
             "int8_format": self.model.int8_format,
+            "routing": self.model.routing.to_json() if self.model.routing is not None else None,
             "explanation": self.explain(),
         }
 
@@ -253,7 +259,13 @@ def budget_search(
         # every candidate goes to the private work folder; only the chosen one is written to ``output`` (in one
         # step, at the end): a search that is interrupted leaves no model under ``output`` that was not chosen
         full = quantize(
-            fp32, work / "full.onnx", config, calibration=calibration, calibration_cache=cache, kernels=kernels
+            fp32,
+            work / "full.onnx",
+            config,
+            calibration=calibration,
+            calibration_cache=cache,
+            kernels=kernels,
+            probe=probe,
         )
         full_metric = evaluate(full.path)
         note("all-int8 evaluated")
@@ -283,6 +295,7 @@ def budget_search(
                 calibration=calibration,
                 calibration_cache=cache,
                 kernels=kernels,
+                probe=probe,
             )
             m = evaluate(q.path)
             ok = base - m <= max_drop

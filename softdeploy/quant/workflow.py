@@ -49,7 +49,10 @@ def quantize_file(
     # model included).
     with atomic_output(output, "quantized model") as target:
         if max_drop is None:
-            result: QuantizedModel | BudgetResult = quantize(model, target, config, calibration=calibration)
+            probe = dataset.batches[:4] if dataset is not None else None  # routing agreement (a model that routes)
+            result: QuantizedModel | BudgetResult = quantize(
+                model, target, config, calibration=calibration, probe=probe
+            )
         else:
             if dataset is None:
                 raise QuantizationError("--max-drop needs data to measure the metric on (--data)")
@@ -124,7 +127,7 @@ def quantize_case(
     calibration = case.calibration_feeds() if config.mode == "static" else None
     if max_drop is None:
         with progress.step(f"quantize: {config.describe()}"):
-            return fp32, quantize(fp32, output, config, calibration=calibration)
+            return fp32, quantize(fp32, output, config, calibration=calibration, probe=case.probe_feeds())
     metric = metric or case.primary_metric
     reference = case.evaluate(Session(fp32, kernels="auto", threads=threads).run, "native", progress, "ort-fp32")
     if metric not in reference.metrics and metric not in reference.rows:
@@ -173,6 +176,7 @@ def report_json(result: QuantizedModel | BudgetResult) -> dict[str, Any]:
         "int8_format": result.int8_format,
         "seconds": result.seconds,
         "size_bytes": result.size_bytes,
+        "routing": result.routing.to_json() if result.routing is not None else None,
     }
 
 

@@ -220,6 +220,16 @@ def _tvm_runner(path: Path, tuned: bool, threads: int) -> Runner:
     return run
 
 
+QUANTIZED = ("ort-int8-dynamic", "ort-int8-static")
+
+
+def _routes(model: Path) -> bool:
+    """Whether the model holds LoRAMixer nodes (read without its weights' external data)."""
+    from softdeploy.files import load_model
+
+    return any(n.op_type == "LoRAMixer" for n in load_model(model, load_external_data=False).graph.node)
+
+
 def _fp32_model(case: Case, models: Path, progress: Progress) -> Path:
     """The case's fp32 export ``models/fp32.onnx``, reused only while its content fingerprint is unchanged.
 
@@ -374,14 +384,20 @@ def run_compare(
 
     quantized: dict[str, QuantizedModel] = {}
     t0 = time.perf_counter()
+    # a model that routes has its int8 routing measured on the case's own inputs (softdeploy.quant.routing)
+    probe = case.probe_feeds() if any(int8 in variants for int8 in QUANTIZED) and _routes(fp32) else None
     if "ort-int8-dynamic" in variants:
         with progress.step("quantize: int8 dynamic, per-channel"):
-            quantized["ort-int8-dynamic"] = quantize(fp32, models / "int8_dynamic.onnx", dynamic_config(case, fp32))
+            quantized["ort-int8-dynamic"] = quantize(
+                fp32, models / "int8_dynamic.onnx", dynamic_config(case, fp32), probe=probe
+            )
     if "ort-int8-static" in variants:
         calibration = case.calibration_feeds()
         static = static_config(case, fp32)
         with progress.step(f"quantize: {static.describe()}, calibrating on {len(calibration)} batches"):
-            quantized["ort-int8-static"] = quantize(fp32, models / "int8_static.onnx", static, calibration=calibration)
+            quantized["ort-int8-static"] = quantize(
+                fp32, models / "int8_static.onnx", static, calibration=calibration, probe=probe
+            )
     steps["quantize"] = time.perf_counter() - t0
 
     def model_of(name: str) -> Path | None:

@@ -205,7 +205,9 @@ def final_name(path: Path) -> Path:
     return path
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (another user's included): a temporary file of a live writer is never
+    removed."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -240,7 +242,7 @@ def remove_stale_partials(path: str | os.PathLike[str]) -> list[Path]:
             if not (entry.name.startswith(".") and name.startswith(prefix)):
                 continue
             pid = name[len(prefix) :].split("-", 1)[0]
-            if pid.isdigit() and not _pid_alive(int(pid)):
+            if pid.isdigit() and not pid_alive(int(pid)):
                 with contextlib.suppress(OSError):
                     entry.unlink()
                     removed.append(entry)

@@ -279,18 +279,6 @@ def _read_json(path: Path) -> Any:
 _EXPORT_PREFIX = ".fp32-export-"
 
 
-def _process_alive(pid: int) -> bool:
-    import os
-
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # EPERM: another user's live process
-        return True
-    return True
-
-
 def _export_to(case: Case, target: Path) -> None:
     """``case.export_fp32`` into a private folder beside ``target`` (under the name ``fp32.onnx``: exporters and
     fusion passes may rewrite the file in place or want its suffix), then moved onto ``target``."""
@@ -298,9 +286,11 @@ def _export_to(case: Case, target: Path) -> None:
     import shutil
     import tempfile
 
+    from softdeploy.files import pid_alive
+
     for stale in target.parent.glob(f"{_EXPORT_PREFIX}*"):  # left by a run that was killed while exporting
         pid = stale.name[len(_EXPORT_PREFIX) :].split("-", 1)[0]
-        if stale.is_dir() and pid.isdigit() and not _process_alive(int(pid)):
+        if stale.is_dir() and pid.isdigit() and not pid_alive(int(pid)):
             shutil.rmtree(stale, ignore_errors=True)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=f"{_EXPORT_PREFIX}{os.getpid()}-") as tmp:
         exported = Path(tmp) / "fp32.onnx"

@@ -74,8 +74,8 @@ def test_ctrl_c_turned_into_a_librarys_error_is_one_line_and_exit_130(
 
     parser = cli._parser
 
-    def patched() -> object:
-        made = parser()
+    def patched(**kwargs: object) -> object:
+        made = parser(**kwargs)  # type: ignore[arg-type]
         made.set_defaults(fn=interrupted_import)
         for sub in made._subparsers._group_actions[0].choices.values():  # type: ignore[union-attr]
             sub.set_defaults(fn=interrupted_import)

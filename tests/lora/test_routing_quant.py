@@ -149,8 +149,7 @@ def test_budget_search_keeps_routing_and_reports_it(routed, tmp_path):
 def test_a_model_proto_handed_to_quantize_stays_float(tmp_path):
     # the rowwise rewrite works on the loaded model in place; a ModelProto from the caller must come back unchanged
     import onnx
-
-    from tests.quant.tiny import mlp_with_custom_op
+    from quant.tiny import mlp_with_custom_op
 
     model = mlp_with_custom_op(with_function=True)
     before = model.SerializeToString()

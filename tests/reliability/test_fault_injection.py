@@ -42,11 +42,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from quant.tiny import mlp_with_custom_op
 
 import softdeploy
 from softdeploy.errors import OutputError, OverwriteError
 from softdeploy.files import load_model
-from tests.quant.tiny import mlp_with_custom_op
 
 ROOT = Path(softdeploy.__file__).resolve().parents[1]
 SIZE_LIMIT = 4096  # bytes: below every model written here (the smallest, export's, is ~18 KB)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import onnx
 import pytest
 
+from serve.tiny import rowwise_mlp
 from softdeploy.cli import main
-from tests.serve.tiny import rowwise_mlp
 
 
 @pytest.fixture

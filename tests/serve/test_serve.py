@@ -14,9 +14,9 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
+from serve.tiny import rowwise_mlp
 from softdeploy.errors import InputError, OpContractError, RuntimeFailure, SoftdeployError
 from softdeploy.runtime import Session
-from tests.serve.tiny import rowwise_mlp
 
 MAX_BODY = 64 * 1024
 

@@ -9,10 +9,10 @@ import json
 import numpy as np
 import pytest
 
+from serve.tiny import two_inputs
 from softdeploy.errors import InputError
 from softdeploy.runtime import Session
 from softdeploy.serve import wire
-from tests.serve.tiny import two_inputs
 
 
 def _feeds(seed: int = 0) -> dict[str, np.ndarray]:

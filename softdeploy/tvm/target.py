@@ -15,8 +15,7 @@ def import_tvm() -> Any:
 
     Also sizes TVM's thread pool when the user has not (neither TVM_NUM_THREADS nor OMP_NUM_THREADS
     set): to the physical cores. TVM reads the variable when it first runs a parallel kernel. Left to
-    its own default, every kernel ran ~1.8x slower on this 2-core host at any ``set_threads`` (SoftmaxTopK
-    4x32000: 73 us per call against 40 us at 1 thread and 28 us at 2 with the pool sized explicitly)."""
+    its own default, every kernel ran ~1.8x slower on a 2-core host at any ``set_threads`` (bench/results/tvm_ops.md)."""
     if "TVM_NUM_THREADS" not in os.environ and "OMP_NUM_THREADS" not in os.environ:
         os.environ["TVM_NUM_THREADS"] = str(physical_cores())
     try:
@@ -89,8 +88,8 @@ def target_has(features: tuple[str, ...] | list[str]) -> bool:
 
 # Tuning records are measured schedules: what is fastest depends on the vector width and the number of
 # vector registers (AVX-512: 32 x 512 bit; AVX2: 16 x 256 bit), so records tuned for one class are not
-# applied to a target of another (issue 13: znver4's records on a znver3 target ran MiniLM at 1.89x
-# onnxruntime, against 1.07x on znver4). The classes are the native kernels' variants (avx512 = F, BW, VL,
+# applied to a target of another (znver4's records on a znver3 target ran MiniLM at 1.89x
+# onnxruntime's time, against 1.07x on znver4). The classes are the native kernels' variants (avx512 = F, BW, VL,
 # DQ; avx2 = AVX2 + FMA), LLVM's -mcpu names of common x86-64 CPUs mapped to them so that no LLVM is
 # needed to read the table (LLVM 22's names: Kaby/Coffee/Comet Lake are "skylake" there); other names are
 # asked of LLVM (llvm_cpu_has_features). tests/tvm_backend/test_records.py checks the table against LLVM.

@@ -314,6 +314,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     """``softdeploy compare``: a built-in or user --case, a --workflow file, or MODEL with --data/--metric, in every
     variant; prints the table and writes the reports."""
+    import dataclasses
     from pathlib import Path
 
     from softdeploy.compare import VARIANTS, run_compare
@@ -328,7 +329,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if args.model or args.workflow:
         if args.case:
             raise ArgumentError("compare: give MODEL / --workflow or --case, not both")
-        return _run_workflow(_compare_workflow(args), console, variants=variants, quick=args.quick)
+        workflow = _compare_workflow(args)
+        if args.target:  # the command line's target outranks the workflow file's
+            workflow = dataclasses.replace(
+                workflow,  # type: ignore[type-var]
+                quantize=dataclasses.replace(workflow.quantize, target=args.target),  # type: ignore[attr-defined]
+            )
+        return _run_workflow(workflow, console, variants=variants, quick=args.quick)
     case = _load_case(args.case or DEFAULT_CASE, quick=args.quick)
     out = Path(args.out) / case.name
     # reports are rewritten on every run; a folder or a dangling link in their place is refused before the run
@@ -342,6 +349,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
             eval_threads=args.eval_threads,
             rounds=3 if args.quick else args.rounds,
             quiet_wait=0.0 if args.quick else args.quiet_wait,
+            int8_target=args.target,
             progress=progress,
         )
         with progress.step("write report.md, results.csv, results.json, accuracy_vs_latency.png"):
@@ -1095,6 +1103,7 @@ def _from_interrupt(e: BaseException) -> bool:
 
 def _add_quantize_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     from softdeploy.models import CASES, DEFAULT_CASE
+    from softdeploy.quant.formats import TARGETS
 
     p = sub.add_parser(
         "quantize",
@@ -1120,7 +1129,7 @@ def _add_quantize_parser(sub: argparse._SubParsersAction) -> None:  # type: igno
     )
     p.add_argument(
         "--target",
-        choices=("auto", "portable", "vnni", "avx512", "avx2", "x86-64"),
+        choices=TARGETS,
         default=None,
         help="the CPU class the model is for (default: auto, this CPU's): portable runs fast and exact on every "
         "x86-64 class (dynamic: lane-bounded RowwiseInt8MatMul; static: pair-bounded QDQ); vnni, avx512, avx2, "
@@ -1152,6 +1161,7 @@ def _add_quantize_parser(sub: argparse._SubParsersAction) -> None:  # type: igno
 def _add_compare_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     from softdeploy.compare import VARIANTS
     from softdeploy.models import CASES, DEFAULT_CASE
+    from softdeploy.quant.formats import TARGETS
 
     p = sub.add_parser(
         "compare",
@@ -1190,6 +1200,13 @@ def _add_compare_parser(sub: argparse._SubParsersAction) -> None:  # type: ignor
         type=float,
         default=20.0,
         help="before timing, wait up to this many seconds for other processes to go idle (shared machines)",
+    )
+    p.add_argument(
+        "--target",
+        choices=TARGETS,
+        default=None,
+        help="the CPU class the int8 variants are quantized for (as quantize --target; default: the case's or "
+        "workflow's, else this CPU's)",
     )
     p.add_argument("--quick", action="store_true", help="a subset of the data and fewer rounds (smoke test)")
     p.set_defaults(fn=cmd_compare)

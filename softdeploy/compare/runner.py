@@ -33,6 +33,7 @@ from softdeploy.compare.metrics import cosine_rows, kl_softmax, topk_agreement
 from softdeploy.errors import OutputError, SoftdeployError
 from softdeploy.files import final_name, make_folder
 from softdeploy.quant import QuantConfig, QuantizedModel, quantize
+from softdeploy.quant.formats import TARGETS
 
 REFERENCE = "ort-fp32"
 
@@ -340,20 +341,25 @@ def run_compare(
     rounds: int = 8,
     round_seconds: float = 0.25,
     quiet_wait: float = 0.0,
+    int8_target: str | None = None,
     progress: Progress,
 ) -> CompareResult:
     """Runs ``case`` in every variant of ``variants`` (the torch reference always included) and returns the
     CompareResult; models go to ``out/models``. Accuracy runs use ``eval_threads`` (default all cores); latency runs use
     ``threads`` and ``rounds`` interleaved rounds of ``round_seconds`` each (interleaved so that a change in machine
-    load hits every variant alike), after waiting up to ``quiet_wait`` seconds for the machine to go idle. Unknown
-    variant names, a case name that is not a plain folder name and thread counts below 1 raise SoftdeployError
-    before any work; thread counts above the CPU count are lowered to it with a one-line warning."""
+    load hits every variant alike), after waiting up to ``quiet_wait`` seconds for the machine to go idle.
+    ``int8_target`` (softdeploy.quant.formats.TARGETS) is the CPU class the int8 variants are quantized for, over the
+    case's own configs (None: theirs, else SOFTDEPLOY_INT8_TARGET, else this CPU's). Unknown variant names or
+    targets, a case name that is not a plain folder name and thread counts below 1 raise SoftdeployError before any
+    work; thread counts above the CPU count are lowered to it with a one-line warning."""
     t_start = time.perf_counter()
     steps: dict[str, float] = {}
     specs = known_variants()
     unknown = [v for v in variants if v not in specs]
     if unknown:
         raise SoftdeployError(f"unknown variant(s) {unknown}; choose from {list(specs)}")
+    if int8_target is not None and int8_target not in TARGETS:
+        raise SoftdeployError(f"int8 target {int8_target!r} is not one of {list(TARGETS)}")
     if REFERENCE not in variants:
         variants = [REFERENCE, *variants]
     from softdeploy.workflow.spec import bounded_threads, check_folder_name, cpu_count
@@ -379,11 +385,11 @@ def run_compare(
     if "ort-int8-dynamic" in variants:
         with progress.step("quantize: int8 dynamic, per-channel"):
             quantized["ort-int8-dynamic"] = quantize(
-                fp32, models / "int8_dynamic.onnx", dynamic_config(case, fp32), probe=probe
+                fp32, models / "int8_dynamic.onnx", _for_target(dynamic_config(case, fp32), int8_target), probe=probe
             )
     if "ort-int8-static" in variants:
         calibration = case.calibration_feeds()
-        static = static_config(case, fp32)
+        static = _for_target(static_config(case, fp32), int8_target)
         with progress.step(f"quantize: {static.describe()}, calibrating on {len(calibration)} batches"):
             quantized["ort-int8-static"] = quantize(
                 fp32, models / "int8_static.onnx", static, calibration=calibration, probe=probe
@@ -492,6 +498,11 @@ def run_compare(
     result.floors = case.floors(result.rows())
     result.seconds = time.perf_counter() - t_start
     return result
+
+
+def _for_target(config: QuantConfig, target: str | None) -> QuantConfig:
+    """``config`` quantizing for ``target`` when one is given (the run's choice outranks the case's)."""
+    return config if target is None else dataclasses.replace(config, target=target)
 
 
 def static_config(case: Case, fp32: Path) -> QuantConfig:

@@ -288,6 +288,62 @@ def test_a_workflows_target_reaches_its_int8_models(tmp_path: Path, monkeypatch:
     assert model_int8_metadata(onnx.load(models / "int8_static.onnx"))[TARGET_KEY] == "portable"
 
 
+@native
+def test_compare_target_outranks_the_workflows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`compare --workflow F --target T`: both int8 variants are quantized for T, over the file's own target."""
+    from softdeploy.cli import main
+
+    onnx.save(_fc(), tmp_path / "fc.onnx")
+    np.savez(tmp_path / "x.npz", X=np.random.default_rng(0).standard_normal((16, 64)).astype(np.float32))
+    wf = {
+        "name": "targeted",
+        "model": "fc.onnx",
+        "data": {"inputs": "x.npz"},
+        "quantize": {"mode": "dynamic", "target": "vnni"},
+        "variants": ["ort-fp32", "ort-int8-dynamic", "ort-int8-static"],
+        "rounds": 1,
+        "out": "res",
+    }
+    (tmp_path / "wf.json").write_text(json.dumps(wf))
+    monkeypatch.chdir(tmp_path)
+    assert main(["compare", "--workflow", "wf.json", "--quick", "--target", "portable"]) == 0
+    models = tmp_path / "res" / "targeted" / "models"
+    assert model_int8_metadata(onnx.load(models / "int8_dynamic.onnx")) == {
+        TARGET_KEY: "portable",
+        FORMAT_KEY: "lane-bounded",
+    }
+    assert model_int8_metadata(onnx.load(models / "int8_static.onnx")) == {
+        TARGET_KEY: "portable",
+        FORMAT_KEY: "pair-bounded",
+    }
+
+
+@native
+def test_run_compare_quantizes_a_case_for_the_target(tmp_path: Path) -> None:
+    """`compare --case NAME --target T` reaches run_compare(int8_target=T): the case's int8 models record T."""
+    from compare.tiny_case import TinyCase
+
+    from softdeploy.compare import run_compare
+    from softdeploy.compare.progress import SilentProgress
+    from softdeploy.errors import SoftdeployError
+
+    with pytest.raises(SoftdeployError, match="int8 target 'zen3' is not one of"):
+        run_compare(TinyCase(), tmp_path / "bad", int8_target="zen3", progress=SilentProgress())
+    assert not (tmp_path / "bad").exists()  # refused before any work
+    variants = ["ort-fp32", "ort-int8-dynamic", "ort-int8-static"]
+    run_compare(
+        TinyCase(),
+        tmp_path,
+        variants=variants,
+        rounds=1,
+        round_seconds=0.01,
+        int8_target="avx2",
+        progress=SilentProgress(),
+    )
+    for name in ("int8_dynamic.onnx", "int8_static.onnx"):
+        assert model_int8_metadata(onnx.load(tmp_path / "models" / name))[TARGET_KEY] == "avx2"
+
+
 @pytest.mark.parametrize("scale", [0.05, 0.3, 1.0, 3.0])
 @pytest.mark.parametrize("levels", [127, 255])
 def test_the_warning_scan_agrees_with_lane_groups(scale: float, levels: int) -> None:

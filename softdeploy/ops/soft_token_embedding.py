@@ -471,11 +471,12 @@ def torch_impl(logits: Any, embedding: Any, uniform: Any = None, mode: Any = Non
     return mixed.to(logits.dtype), w.to(logits.dtype), ids, entropy.to(logits.dtype)
 
 
-def torch_fake(logits: Any, embedding: Any, uniform: Any = None, mode: Any = None, **attrs: Any) -> Any:
-    """SoftTokenEmbedding on torch's fake tensors (export tracing): the shape checks, then empty outputs."""
+def torch_fake(logits: Any, embedding: Any, uniform: Any = None, mode: Any = None, *attr_values: Any) -> Any:
+    """SoftTokenEmbedding on torch's fake tensors (export tracing; torch passes the attributes positionally, in the
+    order of DEF.attrs): the shape checks, then empty outputs."""
     import torch
 
-    a = _resolve(attrs)
+    a = _resolve(dict(zip(DEFAULTS, attr_values, strict=False)))
     validate(tuple(logits.shape), tuple(embedding.shape), None if uniform is None else tuple(uniform.shape), None, a)
     bsz, k = logits.shape[0], a["max_topk"]
     return (
@@ -724,3 +725,4 @@ DEF = OpDef(
     "Zhang et al. 2025, Soft Thinking (eric-ai-lab/Soft-Thinking sampler.py, schedule_batch.py)",
     atol_scale=error_scale,
 )
+assert tuple(a.name for a in DEF.attrs) == tuple(DEFAULTS), "torch_fake maps positional attributes by DEFAULTS' order"

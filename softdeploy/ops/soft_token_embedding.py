@@ -4,7 +4,8 @@ entropy the loop's cold stop reads.
 
 Per row b of Logits [B, V], with the row's mode m = Mode[b] (0 thinking, 1 after thinking; Mode
 omitted = every row thinking) choosing the parameters (T, top_k, top_p, min_p) = (temperature, top_k,
-top_p, min_p) for m = 0 and the ``after_thinking_*`` four for m = 1:
+top_p, min_p) for m = 0 and (after_thinking_temperature, after_thinking_top_k, after_thinking_top_p,
+after_thinking_min_p) for m = 1:
 
     p       = softmax(Logits[b] / T)
     Entropy = -sum_j p_j ln p_j                                       (0 ln 0 = 0; natural log)

@@ -26,9 +26,9 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from softdeploy import conformance  # noqa: E402
-from softdeploy.ops import REGISTRY, Sample  # noqa: E402
-from softdeploy.runtime import Session  # noqa: E402
+from softdeploy import conformance
+from softdeploy.ops import REGISTRY, Sample
+from softdeploy.runtime import Session
 
 ATTRS = {
     "plain": {},

@@ -257,7 +257,7 @@ def reference(
     for name in ("temperature", "top_p", "min_p"):
         a["after_thinking_" + name] = _f32(a["after_thinking_" + name])
     x = np.asarray(logits).astype(np.float64)
-    emb = np.asarray(embedding).astype(np.float64)
+    emb = np.asarray(embedding)
     bsz, _ = x.shape
     k = a["max_topk"]
     has_noise = a["noise"] == "gumbel"
@@ -279,7 +279,8 @@ def reference(
         noise_row = u[b] if has_noise and not after and u is not None else None
         weights[b], ids[b], entropy[b] = _row(x[b], noise_row, b, params, a)
     with np.errstate(invalid="ignore", over="ignore"):
-        mixed = np.einsum("bk,bke->be", weights, emb[ids]) if bsz else np.zeros((0, emb.shape[1]))
+        rows = emb[ids].astype(np.float64)
+        mixed = np.einsum("bk,bke->be", weights, rows) if bsz else np.zeros((0, emb.shape[1]))
     f32 = np.float32
     return mixed.astype(f32), weights.astype(f32), ids, entropy.astype(f32)
 
@@ -312,17 +313,33 @@ def SoftTokenEmbedding(
     zero_d = op.CastLike(zero, xd)
     one_d = op.CastLike(op.Constant(value_float=1.0), xd)
     nan_d = op.CastLike(op.Constant(value_float=float("nan")), xd)
-    pos_inf_d = op.CastLike(op.Constant(value_float=float("inf")), xd)
     axis1 = op.Constant(value_ints=[1])
-    # Ranking key (SoftmaxTopK's body): +inf -> 2 FLT_MAX, NaN -> +inf; TopK keeps lower ids first on ties.
-    above_finite = op.Mul(op.CastLike(op.Constant(value_float=3.4028234663852886e38), xd), op.CastLike(2.0, xd))
-    key = op.Where(op.IsInf(xd, detect_negative=0), above_finite, xd)
-    key = op.Where(op.IsNaN(xd), pos_inf_d, key)
-    # Rows without a distribution: a NaN, a +inf, or no entry above -inf.
-    no_nan = op.Where(op.IsNaN(xd), op.CastLike(op.Constant(value_float=float("-inf")), xd), xd)
-    row_max = op.ReduceMax(no_nan, axis1, keepdims=1)
+    # Ranking key: NaN -> 4 FLT_MAX, +inf -> 2 FLT_MAX, -inf -> -2 FLT_MAX (SoftmaxTopK's order, all finite),
+    # then made distinct with lower ids first: key - id * (|key| 2^-50 + 2^-1000). A float32 value's double
+    # has 29 spare bits, so the steps (>= 4 ulps, exact products) never reach the next float32 value for
+    # V < 2^20, and no TopK implementation has ties left to order (TVM's does not keep lower ids first).
+    flt2 = op.Mul(op.CastLike(op.Constant(value_float=3.4028234663852886e38), xd), op.CastLike(2.0, xd))
+    # (Equal against +-inf, not IsInf's detect_* attributes, which TVM's importer ignores)
+    is_pos_inf = op.Equal(xd, op.CastLike(op.Constant(value_float=float("inf")), xd))
+    is_neg_inf = op.Equal(xd, op.CastLike(op.Constant(value_float=float("-inf")), xd))
+    key = op.Where(is_pos_inf, flt2, xd)
+    key = op.Where(is_neg_inf, op.Neg(flt2), key)
+    key = op.Where(op.IsNaN(xd), op.Add(flt2, flt2), key)
+    t200 = op.Mul(
+        op.CastLike(op.Constant(value_float=2.0**-100), xd), op.CastLike(op.Constant(value_float=2.0**-100), xd)
+    )
+    t400 = op.Mul(t200, t200)
+    tiny = op.Mul(op.Mul(t400, t400), t200)  # 2^-1000 (not a float32 constant), a normal double
+    rel = op.CastLike(op.Constant(value_float=2.0**-50), xd)
+    v_s = op.Squeeze(op.Shape(Logits, start=1, end=2))
+    id_d = op.Cast(op.Range(op.Constant(value_int=0), v_s, op.Constant(value_int=1)), to=DOUBLE.dtype)
+    key = op.Sub(key, op.Mul(id_d, op.Add(op.Mul(op.Abs(key), rel), tiny)))
+    # Rows without a distribution: a NaN, a +inf, or no entry above -inf (indicator reductions: no reliance
+    # on how a backend's ReduceMax treats NaN or starts its maximum).
     has_nan = op.Greater(op.ReduceMax(op.Cast(op.IsNaN(xd), to=DOUBLE.dtype), axis1, keepdims=1), zero_d)
-    special = op.Or(has_nan, op.IsInf(row_max))
+    has_pos_inf = op.Greater(op.ReduceMax(op.Cast(is_pos_inf, to=DOUBLE.dtype), axis1, keepdims=1), zero_d)
+    all_neg_inf = op.Greater(op.ReduceMin(op.Cast(is_neg_inf, to=DOUBLE.dtype), axis1, keepdims=1), zero_d)
+    special = op.Or(op.Or(has_nan, has_pos_inf), all_neg_inf)
     x = op.Where(special, zero_d, xd)
 
     v = op.Shape(Logits, start=1, end=2)  # [1]
@@ -384,7 +401,10 @@ def SoftTokenEmbedding(
     y = op.Div(op.Add(op.Log(op.Add(w, eps)), op.Mul(nf, g)), ta)
     w_noise = op.Softmax(y, axis=1)
     w2 = op.Where(op.And(use_noise, op.Not(special)), w_noise, w)
-    _, order = op.TopK(w2, k1, axis=1, largest=1, sorted=1)  # stable: ties keep the rank order
+    # Re-sort, stable (ties keep the rank order): distinct keys as above, slot instead of id.
+    slot = op.Cast(op.Range(op.Constant(value_int=0), k, op.Constant(value_int=1)), to=DOUBLE.dtype)
+    w2_key = op.Sub(w2, op.Mul(slot, op.Add(op.Mul(op.Abs(w2), rel), tiny)))
+    _, order = op.TopK(w2_key, k1, axis=1, largest=1, sorted=1)
     w3 = op.GatherElements(w2, order, axis=1)
     Ids = op.GatherElements(ids, order, axis=1)
     w3 = op.Where(special, nan_d, w3)
@@ -468,7 +488,7 @@ def torch_impl(logits: Any, embedding: Any, uniform: Any = None, mode: Any = Non
         ids = torch.where(use_noise[:, None], torch.gather(ids, 1, resort), ids)
     w = torch.where(special[:, None], torch.full_like(w, torch.nan), w)
     entropy = torch.where(special, torch.full_like(entropy, torch.nan), entropy)
-    mixed = torch.einsum("bk,bke->be", w, embedding.double()[ids])
+    mixed = torch.einsum("bk,bke->be", w, embedding[ids].double())
     return mixed.to(logits.dtype), w.to(logits.dtype), ids, entropy.to(logits.dtype)
 
 

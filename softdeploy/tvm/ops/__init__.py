@@ -156,8 +156,8 @@ FUNCTION_BODY_ONLY: dict[str, str] = {
     "SoftpickAttention": "no TIR flash-style compute yet: TVM runs the float64 function body, which "
     "materialises the [B, H, Tq, Tk] scores",
     "SoftTokenEmbedding": "no TIR compute yet: TVM runs the float64 function body (a TopK over the vocabulary "
-    "for the candidates, the probability row in float64); TVM's TopK orders equal keys arbitrarily, so rows "
-    "with tied logits (masked -inf entries, all -inf rows) may get other Ids than the ranking rule",
+    "for the candidates over tie-free keys, since TVM's TopK does not keep lower ids first; the probability "
+    "row in float64)",
 }
 
 # Ops that have no TIR compute and whose function body TVM's importer cannot take -> why. The

@@ -424,6 +424,11 @@ def _torch_check(logits: Any, embedding: Any, uniform: Any, mode: Any, a: dict[s
     return mode_np
 
 
+def _num_candidates(top_k: int, max_topk: int, v: int) -> int:
+    """Ranked entries the filters can need: max_topk, or top_k when it is on and larger (its normaliser)."""
+    return min(v, max(max_topk, top_k if 0 < top_k < v else 0))
+
+
 def torch_impl(logits: Any, embedding: Any, uniform: Any = None, mode: Any = None, **attrs: Any) -> Any:
     """Eager torch SoftTokenEmbedding (Mixed, Weights, Ids, Entropy), computed in float64 like the reference and
     returned in Logits' type; registered as torch.ops.softdeploy.soft_token_embedding. It checks the contract
@@ -443,8 +448,15 @@ def torch_impl(logits: Any, embedding: Any, uniform: Any = None, mode: Any = Non
             logits.new_empty((0,)),
         )
     x = logits.double()
-    # A stable descending sort ranks NaN first, +inf next, and keeps lower ids first on ties.
-    order = torch.sort(x, dim=1, descending=True, stable=True).indices
+    # The first kc ranked entries by one topk over distinct keys (the function body's: NaN, +inf, -inf moved to
+    # finite stand-ins in the same order, then key - id (|key| 2^-50 + 2^-1000), lower ids first on ties).
+    flt2 = 2.0 * float(np.finfo(np.float32).max)
+    key = torch.where(x == torch.inf, flt2, torch.where(x == -torch.inf, -flt2, x))
+    key = torch.where(torch.isnan(x), 2 * flt2, key)
+    idx = torch.arange(v, device=dev, dtype=torch.float64)
+    key = key - idx * (key.abs() * 2.0**-50 + 2.0**-1000)
+    kc = max(_num_candidates(a["top_k"], k, v), _num_candidates(a["after_thinking_top_k"], k, v))
+    order = torch.topk(key, kc, dim=1, largest=True, sorted=True).indices
     special = torch.isnan(x).any(1) | (x == torch.inf).any(1) | ~(x > -torch.inf).any(1)
     after = torch.zeros(bsz, dtype=torch.bool, device=dev) if mode is None else mode == 1
 
@@ -461,8 +473,8 @@ def torch_impl(logits: Any, embedding: Any, uniform: Any = None, mode: Any = Non
     xs = torch.where(special[:, None], torch.zeros_like(x), x)
     p = torch.softmax(xs / t, dim=1)
     entropy = -torch.where(p > 0, p * torch.log(p), torch.zeros_like(p)).sum(1)
-    ps = torch.gather(p, 1, order)
-    pos = torch.arange(v, device=dev)[None, :]
+    ps = torch.gather(p, 1, order)  # [B, kc]: every filter keeps a prefix within the first kc
+    pos = torch.arange(kc, device=dev)[None, :]
     top_k_on = (tk > 0) & (tk < v)
     kk = torch.where(top_k_on, tk, torch.full_like(tk, v))
     in_k = pos < kk

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/kernel.h"
@@ -41,6 +42,18 @@ struct SoftTokenEmbeddingContract {
         noise_factor(attrs.Float("noise_factor", 1.0f)),
         clamp_min(attrs.Float("clamp_min", -1.5f)),
         clamp_max(attrs.Float("clamp_max", 3.0f)) {}
+
+  // From plain values (the CUDA C ABI, ops/cuda/c_api.cc).
+  SoftTokenEmbeddingContract(const Filters& thinking_filters, const Filters& after_filters, int64_t k,
+                             std::string noise_kind, float tau_value, float factor, float lo, float hi)
+      : thinking(thinking_filters),
+        after(after_filters),
+        max_topk(k),
+        noise(std::move(noise_kind)),
+        tau(tau_value),
+        noise_factor(factor),
+        clamp_min(lo),
+        clamp_max(hi) {}
 
   static void CheckFilters(const char* prefix, const Filters& f) {
     const char* op = kSoftTokenEmbedding;

@@ -62,7 +62,8 @@ the outputs to float32; the kernel is held to the tolerance derived beside the s
 The kernel (ops/soft_token_embedding.cc) reads Logits once per row: SoftmaxTopK's fast row
 (ops/softmax_topk_kernels.h) with the entropy's second sum fused in, for the top
 max(max_topk, top_k) candidates and the normaliser, then the filters on those candidates in double
-and the K x E weighted gather.
+and the K x E weighted gather. The CUDA kernel (ops/cuda/soft_token_embedding.cu) follows the same
+rules, except that a device kernel cannot raise: a bad Noise or Mode value gives its row NaN outputs.
 """
 
 from __future__ import annotations

@@ -210,23 +210,37 @@ def load(port: int, bodies: list[bytes], concurrency: int, per_client: int) -> t
 
 
 def check_answers(port: int, model: Path, feeds: list[dict[str, np.ndarray]], threads: int) -> str:
-    """Sequential requests against Session.run on the same inputs (batch 1 each: nothing to stack)."""
+    """16 requests sent 8 at a time (so a batching replica gets batches), each answer against Session.run of that
+    request alone with the replica's thread count, bit for bit; and what /metadata says of stacking."""
+    import json
+
     from softdeploy.runtime import Session
     from softdeploy.serve import wire
 
     sess = Session(model, threads=threads)
-    exact, worst = 0, 0.0
-    conn = http.client.HTTPConnection(HOST, port, timeout=120)
-    for f in feeds[:8]:
+
+    def one(f: dict[str, np.ndarray]) -> tuple[bool, float]:
+        conn = http.client.HTTPConnection(HOST, port, timeout=120)
         conn.request("POST", "/", body=npz_body(f), headers={"Content-Type": "application/x-npz"})
         resp = conn.getresponse()
         got = wire.decode_response(resp.read(), resp.getheader("Content-Type"))
+        conn.close()
         want = dict(zip(sess.output_names, sess.run(f), strict=True))
         same = all(got[k].tobytes() == want[k].tobytes() for k in want)
-        exact += same
-        worst = max(worst, *(float(np.max(np.abs(got[k] - want[k]))) for k in want))
+        return same, max(float(np.max(np.abs(got[k] - want[k]))) for k in want)
+
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(8) as pool:
+        checked = list(pool.map(one, feeds[:16]))
+    conn = http.client.HTTPConnection(HOST, port, timeout=120)
+    conn.request("GET", "/metadata")
+    batching = json.loads(conn.getresponse().read())["batching"]
     conn.close()
-    return f"{exact}/8 answers bit-identical to Session.run (max |diff| {worst:.1e})"
+    exact = sum(same for same, _ in checked)
+    worst = max(diff for _, diff in checked)
+    stacks = f"stacks: {batching.get('stacks')}" if batching["enabled"] else "batching off"
+    return f"{exact}/{len(checked)} answers bit-identical to Session.run (max |diff| {worst:.1e}); {stacks}"
 
 
 def main() -> int:
@@ -281,8 +295,7 @@ def main() -> int:
     for label, options in configs:
         serve.run(build_app(model, options), name="bench", route_prefix="/", blocking=False)
         load(port, bodies, 2, 4)  # warm-up: every replica's session has run
-        if "unbatched" in label and options.replicas == 1:
-            notes.append(f"{label}: {check_answers(port, model, feeds, cpus)}")
+        notes.append(f"{label}: {check_answers(port, model, feeds, options.cpus_per_replica)}")
         pids = ray_pids()
         for c in levels:
             per_client = max(4, (16 if args.quick else 48) // c)

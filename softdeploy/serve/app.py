@@ -242,6 +242,8 @@ class ModelServer:
             "largest_batch": 0,
             "batch_sizes": {},
             "check_runs": 0,
+            "batches": 0,
+            "largest_batch_requests": 0,
         }
         self.replica = os.environ.get("RAY_SERVE_REPLICA_ID") or f"pid {os.getpid()}"
         try:
@@ -321,6 +323,9 @@ class ModelServer:
         return [[p[i] for p in parts] for i in range(len(items))]
 
     def _run_batch_sync(self, items: list[tuple[dict[str, np.ndarray], list[str] | None]]) -> list[Any]:
+        """Answers one batch of the batch handler: its requests grouped by shape, each group run by _run_group."""
+        self.stats["batches"] += 1
+        self.stats["largest_batch_requests"] = max(self.stats["largest_batch_requests"], len(items))
         groups: dict[Any, list[int]] = {}
         for i, (feeds, outputs) in enumerate(items):
             key = (tuple((n, a.dtype.str, a.shape[1:]) for n, a in sorted(feeds.items())), tuple(outputs or ()))

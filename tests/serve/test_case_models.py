@@ -83,10 +83,9 @@ def _same(a: np.ndarray, b: np.ndarray) -> bool:
 def test_case_models_over_http_are_bit_identical_to_session_run(ray_serve: tuple[str, int], name: str) -> None:
     from ray import serve
 
+    from softdeploy.models.assets import MissingAssetError
     from softdeploy.serve.app import ServeOptions, build_app
     from softdeploy.serve.client import Client
-
-    from softdeploy.models.assets import MissingAssetError
 
     try:
         models, requests = _build(name)

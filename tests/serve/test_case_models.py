@@ -54,7 +54,7 @@ def _build(name: str) -> tuple[dict[str, Path], list[dict[str, np.ndarray]]]:
             quantize(fp32, path, config, calibration=calibration, probe=probe)
             cache.seal(path, f"{name} int8 {mode} model")
         models[f"int8-{mode}"] = path
-    return models, _requests(case.calibration_feeds() + case.probe_feeds())
+    return models, _requests(case.probe_feeds() + case.calibration_feeds())
 
 
 def _requests(batches: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
@@ -115,6 +115,8 @@ def test_case_models_over_http_are_bit_identical_to_session_run(ray_serve: tuple
             assert not wrong, f"{name} {variant}: answers differ from Session.run: {wrong[:5]}"
             assert after["requests"] - before["requests"] == len(requests)
             found[variant] = (meta["batching"]["enabled"], after["stacks"], after["largest_batch"])
+            if after["stacks"]:  # a batch-invariant model: concurrent requests of one shape were stacked
+                assert after["largest_batch"] > 2, (name, variant, after)
         finally:
             serve.delete(app)
     # every model here has a batch dimension: batching was on for each, stacking wherever the model allowed it

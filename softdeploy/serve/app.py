@@ -19,13 +19,13 @@ dimension: the requests that arrive together are handed to the replica's worker 
 bit-identical to ``Session.run`` of that request alone, so the worker stacks requests of one shape (concatenates
 them along the first dimension, runs once and splits back) only where that gives the same bits, and otherwise runs
 them one by one inside the batch (still one hand-off per batch, not per request). Whether it gives the same bits is
-a property of the model's kernels, not of softdeploy: onnxruntime's ReduceSum over a middle axis, for one, sums
+a property of the model's operators (onnxruntime's and softdeploy's kernels alike): onnxruntime's ReduceSum over a middle axis, for one, sums
 ``[1, T, D]`` (which it treats as ``[T, D]``) in another order than ``[B, T, D]``, so a mean-pooled encoder's
 sentence embedding moves in the last bit when stacked. The rule (:class:`BatchInvariance`):
 
 * at startup the replica runs a random input alone and inside stacks of 2 and ``max_batch_size`` rows (symbolic
-  dimensions other than the batch set to 16, integer inputs 0 or 1); if any output row of it differs, or the probe
-  cannot run, the replica never stacks;
+  dimensions other than the batch set to 16, integer inputs 0 or 1, the other rows' floats 4x larger); if any output
+  row of it differs, or the probe cannot run, the replica never stacks;
 * otherwise it stacks, and checks each new (shape, stacked rows) combination once on the real requests of that
   batch (their stacked answer against each run alone, answering with the latter); the first difference turns
   stacking off for good.
@@ -121,15 +121,15 @@ PROBE_DIM = 16  # the size of a symbolic non-batch dimension in the startup prob
 MAX_CHECKED = 1024  # (shape, rows) combinations remembered as checked; past it the memory starts over
 
 
-def _probe_input(arg: Any, rows: int, rng: np.random.Generator) -> np.ndarray:
-    """A random ``rows``-row input for the ORT input ``arg``: N(0, 1) floats, 0/1 integers (a valid token id, mask
-    or index for any table), random booleans; symbolic dimensions past the first are PROBE_DIM."""
+def _probe_input(arg: Any, rows: int, rng: np.random.Generator, scale: float = 1.0) -> np.ndarray:
+    """A random ``rows``-row input for the ORT input ``arg``: N(0, scale^2) floats, 0/1 integers (a valid token id,
+    mask or index for any table), random booleans; symbolic dimensions past the first are PROBE_DIM."""
     from softdeploy.runtime.session import _element_type
 
     shape = [rows] + [d if isinstance(d, int) and d > 0 else PROBE_DIM for d in (arg.shape or [])[1:]]
     dtype = np.dtype(_element_type(arg.type))
     if dtype.kind == "f":
-        return rng.standard_normal(shape).astype(dtype)
+        return (scale * rng.standard_normal(shape)).astype(dtype)
     if dtype.kind in "iu":
         return rng.integers(0, 2, shape).astype(dtype)
     if dtype.kind == "b":
@@ -166,7 +166,9 @@ class BatchInvariance:
             want = session.run(alone)
             for rows in sorted({2, max_batch_size}):
                 at = rows // 2
-                others = {a.name: _probe_input(a, rows - 1, rng) for a in ort.get_inputs()}
+                # the other rows 4x larger: a value shared across rows (one dynamic int8 scale for the whole
+                # tensor, a norm over the batch) then differs between the stack and the row alone
+                others = {a.name: _probe_input(a, rows - 1, rng, scale=4.0) for a in ort.get_inputs()}
                 stacked = {n: np.concatenate([others[n][:at], alone[n], others[n][at:]]) for n in alone}
                 where = _rows_differ(session.run(stacked), at, want)
                 if where is not None:

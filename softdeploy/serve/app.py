@@ -15,8 +15,23 @@ an op refuses, a body over ``max_body_bytes`` -- is a 400 whose body is ``{"erro
 with Session's own one-line message; it never reaches the replica's health.
 
 Dynamic batching (``@serve.batch``) applies to models whose inputs and outputs all have a symbolic first
-dimension: concurrent requests of one shape are concatenated along it, run once and split back. A batch
-that fails is run again request by request, so one bad request never fails the others.
+dimension: the requests that arrive together are handed to the replica's worker as one batch. Every answer is
+bit-identical to ``Session.run`` of that request alone, so the worker stacks requests of one shape (concatenates
+them along the first dimension, runs once and splits back) only where that gives the same bits, and otherwise runs
+them one by one inside the batch (still one hand-off per batch, not per request). Whether it gives the same bits is
+a property of the model's operators (onnxruntime's and softdeploy's kernels alike): onnxruntime's ReduceSum over a middle axis, for one, sums
+``[1, T, D]`` (which it treats as ``[T, D]``) in another order than ``[B, T, D]``, so a mean-pooled encoder's
+sentence embedding moves in the last bit when stacked. The rule (:class:`BatchInvariance`):
+
+* at startup the replica runs a random input alone and inside stacks of 2 and ``max_batch_size`` rows (symbolic
+  dimensions other than the batch set to 16, integer inputs 0 or 1, the other rows' floats 4x larger); if any output
+  row of it differs, or the probe cannot run, the replica never stacks;
+* otherwise it stacks, and checks each new (shape, stacked rows) combination once on the real requests of that
+  batch (their stacked answer against each run alone, answering with the latter); the first difference turns
+  stacking off for good.
+
+``/metadata`` says which (``batching.stacks`` and ``batching.invariance``). A batch that fails is run again request
+by request, so one bad request never fails the others.
 """
 
 from __future__ import annotations
@@ -102,6 +117,78 @@ def int8_format(metadata: Mapping[str, str]) -> str | None:
     return metadata.get(FORMAT_KEY)
 
 
+PROBE_DIM = 16  # the size of a symbolic non-batch dimension in the startup probe (MTCNN's P-Net needs >= 12)
+MAX_CHECKED = 1024  # (shape, rows) combinations remembered as checked; past it the memory starts over
+
+
+def _probe_input(arg: Any, rows: int, rng: np.random.Generator, scale: float = 1.0) -> np.ndarray:
+    """A random ``rows``-row input for the ORT input ``arg``: N(0, scale^2) floats, 0/1 integers (a valid token id,
+    mask or index for any table), random booleans; symbolic dimensions past the first are PROBE_DIM."""
+    from softdeploy.runtime.session import _element_type
+
+    shape = [rows] + [d if isinstance(d, int) and d > 0 else PROBE_DIM for d in (arg.shape or [])[1:]]
+    dtype = np.dtype(_element_type(arg.type))
+    if dtype.kind == "f":
+        return (scale * rng.standard_normal(shape)).astype(dtype)
+    if dtype.kind in "iu":
+        return rng.integers(0, 2, shape).astype(dtype)
+    if dtype.kind == "b":
+        return rng.integers(0, 2, shape).astype(bool)
+    raise InputError(f"input {arg.name!r}: no random probe for element type {dtype}")
+
+
+def _rows_differ(stacked: Sequence[np.ndarray], start: int, alone: Sequence[np.ndarray]) -> str | None:
+    """Where the rows ``start:start + len`` of a stacked run's outputs differ from the same request run alone
+    (bit for bit); None when they are the same."""
+    for k, (s, a) in enumerate(zip(stacked, alone, strict=True)):
+        part = s[start : start + a.shape[0]] if s.ndim else s
+        if part.shape != a.shape or part.dtype != a.dtype or part.tobytes() != a.tobytes():
+            return f"output {k} rows {start}..{start + a.shape[0] - 1}"
+    return None
+
+
+@dataclass
+class BatchInvariance:
+    """Whether stacking requests gives each the bits of its own run: ``stacks`` (the replica stacks), ``reason``
+    (the probe's finding, said in /metadata), and the (shape, rows) combinations checked on real requests."""
+
+    stacks: bool
+    reason: str
+    checked: set[Any]
+
+    @classmethod
+    def probe(cls, session: Any, max_batch_size: int, seed: int = 0) -> BatchInvariance:
+        """Runs a random input alone and as one row of stacks of 2 and ``max_batch_size`` rows."""
+        ort = session.ort_session
+        rng = np.random.default_rng(seed)
+        try:
+            alone = {a.name: _probe_input(a, 1, rng) for a in ort.get_inputs()}
+            want = session.run(alone)
+            for rows in sorted({2, max_batch_size}):
+                at = rows // 2
+                # the other rows 4x larger: a value shared across rows (one dynamic int8 scale for the whole
+                # tensor, a norm over the batch) then differs between the stack and the row alone
+                others = {a.name: _probe_input(a, rows - 1, rng, scale=4.0) for a in ort.get_inputs()}
+                stacked = {n: np.concatenate([others[n][:at], alone[n], others[n][at:]]) for n in alone}
+                where = _rows_differ(session.run(stacked), at, want)
+                if where is not None:
+                    return cls(
+                        False,
+                        f"a random row run alone and inside a stack of {rows} rows differs ({where}): "
+                        "each request runs alone",
+                        set(),
+                    )
+        except (SoftdeployError, ValueError) as e:
+            first = next((line for line in str(e).splitlines() if line.strip()), type(e).__name__)
+            return cls(False, f"the random probe could not run ({first}): each request runs alone", set())
+        return cls(
+            True,
+            f"a random row gives the same bits alone and inside stacks of {sorted({2, max_batch_size})} rows: "
+            "requests are stacked, each new (shape, rows) checked once on its requests",
+            set(),
+        )
+
+
 class ModelServer:
     """One replica: a Session on the model, the HTTP routes, the batch handler and the counters."""
 
@@ -118,6 +205,11 @@ class ModelServer:
         self._inputs = ort.get_inputs()
         self._input_types = {a.name: _element_type(a.type) for a in self._inputs}
         self.batching = options.max_batch_size > 1 and _batchable(ort)
+        self.invariance = (
+            BatchInvariance.probe(self.session, options.max_batch_size)
+            if self.batching
+            else BatchInvariance(False, "no batching", set())
+        )
         meta = ort.get_modelmeta()
         status = library_status()
         variant = status.info.isa_selected if (self.session.kernels == "native" and status.info) else None
@@ -133,6 +225,8 @@ class ModelServer:
                 "enabled": self.batching,
                 "max_batch_size": options.max_batch_size if self.batching else 1,
                 "batch_wait_s": options.batch_wait_s if self.batching else 0.0,
+                "stacks": self.invariance.stacks,
+                "invariance": self.invariance.reason,
             },
             "kernels": self.session.kernels,
             "kernel_variant": variant,
@@ -142,7 +236,17 @@ class ModelServer:
             "model_metadata": custom,
             "max_body_bytes": options.max_body_bytes,
         }
-        self.stats = {"requests": 0, "bad_requests": 0, "runs": 0, "rows": 0, "largest_batch": 0, "batch_sizes": {}}
+        self.stats = {
+            "requests": 0,
+            "bad_requests": 0,
+            "runs": 0,
+            "rows": 0,
+            "largest_batch": 0,
+            "batch_sizes": {},
+            "check_runs": 0,
+            "batches": 0,
+            "largest_batch_requests": 0,
+        }
         self.replica = os.environ.get("RAY_SERVE_REPLICA_ID") or f"pid {os.getpid()}"
         try:
             self.replica = serve.get_replica_context().replica_tag
@@ -166,43 +270,71 @@ class ModelServer:
         sizes = self.stats["batch_sizes"]
         sizes[str(batch)] = sizes.get(str(batch), 0) + 1
 
-    def _run_one(self, feeds: Mapping[str, np.ndarray], outputs: Sequence[str] | None) -> list[np.ndarray] | Exception:
+    def _run_one(
+        self, feeds: Mapping[str, np.ndarray], outputs: Sequence[str] | None, counted: bool = True
+    ) -> list[np.ndarray] | Exception:
         try:
             result = self.session.run(feeds, outputs)
         except SoftdeployError as e:
             return e
+        if not counted:  # a check of a stacked run against this request alone
+            self.stats["check_runs"] += 1
+            return result
         first = next(iter(feeds.values()), None)
         self._count(int(first.shape[0]) if self.batching and first is not None else 1)
         return result
 
-    def _run_group(self, items: list[tuple[dict[str, np.ndarray], list[str] | None]]) -> list[Any]:
-        """Runs requests of one shape as one batch; on a failure (one request's NaN, an output whose first
-        dimension is not the batch) runs them one by one, so each gets its own answer."""
-        if len(items) == 1:
-            return [self._run_one(*items[0])]
+    def _run_group(self, items: list[tuple[dict[str, np.ndarray], list[str] | None]], key: Any) -> list[Any]:
+        """Runs requests of one shape (``key``): stacked as one batch where the model is batch-invariant, else one by
+        one. A new (shape, rows) combination is checked once against each request run alone (answered with the
+        latter); a difference turns stacking off. On a failure (one request's NaN, an output whose first dimension
+        is not the batch) the requests run one by one, so each gets its own answer."""
+        if len(items) == 1 or not self.invariance.stacks:
+            return [self._run_one(*item) for item in items]
         outputs = items[0][1]
         stacked = {name: np.concatenate([f[name] for f, _ in items]) for name in items[0][0]}
         rows = [next(iter(f.values())).shape[0] for f, _ in items]
+        total = sum(rows)
         try:
             result = self.session.run(stacked, outputs)
         except SoftdeployError:
             return [self._run_one(*item) for item in items]
-        total = sum(rows)
         if any(a.ndim == 0 or a.shape[0] != total for a in result):
             return [self._run_one(*item) for item in items]
         self._count(total)
+        checked = self.invariance.checked
+        if (key, total) not in checked:
+            alone = [self._run_one(*item, counted=False) for item in items]
+            starts = np.cumsum([0, *rows[:-1]])
+            for i, (start, answer) in enumerate(zip(starts, alone, strict=True)):
+                where = None if isinstance(answer, Exception) else _rows_differ(result, int(start), answer)
+                if where is not None:
+                    self.invariance.stacks = False
+                    self.invariance.reason = (
+                        f"request {i} of a stack of {total} rows (inputs {key[0]}) differs from its run alone "
+                        f"({where}): each request runs alone"
+                    )
+                    break
+            else:
+                if len(checked) >= MAX_CHECKED:
+                    checked.clear()
+                checked.add((key, total))
+            return alone
         cuts = np.cumsum(rows)[:-1]
         parts = [np.split(a, cuts) for a in result]
         return [[p[i] for p in parts] for i in range(len(items))]
 
     def _run_batch_sync(self, items: list[tuple[dict[str, np.ndarray], list[str] | None]]) -> list[Any]:
+        """Answers one batch of the batch handler: its requests grouped by shape, each group run by _run_group."""
+        self.stats["batches"] += 1
+        self.stats["largest_batch_requests"] = max(self.stats["largest_batch_requests"], len(items))
         groups: dict[Any, list[int]] = {}
         for i, (feeds, outputs) in enumerate(items):
             key = (tuple((n, a.dtype.str, a.shape[1:]) for n, a in sorted(feeds.items())), tuple(outputs or ()))
             groups.setdefault(key, []).append(i)
         answers: list[Any] = [None] * len(items)
-        for members in groups.values():
-            for i, answer in zip(members, self._run_group([items[i] for i in members]), strict=True):
+        for key, members in groups.items():
+            for i, answer in zip(members, self._run_group([items[i] for i in members], key), strict=True):
                 answers[i] = answer
         return answers
 
@@ -271,10 +403,21 @@ class ModelServer:
         if request.method == "GET" and path == "/healthz":
             return JSONResponse({"ok": True, "replica": self.replica})
         if request.method == "GET" and path == "/metadata":
-            return JSONResponse({**self.metadata, "replica": self.replica, "stats": self.stats})
+            batching = {
+                **self.metadata["batching"],
+                "stacks": self.invariance.stacks,
+                "invariance": self.invariance.reason,
+            }
+            return JSONResponse({**self.metadata, "batching": batching, "replica": self.replica, "stats": self.stats})
         if request.method == "GET" and path == "/stats":
             return JSONResponse(
-                {"replica": self.replica, "pid": os.getpid(), "uptime_s": time.time() - self.started, **self.stats}
+                {
+                    "replica": self.replica,
+                    "pid": os.getpid(),
+                    "uptime_s": time.time() - self.started,
+                    "stacks": self.invariance.stacks,
+                    **self.stats,
+                }
             )
         if request.method == "POST" and path in ("/", "/infer"):
             declared = request.headers.get("content-length")

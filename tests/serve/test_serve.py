@@ -108,7 +108,14 @@ def test_metadata_and_health(tiny):
     meta = client.metadata()
     assert meta["inputs"] == [{"name": "X", "dtype": "float32", "shape": ["batch", 16]}]
     assert meta["outputs"] == [{"name": "Y", "dtype": "float32", "shape": ["batch", 8]}]
-    assert meta["batching"] == {"enabled": True, "max_batch_size": 8, "batch_wait_s": 0.02}
+    batching = meta["batching"]
+    assert {k: batching[k] for k in ("enabled", "max_batch_size", "batch_wait_s", "stacks")} == {
+        "enabled": True,
+        "max_batch_size": 8,
+        "batch_wait_s": 0.02,
+        "stacks": True,  # a row-wise model: the startup probe finds it batch-invariant
+    }
+    assert batching["invariance"].startswith("a random row gives the same bits alone and inside stacks of [2, 8] rows")
     assert meta["kernels"] == "native" and meta["kernel_variant"]
     from softdeploy.runtime.library import library_info
 

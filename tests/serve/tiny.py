@@ -67,3 +67,19 @@ def two_inputs(features: int = 8) -> Any:
         initializer=[numpy_helper.from_array(np.array(2.0, np.float32), "two")],
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+
+
+def mean_pool(width: int = 32) -> Any:
+    """X float32[batch, tokens, width] -> Y = ReduceSum over the tokens -> float32[batch, width]: the pooling of a
+    sentence encoder. onnxruntime sums [1, T, W] (reduced as [T, W]) in another order than [B, T, W] for T >= 16, so
+    a row's sum stacked differs from its sum alone in the last bits: the model is not batch-invariant."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph(
+        [helper.make_node("ReduceSum", ["X", "axis"], ["Y"], keepdims=0)],
+        "mean_pool",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["batch", "tokens", width])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["batch", width])],
+        initializer=[numpy_helper.from_array(np.array([1], np.int64), "axis")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)

@@ -229,7 +229,7 @@ def _example(
     when there is room, positions from the mask, random past keys/values."""
     import torch
 
-    layers, kv, head_dim, hidden, vocab = geometry
+    layers, kv, head_dim, _, vocab = geometry
     g = torch.Generator().manual_seed(seed)
     if input_kind == "inputs_embeds":
         table = model.get_input_embeddings().weight.detach()

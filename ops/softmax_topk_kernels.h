@@ -30,6 +30,13 @@
 //    nothing; the caller ranks the final buffer exactly (value, then lower index). A
 //    candidate that is NaN or +inf sends the row to the generic path.
 //
+//  * entropy (kEntropy, SoftTokenEmbedding's row, ops/soft_token_embedding.cc): a second sum
+//    d1 = sum_j 2^u_j * u_j, u_j = x_j*s - C, taken from the same terms (t = scaled * p, then acc += t,
+//    acc1 += t * u: the normaliser's fma becomes a mul and an add there). Raising C by delta rescales it
+//    as d1' = 2^-delta (d1 - delta d). With p_j = 2^u_j / d, the entropy in nats is
+//    H = ln d - ln 2 * d1 / d, whatever the reference C. With kEntropy false the row is SoftmaxTopK's,
+//    operation for operation.
+//
 // What must stay true: the result does not depend on how rows are split among threads (one row is
 // one call); the top is exact (the cut ranks every candidate by the contract's order); the caller's
 // final emit sees sum relative to the row maximum M = buf[0].value, computed in double from C.
@@ -213,10 +220,11 @@ int32_t CutCandidates(const Candidates& b, int64_t m, int64_t k, int64_t lo, int
 enum class RowResult { kDone, kGeneric, kWide };
 
 // One row; kWide: the term for |C| up to Design::kWideLimit. kWide is returned when the row needs it
-// (only where the design has it), kGeneric when the generic path must take the row.
-template <class V, bool kWide>
+// (only where the design has it), kGeneric when the generic path must take the row. kEntropy: also
+// *sum_u_out = sum_j 2^((x_j - M) s) (x_j - M) s, relative to the row maximum M like *sum_out.
+template <class V, bool kWide, bool kEntropy = false>
 RowResult FastRowT(const float* x, int64_t n, int64_t k, float s, const Candidates& buf, double* sum_out,
-                   int64_t* count_out) {
+                   int64_t* count_out, double* sum_u_out = nullptr) {
   using F = typename V::F;
   using I = typename V::I;
   using DS = Design<V>;
@@ -259,8 +267,9 @@ RowResult FastRowT(const float* x, int64_t n, int64_t k, float s, const Candidat
     xlo = V::set1((c - kClampBelow) / s);
   };
   set_reference(c);
-  // acc + 2^(x*s - C); x must not be NaN (max(NaN, xlo) = xlo).
-  auto term = [&](F xv, F acc) SD_LAMBDA_INLINE {
+  F acc1[4] = {V::zero(), V::zero(), V::zero(), V::zero()};  // kEntropy: sum of 2^u * u
+  // acc + 2^(x*s - C); x must not be NaN (max(NaN, xlo) = xlo). kEntropy: also acc1_out += 2^u * u.
+  auto term = [&](F xv, F acc, F& acc1_out) SD_LAMBDA_INLINE {
     const F xc = V::max(xv, xlo);
     F tt, r;
     if constexpr (kWide) {
@@ -285,22 +294,40 @@ RowResult FastRowT(const float* x, int64_t n, int64_t k, float s, const Candidat
     } else {
       p = V::fma(V::fma(q2, r, q1), r, one);
     }
-    return V::fma(scaled, p, acc);
+    if constexpr (kEntropy) {
+      const F t = V::mul(scaled, p);
+      acc1_out = V::fma(t, V::fms(xc, vs, vc), acc1_out);
+      return V::add(acc, t);
+    } else {
+      return V::fma(scaled, p, acc);
+    }
   };
   F acc[4] = {V::zero(), V::zero(), V::zero(), V::zero()};
   // sum of 2^(x*s - C) per lane, in double: lanes [0, L/2) in sum_lo, [L/2, L) in sum_hi
   typename V::D sum_lo = V::zerod(), sum_hi = V::zerod();
+  typename V::D sum1_lo = V::zerod(), sum1_hi = V::zerod();  // kEntropy
   auto flush = [&]() SD_LAMBDA_INLINE {
     const F part = V::add(V::add(acc[0], acc[1]), V::add(acc[2], acc[3]));
     sum_lo = V::addd(sum_lo, V::cvt_lo(part));
     sum_hi = V::addd(sum_hi, V::cvt_hi(part));
     for (int a = 0; a < 4; ++a) acc[a] = V::zero();
+    if constexpr (kEntropy) {
+      const F part1 = V::add(V::add(acc1[0], acc1[1]), V::add(acc1[2], acc1[3]));
+      sum1_lo = V::addd(sum1_lo, V::cvt_lo(part1));
+      sum1_hi = V::addd(sum1_hi, V::cvt_hi(part1));
+      for (int a = 0; a < 4; ++a) acc1[a] = V::zero();
+    }
   };
   auto raise_reference = [&](float top) SD_LAMBDA_INLINE {
     const float new_c = std::nearbyint(top * s * G) / G;
     if (!(std::fabs(new_c) < kRange)) return false;
     flush();
     const typename V::D scale = V::set1d(std::exp2(static_cast<double>(c) - new_c));
+    if constexpr (kEntropy) {  // d1' = 2^-delta (d1 - delta d), before d is rescaled
+      const typename V::D delta = V::set1d(static_cast<double>(new_c) - c);
+      sum1_lo = V::muld(V::subd(sum1_lo, V::muld(delta, sum_lo)), scale);
+      sum1_hi = V::muld(V::subd(sum1_hi, V::muld(delta, sum_hi)), scale);
+    }
     sum_lo = V::muld(sum_lo, scale);
     sum_hi = V::muld(sum_hi, scale);
     set_reference(new_c);
@@ -357,10 +384,10 @@ RowResult FastRowT(const float* x, int64_t n, int64_t k, float s, const Candidat
         const RowResult res = candidates(i, xv, cm, 4);
         if (res != RowResult::kDone) return res;
       }
-      acc[0] = term(v0, acc[0]);
-      acc[1] = term(v1, acc[1]);
-      acc[2] = term(v2, acc[2]);
-      acc[3] = term(v3, acc[3]);
+      acc[0] = term(v0, acc[0], acc1[0]);
+      acc[1] = term(v1, acc[1], acc1[1]);
+      acc[2] = term(v2, acc[2], acc1[2]);
+      acc[3] = term(v3, acc[3], acc1[3]);
     }
     flush();
   }
@@ -373,7 +400,9 @@ RowResult FastRowT(const float* x, int64_t n, int64_t k, float s, const Candidat
       const RowResult res = candidates(i, xv, cm, 1);
       if (res != RowResult::kDone) return res;
     }
-    acc[0] = V::select(V::tail_mask(left), acc[0], term(v, acc[0]));
+    F acc1_tail = acc1[0];
+    acc[0] = V::select(V::tail_mask(left), acc[0], term(v, acc[0], acc1_tail));
+    if constexpr (kEntropy) acc1[0] = V::select(V::tail_mask(left), acc1[0], acc1_tail);
   }
   flush();
   // Fewer than k entries above -inf (a masked row: constrained decoding): every other entry is -inf,
@@ -401,8 +430,23 @@ RowResult FastRowT(const float* x, int64_t n, int64_t k, float s, const Candidat
     V::stored(lane_sum + L / 2, sum_hi);
     for (int l = 0; l < L; ++l) d += lane_sum[l];
   }
-  const double sum = d * std::exp2(static_cast<double>(c) - static_cast<double>(top) * s);
+  const double to_top = std::exp2(static_cast<double>(c) - static_cast<double>(top) * s);
+  const double sum = d * to_top;
   if (!(sum > 0.0) || !std::isfinite(sum)) return RowResult::kGeneric;
+  if constexpr (kEntropy) {  // relative to M as well: 2^-delta (d1 - delta d), delta = M*s - C
+    double d1 = 0.0;
+    if constexpr (DS::kTreeSum) {
+      d1 = V::reduce_addd(V::addd(sum1_lo, sum1_hi));
+    } else {
+      alignas(64) double lane_sum[L];
+      V::stored(lane_sum, sum1_lo);
+      V::stored(lane_sum + L / 2, sum1_hi);
+      for (int l = 0; l < L; ++l) d1 += lane_sum[l];
+    }
+    const double sum_u = (d1 - (static_cast<double>(top) * s - static_cast<double>(c)) * d) * to_top;
+    if (!std::isfinite(sum_u)) return RowResult::kGeneric;
+    *sum_u_out = sum_u;
+  }
   *sum_out = sum;
   *count_out = count;
   return RowResult::kDone;
@@ -415,6 +459,17 @@ bool FastRow(const float* x, int64_t n, int64_t k, float s, const Candidates& bu
   RowResult res = FastRowT<V, false>(x, n, k, s, buf, sum, count);
   if constexpr (Design<V>::kWideLimit > 0.0f) {
     if (res == RowResult::kWide) res = FastRowT<V, true>(x, n, k, s, buf, sum, count);
+  }
+  return res == RowResult::kDone;
+}
+
+// SoftmaxTopK's row with the entropy's sum (kEntropy above): *sum_u = sum_j 2^u_j u_j, u_j = (x_j - M) s.
+template <class V>
+bool FastRowEntropy(const float* x, int64_t n, int64_t k, float s, const Candidates& buf, double* sum, double* sum_u,
+                    int64_t* count) {
+  RowResult res = FastRowT<V, false, true>(x, n, k, s, buf, sum, count, sum_u);
+  if constexpr (Design<V>::kWideLimit > 0.0f) {
+    if (res == RowResult::kWide) res = FastRowT<V, true, true>(x, n, k, s, buf, sum, count, sum_u);
   }
   return res == RowResult::kDone;
 }

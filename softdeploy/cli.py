@@ -17,6 +17,8 @@ softdeploy compile  compile an ONNX model with TVM (optionally MetaSchedule-tune
 softdeploy distill  OUT: distil all-MiniLM-L6-v2 into a 3-layer student (layer reduction, one-shot or in
                     stages, or paraphrase-MiniLM-L3); MSE or softened KD; resumable; OUT/student.safetensors
 softdeploy serve    MODEL.onnx | WORKFLOW.yaml: HTTP serving on Ray Serve (replicas, dynamic batching; extra [serve])
+softdeploy generate MODEL_DIR: text generation from a transformers causal-LM folder on onnxruntime, optionally with
+                    soft thinking (SoftTokenEmbedding); the same loop on torch eager with --backend torch
 """
 
 from __future__ import annotations
@@ -1016,6 +1018,9 @@ def _parser(only_ops: bool = False) -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_compile)
     _add_distill_parser(sub)
     _add_serve_parser(sub)
+    from softdeploy.cli_generate import add_parser as add_generate_parser
+
+    add_generate_parser(sub)
     _add_verbose(parser, sub)
     return parser
 

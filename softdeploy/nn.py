@@ -19,6 +19,8 @@ SOFT (softmax-free, Lu et al. 2021; :class:`SoftmaxFreeAttention`, K = Q, m land
     O = K1 (K2 + reg I)^-1 (K1^T V),  K1 = kappa(Q, L),  K2 = kappa(L, L),  kappa = exp(-|a - b|^2 / (2 sqrt D))
     with the inverse as SOFT's Newton-Schulz iteration; :func:`load_soft_attention` reads SOFT's weights.
 Heads: ``Linear -> normalizer``; :class:`SoftmaxTopKHead` returns the k most probable classes.
+Soft thinking: :class:`SoftTokenEmbedding` (and :func:`soft_token_embedding`) turns next-token logits into the
+    probability-weighted mixture of the top tokens' embeddings (the SoftTokenEmbedding op).
 Retrieval: :class:`MaxSimScorer` ``score[b, n] = sum_i max_j <Q[b, i], D[n, j]>``.
 Detection: :class:`SoftNMS` (Bodla et al. 2017), a drop-in for NonMaxSuppression with decayed scores.
 """
@@ -616,6 +618,90 @@ class SoftmaxTopKHead(nn.Module):
         return values, indices
 
 
+# ---- soft thinking -------------------------------------------------------------------------------
+
+
+def soft_token_embedding(
+    logits: Tensor, embedding: Tensor, uniform: Tensor | None = None, mode: Tensor | None = None, **attrs: Any
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The SoftTokenEmbedding op (docs/ops/SoftTokenEmbedding.md) on torch tensors: ``(mixed [B, E], weights
+    [B, max_topk], ids [B, max_topk] int64, entropy [B])`` of ``logits [B, V]`` over ``embedding [V, E]``;
+    ``uniform [B, V]`` in (0, 1) (the op's Noise input, read by ``noise="gumbel"``), ``mode [B]`` int64 (0 thinking, 1 after
+    thinking). ``attrs`` are the op's attributes (temperature, top_k, top_p, min_p, max_topk, noise, tau,
+    noise_factor, clamp_min, clamp_max, after_thinking_*)."""
+    return _op("SoftTokenEmbedding")(logits, embedding, uniform, mode, **attrs)
+
+
+class SoftTokenEmbedding(nn.Module):
+    """Soft thinking's next input embedding (Soft Thinking; SofT-GRPO): from next-token ``logits [B, V]``, the
+    mixture ``sum_k w_k E[id_k]`` of the ``max_topk`` most probable tokens' embeddings after temperature, top-k /
+    top-p / min-p filtering and optional Gumbel noise; rows with ``mode`` 1 (after thinking) use the
+    ``after_thinking_*`` filters and no noise. Returns ``(mixed [B, E], weights [B, max_topk], ids [B, max_topk]
+    int64, entropy [B])``; the equations, tie and special-value rules are the SoftTokenEmbedding op's.
+
+    ``embedding`` is the model's input embedding table ``[V, E]`` (an ``nn.Embedding`` or its weight), shared,
+    not copied. Exported, the module is one ``com.softdeploy`` SoftTokenEmbedding node.
+    """
+
+    def __init__(
+        self,
+        embedding: nn.Embedding | Tensor,
+        *,
+        temperature: float = 1.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        min_p: float = 0.0,
+        max_topk: int = 10,
+        noise: str = "none",
+        tau: float = 1.0,
+        noise_factor: float = 1.0,
+        clamp_min: float = -1.5,
+        clamp_max: float = 3.0,
+        after_thinking_temperature: float = 1.0,
+        after_thinking_top_k: int = 0,
+        after_thinking_top_p: float = 1.0,
+        after_thinking_min_p: float = 0.0,
+    ) -> None:
+        super().__init__()
+        from softdeploy.ops import soft_token_embedding as op_module
+
+        weight = embedding.weight if isinstance(embedding, nn.Embedding) else embedding
+        if not isinstance(weight, Tensor) or weight.dim() != 2:
+            raise ArgumentError(
+                f"SoftTokenEmbedding: embedding must be a [V, E] tensor or nn.Embedding, got {weight!r}"
+            )
+        self.attrs: dict[str, Any] = {
+            "temperature": temperature,
+            "top_k": top_k,
+            "top_p": top_p,
+            "min_p": min_p,
+            "max_topk": max_topk,
+            "noise": noise,
+            "tau": tau,
+            "noise_factor": noise_factor,
+            "clamp_min": clamp_min,
+            "clamp_max": clamp_max,
+            "after_thinking_temperature": after_thinking_temperature,
+            "after_thinking_top_k": after_thinking_top_k,
+            "after_thinking_top_p": after_thinking_top_p,
+            "after_thinking_min_p": after_thinking_min_p,
+        }
+        # The attribute rules now, not at the first step (the Noise and Mode rules need the inputs).
+        v = weight.shape[0]
+        op_module.validate((1, v), tuple(weight.shape), (1, v), None, op_module.DEF.resolve_attrs(self.attrs))
+        if isinstance(weight, nn.Parameter):
+            self.weight = weight  # registered: shared with the model's embedding, exported once
+        else:
+            self.register_buffer("weight", weight, persistent=False)
+
+    def forward(
+        self, logits: Tensor, uniform: Tensor | None = None, mode: Tensor | None = None
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """(mixed [B, E], weights [B, max_topk], ids [B, max_topk] int64, entropy [B]) of ``logits [B, V]``;
+        ``uniform [B, V]`` in (0, 1) (Noise) for ``noise="gumbel"``, ``mode [B]`` int64 (0 thinking, 1 after)."""
+        return soft_token_embedding(logits, self.weight, uniform, mode, **self.attrs)
+
+
 # ---- retrieval -----------------------------------------------------------------------------------
 
 
@@ -733,6 +819,7 @@ __all__ = [
     "SignedMaxSimScorer",
     "SoftAttention",
     "SoftNMS",
+    "SoftTokenEmbedding",
     "SoftmaxFreeAttention",
     "SoftmaxTopKHead",
     "Softpick",
@@ -740,4 +827,5 @@ __all__ = [
     "SoftpickHead",
     "TwoPassSoftmax",
     "load_soft_attention",
+    "soft_token_embedding",
 ]

@@ -1,0 +1,19 @@
+// SoftTokenEmbedding's per-ISA pieces for Avx2: ops/soft_token_embedding_kernels.h (and SoftmaxTopK's
+// row with the entropy sum) instantiated with the Avx2 traits. Compiled with -mavx2 -mfma (CMakeLists.txt);
+// called only after the run-time ISA check in ops/soft_token_embedding.cc.
+#include "soft_token_embedding_kernels.h"
+
+namespace sd {
+namespace soft_token_embedding {
+
+bool FastRowAvx2(const float* x, int64_t n, int64_t k, float s, const softmax_topk::Candidates& buf, double* sum,
+                 double* sum_u, int64_t* count) {
+  return softmax_topk::FastRowEntropy<vec::Avx2>(x, n, k, s, buf, sum, sum_u, count);
+}
+
+void WeightedRowsAvx2(const float* table, int64_t e, const int64_t* ids, const float* w, int64_t k, float* out) {
+  WeightedRows<vec::Avx2>(table, e, ids, w, k, out);
+}
+
+}  // namespace soft_token_embedding
+}  // namespace sd

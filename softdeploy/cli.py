@@ -679,9 +679,16 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def _export_folder(args: argparse.Namespace) -> int:
     """``softdeploy export FOLDER OUT``: a Hugging Face or sentence-transformers folder (softdeploy.export.hf)."""
-    from softdeploy.export.hf import export_folder
+    from softdeploy.export.hf import CAUSAL_LM_WITH_PAST, export_folder, export_folder_with_past
     from softdeploy.terminal import captured
 
+    if args.task == CAUSAL_LM_WITH_PAST:  # OUT is a folder: prefill.onnx, step.onnx, embedding.npy, decoder.json
+        with captured("export"):
+            decoder = export_folder_with_past(args.factory, args.out, opset=args.opset, overwrite=args.overwrite)
+        errors = ", ".join(f"{k} {v:.3g}" for k, v in decoder.max_error.items())
+        print(f"wrote {decoder.prefill} and {decoder.step} (KV cache, {decoder.num_layers} layers)")
+        print(f"max abs error vs torch (logits and cache): {max(decoder.max_error.values()):.3g} ({errors})")
+        return 0
     _refuse_overwrite([args.out], args.overwrite, sources=[])
     tolerance = tuple(float(v) for v in args.tolerance.split(",")) if args.tolerance else None
     with captured("export"):
@@ -757,7 +764,10 @@ def _add_export_commands(sub: argparse._SubParsersAction) -> None:
     from softdeploy.export.hf import SENTENCE_TRANSFORMERS, TASKS
 
     p.add_argument(
-        "--task", choices=[*TASKS, SENTENCE_TRANSFORMERS], help="FOLDER: the task (default: from config.json)"
+        "--task",
+        choices=[*TASKS, SENTENCE_TRANSFORMERS],
+        help="FOLDER: the task (default: from config.json); causal-lm-with-past: OUT is a folder of prefill and step "
+        "graphs with a KV cache",
     )
     p.add_argument("--no-fuse", action="store_true", help="FOLDER: skip onnxruntime's transformer fusions")
     p.set_defaults(fn=cmd_export)

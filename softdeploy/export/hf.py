@@ -13,6 +13,7 @@ task (the config's ``architectures``, or the caller's). Only then :func:`load_fo
     token-classification     ... -> logits
     fill-mask                ... -> logits
     causal-lm                (input_ids, attention_mask) -> logits (no KV cache)
+    causal-lm-with-past      a folder of prefill.onnx + step.onnx with a flat KV cache (softdeploy.export.decoder)
     image-classification     pixel_values -> logits
     sentence-transformers    (input_ids, attention_mask[, token_type_ids]) -> token_embeddings, sentence_embedding
 
@@ -47,7 +48,9 @@ TASK_CLASSES = {
     "causal-lm": "AutoModelForCausalLM",
     "image-classification": "AutoModelForImageClassification",
 }
-TASKS = tuple(TASK_CLASSES)
+# causal-lm with a KV cache: prefill + step graphs written to a folder by softdeploy.export.decoder
+CAUSAL_LM_WITH_PAST = "causal-lm-with-past"
+TASKS = (*TASK_CLASSES, CAUSAL_LM_WITH_PAST)
 SENTENCE_TRANSFORMERS = "sentence-transformers"
 # an architecture name's ending -> its task (``BertForSequenceClassification`` -> text-classification); a bare
 # ``...Model`` is feature-extraction
@@ -509,6 +512,8 @@ def export_folder(
     if out is not None and Path(out).exists() and not overwrite:
         raise ExportError(f"{out} exists; pass overwrite=True (CLI: --overwrite) to replace it")
     info = inspect_folder(path, task)
+    if info.task == CAUSAL_LM_WITH_PAST:
+        raise ExportError(f"task {CAUSAL_LM_WITH_PAST} writes a folder of graphs: use export_folder_with_past")
     folder = load_folder(info)
     names = tuple(output_names) if output_names else folder.output_names
     if len(names) != len(folder.output_names) or len(set(names)) != len(names):
@@ -542,6 +547,22 @@ def export_folder(
 
         save_model(model, out, "exported model")
     return FolderExport(model, Path(out) if out is not None else None, folder, report, fused, note, seconds)
+
+
+def export_folder_with_past(
+    path: str | Path, out_dir: str | Path, *, opset: int = 18, overwrite: bool = False, progress: Any = None
+) -> Any:
+    """A causal LM folder with its KV cache: the folder is checked as :func:`inspect_folder` checks it (safetensors
+    only, before any weight is read), then :func:`softdeploy.export.decoder.export_decoder` writes
+    ``out_dir/prefill.onnx`` and ``out_dir/step.onnx`` (``input_ids``, ``attention_mask``, ``position_ids`` and, for
+    the step, ``past_key_values.{i}.key/value`` in; ``logits`` and ``present.{i}.key/value`` out), each validated
+    against torch eager at length 1 and longer. Returns its DecoderExport."""
+    from softdeploy.export.decoder import export_decoder
+
+    info = inspect_folder(path, CAUSAL_LM_WITH_PAST)
+    return export_decoder(
+        info.model_dir, out_dir, inputs_embeds=False, opset=opset, overwrite=overwrite, progress=progress
+    )
 
 
 def _fuse_checked(model: Any, report: Any, folder: FolderModel, tolerance: Any) -> tuple[Any, Any, dict[str, int], str]:

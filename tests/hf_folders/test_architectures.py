@@ -57,3 +57,47 @@ def test_a_folder_exports_validated_then_quantizes_and_compares(
     assert main([*args, "--out", "results"]) == 0
     rows = {r["variant"]: r for r in json.loads(Path("results/fp32/results.json").read_text())["rows"]}
     assert rows["ort-int8-dynamic"]["cosine"] > 0.95
+
+
+def test_a_decoder_folder_exports_with_its_kv_cache_then_quantizes_and_compares(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Llama-style (grouped-query attention, RMSNorm, rotary positions): ``--task causal-lm-with-past`` writes the
+    prefill and step graphs (softdeploy.export.decoder); the step fed the prefill's cache gives the logits that the
+    full sequence gives in transformers; the step graph then quantizes and compares like any model."""
+    import torch
+    import transformers
+
+    from softdeploy.runtime import Session
+
+    monkeypatch.chdir(tmp_path)
+    folder = write_folder("llama", tmp_path / "llama")
+    assert main(["export", str(folder), "decoder", "--task", "causal-lm-with-past"]) == 0
+    out = capsys.readouterr().out
+    assert float(re.search(r"max abs error vs torch \(logits and cache\): (\S+)", out).group(1)) < 1e-4  # type: ignore[union-attr]
+
+    n, past = 8, 5
+    ids = np.random.default_rng(3).integers(5, 128, (n, past + 1)).astype(np.int64)
+    prefill = Session("decoder/prefill.onnx", kernels="auto")
+    positions = np.broadcast_to(np.arange(past), (n, past)).astype(np.int64)
+    cache = prefill.run(
+        {"input_ids": ids[:, :past], "attention_mask": np.ones((n, past), np.int64), "position_ids": positions}
+    )[1:]
+    step_feeds = {
+        "input_ids": ids[:, past:],
+        "attention_mask": np.ones((n, past + 1), np.int64),
+        "position_ids": np.full((n, 1), past, np.int64),
+        **dict(zip([name for name in Session("decoder/step.onnx").input_names[3:]], cache, strict=True)),
+    }
+    step_logits = Session("decoder/step.onnx", kernels="auto").run(step_feeds, ["logits"])[0]
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
+    with torch.no_grad():
+        want = model(input_ids=torch.from_numpy(ids), use_cache=False).logits[:, -1:].numpy()
+    np.testing.assert_allclose(step_logits, want, rtol=1e-4, atol=1e-5)
+
+    np.savez("step.npz", **step_feeds)
+    assert main(["quantize", "decoder/step.onnx", "--data", "step.npz", "-o", "step.int8.onnx"]) == 0
+    args = ["compare", "decoder/step.onnx", "--data", "step.npz", "--metric", "cosine=logits", "--quick"]
+    assert main([*args, "--variants", "ort-fp32,ort-int8-dynamic", "--out", "results"]) == 0
+    rows = {r["variant"]: r for r in json.loads(Path("results/step/results.json").read_text())["rows"]}
+    assert rows["ort-int8-dynamic"]["cosine"] > 0.95

@@ -696,6 +696,7 @@ def _export_folder(args: argparse.Namespace) -> int:
             args.factory,
             args.out,
             task=args.task,
+            attention=args.attention,
             fuse=not args.no_fuse,
             opset=args.opset,
             validate=not args.no_validate,
@@ -770,6 +771,12 @@ def _add_export_commands(sub: argparse._SubParsersAction) -> None:
         "graphs with a KV cache",
     )
     p.add_argument("--no-fuse", action="store_true", help="FOLDER: skip onnxruntime's transformer fusions")
+    p.add_argument(
+        "--attention",
+        choices=["eager", "softpick"],
+        default="eager",
+        help="FOLDER: the attention the model was trained with (softpick: one SoftpickAttention op per layer)",
+    )
     p.set_defaults(fn=cmd_export)
     p = sub.add_parser("optimize", help="rewrite standard-op patterns of an ONNX model into softdeploy ops")
     p.add_argument("input")

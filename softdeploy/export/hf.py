@@ -332,19 +332,28 @@ def _is_vision(config: Any) -> bool:
 # ---- building the module -----------------------------------------------------------------------------
 
 
-def load_folder(info: FolderInfo, *, batch: int = 2, seq: int = 8) -> FolderModel:
-    """Builds the folder's model (safetensors only, eager attention, offline) and wraps it as a module of plain
-    tensors with example inputs (``batch`` x ``seq`` tokens, the last row's two final tokens padded; or random
-    images) and dynamic batch / sequence axes."""
+def load_folder(info: FolderInfo, *, batch: int = 2, seq: int = 8, attention: str = "eager") -> FolderModel:
+    """Builds the folder's model (safetensors only, offline) and wraps it as a module of plain tensors with example
+    inputs (``batch`` x ``seq`` tokens, the last row's two final tokens padded; or random images) and dynamic batch /
+    sequence axes. ``attention``: ``eager`` (transformers' matmul-softmax-matmul, the graph onnxruntime fuses) or one
+    of softdeploy's implementations (:mod:`softdeploy.attention_interface`: ``softpick`` exports to one
+    SoftpickAttention node per layer)."""
     import torch
     import transformers
+
+    from softdeploy.attention_interface import IMPLEMENTATIONS, register
+
+    if attention != "eager":
+        if attention not in IMPLEMENTATIONS:
+            raise ExportError(f"attention {attention!r} is not one of {['eager', *IMPLEMENTATIONS]}")
+        register()
 
     auto = getattr(
         transformers, TASK_CLASSES["feature-extraction" if info.kind == SENTENCE_TRANSFORMERS else info.task]
     )
     try:
         model = auto.from_pretrained(
-            str(info.model_dir), use_safetensors=True, local_files_only=True, attn_implementation="eager"
+            str(info.model_dir), use_safetensors=True, local_files_only=True, attn_implementation=attention
         ).eval()
     except Exception as e:  # a config the Auto class has no model for, a weight of the wrong shape, ...
         raise ExportError(
@@ -496,6 +505,7 @@ def export_folder(
     *,
     task: str | None = None,
     output_names: Sequence[str] | None = None,
+    attention: str = "eager",
     fuse: bool = True,
     opset: int = 18,
     validate: bool = True,
@@ -505,7 +515,7 @@ def export_folder(
 ) -> FolderExport:
     """Exports the model folder ``path`` (see the module's docstring) and writes ``out`` when given (never over an
     existing file unless ``overwrite``). ``output_names`` renames the graph's outputs (as many as it has).
-    ``fuse``: onnxruntime's transformer fusions, kept only when the fused model validates against torch (they are
+    ``attention``: see :func:`load_folder`. ``fuse``: onnxruntime's transformer fusions, kept only when the fused model validates against torch (they are
     not applied without validation)."""
     from softdeploy.export.api import export
 
@@ -514,7 +524,7 @@ def export_folder(
     info = inspect_folder(path, task)
     if info.task == CAUSAL_LM_WITH_PAST:
         raise ExportError(f"task {CAUSAL_LM_WITH_PAST} writes a folder of graphs: use export_folder_with_past")
-    folder = load_folder(info)
+    folder = load_folder(info, attention=attention)
     names = tuple(output_names) if output_names else folder.output_names
     if len(names) != len(folder.output_names) or len(set(names)) != len(names):
         raise ExportError(

@@ -91,7 +91,9 @@ class WorkflowCase:
 
             step = f"export {wf.folder} folder {wf.model} to ONNX (validated against torch; onnxruntime fusions)"
             with progress.step(step):
-                result = export_folder(wf.model, task=wf.task, output_names=wf.outputs, opset=wf.opset)
+                result = export_folder(
+                    wf.model, task=wf.task, output_names=wf.outputs, attention=wf.attention, opset=wf.opset
+                )
                 self._module = result.folder.module
                 self._model = result.model
         elif wf.factory:

@@ -83,6 +83,7 @@ class Workflow:
     factory: bool = False
     folder: str | None = None  # "hf" | "sentence-transformers": ``model`` is a model folder (softdeploy.export.hf)
     task: str | None = None  # the folder's task (None: from its config.json)
+    attention: str = "eager"  # the folder's attention implementation (softdeploy.attention_interface)
     outputs: tuple[str, ...] | None = None  # names given to the model's outputs, in order
     opset: int = 18
     title: str = ""
@@ -223,6 +224,7 @@ def parse(raw: Mapping[str, Any], *, base: str | os.PathLike[str] = ".", name: s
         factory=factory,
         folder=folder,
         task=model.get("task") if isinstance(model, Mapping) else None,
+        attention=model.get("attention", "eager") if isinstance(model, Mapping) else "eager",
         outputs=tuple(model["outputs"]) if isinstance(model, Mapping) and "outputs" in model else None,
         opset=int(model.get("opset", 18)) if isinstance(model, Mapping) else 18,
         data=data,

@@ -348,9 +348,10 @@ def load_folder(info: FolderInfo, *, batch: int = 2, seq: int = 8, attention: st
             raise ExportError(f"attention {attention!r} is not one of {['eager', *IMPLEMENTATIONS]}")
         register()
 
-    auto = getattr(
-        transformers, TASK_CLASSES["feature-extraction" if info.kind == SENTENCE_TRANSFORMERS else info.task]
-    )
+    task = "feature-extraction" if info.kind == SENTENCE_TRANSFORMERS else info.task
+    if task not in TASK_CLASSES:  # causal-lm-with-past: two graphs, export_folder_with_past
+        raise ExportError(f"task {task}: not one module; export it with export_folder_with_past")
+    auto = getattr(transformers, TASK_CLASSES[task])
     try:
         model = auto.from_pretrained(
             str(info.model_dir), use_safetensors=True, local_files_only=True, attn_implementation=attention

@@ -135,8 +135,15 @@ def measure(fp32: Path, feeds_fn: Any, work: Path, rounds: int, tag: str) -> dic
         "spread": max(timings["fp32"].spread, timings["int8"].spread),
         "bg": bg,
         "int8 nodes": len(made.quantized_nodes),
-        "shape": " ".join(f"{k}{list(v.shape)}" for k, v in feeds.items() if k != "attention_mask"),
+        "shape": _shapes(feeds),
     }
+
+
+def _shapes(feeds: dict[str, np.ndarray]) -> str:
+    """The feeds' shapes, the cache tensors of a step graph counted once."""
+    pasts = [v for k, v in feeds.items() if k.startswith("past_key_values.")]
+    plain = " ".join(f"{k}{list(v.shape)}" for k, v in feeds.items() if k != "attention_mask" and v not in pasts)
+    return plain + (f" + {len(pasts)} cache tensors {list(pasts[0].shape)}" if pasts else "")
 
 
 def main() -> None:

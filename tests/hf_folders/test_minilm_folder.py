@@ -18,7 +18,9 @@ TEXTS = [
 ]
 
 
-def test_minilm_sentence_embeddings_equal_encode(tmp_path: Path) -> None:
+def test_minilm_sentence_embeddings_equal_encode(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     from sentence_transformers import SentenceTransformer
 
     from softdeploy.export.hf import export_folder
@@ -39,3 +41,17 @@ def test_minilm_sentence_embeddings_equal_encode(tmp_path: Path) -> None:
     # unit vectors is ~100 float32 ulps of the largest component
     assert np.abs(got - want).max() <= 1e-5
     np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-6)
+
+    # then as a user continues: int8 and the comparison, on the tokenized texts
+    import json
+
+    from softdeploy.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    np.savez("texts.npz", **{name: features[name].numpy() for name in session.input_names})
+    assert main(["quantize", "minilm.onnx", "--data", "texts.npz", "-o", "minilm.int8.onnx"]) == 0
+    args = ["compare", "minilm.onnx", "--data", "texts.npz", "--metric", "cosine=sentence_embedding", "--quick"]
+    assert main([*args, "--variants", "ort-fp32,ort-int8-dynamic", "--out", "results"]) == 0
+    capsys.readouterr()
+    rows = {r["variant"]: r for r in json.loads(Path("results/minilm/results.json").read_text())["rows"]}
+    assert rows["ort-int8-dynamic"]["cosine"] > 0.98

@@ -142,7 +142,8 @@ def measure(fp32: Path, feeds_fn: Any, work: Path, rounds: int, tag: str) -> dic
 def _shapes(feeds: dict[str, np.ndarray]) -> str:
     """The feeds' shapes, the cache tensors of a step graph counted once."""
     pasts = [v for k, v in feeds.items() if k.startswith("past_key_values.")]
-    plain = " ".join(f"{k}{list(v.shape)}" for k, v in feeds.items() if k != "attention_mask" and v not in pasts)
+    shown = [k for k in feeds if k != "attention_mask" and not k.startswith("past_key_values.")]
+    plain = " ".join(f"{k}{list(feeds[k].shape)}" for k in shown)
     return plain + (f" + {len(pasts)} cache tensors {list(pasts[0].shape)}" if pasts else "")
 
 

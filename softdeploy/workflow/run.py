@@ -24,9 +24,9 @@ class WorkflowResult:
 
 
 def default_variants(case: WorkflowCase) -> list[str]:
-    """torch (factory workflows), onnxruntime fp32 stock / softdeploy, and the workflow's int8 mode."""
+    """torch (factory and folder workflows), onnxruntime fp32 stock / softdeploy, and the workflow's int8 mode."""
     mode = case.workflow.quantize.mode
-    torch = ["torch-fp32"] if case.workflow.factory else []
+    torch = ["torch-fp32"] if case.workflow.factory or case.workflow.folder else []
     others = (
         ["ort-int8-dynamic", "ort-int8-static"] if case.workflow.quantize.max_drop is None else [f"ort-int8-{mode}"]
     )

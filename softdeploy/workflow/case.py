@@ -83,8 +83,10 @@ class WorkflowCase:
             return
 
         from softdeploy.files import load_model
+        from softdeploy.workflow.precheck import check_workflow
 
         wf = self.workflow
+        read = check_workflow(wf)  # variants, metric names, data files and labels: before the model is exported
         if wf.factory:
             from softdeploy.export.api import export
             from softdeploy.export.factory import load_factory
@@ -100,7 +102,7 @@ class WorkflowCase:
         self._inputs = model_inputs(self._model)
         self._outputs = model_outputs(self._model)
         with progress.step(f"read and check data {wf.data.inputs}"):
-            self._data = load_dataset(wf.data, self._inputs)
+            self._data = load_dataset(wf.data, self._inputs, read=read)
         specs = wf.metrics or (MetricSpec("cosine"),)
         metrics = [resolve(s, self._outputs, self._data.labels is not None) for s in specs]
         labels = [m.label for m in metrics]

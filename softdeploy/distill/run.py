@@ -90,7 +90,7 @@ def check_choice(
             )
         folder_layer_count(student)  # a model folder, with its config.json
     if student != "reduce" and (layers is not None or stages is not None):
-        raise ArgumentError("distill: --layers and --stages choose the teacher's layers for student 'reduce' only")
+        raise ArgumentError(f"distill: --layers and --stages apply to student 'reduce', not {str(student)!r}")
     if layers is not None and stages is not None:
         raise ArgumentError("distill: give --layers (one-shot) or --stages (multi-stage), not both")
     if stages is not None and (not stages or any(b >= a for a, b in itertools.pairwise(stages))):

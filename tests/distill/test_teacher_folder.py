@@ -157,7 +157,7 @@ def test_another_architecture_and_pooling_as_teacher(tmp_path: Path, minilm: Pat
         ),
         (
             ["--student", "l3", "--layers", "0,1"],
-            "--layers and --stages choose the teacher's layers for student 'reduce' only",
+            "--layers and --stages apply to student 'reduce', not 'l3'",
         ),
     ],
 )

@@ -14,10 +14,14 @@ When a backend disagrees, :func:`localize_divergence` finds the first diverging 
    line up with the ONNX graph by name.
 2. ONNX side: a copy of the model whose every node output is also a graph output runs in the failing
    configuration.
-3. The nodes are walked in graph (topological) order; each output is compared with the torch value of
-   the same name, or -- for values torch does not have (e.g. after an ONNX-level rewrite) -- with the
-   other onnxruntime configuration. The first node whose output disagrees is reported, with whether
-   its inputs agreed (then the node itself is the cause) and its torch source location.
+3. Each node is judged on its own: a copy of the model in which every node input torch has a value for reads
+   torch's value instead (:func:`_cut`) runs in the failing configuration, so an error that grew upstream is not
+   charged to the node that merely carries it on. The nodes are walked in graph (topological) order; each output is
+   compared with the torch value of the same name, or -- for values torch does not have (e.g. after an ONNX-level
+   rewrite) -- with the other onnxruntime configuration, within the node's own tolerance
+   ``atol + rtol * (|ref| + M)``, ``M`` the magnitude of the terms it sums (``|A| |B|`` for a MatMul: a product of
+   large factors that cancels to near zero is allowed their rounding). The first node outside it is reported, with
+   whether its inputs agreed (then the node itself is the cause) and its torch source location.
 """
 
 from __future__ import annotations

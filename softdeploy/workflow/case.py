@@ -81,12 +81,13 @@ class WorkflowCase:
         """Loads (or exports) the model, checks the data against its inputs, resolves the metrics."""
         if self._model is not None:
             return
-
-        from softdeploy.files import load_model
         from softdeploy.workflow.precheck import check_workflow
 
+        read = check_workflow(self.workflow)  # variants, metric names, data files, labels: before the model is read
+
+        from softdeploy.files import load_model
+
         wf = self.workflow
-        read = check_workflow(wf)  # variants, metric names, data files and labels: before the model is exported
         if wf.factory:
             from softdeploy.export.api import export
             from softdeploy.export.factory import load_factory

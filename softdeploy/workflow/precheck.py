@@ -43,7 +43,8 @@ def check_variants(workflow: Workflow) -> None:
     unknown = [v for v in workflow.variants if v not in known]
     if unknown:
         raise WorkflowError(f"variants: unknown {unknown}; choose from {known}")
-    if "torch-fp32" in workflow.variants and not workflow.factory:
+    # a factory or a model folder has a torch module; an ONNX file has none
+    if "torch-fp32" in workflow.variants and not (workflow.factory or getattr(workflow, "folder", None)):
         raise WorkflowError(
             f"variants: torch-fp32 needs a torch model: {workflow.model} is an ONNX file (give model: "
             "{factory: 'pkg.mod:fn'}, or leave torch-fp32 out of variants)"

@@ -533,6 +533,9 @@ def cmd_distill(args: argparse.Namespace) -> int:
         raise OutputError(
             f"distill: OUT {out} is a file; give a folder (the student, distill.json and checkpoints go there)"
         )
+    from softdeploy.distill.run import check_choice
+
+    check_choice(args.student, args.teacher, args.layers, args.stages)  # before the texts and any model are loaded
     outputs = [out / "student.safetensors", out / "distill.json", *([out / "student.onnx"] if args.export else [])]
     inputs = [p for p in (args.texts, args.extra_file) if p]
     _refuse_overwrite(outputs[:1], args.overwrite, sources=inputs)
@@ -561,12 +564,14 @@ def cmd_distill(args: argparse.Namespace) -> int:
         run = run_distill(
             out,
             student=args.student,
+            teacher=args.teacher,
             layers=args.layers,
             stages=args.stages,
             config=cfg,
             texts=texts,
             extra_texts=extra,
             export=args.export,
+            overwrite=args.overwrite,
             progress=progress,
         )
     s = run.summary
@@ -575,7 +580,8 @@ def cmd_distill(args: argparse.Namespace) -> int:
     last = "n/a" if s["last_loss"] is None else f"{s['last_loss']:.3g}"
     console.print(  # type: ignore[attr-defined]
         f"{s['student']}: {s['layers']} layers, {cfg.steps} steps on {s['texts']} texts in {s['seconds']} s"
-        f"{resumed}; loss {first} -> {last}\nwrote {run.path}" + (f" and {s['onnx']}" if "onnx" in s else "")
+        f"{resumed}; loss {first} -> {last}\nwrote {s['folder']} (Hugging Face / sentence-transformers), {run.path}"
+        + (f" and {s['onnx']}" if "onnx" in s else "")
     )
     return 0
 
@@ -585,15 +591,27 @@ def _add_distill_parser(sub: argparse._SubParsersAction) -> None:  # type: ignor
 
     p = sub.add_parser(
         "distill",
-        help="distil all-MiniLM-L6-v2 into a smaller student (layer reduction / paraphrase-MiniLM-L3)",
-        description="Teacher: all-MiniLM-L6-v2. Texts: chatterbot-corpus answers (or --sources, or --texts FILE, one "
+        help="distil an encoder (default all-MiniLM-L6-v2) into a smaller student (layer reduction / a given student)",
+        description="Teacher: --teacher PATH, a Hugging Face or sentence-transformers encoder folder (default: "
+        "all-MiniLM-L6-v2). Texts: chatterbot-corpus answers (or --sources, or --texts FILE, one "
         "per line), half of every batch broad questions: trivia facts and WordNet's definitions (--extra-texts). Writes "
-        "OUT/student.safetensors and OUT/distill.json; an interrupted run resumes from OUT/checkpoints/ when the "
+        "OUT/student/ (a Hugging Face / sentence-transformers folder), OUT/student.safetensors and OUT/distill.json; an "
+        "interrupted run resumes from OUT/checkpoints/ when the "
         "same command is run again.",
     )
     p.add_argument("out", help="output folder")
     p.add_argument(
-        "--student", choices=["reduce", "l3"], default="reduce", help="layer reduction or paraphrase-MiniLM-L3"
+        "--teacher",
+        default=None,
+        metavar="PATH",
+        help="a Hugging Face or sentence-transformers encoder folder (default: the installed all-MiniLM-L6-v2)",
+    )
+    p.add_argument(
+        "--student",
+        default="reduce",
+        metavar="reduce|l3|PATH",
+        help="reduce: the teacher's embeddings and --layers; l3: paraphrase-MiniLM-L3; PATH: a student folder with the "
+        "teacher's tokenizer",
     )
     p.add_argument("--layers", type=_int_list, default=None, help="teacher layers to keep (default 0,3,5)")
     p.add_argument("--stages", type=_int_list, default=None, help="multi-stage layer counts, e.g. 5,4,3")

@@ -81,6 +81,9 @@ class WorkflowCase:
         """Loads (or exports) the model, checks the data against its inputs, resolves the metrics."""
         if self._model is not None:
             return
+        from softdeploy.workflow.precheck import check_workflow
+
+        read = check_workflow(self.workflow)  # variants, metric names, data files, labels: before the model is read
 
         from softdeploy.export.hf import rename_outputs
         from softdeploy.files import load_model
@@ -113,7 +116,7 @@ class WorkflowCase:
         self._inputs = model_inputs(self._model)
         self._outputs = model_outputs(self._model)
         with progress.step(f"read and check data {wf.data.inputs}"):
-            self._data = load_dataset(wf.data, self._inputs)
+            self._data = load_dataset(wf.data, self._inputs, read=read)
         specs = wf.metrics or (MetricSpec("cosine"),)
         metrics = [resolve(s, self._outputs, self._data.labels is not None) for s in specs]
         labels = [m.label for m in metrics]

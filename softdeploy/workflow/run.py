@@ -45,11 +45,11 @@ def run_workflow(
     from softdeploy.files import make_folder, write_text
 
     case = WorkflowCase(workflow)
-    case.prepare(progress)
     variants = list(workflow.variants) if workflow.variants else default_variants(case)
     unknown = [v for v in variants if v not in known_variants()]
-    if unknown:
+    if unknown:  # before the model is exported (prepare)
         raise WorkflowError(f"variants: unknown {unknown}; choose from {list(known_variants())}")
+    case.prepare(progress)
     folder = results_folder(Path(out or workflow.out), workflow.name)
     models = folder / "models"
     make_folder(models, "models folder")

@@ -78,6 +78,20 @@ def test_minilm_folder_as_teacher_layers_0_3_5_gives_a_loadable_student_folder(
     assert bert.config.num_hidden_layers == 3 and bert.config.hidden_size == 384
     want, got = st_and_ours(folder, out / "student.safetensors")
     np.testing.assert_allclose(got, want, atol=1e-5)
+
+    # the student folder is what `softdeploy export PATH` takes: exported, validated, and its sentence embeddings
+    # in onnxruntime are sentence-transformers' (the export validates against torch; this checks the pooling too)
+    onnx_path = tmp_path / "student.onnx"
+    assert main(["export", str(folder), str(onnx_path)]) == 0
+    from transformers import AutoTokenizer
+
+    from softdeploy.runtime import Session
+
+    enc = AutoTokenizer.from_pretrained(str(folder))(TEXTS, padding=True, return_tensors="np")
+    sess = Session(onnx_path)
+    feeds = {name: enc[name].astype(np.int64) for name in sess.input_names}
+    (embedding,) = sess.run(feeds, ["sentence_embedding"])
+    np.testing.assert_allclose(embedding, want, atol=1e-5)
     summary = json.loads((out / "distill.json").read_text())
     assert summary["teacher"] == str(minilm) and summary["texts"] == len(TEXTS) and summary["layers"] == 3
     # the student folder is not replaced without --overwrite, and is with it

@@ -61,6 +61,96 @@ def agreement(a, b) -> tuple[int, int, str]:
     return same, len(firsts), ", ".join(str(f) for f in firsts if f != -1) or "-"
 
 
+class _Recorder:
+    """Wraps a runtime call (a Session's ``run`` or a bound op run): records copies of its outputs."""
+
+    def __init__(self, fn) -> None:
+        self.fn, self.outputs = fn, []
+
+    def __call__(self, *args):
+        out = self.fn(*args)
+        self.outputs.append([np.array(a, copy=True) for a in out])
+        return out
+
+
+class _Player:
+    """Stands in for a recorded runtime call: returns the recorded outputs in order, computing nothing."""
+
+    def __init__(self, outputs) -> None:
+        self.outputs, self.i = outputs, 0
+
+    def __call__(self, *args):
+        self.i += 1
+        return self.outputs[self.i - 1]
+
+
+def replay_backend(base):
+    """An OrtBackend whose runtime calls can be recorded once and then replayed: the replayed run does all of the
+    loop's and the backend's own work (feeds, copies, bookkeeping, noise) but no graph."""
+    from softdeploy.generate import OrtBackend
+
+    class Replay(OrtBackend):
+        def __init__(self) -> None:
+            self.__dict__.update(base.__dict__)
+            self.mode_ = "record"
+            self.rec: dict[str, list] = {}
+
+        def _wrap(self, name, fn):
+            if self.mode_ == "record":
+                r = _Recorder(fn)
+                self.rec[name] = r.outputs
+                return r
+            return _Player(self.rec[name])
+
+        def configure(self, attrs, batch, with_noise):
+            noise = super().configure(attrs, batch, with_noise)
+            real = self._bound
+            wrapped = self._wrap("op", real)
+
+            class Bound:
+                inputs = real.inputs
+
+                def __call__(self):
+                    return wrapped()
+
+            self._bound = Bound()
+            return noise
+
+        def prefill(self, *a):
+            sess = self._prefill
+            self._prefill = type("S", (), {"run": staticmethod(self._wrap("prefill", sess.run))})()
+            try:
+                return super().prefill(*a)
+            finally:
+                self._prefill = sess
+
+        def start_steps(self):
+            self._real_step = getattr(self, "_real_step", self._step)
+            self._step = type("S", (), {"run": staticmethod(self._wrap("step", self._real_step.run))})()
+
+    return Replay()
+
+
+def loop_overhead(base, prompts, soft, dec, seed: int, rounds: int) -> tuple[float, float]:
+    """(median seconds per decode step of the real run, of the replayed run): interleaved rounds, medians over the
+    steps of each run, then over rounds."""
+    from softdeploy.generate import generate
+
+    rb = replay_backend(base)
+    real, replay = [], []
+    for _ in range(rounds):
+        rb.mode_ = "record"
+        rb.start_steps()
+        r = generate(rb, prompts, soft_thinking=soft, decoding=dec, seed=seed)
+        real.append(float(np.median(r.step_graph_seconds + r.step_loop_seconds)))
+        rb.mode_ = "replay"
+        rb.start_steps()
+        q = generate(rb, prompts, soft_thinking=soft, decoding=dec, seed=seed)
+        assert q.tokens == r.tokens  # the replay made the same decisions
+        replay.append(float(np.median(q.step_graph_seconds + q.step_loop_seconds)))
+    return statistics.median(real), statistics.median(replay)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="fewer rounds and seeds (smoke test)")
@@ -251,6 +341,26 @@ def main() -> int:
                     f"| {batch} | {pn} | {mn} | {tps:.0f} | {g * 1e3:.3f} | {lp * 1e6:.0f} | {share:.1%} | "
                     f"{nz * 1e6:.0f} |"
                 )
+    out()
+    out("## The loop's own overhead per step (graphs replayed)")
+    out()
+    out(
+        "Each round runs the loop for real, recording every runtime call's outputs, then runs it again with the runtime "
+        "calls replaced by the recorded outputs (same decisions, checked): the replayed step costs everything except "
+        "the graphs -- bookkeeping, feeds and copies, the backend's Python, noise (softdeploy.runtime.Session.run's own few microseconds of Python are replayed with the graph). Medians over the steps of a run, "
+        f"then over {max(rounds, 5)} rounds; 8 prompts of the corpus."
+    )
+    out()
+    out("| batch | decoding | step (real) us | step (replayed) us | overhead |")
+    out("|---|---|---|---|---|")
+    for batch in (1, 8):
+        prompts = [data.prompt(q) for _, q, _ in questions[:batch]]
+        for mn, ms in modes:
+            real, replay = loop_overhead(ort32, prompts, ms, no_eos, 0, max(rounds, 5))
+            share = replay / real
+            if batch == 1 and mn == "soft + Gumbel":
+                floor_overhead = share
+            out(f"| {batch} | {mn} | {real * 1e6:.0f} | {replay * 1e6:.1f} | {share:.1%} |")
     out()
     out("## Floors")
     out()

@@ -284,7 +284,7 @@ def generate(
     backend.seconds = 0.0
     start = time.perf_counter()
     steps = 0
-    any_thinking = soft_thinking is not None
+    any_thinking = all_thinking = soft_thinking is not None
     all_active = True
     step_graph = np.zeros(steps_max)
     step_wall = np.zeros(steps_max)
@@ -300,17 +300,15 @@ def generate(
             rng.random(out=uniforms)
         mixed, weights, top_ids, entropy = backend.soft(logits, mode)
         token = top_ids[:, 0].copy()
-        answering = ~thinking
-        if decoding.sample and answering.any():
+        if decoding.sample and not all_thinking:
             # inverse-CDF draw from the after-thinking weights (their sum is 1 up to rounding: scale u by it)
             cdf = np.cumsum(weights, axis=1)
             pick = (cdf < (uniforms * cdf[:, -1])[:, None]).sum(axis=1)
             np.minimum(pick, weights.shape[1] - 1, out=pick)
-            token = np.where(answering, top_ids[rows, pick], token)
+            token = np.where(thinking, token, top_ids[rows, pick])
         ending = None
         if any_thinking:
             live = thinking if all_active else thinking & ~done
-            thinking_steps += live
             by_token = live & (token == think_end)
             if cold_length > 0:
                 low_run = np.where(live & (entropy < cold_entropy), low_run + 1, 0)
@@ -324,6 +322,7 @@ def generate(
                 if cold is not None:
                     think_how[cold] = "cold"
                     token[cold] = think_end
+                thinking_steps[ending] = t + 1
             else:
                 ending = None
         if all_active:
@@ -342,8 +341,11 @@ def generate(
         if t == steps_max - 1:
             break
         # next inputs: thinking rows (not ending) feed the mixture, the others their token's embedding
+        embeds = next_embeds
         if backend.takes_embeds:
-            if any_thinking:
+            if all_thinking and ending is None:
+                embeds = mixed[:, None, :]  # the op's output buffer, read by the step before the op runs again
+            elif any_thinking:
                 feed_mix = thinking if ending is None else thinking & ~ending
                 if feed_mix.all():
                     next_embeds[:, 0, :] = mixed
@@ -360,9 +362,10 @@ def generate(
             thinking &= ~ending
             mode[ending] = 1
             any_thinking = bool(thinking.any())
+            all_thinking = False
         mask[:, plen + t] = 1
         positions += 1
-        logits = backend.step(next_ids, next_embeds, mask[:, : plen + t + 1], positions)
+        logits = backend.step(next_ids, embeds, mask[:, : plen + t + 1], positions)
         step_wall[t] = time.perf_counter() - w0
         step_graph[t] = backend.seconds - g_before
         if progress is not None:
@@ -370,6 +373,9 @@ def generate(
     graph = backend.seconds
     loop_seconds = time.perf_counter() - start - graph
     tokens = [[int(v) for v in trace[:steps, b] if v >= 0] for b in range(batch)]
+    if soft_thinking is not None:  # rows still thinking at the end thought for all their steps
+        still = think_how == "none"
+        thinking_steps[still] = [len(tokens[b]) for b in np.flatnonzero(still)]
     return GenerationResult(
         tokens=tokens,
         thinking_steps=[int(v) for v in thinking_steps],

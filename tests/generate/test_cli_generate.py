@@ -59,7 +59,9 @@ def test_generates_on_both_backends_with_the_same_ids(model_dir, tmp_path, capfd
     common += ["--tau", "0.5", "--max-new-tokens", "12", "--seed", "3"]
     ort = tmp_path / "ort.json"
     eager = tmp_path / "torch.json"
-    assert main(["generate", str(model_dir), *common, "--export-dir", str(tmp_path / "export"), "--json", str(ort)]) == 0
+    assert (
+        main(["generate", str(model_dir), *common, "--export-dir", str(tmp_path / "export"), "--json", str(ort)]) == 0
+    )
     printed = capfd.readouterr().out
     assert "thinking (" in printed and "tokens/s" in printed
     assert main(["generate", str(model_dir), *common, "--backend", "torch", "--json", str(eager)]) == 0
@@ -68,5 +70,7 @@ def test_generates_on_both_backends_with_the_same_ids(model_dir, tmp_path, capfd
     assert all(len(r["tokens"]) <= 12 for r in a["rows"])
     # the export is reused, and --json refuses to replace a file without --overwrite
     assert (tmp_path / "export" / "decoder.json").is_file()
-    assert main(["generate", str(model_dir), *common, "--export-dir", str(tmp_path / "export"), "--json", str(ort)]) == 2
+    assert (
+        main(["generate", str(model_dir), *common, "--export-dir", str(tmp_path / "export"), "--json", str(ort)]) == 2
+    )
     assert "--overwrite" in one_line(capfd.readouterr().err)

@@ -308,7 +308,7 @@ def main() -> int:
         ("torch eager", eager),
     ]
     modes = [("discrete", None), ("soft", soft_plain), ("soft + Gumbel", soft_gumbel)]
-    floor_overhead = None
+    floor_overhead = inrun_overhead = None
     for batch in (1, 8):
         prompts = [data.prompt(q) for _, q, _ in questions[:batch]]
         stats: dict[tuple[str, str], list] = {}
@@ -336,7 +336,7 @@ def main() -> int:
                 nz = statistics.median(x[3] for x in v)
                 share = lp / (g + lp)
                 if batch == 1 and pn == "onnxruntime fp32" and mn == "soft + Gumbel":
-                    floor_overhead = share
+                    inrun_overhead = share
                 out(
                     f"| {batch} | {pn} | {mn} | {tps:.0f} | {g * 1e3:.3f} | {lp * 1e6:.0f} | {share:.1%} | "
                     f"{nz * 1e6:.0f} |"
@@ -372,8 +372,13 @@ def main() -> int:
     )
     if floor_overhead is not None:
         out(
-            f"| loop overhead per step, batch 1 (soft + Gumbel, fp32) | {floor_overhead:.1%} | <= 5% | "
+            f"| loop overhead per step, batch 1 (soft + Gumbel, fp32), graphs replayed | {floor_overhead:.1%} | <= 5% | "
             f"{'yes' if floor_overhead <= 0.05 else 'no'} |"
+        )
+    if inrun_overhead is not None:
+        out(
+            f"| loop overhead per step, batch 1 (soft + Gumbel, fp32), split in the real run | {inrun_overhead:.1%} | "
+            f"<= 5% | {'yes' if inrun_overhead <= 0.05 else 'no'} |"
         )
     out()
     out(

@@ -83,7 +83,7 @@ std::string JsonString(const std::string& v) {
 #ifdef SD_WITH_CUDA
 constexpr const char* kCudaJson =
     "{\"compiled\": true, \"architectures\": \"" SD_CUDA_ARCHS "\", \"cuda_version\": \"" SD_CUDA_VERSION
-    "\", \"ops\": [\"MaxSim\", \"SoftmaxTopK\", \"Softpick\", \"TwoPassSoftmax\"], "
+    "\", \"ops\": [\"MaxSim\", \"SoftTokenEmbedding\", \"SoftmaxTopK\", \"Softpick\", \"TwoPassSoftmax\"], "
     "\"execution_provider\": \"CUDAExecutionProvider\", \"c_abi\": \"sd_cuda_*\"}";
 #else
 constexpr const char* kCudaJson = "{\"compiled\": false}";

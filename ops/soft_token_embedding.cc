@@ -38,12 +38,13 @@
 #include <vector>
 
 #include "common/kernel.h"
+#include "soft_token_embedding_contract.h"
 #include "soft_token_embedding_row.h"
 
 namespace sd {
 namespace {
 
-constexpr const char* kOp = "SoftTokenEmbedding";
+constexpr const char* kOp = kSoftTokenEmbedding;
 constexpr double kLogEps = 1e-6;  // SofT-GRPO: log(topk_probs + 1e-6)
 
 struct Entry {
@@ -61,26 +62,6 @@ struct RanksAbove {
   }
 };
 
-struct Filters {
-  double temperature;
-  int64_t top_k;
-  double top_p;
-  double min_p;
-};
-
-void CheckFilters(const char* prefix, const Filters& f) {
-  if (!(f.temperature > 0.0)) {
-    Fail(kOp, prefix, "temperature ", static_cast<float>(f.temperature), " is out of range (rule: temperature > 0)");
-  }
-  if (f.top_k < 0) Fail(kOp, prefix, "top_k ", f.top_k, " is out of range (rule: top_k >= 0, 0 = off)");
-  if (!(f.top_p > 0.0 && f.top_p <= 1.0)) {
-    Fail(kOp, prefix, "top_p ", static_cast<float>(f.top_p), " is out of range (rule: 0 < top_p <= 1, 1 = off)");
-  }
-  if (!(f.min_p >= 0.0 && f.min_p < 1.0)) {
-    Fail(kOp, prefix, "min_p ", static_cast<float>(f.min_p), " is out of range (rule: 0 <= min_p < 1, 0 = off)");
-  }
-}
-
 // One row's outputs before the gather: the K slots in output order, and the entropy.
 struct RowResult {
   std::vector<double> w;
@@ -93,70 +74,10 @@ struct SoftTokenEmbeddingKernel {
   static constexpr Port kInputs[] = {{Elem::kT}, {Elem::kT}, {Elem::kT, true}, {Elem::kInt64, true}};
   static constexpr Port kOutputs[] = {{Elem::kT}, {Elem::kT}, {Elem::kInt64}, {Elem::kT}};
 
-  Filters thinking, after;
-  int64_t max_topk;
-  std::string noise;
-  float tau, noise_factor, clamp_min, clamp_max;
+  SoftTokenEmbeddingContract c;
   Isa isa;
 
-  explicit SoftTokenEmbeddingKernel(const Attrs& attrs)
-      : thinking{attrs.Float("temperature", 1.0f), attrs.Int("top_k", 0), attrs.Float("top_p", 1.0f),
-                 attrs.Float("min_p", 0.0f)},
-        after{attrs.Float("after_thinking_temperature", 1.0f), attrs.Int("after_thinking_top_k", 0),
-              attrs.Float("after_thinking_top_p", 1.0f), attrs.Float("after_thinking_min_p", 0.0f)},
-        max_topk(attrs.Int("max_topk", 10)),
-        noise(attrs.String("noise", "none")),
-        tau(attrs.Float("tau", 1.0f)),
-        noise_factor(attrs.Float("noise_factor", 1.0f)),
-        clamp_min(attrs.Float("clamp_min", -1.5f)),
-        clamp_max(attrs.Float("clamp_max", 3.0f)),
-        isa(SelectIsa()) {}
-
-  // The contract, in softdeploy/ops/soft_token_embedding.py's validate order and words.
-  void Check(const std::vector<int64_t>& xs, const std::vector<int64_t>& es, const Input<float>& u,
-             const Input<int64_t>& mode) const {
-    if (xs.size() != 2) Fail(kOp, "Logits must have rank 2 [B, V], got shape ", ShapeStr(xs));
-    if (es.size() != 2) Fail(kOp, "Embedding must have rank 2 [V, E], got shape ", ShapeStr(es));
-    const int64_t b = xs[0], v = xs[1];
-    if (es[0] != v) {
-      Fail(kOp, "Embedding has ", es[0], " rows but Logits has V = ", v,
-           " (rule: Embedding [V, E] has one row per logit)");
-    }
-    if (max_topk < 1) Fail(kOp, "max_topk ", max_topk, " is out of range (rule: 1 <= max_topk <= V)");
-    if (max_topk > v) Fail(kOp, "max_topk ", max_topk, " is larger than V = ", v, " (rule: 1 <= max_topk <= V)");
-    CheckFilters("", thinking);
-    CheckFilters("after_thinking_", after);
-    if (noise != "none" && noise != "gumbel") {
-      Fail(kOp, "noise '", noise, "' is not supported (rule: noise is 'none' or 'gumbel')");
-    }
-    if (!(tau > 0.0f)) Fail(kOp, "tau ", tau, " is out of range (rule: tau > 0)");
-    if (!std::isfinite(noise_factor)) Fail(kOp, "noise_factor ", noise_factor, " is not finite (rule: finite)");
-    if (!(clamp_min <= clamp_max)) {
-      Fail(kOp, "clamp_min ", clamp_min, " is above clamp_max ", clamp_max, " (rule: clamp_min <= clamp_max)");
-    }
-    const bool has_noise = u.present && u.rank() != 0;  // rank 0: the fill of an omitted Noise
-    if (has_noise && u.shape != std::vector<int64_t>{b, v}) {
-      Fail(kOp, "Noise has shape ", ShapeStr(u.shape), ", expected [B, V] = [", b, ", ", v,
-           "] (rule: one uniform per logit)");
-    }
-    if (noise == "gumbel" && !has_noise) {
-      Fail(kOp, "noise 'gumbel' needs the Noise input (rule: Noise [B, V] uniform in (0, 1))");
-    }
-    if (mode.present) {
-      if (mode.shape != std::vector<int64_t>{b}) Fail(kOp, "Mode has shape ", ShapeStr(mode.shape), ", expected [B] = [", b, "]");
-      for (int64_t i = 0; i < b; ++i) {
-        if (mode.data[i] != 0 && mode.data[i] != 1) {
-          Fail(kOp, "Mode[", i, "] = ", mode.data[i], " is not a mode (rule: 0 = thinking, 1 = after thinking)");
-        }
-      }
-    }
-  }
-
-  // Candidates needed by a row with filters f: max_topk, or top_k's kk when top_k is on and larger.
-  int64_t NumCandidates(const Filters& f, int64_t v) const {
-    const bool top_k_on = f.top_k > 0 && f.top_k < v;
-    return std::max(max_topk, top_k_on ? f.top_k : int64_t{0});
-  }
+  explicit SoftTokenEmbeddingKernel(const Attrs& attrs) : c(attrs), isa(SelectIsa()) {}
 
   // The filters, the weights and the noise of a row with a distribution, from its ranked candidates
   // (cand[0] the maximum M), e_i = exp((x_i - M) / T) for them, and d = sum_j exp((x_j - M) / T) over
@@ -169,7 +90,7 @@ struct SoftTokenEmbeddingKernel {
       e[i] = std::exp((static_cast<double>(cand[i].value) - cand[0].value) / f.temperature);
     }
     const bool top_k_on = f.top_k > 0 && f.top_k < v;
-    int64_t n = std::min(max_topk, top_k_on ? f.top_k : max_topk);
+    int64_t n = std::min(c.max_topk, top_k_on ? f.top_k : c.max_topk);
     if (f.top_p < 1.0) {
       const double z = top_k_on ? std::accumulate(e.begin(), e.begin() + f.top_k, 0.0) : d;
       const double bound = f.top_p * z;
@@ -190,7 +111,7 @@ struct SoftTokenEmbeddingKernel {
         }
       }
     }
-    const int64_t k = max_topk;
+    const int64_t k = c.max_topk;
     double kept = 0.0;
     for (int64_t i = 0; i < n; ++i) kept += e[i];
     out.w.assign(static_cast<size_t>(k), 0.0);
@@ -200,7 +121,7 @@ struct SoftTokenEmbeddingKernel {
       if (i < n) out.w[i] = e[i] / kept;
     }
     if (u_row == nullptr) return;
-    // Gumbel (SofT-GRPO): g = clip(-ln(-ln U), lo, hi); w = softmax((ln(w + 1e-6) + noise_factor g) / tau).
+    // Gumbel (SofT-GRPO): g = clip(-ln(-ln U), lo, hi); w = softmax((ln(w + 1e-6) + c.noise_factor g) / c.tau).
     std::vector<double> y(static_cast<size_t>(k));
     double y_max = -INFINITY;
     for (int64_t i = 0; i < k; ++i) {
@@ -208,9 +129,9 @@ struct SoftTokenEmbeddingKernel {
       if (!(uf >= 0.0f && uf <= 1.0f)) {
         Fail(kOp, "Noise[", row, ", ", out.ids[i], "] = ", uf, " is outside [0, 1] (rule: Noise is uniform in (0, 1))");
       }
-      const double g = std::clamp(-std::log(-std::log(static_cast<double>(uf))), static_cast<double>(clamp_min),
-                                  static_cast<double>(clamp_max));
-      y[i] = (std::log(out.w[i] + kLogEps) + static_cast<double>(noise_factor) * g) / static_cast<double>(tau);
+      const double g = std::clamp(-std::log(-std::log(static_cast<double>(uf))), static_cast<double>(c.clamp_min),
+                                  static_cast<double>(c.clamp_max));
+      y[i] = (std::log(out.w[i] + kLogEps) + static_cast<double>(c.noise_factor) * g) / static_cast<double>(c.tau);
       y_max = std::max(y_max, y[i]);
     }
     double sum = 0.0;
@@ -261,9 +182,9 @@ struct SoftTokenEmbeddingKernel {
     }
     std::sort(heap.begin(), heap.end(), RanksAbove());
     if (special) {
-      out.w.assign(static_cast<size_t>(max_topk), NAN);
-      out.ids.resize(static_cast<size_t>(max_topk));
-      for (int64_t i = 0; i < max_topk; ++i) out.ids[i] = heap[i].index;
+      out.w.assign(static_cast<size_t>(c.max_topk), NAN);
+      out.ids.resize(static_cast<size_t>(c.max_topk));
+      for (int64_t i = 0; i < c.max_topk; ++i) out.ids[i] = heap[i].index;
       out.entropy = NAN;
       return;
     }
@@ -276,15 +197,15 @@ struct SoftTokenEmbeddingKernel {
     const Input<float> emb = GetInput<float>(ctx, 1);
     const Input<float> u = GetInput<float>(ctx, 2);
     const Input<int64_t> mode = GetInput<int64_t>(ctx, 3);
-    Check(x.shape, emb.shape, u, mode);
-    const int64_t b = x.shape[0], v = x.shape[1], e = emb.shape[1], k = max_topk;
+    c.Check(x.shape, emb.shape, u.present ? &u.shape : nullptr, mode.present ? &mode.shape : nullptr, mode.data);
+    const int64_t b = x.shape[0], v = x.shape[1], e = emb.shape[1], k = c.max_topk;
     float* mixed = AllocOutput<float>(ctx, 0, {b, e});
     float* weights = AllocOutput<float>(ctx, 1, {b, k});
     int64_t* ids = AllocOutput<int64_t>(ctx, 2, {b, k});
     float* entropy = AllocOutput<float>(ctx, 3, {b});
     if (b == 0) return;
-    const bool gumbel = noise == "gumbel";
-    const int64_t kc_max = std::min(v, std::max(NumCandidates(thinking, v), NumCandidates(after, v)));
+    const bool gumbel = c.noise == "gumbel";
+    const int64_t kc_max = std::min(v, std::max(c.NumCandidates(c.thinking, v), c.NumCandidates(c.after, v)));
     const size_t tasks = NumTasks(b, v);
     // A Noise value outside [0, 1] is found inside a task, which must not throw: each task keeps its
     // first error, and the lowest row's is raised after the loop (the same error at any thread count).
@@ -306,7 +227,7 @@ struct SoftTokenEmbeddingKernel {
   void Rows(const Input<float>& x, const Input<float>& emb, const Input<float>& u, const Input<int64_t>& mode,
             int64_t r0, int64_t r1, int64_t kc_max, bool gumbel, float* mixed, float* weights, int64_t* ids,
             float* entropy) const {
-    const int64_t v = x.shape[1], e = emb.shape[1], k = max_topk;
+    const int64_t v = x.shape[1], e = emb.shape[1], k = c.max_topk;
     {
       const size_t cap = static_cast<size_t>(softmax_topk::CandidateCapacity(kc_max));
       std::vector<float> cand_values(cap);
@@ -317,8 +238,8 @@ struct SoftTokenEmbeddingKernel {
       RowResult out;
       for (int64_t r = r0; r < r1; ++r) {
         const bool is_after = mode.present && mode.data[r] == 1;
-        const Filters& f = is_after ? after : thinking;
-        const int64_t kc = std::min(v, NumCandidates(f, v));
+        const Filters& f = is_after ? c.after : c.thinking;
+        const int64_t kc = std::min(v, c.NumCandidates(f, v));
         const float* row = x.data + r * v;
         const float* u_row = gumbel && !is_after ? u.data + r * v : nullptr;
         const float s = static_cast<float>(1.4426950408889634 / f.temperature);  // log2(e) / T

@@ -271,14 +271,15 @@ RowResult FastRowT(const float* x, int64_t n, int64_t k, float s, const Candidat
   // acc + 2^(x*s - C); x must not be NaN (max(NaN, xlo) = xlo). kEntropy: also acc1_out += 2^u * u.
   auto term = [&](F xv, F acc, F& acc1_out) SD_LAMBDA_INLINE {
     const F xc = V::max(xv, xlo);
-    F tt, r;
+    F tt, r, u;  // u = x*s - C (kEntropy)
     if constexpr (kWide) {
-      const F u = V::fms(xc, vs, vc);
+      u = V::fms(xc, vs, vc);
       tt = V::add(u, magic);
       r = V::sub(u, V::sub(tt, magic));
     } else {
       tt = V::fma(xc, vs, vk);
       r = V::fms(xc, vs, V::sub(tt, vk));
+      if constexpr (kEntropy) u = V::fms(xc, vs, vc);
     }
     const I tbits = V::as_int(tt);
     F tj;
@@ -296,7 +297,7 @@ RowResult FastRowT(const float* x, int64_t n, int64_t k, float s, const Candidat
     }
     if constexpr (kEntropy) {
       const F t = V::mul(scaled, p);
-      acc1_out = V::fma(t, V::fms(xc, vs, vc), acc1_out);
+      acc1_out = V::fma(t, u, acc1_out);
       return V::add(acc, t);
     } else {
       return V::fma(scaled, p, acc);
@@ -384,10 +385,11 @@ RowResult FastRowT(const float* x, int64_t n, int64_t k, float s, const Candidat
         const RowResult res = candidates(i, xv, cm, 4);
         if (res != RowResult::kDone) return res;
       }
+      // (kEntropy: two accumulators of 2^u u, not four: AVX2 has 16 registers)
       acc[0] = term(v0, acc[0], acc1[0]);
       acc[1] = term(v1, acc[1], acc1[1]);
-      acc[2] = term(v2, acc[2], acc1[2]);
-      acc[3] = term(v3, acc[3], acc1[3]);
+      acc[2] = term(v2, acc[2], acc1[0]);
+      acc[3] = term(v3, acc[3], acc1[1]);
     }
     flush();
   }

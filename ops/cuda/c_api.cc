@@ -14,6 +14,7 @@
 #include <string>
 
 #include "cuda/kernels.h"
+#include "soft_token_embedding_contract.h"
 
 namespace sd {
 namespace cuda {
@@ -139,5 +140,37 @@ SD_CUDA_API int sd_cuda_max_sim(int dtype, const void* q, const void* d, const u
     if (!ValidDtype(dtype)) return BadDtype("MaxSim", dtype);
     return sd::cuda::MaxSim(AsDtype(dtype), q, d, q_mask, d_mask, q_scale, d_scale, B, Lq, N, Ld, dim, scores,
                             static_cast<cudaStream_t>(stream));
+  });
+}
+
+// SoftTokenEmbedding (float32): the host checks of the contract (ops/soft_token_embedding_contract.h, the
+// CPU kernel's messages) on the shapes and attributes, then the launch. noise 0 "none", 1 "gumbel"; noise_ptr and
+// mode may be null (omitted). Mode and Noise values stay on the device (see ops/cuda/soft_token_embedding.cu).
+SD_CUDA_API int sd_cuda_soft_token_embedding(const float* logits, const float* embedding, const float* noise_ptr,
+                                             const int64_t* mode, int64_t B, int64_t V, int64_t E, double temperature,
+                                             int64_t top_k, double top_p, double min_p, double at_temperature,
+                                             int64_t at_top_k, double at_top_p, double at_min_p, int64_t max_topk,
+                                             int noise, float tau, float noise_factor, float clamp_min,
+                                             float clamp_max, float* mixed, float* weights, int64_t* ids,
+                                             float* entropy, void* stream) {
+  return Call([&]() -> sd::cuda::Result {
+    const sd::Filters thinking{temperature, top_k, top_p, min_p}, after{at_temperature, at_top_k, at_top_p, at_min_p};
+    const std::string kind = noise == 0 ? "none" : noise == 1 ? "gumbel" : "code " + std::to_string(noise);
+    const sd::SoftTokenEmbeddingContract c(thinking, after, max_topk, kind, tau, noise_factor, clamp_min, clamp_max);
+    try {
+      const std::vector<int64_t> noise_shape{B, V}, mode_shape{B};
+      c.Check({B, V}, {V, E}, noise_ptr != nullptr ? &noise_shape : nullptr, mode != nullptr ? &mode_shape : nullptr,
+              nullptr);
+    } catch (const sd::OpError& e) {
+      return {sd::cuda::Status::kInvalid, e.what()};
+    }
+    auto filters = [](const sd::Filters& f) {
+      return sd::cuda::SoftTokenEmbeddingFilters{f.temperature, f.top_k, f.top_p, f.min_p};
+    };
+    const sd::cuda::SoftTokenEmbeddingParams p{filters(thinking), filters(after), max_topk,
+                                               c.NumCandidates(thinking, V), c.NumCandidates(after, V), noise == 1,
+                                               tau, noise_factor, clamp_min, clamp_max};
+    return sd::cuda::SoftTokenEmbedding(logits, embedding, noise_ptr, mode, B, V, E, p, mixed, weights, ids, entropy,
+                                        static_cast<cudaStream_t>(stream));
   });
 }

@@ -60,5 +60,26 @@ Result MaxSim(Dtype dtype, const void* q, const void* d, const uint8_t* q_mask, 
               const float* q_scale, const float* d_scale, int64_t B,
               int64_t Lq, int64_t N, int64_t Ld, int64_t dim, float* scores, cudaStream_t stream);
 
+// ---- SoftTokenEmbedding (ops/cuda/soft_token_embedding.cu) --------------------------------------
+// float32 only. logits [B, V], embedding [V, E], noise [B, V] or null, mode [B] int64 or null (all
+// thinking); mixed [B, E], weights / ids [B, max_topk], entropy [B]. The host checks the contract
+// (ops/soft_token_embedding_contract.h) before the launch; kc_* = max(max_topk, top_k when on) per mode.
+constexpr int64_t kSoftTokenEmbeddingMaxCandidates = 2048;  // shared memory: 16 bytes per candidate
+struct SoftTokenEmbeddingFilters {
+  double temperature;
+  int64_t top_k;
+  double top_p;
+  double min_p;
+};
+struct SoftTokenEmbeddingParams {
+  SoftTokenEmbeddingFilters thinking, after;
+  int64_t max_topk, kc_thinking, kc_after;
+  bool gumbel;
+  float tau, noise_factor, clamp_min, clamp_max;
+};
+Result SoftTokenEmbedding(const float* logits, const float* embedding, const float* noise, const int64_t* mode,
+                          int64_t B, int64_t V, int64_t E, const SoftTokenEmbeddingParams& p, float* mixed,
+                          float* weights, int64_t* ids, float* entropy, cudaStream_t stream);
+
 }  // namespace cuda
 }  // namespace sd

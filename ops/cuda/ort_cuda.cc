@@ -19,6 +19,7 @@
 
 #include "common/kernel.h"
 #include "cuda/kernels.h"
+#include "soft_token_embedding_contract.h"
 #include "softmax_topk_contract.h"
 
 namespace sd {
@@ -157,6 +158,48 @@ struct MaxSimCuda {
   }
 };
 
+// float32 only, like the CPU kernel. Mode and Noise stay on the device: their values are not checked
+// here (the kernel gives a NaN row for a bad one; ops/cuda/soft_token_embedding.cu).
+struct SoftTokenEmbeddingCuda {
+  static constexpr const char* kName = kSoftTokenEmbedding;
+  static constexpr Port kInputs[] = {{Elem::kT}, {Elem::kT}, {Elem::kT, true}, {Elem::kInt64, true}};
+  static constexpr Port kOutputs[] = {{Elem::kT}, {Elem::kT}, {Elem::kInt64}, {Elem::kT}};
+  SoftTokenEmbeddingContract c;
+  explicit SoftTokenEmbeddingCuda(const Attrs& attrs) : c(attrs) {}
+
+  template <class T>
+  void Compute(Ort::KernelContext& ctx) const {
+    static_assert(std::is_same_v<T, float>, "SoftTokenEmbedding is registered for float32 only");
+    const Input<float> x = GetInput<float>(ctx, 0);
+    const Input<float> emb = GetInput<float>(ctx, 1);
+    const Input<float> u = GetInput<float>(ctx, 2);
+    const Input<int64_t> mode = GetInput<int64_t>(ctx, 3);
+    c.Check(x.shape, emb.shape, u.present ? &u.shape : nullptr, mode.present ? &mode.shape : nullptr, nullptr);
+    const int64_t b = x.shape[0], v = x.shape[1], e = emb.shape[1], k = c.max_topk;
+    float* mixed = AllocOutput<float>(ctx, 0, {b, e});
+    float* weights = AllocOutput<float>(ctx, 1, {b, k});
+    int64_t* ids = AllocOutput<int64_t>(ctx, 2, {b, k});
+    float* entropy = AllocOutput<float>(ctx, 3, {b});
+    auto filters = [](const Filters& f) {
+      return cuda::SoftTokenEmbeddingFilters{f.temperature, f.top_k, f.top_p, f.min_p};
+    };
+    const cuda::SoftTokenEmbeddingParams p{filters(c.thinking),
+                                           filters(c.after),
+                                           k,
+                                           c.NumCandidates(c.thinking, v),
+                                           c.NumCandidates(c.after, v),
+                                           c.noise == "gumbel",
+                                           c.tau,
+                                           c.noise_factor,
+                                           c.clamp_min,
+                                           c.clamp_max};
+    const bool has_noise = SoftTokenEmbeddingContract::HasNoise(u.present ? &u.shape : nullptr);
+    Check(kName, cuda::SoftTokenEmbedding(x.data, emb.data, has_noise ? u.data : nullptr,
+                                          mode.present ? mode.data : nullptr, b, v, e, p, mixed, weights, ids,
+                                          entropy, StreamOf(ctx)));
+  }
+};
+
 // sd::CustomOp assigned to the CUDA execution provider. CustomOpBase dispatches through its CRTP
 // type (CustomOp), not through this subclass, so the table entry itself is replaced.
 template <class Kernel, class T>
@@ -176,6 +219,7 @@ void AddBoth(Ort::CustomOpDomain& domain) {
 void RegisterCudaOps(Ort::CustomOpDomain& domain) {
   AddBoth<MaxSimCuda>(domain);
   AddBoth<SoftmaxTopKCuda>(domain);
+  domain.Add(new CudaOp<SoftTokenEmbeddingCuda, float>());
   AddBoth<SoftpickCuda>(domain);
   AddBoth<TwoPassSoftmaxCuda>(domain);
 }

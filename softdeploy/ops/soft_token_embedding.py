@@ -4,7 +4,8 @@ entropy the loop's cold stop reads.
 
 Per row b of Logits [B, V], with the row's mode m = Mode[b] (0 thinking, 1 after thinking; Mode
 omitted = every row thinking) choosing the parameters (T, top_k, top_p, min_p) = (temperature, top_k,
-top_p, min_p) for m = 0 and the ``after_thinking_*`` four for m = 1:
+top_p, min_p) for m = 0 and (after_thinking_temperature, after_thinking_top_k, after_thinking_top_p,
+after_thinking_min_p) for m = 1:
 
     p       = softmax(Logits[b] / T)
     Entropy = -sum_j p_j ln p_j                                       (0 ln 0 = 0; natural log)
@@ -61,7 +62,8 @@ the outputs to float32; the kernel is held to the tolerance derived beside the s
 The kernel (ops/soft_token_embedding.cc) reads Logits once per row: SoftmaxTopK's fast row
 (ops/softmax_topk_kernels.h) with the entropy's second sum fused in, for the top
 max(max_topk, top_k) candidates and the normaliser, then the filters on those candidates in double
-and the K x E weighted gather.
+and the K x E weighted gather. The CUDA kernel (ops/cuda/soft_token_embedding.cu) follows the same
+rules, except that a device kernel cannot raise: a bad Noise or Mode value gives its row NaN outputs.
 """
 
 from __future__ import annotations
@@ -256,7 +258,7 @@ def reference(
     for name in ("temperature", "top_p", "min_p"):
         a["after_thinking_" + name] = _f32(a["after_thinking_" + name])
     x = np.asarray(logits).astype(np.float64)
-    emb = np.asarray(embedding).astype(np.float64)
+    emb = np.asarray(embedding)
     bsz, _ = x.shape
     k = a["max_topk"]
     has_noise = a["noise"] == "gumbel"
@@ -278,7 +280,8 @@ def reference(
         noise_row = u[b] if has_noise and not after and u is not None else None
         weights[b], ids[b], entropy[b] = _row(x[b], noise_row, b, params, a)
     with np.errstate(invalid="ignore", over="ignore"):
-        mixed = np.einsum("bk,bke->be", weights, emb[ids]) if bsz else np.zeros((0, emb.shape[1]))
+        rows = emb[ids].astype(np.float64)
+        mixed = np.einsum("bk,bke->be", weights, rows) if bsz else np.zeros((0, emb.shape[1]))
     f32 = np.float32
     return mixed.astype(f32), weights.astype(f32), ids, entropy.astype(f32)
 
@@ -311,17 +314,33 @@ def SoftTokenEmbedding(
     zero_d = op.CastLike(zero, xd)
     one_d = op.CastLike(op.Constant(value_float=1.0), xd)
     nan_d = op.CastLike(op.Constant(value_float=float("nan")), xd)
-    pos_inf_d = op.CastLike(op.Constant(value_float=float("inf")), xd)
     axis1 = op.Constant(value_ints=[1])
-    # Ranking key (SoftmaxTopK's body): +inf -> 2 FLT_MAX, NaN -> +inf; TopK keeps lower ids first on ties.
-    above_finite = op.Mul(op.CastLike(op.Constant(value_float=3.4028234663852886e38), xd), op.CastLike(2.0, xd))
-    key = op.Where(op.IsInf(xd, detect_negative=0), above_finite, xd)
-    key = op.Where(op.IsNaN(xd), pos_inf_d, key)
-    # Rows without a distribution: a NaN, a +inf, or no entry above -inf.
-    no_nan = op.Where(op.IsNaN(xd), op.CastLike(op.Constant(value_float=float("-inf")), xd), xd)
-    row_max = op.ReduceMax(no_nan, axis1, keepdims=1)
+    # Ranking key: NaN -> 4 FLT_MAX, +inf -> 2 FLT_MAX, -inf -> -2 FLT_MAX (SoftmaxTopK's order, all finite),
+    # then made distinct with lower ids first: key - id * (|key| 2^-50 + 2^-1000). A float32 value's double
+    # has 29 spare bits, so the steps (>= 4 ulps, exact products) never reach the next float32 value for
+    # V < 2^20, and no TopK implementation has ties left to order (TVM's does not keep lower ids first).
+    flt2 = op.Mul(op.CastLike(op.Constant(value_float=3.4028234663852886e38), xd), op.CastLike(2.0, xd))
+    # (Equal against +-inf, not IsInf's detect_* attributes, which TVM's importer ignores)
+    is_pos_inf = op.Equal(xd, op.CastLike(op.Constant(value_float=float("inf")), xd))
+    is_neg_inf = op.Equal(xd, op.CastLike(op.Constant(value_float=float("-inf")), xd))
+    key = op.Where(is_pos_inf, flt2, xd)
+    key = op.Where(is_neg_inf, op.Neg(flt2), key)
+    key = op.Where(op.IsNaN(xd), op.Add(flt2, flt2), key)
+    t200 = op.Mul(
+        op.CastLike(op.Constant(value_float=2.0**-100), xd), op.CastLike(op.Constant(value_float=2.0**-100), xd)
+    )
+    t400 = op.Mul(t200, t200)
+    tiny = op.Mul(op.Mul(t400, t400), t200)  # 2^-1000 (not a float32 constant), a normal double
+    rel = op.CastLike(op.Constant(value_float=2.0**-50), xd)
+    v_s = op.Squeeze(op.Shape(Logits, start=1, end=2))
+    id_d = op.Cast(op.Range(op.Constant(value_int=0), v_s, op.Constant(value_int=1)), to=DOUBLE.dtype)
+    key = op.Sub(key, op.Mul(id_d, op.Add(op.Mul(op.Abs(key), rel), tiny)))
+    # Rows without a distribution: a NaN, a +inf, or no entry above -inf (indicator reductions: no reliance
+    # on how a backend's ReduceMax treats NaN or starts its maximum).
     has_nan = op.Greater(op.ReduceMax(op.Cast(op.IsNaN(xd), to=DOUBLE.dtype), axis1, keepdims=1), zero_d)
-    special = op.Or(has_nan, op.IsInf(row_max))
+    has_pos_inf = op.Greater(op.ReduceMax(op.Cast(is_pos_inf, to=DOUBLE.dtype), axis1, keepdims=1), zero_d)
+    all_neg_inf = op.Greater(op.ReduceMin(op.Cast(is_neg_inf, to=DOUBLE.dtype), axis1, keepdims=1), zero_d)
+    special = op.Or(op.Or(has_nan, has_pos_inf), all_neg_inf)
     x = op.Where(special, zero_d, xd)
 
     v = op.Shape(Logits, start=1, end=2)  # [1]
@@ -383,7 +402,10 @@ def SoftTokenEmbedding(
     y = op.Div(op.Add(op.Log(op.Add(w, eps)), op.Mul(nf, g)), ta)
     w_noise = op.Softmax(y, axis=1)
     w2 = op.Where(op.And(use_noise, op.Not(special)), w_noise, w)
-    _, order = op.TopK(w2, k1, axis=1, largest=1, sorted=1)  # stable: ties keep the rank order
+    # Re-sort, stable (ties keep the rank order): distinct keys as above, slot instead of id.
+    slot = op.Cast(op.Range(op.Constant(value_int=0), k, op.Constant(value_int=1)), to=DOUBLE.dtype)
+    w2_key = op.Sub(w2, op.Mul(slot, op.Add(op.Mul(op.Abs(w2), rel), tiny)))
+    _, order = op.TopK(w2_key, k1, axis=1, largest=1, sorted=1)
     w3 = op.GatherElements(w2, order, axis=1)
     Ids = op.GatherElements(ids, order, axis=1)
     w3 = op.Where(special, nan_d, w3)
@@ -401,6 +423,11 @@ def _torch_check(logits: Any, embedding: Any, uniform: Any, mode: Any, a: dict[s
     noise_shape = None if uniform is None else tuple(uniform.shape)
     validate(tuple(logits.shape), tuple(embedding.shape), noise_shape, mode_np, a)
     return mode_np
+
+
+def _num_candidates(top_k: int, max_topk: int, v: int) -> int:
+    """Ranked entries the filters can need: max_topk, or top_k when it is on and larger (its normaliser)."""
+    return min(v, max(max_topk, top_k if 0 < top_k < v else 0))
 
 
 def torch_impl(logits: Any, embedding: Any, uniform: Any = None, mode: Any = None, **attrs: Any) -> Any:
@@ -422,8 +449,15 @@ def torch_impl(logits: Any, embedding: Any, uniform: Any = None, mode: Any = Non
             logits.new_empty((0,)),
         )
     x = logits.double()
-    # A stable descending sort ranks NaN first, +inf next, and keeps lower ids first on ties.
-    order = torch.sort(x, dim=1, descending=True, stable=True).indices
+    # The first kc ranked entries by one topk over distinct keys (the function body's: NaN, +inf, -inf moved to
+    # finite stand-ins in the same order, then key - id (|key| 2^-50 + 2^-1000), lower ids first on ties).
+    flt2 = 2.0 * float(np.finfo(np.float32).max)
+    key = torch.where(x == torch.inf, flt2, torch.where(x == -torch.inf, -flt2, x))
+    key = torch.where(torch.isnan(x), 2 * flt2, key)
+    idx = torch.arange(v, device=dev, dtype=torch.float64)
+    key = key - idx * (key.abs() * 2.0**-50 + 2.0**-1000)
+    kc = max(_num_candidates(a["top_k"], k, v), _num_candidates(a["after_thinking_top_k"], k, v))
+    order = torch.topk(key, kc, dim=1, largest=True, sorted=True).indices
     special = torch.isnan(x).any(1) | (x == torch.inf).any(1) | ~(x > -torch.inf).any(1)
     after = torch.zeros(bsz, dtype=torch.bool, device=dev) if mode is None else mode == 1
 
@@ -440,8 +474,8 @@ def torch_impl(logits: Any, embedding: Any, uniform: Any = None, mode: Any = Non
     xs = torch.where(special[:, None], torch.zeros_like(x), x)
     p = torch.softmax(xs / t, dim=1)
     entropy = -torch.where(p > 0, p * torch.log(p), torch.zeros_like(p)).sum(1)
-    ps = torch.gather(p, 1, order)
-    pos = torch.arange(v, device=dev)[None, :]
+    ps = torch.gather(p, 1, order)  # [B, kc]: every filter keeps a prefix within the first kc
+    pos = torch.arange(kc, device=dev)[None, :]
     top_k_on = (tk > 0) & (tk < v)
     kk = torch.where(top_k_on, tk, torch.full_like(tk, v))
     in_k = pos < kk
@@ -467,7 +501,7 @@ def torch_impl(logits: Any, embedding: Any, uniform: Any = None, mode: Any = Non
         ids = torch.where(use_noise[:, None], torch.gather(ids, 1, resort), ids)
     w = torch.where(special[:, None], torch.full_like(w, torch.nan), w)
     entropy = torch.where(special, torch.full_like(entropy, torch.nan), entropy)
-    mixed = torch.einsum("bk,bke->be", w, embedding.double()[ids])
+    mixed = torch.einsum("bk,bke->be", w, embedding[ids].double())
     return mixed.to(logits.dtype), w.to(logits.dtype), ids, entropy.to(logits.dtype)
 
 

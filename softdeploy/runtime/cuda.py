@@ -36,6 +36,13 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
         ctypes.c_int,
         [ctypes.c_int, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _I64, _PTR, _PTR],
     ),
+    "sd_cuda_soft_token_embedding": (
+        ctypes.c_int,
+        [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64]
+        + [ctypes.c_double, _I64, ctypes.c_double, ctypes.c_double] * 2
+        + [_I64, ctypes.c_int, ctypes.c_float, ctypes.c_float, ctypes.c_float, ctypes.c_float]
+        + [_PTR, _PTR, _PTR, _PTR, _PTR],
+    ),
 }
 SYMBOLS = tuple(_SIGNATURES)
 
@@ -214,6 +221,45 @@ class CudaKernels:
         )  # fmt: skip
         self._check(status)
         return scores
+
+    def soft_token_embedding(
+        self, logits: Any, embedding: Any, uniform: Any = None, mode: Any = None, **attrs: Any
+    ) -> tuple[Any, Any, Any, Any]:
+        """SoftTokenEmbedding of device arrays (float32): (Mixed [B, E], Weights, Ids int64 [B, max_topk], Entropy
+        [B]). The contract is checked here first (the CPU kernel's messages); Mode and Noise values are not read
+        back: a bad one gives its row NaN outputs (ops/cuda/soft_token_embedding.cu)."""
+        from softdeploy.ops import soft_token_embedding as ste
+
+        arr = _Arrays(logits)
+        logits, embedding = arr.contiguous(logits), arr.contiguous(embedding)
+        a = ste.DEF.resolve_attrs(attrs)
+        noise_shape = None if uniform is None else tuple(uniform.shape)
+        ste.validate(tuple(logits.shape), tuple(embedding.shape), noise_shape, None, a)
+        if mode is not None and tuple(mode.shape) != (int(logits.shape[0]),):
+            raise OpContractError(
+                f"SoftTokenEmbedding: Mode has shape {list(mode.shape)}, expected [B] = [{int(logits.shape[0])}]"
+            )
+        for name, t in (("Logits", logits), ("Embedding", embedding), ("Noise", uniform)):
+            if t is not None and arr.dtype_name(t) != "float32":
+                raise OpContractError(
+                    f"SoftTokenEmbedding: {name} is {arr.dtype_name(t)} (rule: the CUDA kernel is float32 only)"
+                )
+        b, v = (int(n) for n in logits.shape)
+        e, k = int(embedding.shape[1]), int(a["max_topk"])
+        u = None if uniform is None or len(uniform.shape) == 0 else arr.contiguous(uniform)
+        m = None if mode is None else arr.contiguous(mode)
+        mixed, weights = arr.empty((b, e), "float32"), arr.empty((b, k), "float32")
+        ids, entropy = arr.empty((b, k), "int64"), arr.empty((b,), "float32")
+        filters = []
+        for prefix in ("", "after_thinking_"):
+            filters += [a[prefix + "temperature"], a[prefix + "top_k"], a[prefix + "top_p"], a[prefix + "min_p"]]
+        status = self._fn("sd_cuda_soft_token_embedding")(
+            arr.ptr(logits), arr.ptr(embedding), arr.ptr(u), arr.ptr(m), b, v, e, *filters, k,
+            1 if a["noise"] == "gumbel" else 0, a["tau"], a["noise_factor"], a["clamp_min"], a["clamp_max"],
+            arr.ptr(mixed), arr.ptr(weights), arr.ptr(ids), arr.ptr(entropy), arr.stream(),
+        )  # fmt: skip
+        self._check(status)
+        return mixed, weights, ids, entropy
 
 
 def _code(dtype: str) -> int:

@@ -30,7 +30,7 @@ from softdeploy.ops import REGISTRY, Sample
 from softdeploy.runtime.cuda import SYMBOLS, CudaKernels
 from softdeploy.runtime.library import library_info
 
-CUDA_OPS = ("MaxSim", "SoftmaxTopK", "Softpick", "TwoPassSoftmax")
+CUDA_OPS = ("MaxSim", "SoftTokenEmbedding", "SoftmaxTopK", "Softpick", "TwoPassSoftmax")
 
 
 def _expect_cuda() -> bool:
@@ -189,6 +189,8 @@ def test_cuda_kernel_matches_reference(name, sample, dtype):
         q, d, *rest = list(s.inputs) + [None] * (6 - len(s.inputs))
         side = [_to_device(lib, v) for v in rest]
         got = (_to_host(k.max_sim(_to_device(lib, q, dev_dtype), _to_device(lib, d, dev_dtype), *side)),)
+    elif name == "SoftTokenEmbedding":
+        got = tuple(_to_host(o) for o in k.soft_token_embedding(*(_to_device(lib, v) for v in s.inputs), **s.attrs))
     else:
         x = _to_device(lib, s.inputs[0])
         attrs = dict(s.attrs)

@@ -67,6 +67,9 @@ def expected_tasks(op: OpDef, sample: Sample) -> int:
     ):  # ops/softpick_attention.cc: (batch, head, 48-query block)
         b, h, tq = np.shape(ports["Q"])[:3]
         return b * h * -(-tq // 48)
+    if {"Logits", "Embedding"} <= set(ports):  # ops/soft_token_embedding.cc: rows of Logits, cost V each
+        b, v = np.shape(ports["Logits"])
+        return num_tasks(b, v)
     raise AssertionError(f"{op.name}: no task model here; add its NumTasks call site to expected_tasks()")
 
 

@@ -155,6 +155,9 @@ FUNCTION_BODY_ONLY: dict[str, str] = {
     "sizes) has no static TE compute; the dense function body (two GEMMs over all experts) imports as is",
     "SoftpickAttention": "no TIR flash-style compute yet: TVM runs the float64 function body, which "
     "materialises the [B, H, Tq, Tk] scores",
+    "SoftTokenEmbedding": "no TIR compute yet: TVM runs the float64 function body (a TopK over the vocabulary "
+    "for the candidates over tie-free keys, since TVM's TopK does not keep lower ids first; the probability "
+    "row in float64)",
 }
 
 # Ops that have no TIR compute and whose function body TVM's importer cannot take -> why. The

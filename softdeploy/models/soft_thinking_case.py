@@ -35,7 +35,9 @@ class _StepRunner:
 
 
 class SoftThinkingCase:
-    """See the module docstring. ``questions``: how many training questions (every 32nd of the corpus)."""
+    """See the module docstring. ``questions``: how many training questions (every 32nd of the corpus); ``steps``:
+    the most new tokens per row; ``train``: the model's size and training
+    (:class:`softdeploy.models.soft_thinking.TrainConfig`, default its defaults)."""
 
     name = "soft_thinking"
     title = "Soft thinking: a 3-layer QA decoder (chatterbot-corpus) generating with SoftTokenEmbedding"
@@ -45,9 +47,10 @@ class SoftThinkingCase:
     cosine_name = "step logits cosine"
     timed_phases = ("decode step", "soft-token op")
 
-    def __init__(self, questions: int = 64, steps: int = MAX_NEW) -> None:
+    def __init__(self, questions: int = 64, steps: int = MAX_NEW, train: Any = None) -> None:
         self.questions = questions
         self.steps = steps
+        self.train = train
         self._model: Any = None
         self._reference: list[list[int]] | None = None
 
@@ -62,7 +65,7 @@ class SoftThinkingCase:
         from softdeploy.export.decoder import DecoderExport, export_decoder
         from softdeploy.models.soft_thinking import EOS, THINK_END, trained_model, words
 
-        model, data, _ = trained_model(progress=progress)
+        model, data, _ = trained_model(self.train, progress=progress)
         folder = cache_root() / "soft_thinking" / f"case-export-{fingerprint(model)[:16]}"
         if (folder / "decoder.json").is_file():
             export = DecoderExport.load(folder)
@@ -127,7 +130,8 @@ class SoftThinkingCase:
     def describe(self) -> dict[str, Any]:
         """Data, model and settings, for the report."""
         return {
-            "model": "LlamaForCausalLM, 3 layers, width 128, trained on chatterbot-corpus (softdeploy.models.soft_thinking)",
+            "model": f"LlamaForCausalLM, {self._model.config.num_hidden_layers} layers, width "
+            f"{self._model.config.hidden_size}, trained on chatterbot-corpus (softdeploy.models.soft_thinking)",
             "compared graph": "the decoder's step graph (prefill stays fp32 onnxruntime)",
             "questions": self.questions,
             "generation": f"soft thinking, Gumbel tau 0.5 (seeded), greedy answers, <= {self.steps} steps, batch {BATCH}",

@@ -110,10 +110,13 @@ class Decoding:
 class GenerationResult:
     """What :func:`generate` produced. ``tokens[b]``: row b's ids, one per step until it ended (slot 0 while
     thinking, ``</think>`` where thinking ended, the chosen tokens after); ``thinking_steps[b]``: steps spent
-    thinking; ``think_end[b]``: "token" (slot 0 chose ``</think>``), "cold" (cold stop), "none" (still thinking at
-    the end) or "off" (no soft thinking); ``stop[b]``: "eos" or "length". ``steps``: loop iterations;
-    ``prefill_seconds``, ``graph_seconds`` (backend calls of the decode steps), ``loop_seconds`` (the decode
-    steps' own work outside the backends), ``noise_seconds`` (of which drawing noise)."""
+    thinking (the step that ended thinking included); ``think_end[b]``: "token" (slot 0 chose ``</think>``), "cold"
+    (cold stop), "none" (still thinking at the end) or "off" (no soft thinking); ``stop[b]``: "eos" or "length".
+    ``steps``: loop iterations; ``prefill_seconds``: the prompt's graph; ``graph_seconds``: the decode steps'
+    time inside the runtime calls (the step graph and the op, as the backend times them); ``loop_seconds``: the
+    rest of the decode steps' wall time (the loop's own work, the backends' Python around their runtime calls, and
+    drawing noise); ``noise_seconds``: of that, drawing noise. ``step_graph_seconds`` / ``step_loop_seconds``: the
+    same two per decode step that ran a step graph (their medians resist a busy machine's preemptions)."""
 
     tokens: list[list[int]]
     thinking_steps: list[int]
@@ -124,6 +127,16 @@ class GenerationResult:
     graph_seconds: float
     loop_seconds: float
     noise_seconds: float
+    step_graph_seconds: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))
+    step_loop_seconds: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))
+
+    @property
+    def median_overhead(self) -> float:
+        """The loop's share of a typical decode step: median loop / (median graphs + median loop)."""
+        if not len(self.step_loop_seconds):
+            return self.overhead
+        loop = float(np.median(self.step_loop_seconds))
+        return loop / (loop + float(np.median(self.step_graph_seconds)))
 
     @property
     def new_tokens(self) -> int:
@@ -147,12 +160,15 @@ class Backend(Protocol):
 
     ``prefill`` starts a batch from the prompts (``embeds`` [B, S, E] or ``ids`` [B, S], whichever the backend
     takes); ``step`` feeds one position per row. Both return the last position's logits [B, V] float32 (an array the
-    backend may reuse: read it before the next call). ``soft`` runs the op on ``logits`` with ``noise`` [B, V] (or
-    None) and ``mode`` [B] int64 and returns (mixed [B, E], weights [B, K], ids [B, K] int64, entropy [B]).
+    backend may reuse: read it before the next call). ``configure`` builds the op for a batch and returns the
+    ``[B, V]`` float32 buffer the loop draws noise into (None without noise); ``soft`` runs the op on ``logits``
+    with that noise and ``mode`` [B] int64 and returns (mixed [B, E], weights [B, K], ids [B, K] int64, entropy
+    [B]). ``seconds`` accumulates the time spent inside the runtime's own calls.
     """
 
     embedding: np.ndarray  # [V, E] float32, the token table the loop gathers discrete inputs from
     takes_embeds: bool
+    seconds: float
 
     def prefill(self, ids: np.ndarray, embeds: np.ndarray, mask: np.ndarray, positions: np.ndarray) -> np.ndarray:
         """Logits [B, V] of the last prompt position; the cache holds the prompt."""
@@ -160,13 +176,11 @@ class Backend(Protocol):
     def step(self, ids: np.ndarray, embeds: np.ndarray, mask: np.ndarray, positions: np.ndarray) -> np.ndarray:
         """Logits [B, V] of the new position; the cache grows by one."""
 
-    def configure(self, attrs: dict[str, Any], batch: int, with_noise: bool) -> None:
-        """Builds the op for ``attrs`` (SoftTokenEmbedding attributes) at batch size ``batch``."""
+    def configure(self, attrs: dict[str, Any], batch: int, with_noise: bool) -> np.ndarray | None:
+        """Builds the op for ``attrs`` (SoftTokenEmbedding attributes) at batch size ``batch``; the noise buffer."""
 
-    def soft(
-        self, logits: np.ndarray, noise: np.ndarray | None, mode: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """The op's (mixed, weights, ids, entropy) for ``logits``."""
+    def soft(self, logits: np.ndarray, mode: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The op's (mixed, weights, ids, entropy) for ``logits`` (and the noise in the buffer)."""
 
 
 def _op_attrs(soft: SoftThinking | None, decoding: Decoding) -> dict[str, Any]:
@@ -232,9 +246,10 @@ def generate(
     batch, plen = ids0.shape
     steps_max = decoding.max_new_tokens
     gumbel = soft_thinking is not None and soft_thinking.noise == "gumbel"
-    backend.configure(_op_attrs(soft_thinking, decoding), batch, gumbel)
+    noise = backend.configure(_op_attrs(soft_thinking, decoding), batch, gumbel)
     rng = np.random.default_rng(seed)
-    eos = np.asarray(decoding.eos_token_ids or (-2,), np.int64)
+    is_eos = np.zeros(vocab, bool)
+    is_eos[[e for e in decoding.eos_token_ids if 0 <= e < vocab]] = True
     think_end = soft_thinking.think_end_id if soft_thinking is not None else -2
     cold_entropy = soft_thinking.early_stopping_entropy if soft_thinking is not None else 0.0
     cold_length = soft_thinking.early_stopping_length if soft_thinking is not None else 0
@@ -247,7 +262,6 @@ def generate(
     next_ids = np.zeros((batch, 1), np.int64)
     next_embeds = np.empty((batch, 1, hidden), np.float32)
     gathered = np.empty((batch, hidden), np.float32)
-    noise = np.empty((batch, vocab), np.float32) if gumbel else None
     uniforms = np.empty(batch, np.float64)
     mode = np.full(batch, 0 if soft_thinking is not None else 1, np.int64)
     thinking = mode == 0
@@ -266,68 +280,102 @@ def generate(
     logits = backend.prefill(ids0, prompt_embeds, mask0, prompt_positions(mask0))
     prefill_seconds = time.perf_counter() - t0
 
-    graph = 0.0
     noise_time = 0.0
+    backend.seconds = 0.0
     start = time.perf_counter()
     steps = 0
+    any_thinking = all_thinking = soft_thinking is not None
+    all_active = True
+    step_graph = np.zeros(steps_max)
+    step_wall = np.zeros(steps_max)
     for t in range(steps_max):
         steps = t + 1
+        w0 = time.perf_counter()
+        g_before = backend.seconds
         if noise is not None:
             n0 = time.perf_counter()
             rng.random(out=noise, dtype=np.float32)
             noise_time += time.perf_counter() - n0
         if decoding.sample:
             rng.random(out=uniforms)
-        g0 = time.perf_counter()
-        mixed, weights, top_ids, entropy = backend.soft(logits, noise, mode)
-        graph += time.perf_counter() - g0
+        mixed, weights, top_ids, entropy = backend.soft(logits, mode)
         token = top_ids[:, 0].copy()
-        answering = ~thinking
-        if decoding.sample and answering.any():
+        if decoding.sample and not all_thinking:
             # inverse-CDF draw from the after-thinking weights (their sum is 1 up to rounding: scale u by it)
             cdf = np.cumsum(weights, axis=1)
             pick = (cdf < (uniforms * cdf[:, -1])[:, None]).sum(axis=1)
             np.minimum(pick, weights.shape[1] - 1, out=pick)
-            token = np.where(answering, top_ids[rows, pick], token)
-        if soft_thinking is not None and thinking.any():
-            thinking_steps += thinking & ~done
-            by_token = thinking & (token == think_end)
+            token = np.where(thinking, token, top_ids[rows, pick])
+        ending = None
+        if any_thinking:
+            live = thinking if all_active else thinking & ~done
+            by_token = live & (token == think_end)
             if cold_length > 0:
-                low_run = np.where(thinking & (entropy < cold_entropy), low_run + 1, 0)
-                cold = thinking & ~by_token & (low_run >= cold_length)
+                low_run = np.where(live & (entropy < cold_entropy), low_run + 1, 0)
+                cold = live & ~by_token & (low_run >= cold_length)
+                ending = by_token | cold
             else:
-                cold = np.zeros(batch, bool)
-            ending = (by_token | cold) & ~done
-            think_how[by_token & ~done] = "token"
-            think_how[cold & ~done] = "cold"
-            token[cold] = think_end
+                cold = None
+                ending = by_token
+            if ending.any():
+                think_how[by_token] = "token"
+                if cold is not None:
+                    think_how[cold] = "cold"
+                    token[cold] = think_end
+                thinking_steps[ending] = t + 1
+            else:
+                ending = None
+        if all_active:
+            trace[t] = token
+            finished = is_eos[token]
         else:
-            ending = np.zeros(batch, bool)
-        active = ~done
-        trace[t, active] = token[active]
-        finished = active & np.isin(token, eos)
-        stop[finished] = "eos"
-        done |= finished
-        if done.all() or t == steps_max - 1:
+            active = ~done
+            trace[t, active] = token[active]
+            finished = active & is_eos[token]
+        if finished.any():
+            stop[finished] = "eos"
+            done |= finished
+            all_active = False
+            if done.all():
+                break
+        if t == steps_max - 1:
             break
         # next inputs: thinking rows (not ending) feed the mixture, the others their token's embedding
-        feed_mix = thinking & ~ending
-        np.take(table, token, axis=0, out=gathered)
-        if feed_mix.any():
-            gathered[feed_mix] = mixed[feed_mix]
-        next_embeds[:, 0, :] = gathered
-        next_ids[:, 0] = token
-        thinking &= ~ending
-        mode[ending] = 1
+        embeds = next_embeds
+        if backend.takes_embeds:
+            if all_thinking and ending is None:
+                embeds = mixed[:, None, :]  # the op's output buffer, read by the step before the op runs again
+            elif any_thinking:
+                feed_mix = thinking if ending is None else thinking & ~ending
+                if feed_mix.all():
+                    next_embeds[:, 0, :] = mixed
+                else:
+                    np.take(table, token, axis=0, out=gathered)
+                    gathered[feed_mix] = mixed[feed_mix]
+                    next_embeds[:, 0, :] = gathered
+            else:
+                np.take(table, token, axis=0, out=gathered)
+                next_embeds[:, 0, :] = gathered
+        else:
+            next_ids[:, 0] = token
+        if ending is not None:
+            thinking &= ~ending
+            mode[ending] = 1
+            any_thinking = bool(thinking.any())
+            all_thinking = False
         mask[:, plen + t] = 1
         positions += 1
-        g0 = time.perf_counter()
-        logits = backend.step(next_ids, next_embeds, mask[:, : plen + t + 1], positions)
-        graph += time.perf_counter() - g0
+        logits = backend.step(next_ids, embeds, mask[:, : plen + t + 1], positions)
+        step_wall[t] = time.perf_counter() - w0
+        step_graph[t] = backend.seconds - g_before
         if progress is not None:
             progress(1)
+    graph = backend.seconds
     loop_seconds = time.perf_counter() - start - graph
     tokens = [[int(v) for v in trace[:steps, b] if v >= 0] for b in range(batch)]
+    if soft_thinking is not None:  # rows still thinking at the end thought for all their steps
+        still = think_how == "none"
+        thinking_steps[still] = [len(tokens[b]) for b in np.flatnonzero(still)]
     return GenerationResult(
         tokens=tokens,
         thinking_steps=[int(v) for v in thinking_steps],
@@ -338,6 +386,8 @@ def generate(
         graph_seconds=graph,
         loop_seconds=loop_seconds,
         noise_seconds=noise_time,
+        step_graph_seconds=step_graph[: steps - 1],
+        step_loop_seconds=(step_wall - step_graph)[: steps - 1],
     )
 
 
@@ -372,12 +422,15 @@ class OrtBackend:
         self._first = self.export.input_kind
         self._cache: list[np.ndarray] = []
         self._bound: Any = None
+        self.seconds = 0.0
 
     def _run(self, sess: Any, first: np.ndarray, mask: np.ndarray, positions: np.ndarray, past: bool) -> np.ndarray:
         feeds = {self._first: first, "attention_mask": np.ascontiguousarray(mask), "position_ids": positions}
         if past:
             feeds.update(zip(self._past, self._cache, strict=True))
+        t0 = time.perf_counter()
         out = sess.run(feeds)
+        self.seconds += time.perf_counter() - t0
         self._cache = out[1:]
         return out[0][:, -1, :]
 
@@ -390,8 +443,9 @@ class OrtBackend:
         """See :class:`Backend`."""
         return self._run(self._step, embeds if self.takes_embeds else ids, mask, positions, past=True)
 
-    def configure(self, attrs: dict[str, Any], batch: int, with_noise: bool) -> None:
-        """Builds the SoftTokenEmbedding graph (Embedding a graph input, bound once) for ``batch`` rows."""
+    def configure(self, attrs: dict[str, Any], batch: int, with_noise: bool) -> np.ndarray | None:
+        """Builds the SoftTokenEmbedding graph (Embedding a graph input, bound once) for ``batch`` rows; its bound
+        Noise input is the noise buffer."""
         from softdeploy.runtime import Session
 
         vocab = self.embedding.shape[0]
@@ -404,17 +458,17 @@ class OrtBackend:
         if noise is not None:
             feeds["Noise"] = noise
         self._bound = sess.bind(feeds)
-        self._in = self._bound.inputs
+        self._logits = self._bound.inputs["Logits"]
+        self._mode = self._bound.inputs["Mode"]
+        return self._bound.inputs["Noise"] if with_noise else None
 
-    def soft(
-        self, logits: np.ndarray, noise: np.ndarray | None, mode: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def soft(self, logits: np.ndarray, mode: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """See :class:`Backend`."""
-        self._in["Logits"][...] = logits
-        if noise is not None:
-            self._in["Noise"][...] = noise
-        self._in["Mode"][...] = mode
+        self._logits[...] = logits
+        self._mode[...] = mode
+        t0 = time.perf_counter()
         mixed, weights, ids, entropy = self._bound()
+        self.seconds += time.perf_counter() - t0
         return mixed, weights, ids, entropy
 
 
@@ -452,6 +506,8 @@ class TorchBackend:
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
         self._cache: Any = None
         self._op: Any = None
+        self._noise: Any = None
+        self.seconds = 0.0
 
     def _forward(self, ids: np.ndarray, embeds: np.ndarray, mask: np.ndarray, positions: np.ndarray) -> np.ndarray:
         import torch
@@ -461,6 +517,7 @@ class TorchBackend:
             if self.takes_embeds
             else {"input_ids": torch.from_numpy(np.ascontiguousarray(ids))}
         )
+        t0 = time.perf_counter()
         with torch.no_grad():
             out = self.model(
                 **first,
@@ -470,7 +527,9 @@ class TorchBackend:
                 logits_to_keep=1,
                 **{self._cache_arg: self._cache},
             )
-        return out.logits[:, -1, :].float().numpy()
+        logits = out.logits[:, -1, :].float().numpy()
+        self.seconds += time.perf_counter() - t0
+        return logits
 
     def prefill(self, ids: np.ndarray, embeds: np.ndarray, mask: np.ndarray, positions: np.ndarray) -> np.ndarray:
         """See :class:`Backend`."""
@@ -483,24 +542,24 @@ class TorchBackend:
         """See :class:`Backend`."""
         return self._forward(ids, embeds, mask, positions)
 
-    def configure(self, attrs: dict[str, Any], batch: int, with_noise: bool) -> None:
-        """Builds :class:`softdeploy.nn.SoftTokenEmbedding` over the model's embedding table."""
+    def configure(self, attrs: dict[str, Any], batch: int, with_noise: bool) -> np.ndarray | None:
+        """Builds :class:`softdeploy.nn.SoftTokenEmbedding` over the model's embedding table; a noise buffer."""
         import torch
 
         from softdeploy.nn import SoftTokenEmbedding
 
         self._op = SoftTokenEmbedding(torch.from_numpy(self.embedding), **attrs)
+        noise = np.empty((batch, self.embedding.shape[0]), np.float32) if with_noise else None
+        self._noise = None if noise is None else torch.from_numpy(noise)
+        return noise
 
-    def soft(
-        self, logits: np.ndarray, noise: np.ndarray | None, mode: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def soft(self, logits: np.ndarray, mode: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """See :class:`Backend`."""
         import torch
 
+        t0 = time.perf_counter()
         with torch.no_grad():
-            out = self._op(
-                torch.from_numpy(logits),
-                None if noise is None else torch.from_numpy(noise),
-                torch.from_numpy(mode),
-            )
-        return tuple(t.numpy() for t in out)  # type: ignore[return-value]
+            out = self._op(torch.from_numpy(logits), self._noise, torch.from_numpy(mode))
+        result = tuple(t.numpy() for t in out)
+        self.seconds += time.perf_counter() - t0
+        return result  # type: ignore[return-value]

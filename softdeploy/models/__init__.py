@@ -62,19 +62,27 @@ def _minilm_distilled(quick: bool = False, **kw: Any) -> Any:
     return MiniLMDistilled(**(small if quick else {}), **kw)
 
 
+def _soft_thinking(quick: bool = False, **kw: Any) -> Any:
+    from softdeploy.models.soft_thinking_case import SoftThinkingCase
+
+    # quick: 16 questions, 24 steps (a smoke test)
+    return SoftThinkingCase(**({"questions": 16, "steps": 24} if quick else {}), **kw)
+
+
 CASES: dict[str, Callable[..., Any]] = {
     "minilm_retrieval": _minilm,
     "mtcnn_faces": _mtcnn,
     "lora_mixer_retrieval": _lora_mixer,
     "attention_variants": _attention_variants,
     "minilm_distilled": _minilm_distilled,
+    "soft_thinking": _soft_thinking,
 }
 DEFAULT_CASE = "minilm_retrieval"
 
 
 def get_case(name: str, **kw: Any) -> Any:
     """The built-in compare case ``name`` (minilm_retrieval, mtcnn_faces, lora_mixer_retrieval,
-    attention_variants, minilm_distilled), built with ``kw``; SoftdeployError naming the
+    attention_variants, minilm_distilled, soft_thinking), built with ``kw``; SoftdeployError naming the
     cases for an unknown name."""
     try:
         factory = CASES[name]

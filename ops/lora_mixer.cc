@@ -79,17 +79,6 @@ struct LoRAMixerKernel {
       : top_k(attrs.Int("top_k", 1)), scaling(attrs.Float("scaling", 1.0f)), isa(SelectIsa()) {}
 
   template <class T>
-  static const float* AsFloat(const Input<T>& in, std::vector<float>& buf) {
-    if constexpr (std::is_same_v<T, float>) {
-      return in.data;
-    } else {
-      buf.resize(static_cast<size_t>(in.size()));
-      for (int64_t i = 0; i < in.size(); ++i) buf[i] = ToFloat(in.data[i]);
-      return buf.data();
-    }
-  }
-
-  template <class T>
   void Compute(Ort::KernelContext& ctx) const {
     const Input<T> x = GetInput<T>(ctx, 0), a = GetInput<T>(ctx, 1), bm = GetInput<T>(ctx, 2),
                    router = GetInput<T>(ctx, 3);

@@ -205,17 +205,6 @@ void RunHead(const Problem& p, const Ops& ops, int64_t bh) {
   ops.gemm(k1.data(), m, w.data(), dv, m, o, dv, n, dv, false);
 }
 
-template <class T>
-const float* AsFloat(const Input<T>& in, std::vector<float>& buf) {
-  if constexpr (std::is_same_v<T, float>) {
-    return in.data;
-  } else {
-    buf.resize(static_cast<size_t>(in.size()));
-    for (int64_t e = 0; e < in.size(); ++e) buf[e] = ToFloat(in.data[e]);
-    return buf.data();
-  }
-}
-
 struct NystromKernel {
   static constexpr const char* kName = kOp;
   static constexpr Port kInputs[] = {{Elem::kT}, {Elem::kT}, {Elem::kT}};

@@ -41,6 +41,8 @@ constexpr float kC5 = 0x1.0F9F9Cp-7f;
 constexpr float kNoExponent = -FLT_MAX;
 
 // ---- scalar (portable variants and tails) -------------------------------------------------------
+// Internal linkage: per-ISA translation units may call these too (see ops/common/vec.h on why).
+namespace {
 
 inline float Poly5(float t) {
   float p = kC5;
@@ -164,4 +166,5 @@ SD_TARGET_AVX2 inline __m256 ExpNonPositive(__m256 x) {
   return _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
 }
 
+}  // namespace
 }  // namespace sd::simd

@@ -106,7 +106,10 @@ struct Avx512 {
   static SD_VEC_INLINE I mini(I a, I b) { return _mm512_min_epi32(a, b); }
   static SD_VEC_INLINE F min(F a, F b) { return _mm512_min_ps(a, b); }
   static SD_VEC_INLINE F abs(F a) { return _mm512_abs_ps(a); }
-  static SD_VEC_INLINE F round(F a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  // (maskz form with every lane: GCC 12's plain one can warn about an uninitialised temporary in its own header)
+  static SD_VEC_INLINE F round(F a) {
+    return _mm512_maskz_roundscale_ps(0xFFFF, a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  }
   // 2^e for integer-valued e, exactly as vscalefps gives it (subnormal down to 2^-149, then 0).
   static SD_VEC_INLINE F pow2i(F e) { return _mm512_scalef_ps(_mm512_set1_ps(1.0f), e); }
   static SD_VEC_INLINE M lt(F a, F b) { return _mm512_cmp_ps_mask(a, b, _CMP_LT_OQ); }

@@ -46,7 +46,7 @@ struct Policy<vec::Avx512> {
 template <>
 struct Policy<vec::Avx2> {
   using V = vec::Avx2;
-  // p * 2^n with 2^n from the exponent field, flushed to 0 below -126 (simd::Exp2NonPositive).
+  // p * 2^n with 2^n from the exponent field, flushed to 0 below -126 (as simd::ExpScale<Avx2> in ops/common/simd_math.h).
   static SD_VEC_INLINE V::F scale(V::F p, V::F n) {
     const __m256 ec = _mm256_max_ps(n, _mm256_set1_ps(-127.0f));
     const __m256i bits = _mm256_slli_epi32(_mm256_cvtps_epi32(_mm256_add_ps(ec, _mm256_set1_ps(127.0f))), 23);

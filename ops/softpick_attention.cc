@@ -26,10 +26,11 @@
 // Register tiles (ops/common/vec_gemm.h): C[6 x 64] += A[6 x k] B[k x 64] (AVX-512: 24 accumulators),
 // C[6 x 16] (AVX2); the portable variant is the same loop nest left to the compiler's baseline vectoriser.
 // The vector variants are written once over ops/common/vec.h's traits (ops/softpick_attention_kernels.h) and
-// compiled per ISA (ops/softpick_attention_avx2.cc, _avx512.cc). AVX-512 without Mask: full key blocks that
-// every row of the task sees compute their softpick terms per 6 x 64 score tile right after its GEMM
-// (ScoresTerms), with 16-lane per-row sums and maxima folded once per task -- the separate row pass's per-row
-// call, constants and horizontal reductions were ~10% of a call at T = 2048.
+// compiled per ISA (ops/softpick_attention_avx2.cc, _avx512.cc). Both vector variants without Mask: full key
+// blocks that every row of the task sees compute their softpick terms per score tile (AVX-512 6 x 64, AVX2
+// 6 x 16) right after its GEMM (ScoresTerms), with lane-wise (16 / 8) per-row sums and maxima folded once per
+// task -- the separate row pass's per-row call, constants and horizontal reductions were ~10% of a call at
+// T = 2048 (bench/results/softpick_attention.md).
 //
 // What must stay true:
 //  * The fast path sees only finite scores or -inf: a query row whose Q row, K, V or Mask row holds a
@@ -41,6 +42,7 @@
 #include <cfloat>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "common/kernel.h"
@@ -84,14 +86,14 @@ struct Problem {
   float* o = nullptr;
   // prepared once per call
   int64_t nkb = 0;                 // key blocks
-  std::vector<float> kt;           // per (b, hk): nkb blocks of [D][kBlockK], zero padded
+  std::unique_ptr<float[]> kt;     // per (b, hk): nkb blocks of [D][kBlockK], zero padded
   std::vector<uint8_t> kv_bad;     // per (b, hk): K or V holds a non-finite value
   std::vector<float> kmax;         // per (b, hk): max |K|
   std::vector<uint8_t> mrow_bad;   // per mask row: NaN or +inf present
   std::vector<float> mrow_max;     // per mask row: max finite value (-inf if none)
   std::vector<uint8_t> mblk_hidden;  // per mask row and key block: the Mask is -inf on every key of it
 
-  const float* Kt(int64_t b, int64_t hk) const { return kt.data() + (b * Hk + hk) * nkb * D * kBlockK; }
+  const float* Kt(int64_t b, int64_t hk) const { return kt.get() + (b * Hk + hk) * nkb * D * kBlockK; }
   int64_t MaskOffset(int64_t b, int64_t h, int64_t i) const { return b * msB + h * msH + i * msQ; }
 };
 
@@ -218,8 +220,12 @@ void RunTask(const Problem& p, const Ops& ops, int64_t b, int64_t h, int64_t i0,
     return;
   }
   const int64_t D = p.D, Dv = p.Dv;
-  std::vector<float> qs(static_cast<size_t>(rows * D)), sbuf(static_cast<size_t>(rows * kBlockK));
-  std::vector<float> pbuf(static_cast<size_t>(rows * kBlockK));
+  // Scratch written before it is read, so left uninitialised (zeroing them was ~2% of a call at T = 2048).
+  const std::unique_ptr<float[]> qs_buf(new float[rows * D]), sbuf_buf(new float[rows * kBlockK]),
+      pbuf_buf(new float[rows * kBlockK]);
+  float* const qs = qs_buf.get();
+  float* const sbuf = sbuf_buf.get();
+  float* const pbuf = pbuf_buf.get();
   std::vector<float> oacc(static_cast<size_t>(rows * Dv), 0.0f);
   std::vector<float> m(rows, -INFINITY), r(rows, 0.0f);
   std::vector<double> l(rows, 0.0);
@@ -318,7 +324,7 @@ void RunTask(const Problem& p, const Ops& ops, int64_t b, int64_t h, int64_t i0,
     // causal: fused only where every row of the task sees the whole block (the tile's first row sees least)
     const bool visible = !p.causal || i0 + p.Tk - p.Tq + 1 - j0 >= nk;
     if (fusable && small_r && nk == kBlockK && visible) {
-      ops.fused(qs.data(), D, ktb, rows, cr.data(), mr.data(), thr.data(), pbuf.data(), bl.data(), bmax.data(), lacc.data(),
+      ops.fused(qs, D, ktb, rows, cr.data(), mr.data(), thr.data(), pbuf, bl.data(), bmax.data(), lacc.data(),
                 vmx.data(), flag.data());
       for (int64_t rr = 0; rr < rows; ++rr) {
         if (!flag[rr]) continue;
@@ -327,10 +333,10 @@ void RunTask(const Problem& p, const Ops& ops, int64_t b, int64_t h, int64_t i0,
         row_step(rr, j0, nk);
       }
     } else {
-      ops.gemm(qs.data(), D, ktb, kBlockK, D, sbuf.data(), kBlockK, rows, kBlockK, false);
+      ops.gemm(qs, D, ktb, kBlockK, D, sbuf, kBlockK, rows, kBlockK, false);
       for (int64_t rr = 0; rr < rows; ++rr) row_step(rr, j0, nk);
     }
-    ops.gemm(pbuf.data(), kBlockK, v + j0 * Dv, Dv, nk, oacc.data(), Dv, rows, Dv, true);
+    ops.gemm(pbuf, kBlockK, v + j0 * Dv, Dv, nk, oacc.data(), Dv, rows, Dv, true);
   }
   if (fusable) {  // fold the fused blocks' lanes into m and l (in double)
     for (int64_t rr = 0; rr < rows; ++rr) {
@@ -365,7 +371,7 @@ void RunTask(const Problem& p, const Ops& ops, int64_t b, int64_t h, int64_t i0,
 void PrepareKv(Problem& p, int64_t bh) {
   const float* k = p.k + bh * p.Tk * p.D;
   const float* v = p.v + bh * p.Tk * p.Dv;
-  float* kt = p.kt.data() + bh * p.nkb * p.D * kBlockK;
+  float* kt = p.kt.get() + bh * p.nkb * p.D * kBlockK;
   // Transposed block by block (column by column over the whole of K, the writes 512 bytes apart,
   // cost ~4% of the call at T = 2048; an AVX-512 gather per 16 keys measured no faster than this).
   for (int64_t kb = 0; kb < p.nkb; ++kb) {
@@ -510,12 +516,14 @@ struct SoftpickAttentionKernel {
       case Isa::kAvx512:
         ops = {softpick_attention::GemmAvx512, softpick_attention::RowAvx512, softpick_attention::ScoresTermsAvx512, 16};
         break;
-      case Isa::kAvx2: ops = {softpick_attention::GemmAvx2, softpick_attention::RowAvx2, nullptr, 8}; break;
+      case Isa::kAvx2:
+        ops = {softpick_attention::GemmAvx2, softpick_attention::RowAvx2, softpick_attention::ScoresTermsAvx2, 8};
+        break;
       default: ops = {tile::GemmPortable<false>, RowPortable, nullptr, 1};
     }
     p.nkb = (p.Tk + kBlockK - 1) / kBlockK;
     const int64_t bhk = p.B * p.Hk;
-    p.kt.resize(static_cast<size_t>(bhk * p.nkb * p.D * kBlockK));
+    p.kt.reset(new float[bhk * p.nkb * p.D * kBlockK]);  // every entry written by PrepareKv
     p.kv_bad.assign(bhk, 0);
     p.kmax.assign(bhk, 0.0f);
     {

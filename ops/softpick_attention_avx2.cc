@@ -16,5 +16,10 @@ float RowAvx2(const float* s, float* pr, int64_t n, const float* mrow, int64_t m
   return Row<vec::Avx2>(s, pr, n, mrow, msk, hidden, r, block_max);
 }
 
+void ScoresTermsAvx2(const float* qs, int64_t D, const float* kt, int64_t rows, const float* cr, const float* mr,
+                     const float* thr, float* pbuf, float* bl, float* bmax, float* lacc, float* vmx, uint8_t* flag) {
+  ScoresTerms<vec::Avx2>(qs, D, kt, rows, cr, mr, thr, pbuf, bl, bmax, lacc, vmx, flag);
+}
+
 }  // namespace softpick_attention
 }  // namespace sd

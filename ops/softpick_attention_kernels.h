@@ -40,6 +40,8 @@ struct Policy<vec::Avx512> {
     if constexpr (kSmallR) return _mm512_maskz_scalef_ps(0xFFFF, sc_base, n);
     return _mm512_maskz_scalef_ps(0xFFFF, sc_base, _mm512_add_ps(n, minus_r));
   }
+  // The fused path's minus_r argument for a row with scale R (see pow2; unused there).
+  static SD_VEC_INLINE F fused_minus_r(float minus_r) { return _mm512_set1_ps(minus_r); }
 };
 #endif
 
@@ -48,11 +50,19 @@ template <>
 struct Policy<vec::Avx2> {
   using F = __m256;
   static constexpr bool kPlainRow = false;
-  // 2^(n - R) clamped to [2^-127, 2^127] in the exponent field (V::pow2i); 0 below.
+  // 2^(n - R) in the exponent field, 0 at n - R <= -127. Row pass: clamped to [2^-127, 2^127] (V::pow2i).
+  // kSmallR (the fused path): minus_r holds 127 - R (fused_minus_r), and n - R stays below 2^7 (the block
+  // max is within kSlack of R, else the row is flagged and redone on the row path, which overwrites what
+  // the fused path wrote), so only the lower clamp is needed: the same powers of two in 4 operations, not 6.
   template <bool kSmallR>
   static SD_VEC_INLINE F pow2(F n, F /*sc_base*/, F minus_r) {
+    if constexpr (kSmallR) {
+      const __m256 e = _mm256_max_ps(_mm256_add_ps(n, minus_r), _mm256_setzero_ps());
+      return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtps_epi32(e), 23));
+    }
     return vec::Avx2::pow2i(_mm256_add_ps(n, minus_r));
   }
+  static SD_VEC_INLINE F fused_minus_r(float minus_r) { return _mm256_set1_ps(minus_r + 127.0f); }
 };
 #endif
 
@@ -172,13 +182,13 @@ __attribute__((noinline)) void TermsTile(float* s, const float* cr, const float*
   constexpr int L = V::kLanes, NV = tile::TileVecs<V>();
   const F zero = V::zero();
   for (int r = 0; r < RI; ++r) {
-    const F c = V::set1(cr[r]), minus_r = V::set1(mr[r]);
+    const F c = V::set1(cr[r]), minus_r = Policy<V>::fused_minus_r(mr[r]);
     float* sr = s + r * kBlockK;
     F labs = zero, mx = V::loadu(sr);
     for (int x = 0; x < NV; ++x) {
       const F sv = V::loadu(sr + L * x);
       const F term = Term<V, false, true>(sv, c, minus_r, c);
-      V::storeu(sr + L * x, V::select(V::gt(sv, zero), zero, term));
+      V::storeu(sr + L * x, V::keep(V::gt(sv, zero), term));
       labs = V::add(labs, V::abs(term));
       mx = V::max(mx, sv);
     }

@@ -27,6 +27,8 @@ void GemmAvx2(const float* a, int64_t lda, const float* b, int64_t ldb, int64_t 
               int64_t rows, int64_t cols, bool accumulate);
 float RowAvx2(const float* s, float* pr, int64_t n, const float* mrow, int64_t msk, int64_t hidden, float r,
               float* block_max);
+void ScoresTermsAvx2(const float* qs, int64_t D, const float* kt, int64_t rows, const float* cr, const float* mr,
+                     const float* thr, float* pbuf, float* bl, float* bmax, float* lacc, float* vmx, uint8_t* flag);
 
 void GemmAvx512(const float* a, int64_t lda, const float* b, int64_t ldb, int64_t kdim, float* c, int64_t ldc,
                 int64_t rows, int64_t cols, bool accumulate);

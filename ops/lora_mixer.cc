@@ -35,8 +35,6 @@
 #include <memory>
 #include <vector>
 
-#include <immintrin.h>
-
 #include "common/kernel.h"
 #include "lora_mixer_tiles.h"
 

@@ -35,7 +35,6 @@
 #include <cstring>
 
 #include "common/kernel.h"
-#include "common/simd_math.h"
 #include "multi_max_row.h"
 
 namespace sd {

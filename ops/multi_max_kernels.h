@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "common/simd_math.h"
 #include "common/vec.h"
 #include "multi_max_row.h"
 
@@ -82,14 +83,10 @@ struct Sigma {
   }
 };
 
+// The exp polynomial of ops/common/simd_math.h.
 template <class V>
 SD_VEC_INLINE typename V::F Poly(typename V::F t) {
-  typename V::F p = V::set1(kC5);
-  p = V::fma(p, t, V::set1(kC4));
-  p = V::fma(p, t, V::set1(kC3));
-  p = V::fma(p, t, V::set1(kC2));
-  p = V::fma(p, t, V::set1(kC1));
-  return V::fma(p, t, V::set1(1.0f));
+  return simd::Poly5<V>(t);
 }
 
 // (t, n) of exp(d) = exp(t) * 2^n for d = z - M_b <= 0, reduced in double, then narrowed to float.

@@ -1,12 +1,9 @@
 // MultiMax's vector rows (ops/multi_max_kernels.h over the vector traits, compiled in
 // ops/multi_max_avx2.cc and ops/multi_max_avx512.cc with their own flags): their interface to
-// ops/multi_max.cc. Plain types only, no functions with external linkage defined here (see
-// ops/common/vec.h on why).
+// ops/multi_max.cc. Plain types only, no functions defined here (see ops/common/vec.h on why).
 #pragma once
 
 #include <cstdint>
-
-#include "common/simd_math.h"
 
 namespace sd {
 namespace multi_max {
@@ -16,12 +13,6 @@ constexpr int64_t kBlock = 1024;  // elements per block: its z buffer (8 KiB) st
 constexpr double kMinDiff = -200.0;
 constexpr double kLog2eD = 1.4426950408889634;
 constexpr double kLn2D = 0.6931471805599453;
-// The exp polynomial of ops/common/simd_math.h, one definition.
-using simd::kC1;
-using simd::kC2;
-using simd::kC3;
-using simd::kC4;
-using simd::kC5;
 
 // sigma's parameters as doubles, with its limits at -inf / +inf (ops/multi_max.cc's SigmaOf).
 struct SigmaParams {

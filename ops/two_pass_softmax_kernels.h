@@ -29,11 +29,6 @@ constexpr float kOneStepMax = 16.0f;    // see ExpRelative
 // block's sums below 2^125: finite floats.
 constexpr float kAhead = 79.0f;
 // The exp polynomial of ops/common/simd_math.h, one definition (kNoExponent: exp(-inf) = 0 * 2^kNoExponent).
-using simd::kC1;
-using simd::kC2;
-using simd::kC3;
-using simd::kC4;
-using simd::kC5;
 using simd::kLog2e;
 using simd::kMinusLn2Hi;
 using simd::kMinusLn2Lo;
@@ -149,13 +144,7 @@ SD_VEC_INLINE typename V::F ExpRelative(typename V::F x, typename V::F floor, ty
     } else {
       t = V::fma(nn, V::set1(-0x1.62E430p-1f), x);  // -ln2 rounded to float
     }
-    F p = V::set1(kC5);
-    p = V::fma(p, t, V::set1(kC4));
-    p = V::fma(p, t, V::set1(kC3));
-    p = V::fma(p, t, V::set1(kC2));
-    p = V::fma(p, t, V::set1(kC1));
-    p = V::fma(p, t, V::set1(1.0f));
-    return Policy<V>::scale2(p, V::sub(nn, nb));
+    return Policy<V>::scale2(simd::Poly5<V>(t), V::sub(nn, nb));
   }
 }
 

@@ -75,6 +75,17 @@ inline float Scale2(float v, float e) {
 
 // ---- vectors, over the traits of ops/common/vec.h --------------------------------------------------
 
+// exp(t) on the reduced |t| <= ln2/2: the polynomial m above, per lane (Poly5 of the scalar forms).
+template <class V>
+SD_VEC_INLINE typename V::F Poly5(typename V::F t) {
+  typename V::F p = V::set1(kC5);
+  p = V::fma(p, t, V::set1(kC4));
+  p = V::fma(p, t, V::set1(kC3));
+  p = V::fma(p, t, V::set1(kC2));
+  p = V::fma(p, t, V::set1(kC1));
+  return V::fma(p, t, V::set1(1.0f));
+}
+
 // exp(x) = p * 2^n for finite x with |x log2(e)| < 2^22 (range above): returns p, *n_out = n. No special
 // values: the callers clamp first (Exp below) or handle them.
 template <class V>
@@ -83,14 +94,8 @@ SD_VEC_INLINE typename V::F ExtExpPoly(typename V::F x, typename V::F* n_out) {
   const F nn = V::round(V::mul(x, V::set1(kLog2e)));
   F t = V::fma(nn, V::set1(kMinusLn2Hi), x);
   t = V::fma(nn, V::set1(kMinusLn2Lo), t);
-  F p = V::set1(kC5);
-  p = V::fma(p, t, V::set1(kC4));
-  p = V::fma(p, t, V::set1(kC3));
-  p = V::fma(p, t, V::set1(kC2));
-  p = V::fma(p, t, V::set1(kC1));
-  p = V::fma(p, t, V::set1(1.0f));
   *n_out = nn;
-  return p;
+  return Poly5<V>(t);
 }
 
 // p * 2^n for the exps below, per ISA.

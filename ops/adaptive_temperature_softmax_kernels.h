@@ -1,7 +1,7 @@
 // AdaptiveTemperatureSoftmax's vector passes, written once over the vector traits of ops/common/vec.h
 // and instantiated per ISA translation unit (ops/adaptive_temperature_softmax_avx2.cc, _avx512.cc); the
 // row driver and the design are in ops/adaptive_temperature_softmax.cc. What differs by ISA is stated by
-// one Policy per variant: the exp (AVX-512 simd::Exp, vscalefps; AVX2 simd::ExpNonPositive, 2^n in the
+// one Policy per variant: the exp (ops/common/simd_math.h's simd::Exp: AVX-512 vscalefps; AVX2 2^n in the
 // exponent field, flushing below 2^-126) and how the output pass stores (AVX-512: peel to 64 bytes, then
 // streaming stores, the tail masked in float; AVX2: streaming stores where y + j is 32-byte aligned, the
 // tail in double by the portable writer). Each variant gives the results its former hand-written twin
@@ -17,37 +17,12 @@
 #include <cstring>
 
 #include "adaptive_temperature_softmax_row.h"
+#include "common/simd_math.h"
 #include "common/vec.h"
 
 namespace sd {
 namespace ats {
 namespace {  // internal linkage on purpose: see ops/common/vec.h
-
-constexpr float kLog2e = 0x1.715476p+0f;
-constexpr float kMinusLn2Hi = -0x1.62E43p-1f;
-constexpr float kMinusLn2Lo = 0x1.05C61p-29f;
-constexpr float kC1 = 0x1.FFFFF6p-1f;
-constexpr float kC2 = 0x1.FFFDC6p-2f;
-constexpr float kC3 = 0x1.555A80p-3f;
-constexpr float kC4 = 0x1.573A1Ap-5f;
-constexpr float kC5 = 0x1.0F9F9Cp-7f;
-
-// exp(x) = p * 2^n for x clamped to >= -104 (common/simd_math.h's ExtExp on a clamped argument).
-template <class V>
-SD_VEC_INLINE void ExtExp(typename V::F x, typename V::F* p_out, typename V::F* n_out) {
-  using F = typename V::F;
-  const F nn = V::round(V::mul(x, V::set1(kLog2e)));
-  F t = V::fma(nn, V::set1(kMinusLn2Hi), x);
-  t = V::fma(nn, V::set1(kMinusLn2Lo), t);
-  F p = V::set1(kC5);
-  p = V::fma(p, t, V::set1(kC4));
-  p = V::fma(p, t, V::set1(kC3));
-  p = V::fma(p, t, V::set1(kC2));
-  p = V::fma(p, t, V::set1(kC1));
-  p = V::fma(p, t, V::set1(1.0f));
-  *p_out = p;
-  *n_out = nn;
-}
 
 template <class V>
 struct Policy;
@@ -57,12 +32,8 @@ template <>
 struct Policy<vec::Avx512> {
   using V = vec::Avx512;
   static constexpr bool kPeelAndStream = true;
-  // simd::Exp: exact 0 below the float range, -inf -> 0, +inf -> +inf, NaN -> NaN.
-  static SD_VEC_INLINE V::F exp(V::F x) {
-    V::F p, n;
-    ExtExp<V>(V::max(x, V::set1(-104.0f)), &p, &n);
-    return V::select(V::isnan(x), _mm512_scalef_ps(p, n), x);
-  }
+  // exact 0 below the float range, -inf -> 0, +inf -> +inf, NaN -> NaN
+  static SD_VEC_INLINE V::F exp(V::F x) { return simd::Exp<V>(x); }
 };
 #endif
 
@@ -71,15 +42,8 @@ template <>
 struct Policy<vec::Avx2> {
   using V = vec::Avx2;
   static constexpr bool kPeelAndStream = false;
-  // simd::ExpNonPositive: exp(x) for x <= 0; below -87.3 it flushes to 0; NaN propagates.
-  static SD_VEC_INLINE V::F exp(V::F x) {
-    V::F p, n;
-    ExtExp<V>(V::max(x, V::set1(-104.0f)), &p, &n);
-    const __m256 ec = _mm256_max_ps(n, _mm256_set1_ps(-127.0f));
-    const __m256 pow2 =
-        _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtps_epi32(_mm256_add_ps(ec, _mm256_set1_ps(127.0f))), 23));
-    return V::select(V::isnan(x), _mm256_mul_ps(p, pow2), x);
-  }
+  // exp(x) for x <= 0; below -87.3 it flushes to 0; NaN propagates
+  static SD_VEC_INLINE V::F exp(V::F x) { return simd::Exp<V>(x); }
 };
 #endif
 

@@ -35,8 +35,6 @@
 #include <memory>
 #include <vector>
 
-#include <immintrin.h>
-
 #include "common/kernel.h"
 #include "lora_mixer_tiles.h"
 
@@ -77,17 +75,6 @@ struct LoRAMixerKernel {
 
   explicit LoRAMixerKernel(const Attrs& attrs)
       : top_k(attrs.Int("top_k", 1)), scaling(attrs.Float("scaling", 1.0f)), isa(SelectIsa()) {}
-
-  template <class T>
-  static const float* AsFloat(const Input<T>& in, std::vector<float>& buf) {
-    if constexpr (std::is_same_v<T, float>) {
-      return in.data;
-    } else {
-      buf.resize(static_cast<size_t>(in.size()));
-      for (int64_t i = 0; i < in.size(); ++i) buf[i] = ToFloat(in.data[i]);
-      return buf.data();
-    }
-  }
 
   template <class T>
   void Compute(Ort::KernelContext& ctx) const {

@@ -35,7 +35,6 @@
 #include <cstring>
 
 #include "common/kernel.h"
-#include "common/simd_math.h"
 #include "multi_max_row.h"
 
 namespace sd {
@@ -45,11 +44,6 @@ constexpr const char* kOp = "MultiMax";
 
 using multi_max::RowArgs;
 using multi_max::SigmaParams;
-
-// The simd_math.h polynomial the vector rows copy (ops/multi_max_row.h).
-static_assert(multi_max::kC1 == simd::kC1 && multi_max::kC2 == simd::kC2 && multi_max::kC3 == simd::kC3 &&
-                  multi_max::kC4 == simd::kC4 && multi_max::kC5 == simd::kC5,
-              "ops/multi_max_row.h's polynomial must be simd_math.h's");
 
 SigmaParams SigmaOf(const float* ranges, const float* ts) {
   SigmaParams p;

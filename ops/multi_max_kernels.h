@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "common/simd_math.h"
 #include "common/vec.h"
 #include "multi_max_row.h"
 
@@ -46,7 +47,7 @@ struct Policy<vec::Avx512> {
 template <>
 struct Policy<vec::Avx2> {
   using V = vec::Avx2;
-  // p * 2^n with 2^n from the exponent field, flushed to 0 below -126 (simd::Exp2NonPositive).
+  // p * 2^n with 2^n from the exponent field, flushed to 0 below -126 (as simd::ExpScale<Avx2> in ops/common/simd_math.h).
   static SD_VEC_INLINE V::F scale(V::F p, V::F n) {
     const __m256 ec = _mm256_max_ps(n, _mm256_set1_ps(-127.0f));
     const __m256i bits = _mm256_slli_epi32(_mm256_cvtps_epi32(_mm256_add_ps(ec, _mm256_set1_ps(127.0f))), 23);
@@ -82,14 +83,10 @@ struct Sigma {
   }
 };
 
+// The exp polynomial of ops/common/simd_math.h.
 template <class V>
 SD_VEC_INLINE typename V::F Poly(typename V::F t) {
-  typename V::F p = V::set1(kC5);
-  p = V::fma(p, t, V::set1(kC4));
-  p = V::fma(p, t, V::set1(kC3));
-  p = V::fma(p, t, V::set1(kC2));
-  p = V::fma(p, t, V::set1(kC1));
-  return V::fma(p, t, V::set1(1.0f));
+  return simd::Poly5<V>(t);
 }
 
 // (t, n) of exp(d) = exp(t) * 2^n for d = z - M_b <= 0, reduced in double, then narrowed to float.

@@ -13,13 +13,6 @@ constexpr int64_t kBlock = 1024;  // elements per block: its z buffer (8 KiB) st
 constexpr double kMinDiff = -200.0;
 constexpr double kLog2eD = 1.4426950408889634;
 constexpr double kLn2D = 0.6931471805599453;
-// The exp polynomial of ops/common/simd_math.h (its inline functions must not be called from an ISA
-// translation unit; ops/multi_max.cc static_asserts that these equal simd::kC1 .. kC5).
-constexpr float kC1 = 0x1.FFFFF6p-1f;
-constexpr float kC2 = 0x1.FFFDC6p-2f;
-constexpr float kC3 = 0x1.555A80p-3f;
-constexpr float kC4 = 0x1.573A1Ap-5f;
-constexpr float kC5 = 0x1.0F9F9Cp-7f;
 
 // sigma's parameters as doubles, with its limits at -inf / +inf (ops/multi_max.cc's SigmaOf).
 struct SigmaParams {

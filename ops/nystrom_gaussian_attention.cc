@@ -7,7 +7,7 @@
 // Python half (the contract, the non-finite distance rule, the float64 oracle, the function body):
 // softdeploy/ops/nystrom_gaussian_attention.py; docs/ops/NystromGaussianAttention.md.
 //
-// Per (batch, head) task, every n-long product a register-tiled float32 GEMM (common/tile_gemm.h):
+// Per (batch, head) task, every n-long product a register-tiled float32 GEMM (common/vec_gemm.h):
 //   Lt = L^T (packed [d, m]);  D1 = dist(Q, Lt) [n, m] and D2 = dist(L, Lt) [m, m] as sums of squared
 //   differences (no |a|^2 + |b|^2 - 2ab cancellation: K2's diagonal is exactly 1);  the non-finite rule
 //   (NaN if either vector has a NaN or both an inf, +inf if one has an inf) on flagged rows only;
@@ -23,6 +23,10 @@
 // Newton-Schulz work (2 m^3 + m^2 dv float64 multiply-adds per head).
 // Memory: O(n m + m^2 + m dv) per task; nothing of size n x n.
 //
+// Variants: the tiles, the exp and the float64 GEMM written once over ops/common/vec.h's traits
+// (ops/nystrom_gaussian_attention_kernels.h), compiled per ISA (ops/nystrom_gaussian_attention_avx2.cc,
+// _avx512.cc); the portable variant is the same loop nests left to the compiler's baseline vectoriser.
+//
 // What must stay true: every form runs exactly newton_iters steps (the op is the iteration, not an
 // exact inverse); results do not depend on the thread count (one task = one head).
 #include <cmath>
@@ -30,8 +34,8 @@
 #include <vector>
 
 #include "common/kernel.h"
-#include "common/simd_math.h"
-#include "common/tile_gemm.h"
+#include "common/vec_gemm.h"
+#include "nystrom_gaussian_attention_kernels.h"
 
 namespace sd {
 namespace {
@@ -54,47 +58,8 @@ void NegExpPortable(float* x, int64_t n, float c) {
   for (int64_t i = 0; i < n; ++i) x[i] = std::exp(-x[i] * c);
 }
 
-SD_TARGET_AVX512 void NegExpAvx512(float* x, int64_t n, float c) {
-  const __m512 mc = _mm512_set1_ps(-c);
-  for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 k = simd::TailMask16(n - i);
-    _mm512_mask_storeu_ps(x + i, k, simd::Exp(_mm512_mul_ps(_mm512_maskz_loadu_ps(k, x + i), mc)));
-  }
-}
-
-SD_TARGET_AVX2 void NegExpAvx2(float* x, int64_t n, float c) {
-  const __m256 mc = _mm256_set1_ps(-c);
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, simd::ExpNonPositive(_mm256_mul_ps(_mm256_loadu_ps(x + i), mc)));
-  for (; i < n; ++i) x[i] = std::exp(-x[i] * c);
-}
-
-// C[rows x cols] = A[rows x kdim] B[kdim x cols] in float64, row-major, the column loop innermost: every C
-// element is the same sequential sum over k whatever the vector width the compiler picks, so the ISA
-// variants below agree bit for bit.
-SD_INLINE inline void Gemm64Body(const double* a, const double* b, double* c, int64_t rows, int64_t kdim,
-                                 int64_t cols) {
-  for (int64_t r = 0; r < rows; ++r) {
-    double* cr = c + r * cols;
-    for (int64_t j = 0; j < cols; ++j) cr[j] = 0.0;
-    for (int64_t kk = 0; kk < kdim; ++kk) {
-      const double x = a[r * kdim + kk];
-      const double* br = b + kk * cols;
-      for (int64_t j = 0; j < cols; ++j) cr[j] += x * br[j];
-    }
-  }
-}
-
 void Gemm64Portable(const double* a, const double* b, double* c, int64_t rows, int64_t kdim, int64_t cols) {
-  Gemm64Body(a, b, c, rows, kdim, cols);
-}
-SD_TARGET_AVX2 void Gemm64Avx2(const double* a, const double* b, double* c, int64_t rows, int64_t kdim,
-                               int64_t cols) {
-  Gemm64Body(a, b, c, rows, kdim, cols);
-}
-SD_TARGET_AVX512 void Gemm64Avx512(const double* a, const double* b, double* c, int64_t rows, int64_t kdim,
-                                   int64_t cols) {
-  Gemm64Body(a, b, c, rows, kdim, cols);
+  nystrom::Gemm64Body(a, b, c, rows, kdim, cols);
 }
 
 // Row flags of the non-finite rule: bit 0 = holds a NaN, bit 1 = holds an inf.
@@ -205,17 +170,6 @@ void RunHead(const Problem& p, const Ops& ops, int64_t bh) {
   ops.gemm(k1.data(), m, w.data(), dv, m, o, dv, n, dv, false);
 }
 
-template <class T>
-const float* AsFloat(const Input<T>& in, std::vector<float>& buf) {
-  if constexpr (std::is_same_v<T, float>) {
-    return in.data;
-  } else {
-    buf.resize(static_cast<size_t>(in.size()));
-    for (int64_t e = 0; e < in.size(); ++e) buf[e] = ToFloat(in.data[e]);
-    return buf.data();
-  }
-}
-
 struct NystromKernel {
   static constexpr const char* kName = kOp;
   static constexpr Port kInputs[] = {{Elem::kT}, {Elem::kT}, {Elem::kT}};
@@ -269,8 +223,10 @@ struct NystromKernel {
     }
     Ops ops;
     switch (isa) {
-      case Isa::kAvx512: ops = {tile::GemmAvx512<false>, tile::GemmAvx512<true>, NegExpAvx512, Gemm64Avx512}; break;
-      case Isa::kAvx2: ops = {tile::GemmAvx2<false>, tile::GemmAvx2<true>, NegExpAvx2, Gemm64Avx2}; break;
+      case Isa::kAvx512:
+        ops = {nystrom::GemmAvx512, nystrom::DistAvx512, nystrom::NegExpAvx512, nystrom::Gemm64Avx512};
+        break;
+      case Isa::kAvx2: ops = {nystrom::GemmAvx2, nystrom::DistAvx2, nystrom::NegExpAvx2, nystrom::Gemm64Avx2}; break;
       default: ops = {tile::GemmPortable<false>, tile::GemmPortable<true>, NegExpPortable, Gemm64Portable};
     }
     const Problem& cp = p;

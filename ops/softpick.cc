@@ -50,22 +50,6 @@ constexpr const char* kOp = "Softpick";
 
 // ---- portable -----------------------------------------------------------------------------------
 
-// expm1(x) * 2^-r for finite x (c = 2^-r).
-inline float TermScalar(float x, float r, float c) {
-  const float xc = std::max(x, kMinX);
-  const float n = std::nearbyint(xc * simd::kLog2e);
-  float t = std::fma(n, simd::kMinusLn2Hi, xc);
-  t = std::fma(n, simd::kMinusLn2Lo, t);
-  float p = kQ4;
-  p = std::fma(p, t, kQ3);
-  p = std::fma(p, t, kQ2);
-  p = std::fma(p, t, kQ1);
-  p = std::fma(p, t, kQ0);
-  const float q = std::fma(t * t, p, t);
-  const float s = simd::Scale2(1.0f, n - r);
-  return std::fma(s, q, s - c);
-}
-
 void RowPortable(const float* x, float* y, int64_t n, float eps) {
   float r = 0.0f, c = 1.0f, m = -INFINITY;
   float limit = kMaxTermExponent * kLn2;  // rescale when a finite x exceeds this
@@ -78,7 +62,7 @@ void RowPortable(const float* x, float* y, int64_t n, float eps) {
     }
     if (v > limit) {
       if (v > kFastMaxLogit) return RowExact(x, y, n, eps);
-      const float r_new = std::nearbyint(v * simd::kLog2e);
+      const float r_new = std::nearbyint(v * kLog2e);
       total = std::ldexp(total, static_cast<int>(std::max(r - r_new, -1100.0f)));
       RescaleStaged(y, j, r - r_new);
       r = r_new;

@@ -23,11 +23,14 @@
 // packed once per (batch, key head) before the tasks), the softpick terms overwrite S in place, and
 // o += P V. Nothing of size Tq x Tk exists; memory is O(size of K) + O(kBlockQ * (kBlockK + Dv)) per
 // task. Causal: key blocks past the tile's last visible key are skipped, the diagonal block masked.
-// Register tiles: C[6 x 64] += A[6 x k] B[k x 64] (AVX-512: 24 accumulators), C[6 x 16] (AVX2);
-// the portable variant is the same loop nest left to the compiler's baseline vectoriser. AVX-512 without
-// Mask: full key blocks that every row of the task sees compute their softpick terms per 6 x 64 score tile right after its GEMM
-// (ScoresTermsAvx512), with 16-lane per-row sums and maxima folded once per task -- the separate row
-// pass's per-row call, constants and horizontal reductions were ~10% of a call at T = 2048.
+// Register tiles (ops/common/vec_gemm.h): C[6 x 64] += A[6 x k] B[k x 64] (AVX-512: 24 accumulators),
+// C[6 x 16] (AVX2); the portable variant is the same loop nest left to the compiler's baseline vectoriser.
+// The vector variants are written once over ops/common/vec.h's traits (ops/softpick_attention_kernels.h) and
+// compiled per ISA (ops/softpick_attention_avx2.cc, _avx512.cc). Both vector variants without Mask: full key
+// blocks that every row of the task sees compute their softpick terms per score tile (AVX-512 6 x 64, AVX2
+// 6 x 16) right after its GEMM (ScoresTerms), with lane-wise (16 / 8) per-row sums and maxima folded once per
+// task -- the separate row pass's per-row call, constants and horizontal reductions were ~10% of a call at
+// T = 2048 (bench/results/softpick_attention.md).
 //
 // What must stay true:
 //  * The fast path sees only finite scores or -inf: a query row whose Q row, K, V or Mask row holds a
@@ -39,21 +42,24 @@
 #include <cfloat>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "common/kernel.h"
 #include "common/simd_math.h"
-#include "common/tile_gemm.h"
+#include "common/vec_gemm.h"
+#include "softpick_attention_row.h"
 #include "softpick_row.h"
 
 namespace sd {
 namespace {
 
+using softpick_attention::kBlockK;
+
 constexpr const char* kOp = "SoftpickAttention";
 constexpr const char* kLayout = "rule: Q [B, H, Tq, D], K [B, Hk, Tk, D], V [B, Hk, Tk, Dv]";
 
 constexpr int64_t kBlockQ = 48;  // query rows per task (a multiple of the 6-row register tile)
-constexpr int64_t kBlockK = 128;  // keys per block (64 and 256 measured 5% slower at T = 2048)
 constexpr float kExactLimit = 65536.0f;  // scores beyond: float32 range reduction loses t's bits
 constexpr float kSlack = 20.0f;          // terms expm1(s) 2^-R stay <= 2^kSlack (see RunTask)
 // Softpick's own constants (ops/softpick_row.h): expm1(x) = -1 in float below kMinX, and the expm1
@@ -65,6 +71,7 @@ using softpick::kQ1;
 using softpick::kQ2;
 using softpick::kQ3;
 using softpick::kQ4;
+using softpick::TermScalar;
 
 // Everything a task needs, as float32 views (float16 inputs are converted first).
 struct Problem {
@@ -79,14 +86,14 @@ struct Problem {
   float* o = nullptr;
   // prepared once per call
   int64_t nkb = 0;                 // key blocks
-  std::vector<float> kt;           // per (b, hk): nkb blocks of [D][kBlockK], zero padded
+  std::unique_ptr<float[]> kt;     // per (b, hk): nkb blocks of [D][kBlockK], zero padded
   std::vector<uint8_t> kv_bad;     // per (b, hk): K or V holds a non-finite value
   std::vector<float> kmax;         // per (b, hk): max |K|
   std::vector<uint8_t> mrow_bad;   // per mask row: NaN or +inf present
   std::vector<float> mrow_max;     // per mask row: max finite value (-inf if none)
   std::vector<uint8_t> mblk_hidden;  // per mask row and key block: the Mask is -inf on every key of it
 
-  const float* Kt(int64_t b, int64_t hk) const { return kt.data() + (b * Hk + hk) * nkb * D * kBlockK; }
+  const float* Kt(int64_t b, int64_t hk) const { return kt.get() + (b * Hk + hk) * nkb * D * kBlockK; }
   int64_t MaskOffset(int64_t b, int64_t h, int64_t i) const { return b * msB + h * msH + i * msQ; }
 };
 
@@ -158,22 +165,6 @@ void ExactRow(const Problem& p, int64_t b, int64_t h, int64_t i, std::vector<dou
 
 // ---- softpick terms of one row block: s[0, n) -> P in place; returns sum |term| of finite s -------
 
-// expm1(x) 2^-r for finite x (c = 2^-r), as TermScalar in ops/softpick.cc.
-inline float TermScalar(float x, float r, float c) {
-  const float xc = std::max(x, kMinX);
-  const float n = std::nearbyint(xc * simd::kLog2e);
-  float t = std::fma(n, simd::kMinusLn2Hi, xc);
-  t = std::fma(n, simd::kMinusLn2Lo, t);
-  float p = kQ4;
-  p = std::fma(p, t, kQ3);
-  p = std::fma(p, t, kQ2);
-  p = std::fma(p, t, kQ1);
-  p = std::fma(p, t, kQ0);
-  const float q = std::fma(t * t, p, t);
-  const float s = simd::Scale2(1.0f, n - r);
-  return std::fma(s, q, s - c);
-}
-
 // One pass over a row's key block: x_j = s[j] + mask (mrow[j * msk]; none when mrow is null), -inf
 // for j >= hidden (causal); p[j] = expm1(x_j) 2^-r where x_j > 0, else 0. Returns sum |expm1(x_j)| 2^-r
 // over x_j > -inf and stores max_j x_j in *block_max. s is left as it was, so that a block whose max
@@ -198,235 +189,6 @@ float RowPortable(const float* s, float* pr, int64_t n, const float* mrow, int64
   return sum;
 }
 
-// The softpick term of 16 scores, expm1(x) 2^-r (sc_base: 2^-r when kSmallR, else 1 with minus_r
-// folded into the exponent). kSmallR (r <= 126, 2^-r a normal float): 2^-r * 2^n by one scalef, which
-// equals scalef(1, n - r) exactly (both are the power of two 2^(n-r), rounded alike where subnormal).
-template <bool kClamp, bool kSmallR>
-SD_TARGET_AVX512 SD_INLINE inline __m512 Term512(__m512 x, __m512 sc_base, __m512 minus_r, __m512 c) {
-  // Clamped at kMinX: a Mask can push a finite score to -3e38, where x log2 e overflows to -inf and
-  // the range reduction would give NaN; below kMinX the term is -2^-r either way. Without a mask
-  // every score is bounded by kExactLimit (RunTask's bound), where the reduction is exact and the
-  // scalef underflows to 0, giving -2^-r as well: no clamp needed.
-  const __m512 xc = kClamp ? _mm512_max_ps(x, _mm512_set1_ps(kMinX)) : x;
-  // (maskz forms with every lane set: the plain ones trip GCC 12's -Wuninitialized inside its own header
-  // once this is inlined into TermsTile512; the same instructions)
-  const __m512 nn = _mm512_maskz_roundscale_ps(0xFFFF, _mm512_mul_ps(xc, _mm512_set1_ps(simd::kLog2e)),
-                                              _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 t = _mm512_fmadd_ps(nn, _mm512_set1_ps(simd::kMinusLn2Hi), xc);
-  t = _mm512_fmadd_ps(nn, _mm512_set1_ps(simd::kMinusLn2Lo), t);
-  __m512 p = _mm512_set1_ps(kQ4);
-  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(kQ3));
-  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(kQ2));
-  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(kQ1));
-  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(kQ0));
-  const __m512 q = _mm512_fmadd_ps(_mm512_mul_ps(t, t), p, t);
-  const __m512 sc = kSmallR ? _mm512_maskz_scalef_ps(0xFFFF, sc_base, nn)
-                            : _mm512_maskz_scalef_ps(0xFFFF, sc_base, _mm512_add_ps(nn, minus_r));
-  return _mm512_fmadd_ps(sc, q, _mm512_sub_ps(sc, c));
-}
-
-// kPlain: no mask and nothing hidden, so every lane in the row is a finite score (the common case):
-// whole vectors go without lane masks, and sum |term| is 2 sum(positive terms) - sum(terms) (the
-// numerator P is the positive part anyway), one add in place of an abs and a masked add.
-template <bool kPlain, bool kSmallR>
-SD_TARGET_AVX512 SD_INLINE inline float RowAvx512T(const float* s, float* pr, int64_t n, const float* mrow,
-                                                   int64_t msk, int64_t hidden, float r, float* block_max) {
-  const __m512 minus_r = _mm512_set1_ps(-r), c = _mm512_set1_ps(simd::Scale2(1.0f, -r));
-  const __m512 sc_base = kSmallR ? c : _mm512_set1_ps(1.0f);
-  const __m512 zero = _mm512_setzero_ps(), neg_inf = _mm512_set1_ps(-INFINITY);
-  __m512 acc = zero, vmax = neg_inf;
-  if constexpr (kPlain) {
-    __m512 acc_pos = zero;
-    int64_t j = 0;
-    for (; j + 16 <= n; j += 16) {
-      const __m512 x = _mm512_loadu_ps(s + j);
-      vmax = _mm512_max_ps(vmax, x);
-      const __m512 term = Term512<false, kSmallR>(x, sc_base, minus_r, c);
-      const __m512 pos = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, zero, _CMP_GT_OQ), term);
-      acc = _mm512_add_ps(acc, term);
-      acc_pos = _mm512_add_ps(acc_pos, pos);
-      _mm512_storeu_ps(pr + j, pos);
-    }
-    if (j < n) {
-      const __mmask16 valid = simd::TailMask16(n - j);
-      const __m512 x = _mm512_maskz_loadu_ps(valid, s + j);
-      vmax = _mm512_mask_max_ps(vmax, valid, vmax, x);
-      const __m512 term = _mm512_maskz_mov_ps(valid, Term512<false, kSmallR>(x, sc_base, minus_r, c));
-      const __m512 pos = _mm512_maskz_mov_ps(_mm512_mask_cmp_ps_mask(valid, x, zero, _CMP_GT_OQ), term);
-      acc = _mm512_add_ps(acc, term);
-      acc_pos = _mm512_add_ps(acc_pos, pos);
-      _mm512_mask_storeu_ps(pr + j, valid, pos);
-    }
-    *block_max = _mm512_reduce_max_ps(vmax);
-    return 2.0f * _mm512_reduce_add_ps(acc_pos) - _mm512_reduce_add_ps(acc);
-  } else {
-    for (int64_t j = 0; j < n; j += 16) {
-      const __mmask16 valid = simd::TailMask16(n - j);
-      __m512 x = _mm512_maskz_loadu_ps(valid, s + j);
-      if (mrow != nullptr) {
-        x = _mm512_add_ps(x, msk == 0 ? _mm512_set1_ps(mrow[0]) : _mm512_maskz_loadu_ps(valid, mrow + j));
-      }
-      const __mmask16 shown = valid & simd::TailMask16(std::max<int64_t>(0, hidden - j));
-      const __mmask16 seen = _mm512_mask_cmp_ps_mask(shown, x, neg_inf, _CMP_NEQ_OQ);
-      vmax = _mm512_mask_max_ps(vmax, seen, vmax, x);
-      const __m512 term = Term512<true, kSmallR>(x, sc_base, minus_r, c);
-      acc = _mm512_mask_add_ps(acc, seen, acc, _mm512_abs_ps(term));
-      const __mmask16 pos = _mm512_mask_cmp_ps_mask(seen, x, zero, _CMP_GT_OQ);
-      _mm512_mask_storeu_ps(pr + j, valid, _mm512_maskz_mov_ps(pos, term));
-    }
-    *block_max = _mm512_reduce_max_ps(vmax);
-    return _mm512_reduce_add_ps(acc);
-  }
-}
-
-SD_TARGET_AVX512 float RowAvx512(const float* s, float* pr, int64_t n, const float* mrow, int64_t msk, int64_t hidden,
-                                 float r, float* block_max) {
-  const bool plain = mrow == nullptr && hidden >= n, small_r = r <= 126.0f;
-  if (plain) {
-    return small_r ? RowAvx512T<true, true>(s, pr, n, mrow, msk, hidden, r, block_max)
-                   : RowAvx512T<true, false>(s, pr, n, mrow, msk, hidden, r, block_max);
-  }
-  return small_r ? RowAvx512T<false, true>(s, pr, n, mrow, msk, hidden, r, block_max)
-                 : RowAvx512T<false, false>(s, pr, n, mrow, msk, hidden, r, block_max);
-}
-
-// ---- AVX-512, no mask: the scores' GEMM with the softpick terms in its epilogue ---------------------
-//
-// For a full key block of a task without Mask that no causal limit cuts, S = Qs Kt is computed tile by tile
-// (6 rows x 64 keys in 24 registers, the k loop of tile::GemmAvx512) and turned into terms while still in
-// L1, a tile at a time: P (the positive terms) overwrites the tile's S, and per row the block's sum |term|
-// and max score go, in 16 lanes, to bl / bmax. The row pass (still used for masked, causal and tail
-// blocks) reads S back after the whole block's GEMM and pays, per row and block, a call, its constants
-// and three horizontal reductions. Per row, cr = 2^-R (R <= 126: one scalef, as Term512's
-// kSmallR) and thr = (R + kSlack) ln 2. Then, per row: a block max above thr (the row needs a larger R)
-// sets flag[row] = 1 and leaves the row's lacc / vmx as they were -- RunTask redoes that row on the row
-// path --, else lacc += bl and vmx = max(vmx, bmax) (lane-wise, float: as the o sums).
-
-// The terms of RI rows x 64 scores s (row stride kBlockK), in place: P (the positive terms) over S; the
-// block's 16-lane sum |term| and max per row into bl / bmax (first: the block's first 64 keys). Out of
-// line on purpose: in line after the k loop its constants stayed live across it and GCC spilled
-// accumulators there (5 stack round trips per k).
-template <int RI>
-SD_TARGET_AVX512 __attribute__((noinline)) void TermsTile512(float* s, const float* cr, float* bl, float* bmax,
-                                                             bool first) {
-  const __m512 zero = _mm512_setzero_ps();
-  for (int r = 0; r < RI; ++r) {
-    const __m512 c = _mm512_set1_ps(cr[r]);
-    float* sr = s + r * kBlockK;
-    __m512 labs = zero, mx = _mm512_loadu_ps(sr);
-    for (int x = 0; x < 4; ++x) {
-      const __m512 sv = _mm512_loadu_ps(sr + 16 * x);
-      const __m512 term = Term512<false, true>(sv, c, c, c);
-      _mm512_storeu_ps(sr + 16 * x, _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(sv, zero, _CMP_GT_OQ), term));
-      labs = _mm512_add_ps(labs, _mm512_abs_ps(term));
-      mx = _mm512_mask_max_ps(mx, 0xFFFF, mx, sv);
-    }
-    float* blr = bl + 16 * r;
-    float* bmr = bmax + 16 * r;
-    _mm512_storeu_ps(blr, first ? labs : _mm512_add_ps(_mm512_loadu_ps(blr), labs));
-    _mm512_storeu_ps(bmr, first ? mx : _mm512_mask_max_ps(mx, 0xFFFF, _mm512_loadu_ps(bmr), mx));
-  }
-}
-
-// RI rows x 64 keys of S = Qs Kt (the k loop of tile::GemmAvx512, full tiles: no lane masks), stored
-// to pr, then their terms in place while the tile is in L1.
-template <int RI>
-SD_TARGET_AVX512 SD_INLINE inline void ScoreTile512(const float* a, int64_t D, const float* kt, float* pr,
-                                                    const float* cr, float* bl, float* bmax, bool first) {
-  __m512 acc[RI][4];
-  for (int r = 0; r < RI; ++r) {
-    for (int x = 0; x < 4; ++x) acc[r][x] = _mm512_setzero_ps();
-  }
-  for (int64_t kk = 0; kk < D; ++kk) {
-    __m512 bv[4];
-    for (int x = 0; x < 4; ++x) bv[x] = _mm512_loadu_ps(kt + kk * kBlockK + 16 * x);
-    for (int r = 0; r < RI; ++r) {
-      const __m512 av = _mm512_set1_ps(a[r * D + kk]);
-      for (int x = 0; x < 4; ++x) acc[r][x] = _mm512_fmadd_ps(av, bv[x], acc[r][x]);
-    }
-  }
-  for (int r = 0; r < RI; ++r) {
-    for (int x = 0; x < 4; ++x) _mm512_storeu_ps(pr + r * kBlockK + 16 * x, acc[r][x]);
-  }
-  TermsTile512<RI>(pr, cr, bl, bmax, first);
-}
-
-// rows query rows (qs, row stride D) against one full key block kt ([D][kBlockK]); see above.
-SD_TARGET_AVX512 void ScoresTermsAvx512(const float* qs, int64_t D, const float* kt, int64_t rows, const float* cr,
-                                        const float* thr, float* pbuf, float* bl, float* bmax, float* lacc,
-                                        float* vmx, uint8_t* flag) {
-  for (int64_t c0 = 0; c0 < kBlockK; c0 += 64) {
-    const bool first = c0 == 0;
-    int64_t r = 0;
-    for (; r + tile::kTileRows <= rows; r += tile::kTileRows) {
-      ScoreTile512<tile::kTileRows>(qs + r * D, D, kt + c0, pbuf + r * kBlockK + c0, cr + r, bl + 16 * r,
-                                    bmax + 16 * r, first);
-    }
-    const float* ar = qs + r * D;
-    float* pr = pbuf + r * kBlockK + c0;
-    switch (rows - r) {
-      case 5: ScoreTile512<5>(ar, D, kt + c0, pr, cr + r, bl + 16 * r, bmax + 16 * r, first); break;
-      case 4: ScoreTile512<4>(ar, D, kt + c0, pr, cr + r, bl + 16 * r, bmax + 16 * r, first); break;
-      case 3: ScoreTile512<3>(ar, D, kt + c0, pr, cr + r, bl + 16 * r, bmax + 16 * r, first); break;
-      case 2: ScoreTile512<2>(ar, D, kt + c0, pr, cr + r, bl + 16 * r, bmax + 16 * r, first); break;
-      case 1: ScoreTile512<1>(ar, D, kt + c0, pr, cr + r, bl + 16 * r, bmax + 16 * r, first); break;
-      default: break;
-    }
-  }
-  for (int64_t r = 0; r < rows; ++r) {
-    const __m512 bm = _mm512_loadu_ps(bmax + 16 * r);
-    flag[r] = _mm512_cmp_ps_mask(bm, _mm512_set1_ps(thr[r]), _CMP_GT_OQ) != 0;
-    if (flag[r]) continue;
-    _mm512_storeu_ps(lacc + 16 * r, _mm512_add_ps(_mm512_loadu_ps(lacc + 16 * r), _mm512_loadu_ps(bl + 16 * r)));
-    _mm512_storeu_ps(vmx + 16 * r, _mm512_max_ps(_mm512_loadu_ps(vmx + 16 * r), bm));
-  }
-}
-
-SD_TARGET_AVX2 inline __m256 Pow2Clamped(__m256 e) {
-  const __m256 ec = _mm256_min_ps(_mm256_max_ps(e, _mm256_set1_ps(-127.0f)), _mm256_set1_ps(127.0f));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtps_epi32(_mm256_add_ps(ec, _mm256_set1_ps(127.0f))), 23));
-}
-
-SD_TARGET_AVX2 inline __m256 Term256(__m256 x, __m256 minus_r, __m256 c) {
-  const __m256 xc = _mm256_max_ps(x, _mm256_set1_ps(kMinX));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(simd::kLog2e)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 t = _mm256_fmadd_ps(n, _mm256_set1_ps(simd::kMinusLn2Hi), xc);
-  t = _mm256_fmadd_ps(n, _mm256_set1_ps(simd::kMinusLn2Lo), t);
-  __m256 p = _mm256_set1_ps(kQ4);
-  p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(kQ3));
-  p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(kQ2));
-  p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(kQ1));
-  p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(kQ0));
-  const __m256 q = _mm256_fmadd_ps(_mm256_mul_ps(t, t), p, t);
-  const __m256 s = Pow2Clamped(_mm256_add_ps(n, minus_r));
-  return _mm256_fmadd_ps(s, q, _mm256_sub_ps(s, c));
-}
-
-SD_TARGET_AVX2 float RowAvx2(const float* s, float* pr, int64_t n, const float* mrow, int64_t msk, int64_t hidden,
-                            float r, float* block_max) {
-  const __m256 minus_r = _mm256_set1_ps(-r), c = _mm256_set1_ps(simd::Scale2(1.0f, -r));
-  const __m256 zero = _mm256_setzero_ps(), neg_inf = _mm256_set1_ps(-INFINITY);
-  const __m256 sign = _mm256_set1_ps(-0.0f);
-  __m256 acc = zero, vmax = neg_inf;
-  for (int64_t j = 0; j < n; j += 8) {
-    const __m256i lanes = simd::TailMask8(n - j);
-    __m256 x = _mm256_maskload_ps(s + j, lanes);
-    if (mrow != nullptr) x = _mm256_add_ps(x, msk == 0 ? _mm256_set1_ps(mrow[0]) : _mm256_maskload_ps(mrow + j, lanes));
-    const __m256 shown = _mm256_and_ps(_mm256_castsi256_ps(lanes),
-                                       _mm256_castsi256_ps(simd::TailMask8(std::max<int64_t>(0, hidden - j))));
-    // lanes past the tail or hidden count as -inf: neither term nor numerator
-    x = _mm256_blendv_ps(neg_inf, x, shown);
-    const __m256 seen = _mm256_cmp_ps(x, neg_inf, _CMP_NEQ_OQ);
-    vmax = _mm256_max_ps(vmax, x);
-    const __m256 t = Term256(x, minus_r, c);
-    acc = _mm256_add_ps(acc, _mm256_and_ps(_mm256_andnot_ps(sign, t), seen));
-    _mm256_maskstore_ps(pr + j, lanes, _mm256_and_ps(t, _mm256_cmp_ps(x, zero, _CMP_GT_OQ)));
-  }
-  *block_max = simd::ReduceMax8(vmax);
-  return simd::ReduceAdd8(acc);
-}
-
 // ---- one task: query rows [i0, i1) of head h, batch b ---------------------------------------------
 
 // One block of keys transposed: col[d * kBlockK + jj] = kr[jj * D + d] for jj < nk, zeros for nk <= jj <
@@ -441,11 +203,11 @@ void PackPortable(const float* kr, int64_t nk, int64_t D, float* blk) {
 }
 
 struct Ops {
-  void (*gemm)(const float*, int64_t, const float*, int64_t, int64_t, float*, int64_t, int64_t, int64_t, bool);
-  float (*row)(const float*, float*, int64_t, const float*, int64_t, int64_t, float, float*);
+  softpick_attention::GemmFn gemm;
+  softpick_attention::RowFn row;
   // full unmasked key blocks with the terms fused into the scores' GEMM (nullptr: the row path)
-  void (*fused)(const float*, int64_t, const float*, int64_t, const float*, const float*, float*, float*, float*,
-                float*, float*, uint8_t*);
+  softpick_attention::FusedFn fused;
+  int lanes;  // the fused path's lanes per row of its sums and maxima
 };
 
 void RunTask(const Problem& p, const Ops& ops, int64_t b, int64_t h, int64_t i0, int64_t i1) {
@@ -458,8 +220,12 @@ void RunTask(const Problem& p, const Ops& ops, int64_t b, int64_t h, int64_t i0,
     return;
   }
   const int64_t D = p.D, Dv = p.Dv;
-  std::vector<float> qs(static_cast<size_t>(rows * D)), sbuf(static_cast<size_t>(rows * kBlockK));
-  std::vector<float> pbuf(static_cast<size_t>(rows * kBlockK));
+  // Scratch written before it is read, so left uninitialised (zeroing them was ~2% of a call at T = 2048).
+  const std::unique_ptr<float[]> qs_buf(new float[rows * D]), sbuf_buf(new float[rows * kBlockK]),
+      pbuf_buf(new float[rows * kBlockK]);
+  float* const qs = qs_buf.get();
+  float* const sbuf = sbuf_buf.get();
+  float* const pbuf = pbuf_buf.get();
   std::vector<float> oacc(static_cast<size_t>(rows * Dv), 0.0f);
   std::vector<float> m(rows, -INFINITY), r(rows, 0.0f);
   std::vector<double> l(rows, 0.0);
@@ -492,17 +258,20 @@ void RunTask(const Problem& p, const Ops& ops, int64_t b, int64_t h, int64_t i0,
   }
   const float* kt = p.Kt(b, hk);
   const float* v = p.v + (b * p.Hk + hk) * p.Tk * Dv;
-  // The fused path's per-row state (ScoresTermsAvx512): 16-lane sums of |term| and maxima over its blocks,
-  // its per-block scratch, 2^-R and the rescale bound per row; folded into l and m after the last block.
+  // The fused path's per-row state (ScoresTerms in ops/softpick_attention_kernels.h): lane-wise sums of |term|
+  // and maxima over its blocks (ops.lanes per row), its per-block scratch, 2^-R, -R and the rescale bound per
+  // row; folded into l and m after the last block.
   const bool fusable = ops.fused != nullptr && p.mask == nullptr;
-  std::vector<float> lacc, vmx, bl, bmax, cr, thr;
+  const int64_t lanes = ops.lanes;
+  std::vector<float> lacc, vmx, bl, bmax, cr, mr, thr;
   std::vector<uint8_t> flag;
   if (fusable) {
-    lacc.assign(static_cast<size_t>(rows * 16), 0.0f);
-    vmx.assign(static_cast<size_t>(rows * 16), -INFINITY);
-    bl.resize(static_cast<size_t>(rows * 16));
-    bmax.resize(static_cast<size_t>(rows * 16));
+    lacc.assign(static_cast<size_t>(rows * lanes), 0.0f);
+    vmx.assign(static_cast<size_t>(rows * lanes), -INFINITY);
+    bl.resize(static_cast<size_t>(rows * lanes));
+    bmax.resize(static_cast<size_t>(rows * lanes));
     cr.assign(static_cast<size_t>(rows), 1.0f);
+    mr.assign(static_cast<size_t>(rows), 0.0f);
     thr.assign(static_cast<size_t>(rows), kSlack * kLn2);
     flag.resize(static_cast<size_t>(rows));
   }
@@ -531,8 +300,9 @@ void RunTask(const Problem& p, const Ops& ops, int64_t b, int64_t h, int64_t i0,
       float* orow = &oacc[rr * Dv];
       for (int64_t c = 0; c < Dv; ++c) orow[c] *= f;
       if (fusable) {
-        for (int c = 0; c < 16; ++c) lacc[rr * 16 + c] *= f;
+        for (int64_t c = 0; c < lanes; ++c) lacc[rr * lanes + c] *= f;
         cr[rr] = simd::Scale2(1.0f, -r_new);
+        mr[rr] = -r_new;
         thr[rr] = (r_new + kSlack) * kLn2;
       }
       r[rr] = r_new;
@@ -554,7 +324,7 @@ void RunTask(const Problem& p, const Ops& ops, int64_t b, int64_t h, int64_t i0,
     // causal: fused only where every row of the task sees the whole block (the tile's first row sees least)
     const bool visible = !p.causal || i0 + p.Tk - p.Tq + 1 - j0 >= nk;
     if (fusable && small_r && nk == kBlockK && visible) {
-      ops.fused(qs.data(), D, ktb, rows, cr.data(), thr.data(), pbuf.data(), bl.data(), bmax.data(), lacc.data(),
+      ops.fused(qs, D, ktb, rows, cr.data(), mr.data(), thr.data(), pbuf, bl.data(), bmax.data(), lacc.data(),
                 vmx.data(), flag.data());
       for (int64_t rr = 0; rr < rows; ++rr) {
         if (!flag[rr]) continue;
@@ -563,17 +333,17 @@ void RunTask(const Problem& p, const Ops& ops, int64_t b, int64_t h, int64_t i0,
         row_step(rr, j0, nk);
       }
     } else {
-      ops.gemm(qs.data(), D, ktb, kBlockK, D, sbuf.data(), kBlockK, rows, kBlockK, false);
+      ops.gemm(qs, D, ktb, kBlockK, D, sbuf, kBlockK, rows, kBlockK, false);
       for (int64_t rr = 0; rr < rows; ++rr) row_step(rr, j0, nk);
     }
-    ops.gemm(pbuf.data(), kBlockK, v + j0 * Dv, Dv, nk, oacc.data(), Dv, rows, Dv, true);
+    ops.gemm(pbuf, kBlockK, v + j0 * Dv, Dv, nk, oacc.data(), Dv, rows, Dv, true);
   }
   if (fusable) {  // fold the fused blocks' lanes into m and l (in double)
     for (int64_t rr = 0; rr < rows; ++rr) {
       double sum = 0.0;
-      for (int c = 0; c < 16; ++c) {
-        m[rr] = std::max(m[rr], vmx[rr * 16 + c]);
-        sum += lacc[rr * 16 + c];
+      for (int64_t c = 0; c < lanes; ++c) {
+        m[rr] = std::max(m[rr], vmx[rr * lanes + c]);
+        sum += lacc[rr * lanes + c];
       }
       l[rr] += sum;
     }
@@ -601,7 +371,7 @@ void RunTask(const Problem& p, const Ops& ops, int64_t b, int64_t h, int64_t i0,
 void PrepareKv(Problem& p, int64_t bh) {
   const float* k = p.k + bh * p.Tk * p.D;
   const float* v = p.v + bh * p.Tk * p.Dv;
-  float* kt = p.kt.data() + bh * p.nkb * p.D * kBlockK;
+  float* kt = p.kt.get() + bh * p.nkb * p.D * kBlockK;
   // Transposed block by block (column by column over the whole of K, the writes 512 bytes apart,
   // cost ~4% of the call at T = 2048; an AVX-512 gather per 16 keys measured no faster than this).
   for (int64_t kb = 0; kb < p.nkb; ++kb) {
@@ -636,17 +406,6 @@ void PrepareMaskRow(Problem& p, int64_t row) {
     bool hidden = true;
     for (int64_t j = j0; hidden && j < j1; ++j) hidden = m[j * p.msK] == -INFINITY;
     p.mblk_hidden[row * p.nkb + kb] = hidden;
-  }
-}
-
-template <class T>
-const float* AsFloat(const Input<T>& in, std::vector<float>& buf) {
-  if constexpr (std::is_same_v<T, float>) {
-    return in.data;
-  } else {
-    buf.resize(static_cast<size_t>(in.size()));
-    for (int64_t e = 0; e < in.size(); ++e) buf[e] = ToFloat(in.data[e]);
-    return buf.data();
   }
 }
 
@@ -754,13 +513,17 @@ struct SoftpickAttentionKernel {
   void Run(Ort::KernelContext& ctx, Problem& p) const {
     Ops ops;
     switch (isa) {
-      case Isa::kAvx512: ops = {tile::GemmAvx512, RowAvx512, ScoresTermsAvx512}; break;
-      case Isa::kAvx2: ops = {tile::GemmAvx2, RowAvx2, nullptr}; break;
-      default: ops = {tile::GemmPortable, RowPortable, nullptr};
+      case Isa::kAvx512:
+        ops = {softpick_attention::GemmAvx512, softpick_attention::RowAvx512, softpick_attention::ScoresTermsAvx512, 16};
+        break;
+      case Isa::kAvx2:
+        ops = {softpick_attention::GemmAvx2, softpick_attention::RowAvx2, softpick_attention::ScoresTermsAvx2, 8};
+        break;
+      default: ops = {tile::GemmPortable<false>, RowPortable, nullptr, 1};
     }
     p.nkb = (p.Tk + kBlockK - 1) / kBlockK;
     const int64_t bhk = p.B * p.Hk;
-    p.kt.resize(static_cast<size_t>(bhk * p.nkb * p.D * kBlockK));
+    p.kt.reset(new float[bhk * p.nkb * p.D * kBlockK]);  // every entry written by PrepareKv
     p.kv_bad.assign(bhk, 0);
     p.kmax.assign(bhk, 0.0f);
     {

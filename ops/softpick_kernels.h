@@ -19,11 +19,14 @@ namespace sd {
 namespace softpick {
 namespace {  // internal linkage on purpose: see ops/common/vec.h
 
-// expm1(x) * 2^-r per lane for finite x (minus_r = -r, c = 2^-r): 2^-r * (2^n * (1 + q) - 1).
-template <class V>
-SD_VEC_INLINE typename V::F Term(typename V::F x, typename V::F minus_r, typename V::F c) {
+// expm1(x) = 2^n (1 + q) - 1 per lane: returns q = expm1(t) on the reduced t, *n_out = n. kClamp: x
+// clamped at kMinX first (below it the term is -2^-r either way; a Mask can push a finite score to -3e38,
+// where x log2 e overflows and the reduction would give NaN); without, |x| must stay where x log2 e is
+// finite. The one copy of the polynomial: Softpick's rows and SoftpickAttention's terms.
+template <class V, bool kClamp = true>
+SD_VEC_INLINE typename V::F Expm1Reduced(typename V::F x, typename V::F* n_out) {
   using F = typename V::F;
-  const F xc = V::max(x, V::set1(kMinX));
+  const F xc = kClamp ? V::max(x, V::set1(kMinX)) : x;
   const F n = V::round(V::mul(xc, V::set1(kLog2e)));
   F t = V::fma(n, V::set1(kMinusLn2Hi), xc);
   t = V::fma(n, V::set1(kMinusLn2Lo), t);
@@ -32,7 +35,16 @@ SD_VEC_INLINE typename V::F Term(typename V::F x, typename V::F minus_r, typenam
   p = V::fma(p, t, V::set1(kQ2));
   p = V::fma(p, t, V::set1(kQ1));
   p = V::fma(p, t, V::set1(kQ0));
-  const F q = V::fma(V::mul(t, t), p, t);
+  *n_out = n;
+  return V::fma(V::mul(t, t), p, t);
+}
+
+// expm1(x) * 2^-r per lane for finite x (minus_r = -r, c = 2^-r): 2^-r * (2^n * (1 + q) - 1).
+template <class V>
+SD_VEC_INLINE typename V::F Term(typename V::F x, typename V::F minus_r, typename V::F c) {
+  using F = typename V::F;
+  F n;
+  const F q = Expm1Reduced<V>(x, &n);
   const F s = V::pow2i(V::add(n, minus_r));
   return V::fma(s, q, V::sub(s, c));
 }

@@ -4,7 +4,11 @@
 // ops/softpick_common.cc (baseline x86-64 code: safe to call from any variant).
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+
+#include "common/simd_math.h"
 
 namespace sd {
 namespace softpick {
@@ -23,11 +27,10 @@ constexpr float kQ1 = 0x1.55543p-3f;
 constexpr float kQ2 = 0x1.55575p-5f;
 constexpr float kQ3 = 0x1.1283d6p-7f;
 constexpr float kQ4 = 0x1.6bddfep-10f;
-// The constants of ops/common/simd_math.h the vector row needs (its inline functions must not be
-// called from an ISA translation unit: see ops/common/vec.h).
-constexpr float kLog2e = 0x1.715476p+0f;
-constexpr float kMinusLn2Hi = -0x1.62E43p-1f;
-constexpr float kMinusLn2Lo = 0x1.05C61p-29f;
+// The range reduction of the exp polynomial (ops/common/simd_math.h), one definition.
+using simd::kLog2e;
+using simd::kMinusLn2Hi;
+using simd::kMinusLn2Lo;
 
 // The shifted formula in double precision for rows beyond the float32 fast path (|logits| > 2^16).
 void RowExact(const float* x, float* y, int64_t n, float eps);
@@ -48,6 +51,28 @@ struct Finish {
 Finish PlanFinish(float m, double total, float r, float eps);
 // Pass 2 for the cases without a vector loop (and the tails of the vector ones).
 void FinishScalar(const Finish& f, float* y, int64_t n);
+
+namespace {  // internal linkage: see ops/common/vec.h
+
+// expm1(x) * 2^-r for finite x (c = 2^-r), the scalar form of the vector rows' Term (ops/softpick_kernels.h):
+// 2^(n-r) q + (2^(n-r) - 2^-r) with expm1(t) = q on the reduced t. Softpick's portable row and
+// SoftpickAttention's portable variant share it.
+inline float TermScalar(float x, float r, float c) {
+  const float xc = std::max(x, kMinX);
+  const float n = std::nearbyint(xc * kLog2e);
+  float t = std::fma(n, kMinusLn2Hi, xc);
+  t = std::fma(n, kMinusLn2Lo, t);
+  float p = kQ4;
+  p = std::fma(p, t, kQ3);
+  p = std::fma(p, t, kQ2);
+  p = std::fma(p, t, kQ1);
+  p = std::fma(p, t, kQ0);
+  const float q = std::fma(t * t, p, t);
+  const float s = simd::Scale2(1.0f, n - r);
+  return std::fma(s, q, s - c);
+}
+
+}  // namespace
 
 // The vector rows (pass 1 and 2 of ops/softpick.cc's header, over the traits).
 void RowAvx2(const float* x, float* y, int64_t n, float eps);

@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "common/simd_math.h"
 #include "common/vec.h"
 #include "two_pass_softmax_row.h"
 
@@ -27,15 +28,11 @@ constexpr float kOneStepMax = 16.0f;    // see ExpRelative
 // Entries up to kAhead above a block's reference m (see Row) keep every term below 2^115 (79 log2e < 114) and a
 // block's sums below 2^125: finite floats.
 constexpr float kAhead = 79.0f;
-constexpr float kNoExponent = -FLT_MAX;  // simd::kNoExponent: exp(-inf) = 0 * 2^kNoExponent
-constexpr float kLog2e = 0x1.715476p+0f;
-constexpr float kMinusLn2Hi = -0x1.62E43p-1f;
-constexpr float kMinusLn2Lo = 0x1.05C61p-29f;
-constexpr float kC1 = 0x1.FFFFF6p-1f;
-constexpr float kC2 = 0x1.FFFDC6p-2f;
-constexpr float kC3 = 0x1.555A80p-3f;
-constexpr float kC4 = 0x1.573A1Ap-5f;
-constexpr float kC5 = 0x1.0F9F9Cp-7f;
+// The exp polynomial of ops/common/simd_math.h, one definition (kNoExponent: exp(-inf) = 0 * 2^kNoExponent).
+using simd::kLog2e;
+using simd::kMinusLn2Hi;
+using simd::kMinusLn2Lo;
+using simd::kNoExponent;
 // exp(t) ~ 1 + t (1 + t (kT2 + t kT3)) on [-ln2/16, ln2/16] (kTableExp): minimax relative error (Lawson
 // iterations on 4001 Chebyshev nodes, linear coefficient held at 1), coefficients rounded to float
 constexpr float kT2 = 0x1.00087Ep-1f;
@@ -70,7 +67,7 @@ struct Policy<vec::Avx2> {
   // exp from an 8-entry table of 2^(j/8) and a degree-3 polynomial (see ExpRelative): 2 fma fewer per vector
   static constexpr bool kTableExp = true;
   static constexpr float kMaxAbs = 3.5e5f;  // the table exp's bias is exact while |8 nb| < 2^22
-  // 2^e for integer-valued e <= 0: e below -126 flushes to 0 (simd::Exp2NonPositive, as in XNNPACK's
+  // 2^e for integer-valued e <= 0: e below -126 flushes to 0 (simd::ExpScale<Avx2>, as in XNNPACK's
   // AVX2 kernels: outputs below ~2e-38 come out as 0, within the contract's absolute tolerance).
   static SD_VEC_INLINE F pow2(F e) {
     const F ec = _mm256_max_ps(e, _mm256_set1_ps(-127.0f));
@@ -147,13 +144,7 @@ SD_VEC_INLINE typename V::F ExpRelative(typename V::F x, typename V::F floor, ty
     } else {
       t = V::fma(nn, V::set1(-0x1.62E430p-1f), x);  // -ln2 rounded to float
     }
-    F p = V::set1(kC5);
-    p = V::fma(p, t, V::set1(kC4));
-    p = V::fma(p, t, V::set1(kC3));
-    p = V::fma(p, t, V::set1(kC2));
-    p = V::fma(p, t, V::set1(kC1));
-    p = V::fma(p, t, V::set1(1.0f));
-    return Policy<V>::scale2(p, V::sub(nn, nb));
+    return Policy<V>::scale2(simd::Poly5<V>(t), V::sub(nn, nb));
   }
 }
 

@@ -1,7 +1,8 @@
 // CPU feature detection and the run-time choice of kernel variant.
 //
-// Every kernel has a portable C++ variant and, where it pays, AVX2+FMA and AVX-512 variants compiled
-// with __attribute__((target(...))) in the same file. Which one runs is decided once per kernel
+// Every kernel has a portable C++ variant and, where it pays, AVX2+FMA and AVX-512 variants written over
+// the vector traits (ops/common/vec.h) and compiled in per-ISA translation units (ops/<stem>_avx2.cc,
+// _avx512.cc; CMakeLists.txt gives them their flags). Which one runs is decided once per kernel
 // instance (at session creation) from the CPU's features; the environment variable SOFTDEPLOY_ISA
 // (portable | avx2 | avx512) may lower the choice, never raise it above what the CPU supports --
 // the conformance tests use it to check every variant on one machine. What was asked and what runs
@@ -69,6 +70,7 @@ bool KernelsUseAvxVnni();
 
 }  // namespace sd
 
+// Per-function targets (the kernels use the per-ISA translation units instead).
 #define SD_TARGET_AVX2 __attribute__((target("avx2,fma")))
 #define SD_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")))
 // For lambdas in hot loops whose captures must stay in registers (a lambda left out of line makes

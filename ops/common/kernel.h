@@ -372,6 +372,18 @@ T FromFloat(float v) {
   else return T(v);
 }
 
+// An input as float32: its own data when T is float, else converted into buf (which then holds it).
+template <class T>
+const float* AsFloat(const Input<T>& in, std::vector<float>& buf) {
+  if constexpr (std::is_same_v<T, float>) {
+    return in.data;
+  } else {
+    buf.resize(static_cast<size_t>(in.size()));
+    for (int64_t e = 0; e < in.size(); ++e) buf[e] = ToFloat(in.data[e]);
+    return buf.data();
+  }
+}
+
 // Applies row_fn(const float* x, float* y, int64_t n) to every row along `axis` of x (layout l),
 // writing y of the same shape. Rows are handed over as contiguous float32: directly when T is
 // float and the axis is innermost, otherwise gathered into (and scattered from) per-task scratch.

@@ -1,5 +1,5 @@
-// Vectorised exp building blocks shared by the softmax-family kernels, and the lane masks and
-// horizontal reductions every kernel's tails need (one definition here, not one per kernel).
+// The exp polynomial shared by the softmax-family and attention kernels, one definition: its constants, the
+// scalar forms (portable variants and tails) and the vector forms over the traits of ops/common/vec.h.
 //
 // Both follow XNNPACK's f32 exp kernels (see shared notes/algorithms.md section 2):
 //   n = round_to_nearest_even(x * log2(e))            (kept in float: no exponent-range overflow)
@@ -18,14 +18,12 @@
 // |x| must reduce in double or clamp first (MultiMax does the former: ops/multi_max.cc).
 #pragma once
 
-#include <immintrin.h>
-
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
 
-#include "common/cpu.h"
+#include "common/vec.h"
 
 namespace sd::simd {
 
@@ -41,6 +39,8 @@ constexpr float kC5 = 0x1.0F9F9Cp-7f;
 constexpr float kNoExponent = -FLT_MAX;
 
 // ---- scalar (portable variants and tails) -------------------------------------------------------
+// Internal linkage: per-ISA translation units call these too (see ops/common/vec.h on why).
+namespace {
 
 inline float Poly5(float t) {
   float p = kC5;
@@ -73,95 +73,67 @@ inline float Scale2(float v, float e) {
   return std::ldexp(v, static_cast<int>(e));
 }
 
-// ---- AVX-512 ----------------------------------------------------------------------------------
+// ---- vectors, over the traits of ops/common/vec.h --------------------------------------------------
 
-// The first min(left, 16) lanes (left >= 0): the mask of a row's last, partial vector.
-SD_TARGET_AVX512 inline __mmask16 TailMask16(int64_t left) {
-  return static_cast<__mmask16>(left >= 16 ? 0xFFFF : (1u << left) - 1);
+// exp(t) on the reduced |t| <= ln2/2: the polynomial m above, per lane (Poly5 of the scalar forms).
+template <class V>
+SD_VEC_INLINE typename V::F Poly5(typename V::F t) {
+  typename V::F p = V::set1(kC5);
+  p = V::fma(p, t, V::set1(kC4));
+  p = V::fma(p, t, V::set1(kC3));
+  p = V::fma(p, t, V::set1(kC2));
+  p = V::fma(p, t, V::set1(kC1));
+  return V::fma(p, t, V::set1(1.0f));
 }
 
-SD_TARGET_AVX512 inline void ExtExp(__m512 x, __m512* m, __m512* n) {
-  const __m512 nn = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)),
-                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 t = _mm512_fmadd_ps(nn, _mm512_set1_ps(kMinusLn2Hi), x);
-  t = _mm512_fmadd_ps(nn, _mm512_set1_ps(kMinusLn2Lo), t);
-  __m512 p = _mm512_set1_ps(kC5);
-  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(kC4));
-  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(kC3));
-  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(kC2));
-  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(kC1));
-  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(1.0f));
-  const __mmask16 neg_inf = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ);
-  *m = _mm512_mask_blend_ps(neg_inf, p, _mm512_setzero_ps());
-  *n = _mm512_mask_blend_ps(neg_inf, nn, _mm512_set1_ps(kNoExponent));
+// exp(x) = p * 2^n for finite x with |x log2(e)| < 2^22 (range above): returns p, *n_out = n. No special
+// values: the callers clamp first (Exp below) or handle them.
+template <class V>
+SD_VEC_INLINE typename V::F ExtExpPoly(typename V::F x, typename V::F* n_out) {
+  using F = typename V::F;
+  const F nn = V::round(V::mul(x, V::set1(kLog2e)));
+  F t = V::fma(nn, V::set1(kMinusLn2Hi), x);
+  t = V::fma(nn, V::set1(kMinusLn2Lo), t);
+  *n_out = nn;
+  return Poly5<V>(t);
 }
 
-// exp(x); exact 0 below the float range, -inf -> 0, +inf -> +inf, NaN -> NaN.
-SD_TARGET_AVX512 inline __m512 Exp(__m512 x) {
-  // Clamp so that n stays small enough for scalef; exp(-104) is already 0 in float.
-  const __m512 xc = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
-  __m512 m, n;
-  ExtExp(xc, &m, &n);
-  __m512 y = _mm512_scalef_ps(m, n);
-  // max_ps(NaN, c) returns c, so re-inject NaN inputs; -inf was clamped to -104 -> 0 already.
-  return _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x);
+// p * 2^n for the exps below, per ISA.
+template <class V>
+struct ExpScale;
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__)
+template <>
+struct ExpScale<vec::Avx512> {
+  // vscalefps: one rounding, exact down to the subnormals, then 0.
+  static SD_VEC_INLINE __m512 apply(__m512 p, __m512 n) { return _mm512_scalef_ps(p, n); }
+};
+#endif
+
+#if defined(__AVX2__) && defined(__FMA__)
+template <>
+struct ExpScale<vec::Avx2> {
+  // 2^n formed in the exponent field for integer-valued n <= 0 (no scalef on AVX2): n below -126 flushes
+  // 2^n to 0, as in XNNPACK's AVX2 kernels; n > 0 never occurs in the callers (exponents relative to a max,
+  // or exps of x <= 0).
+  static SD_VEC_INLINE __m256 apply(__m256 p, __m256 n) {
+    const __m256 ec = _mm256_max_ps(n, _mm256_set1_ps(-127.0f));
+    const __m256i bits = _mm256_slli_epi32(_mm256_cvtps_epi32(_mm256_add_ps(ec, _mm256_set1_ps(127.0f))), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+  }
+};
+#endif
+
+// exp(x): -inf -> 0 and NaN -> NaN on every variant; AVX-512: exact 0 below the float range, +inf -> +inf;
+// AVX2: for x <= 0 only (the "x - max" of a softmax, -d of a Gaussian kernel), flushing to 0 below -87.3.
+template <class V>
+SD_VEC_INLINE typename V::F Exp(typename V::F x) {
+  // Clamp so that n stays small enough for the scaling; exp(-104) is already 0 in float. max(NaN, c) is
+  // c, so NaN inputs are put back after.
+  typename V::F n;
+  const typename V::F p = ExtExpPoly<V>(V::max(x, V::set1(-104.0f)), &n);
+  return V::select(V::isnan(x), ExpScale<V>::apply(p, n), x);
 }
 
-// ---- AVX2 -------------------------------------------------------------------------------------
-
-// The first min(left, 8) lanes (left >= 0) as an all-ones/zero lane mask, for maskload/maskstore
-// (as __m256i) and blendv/and (cast to __m256).
-SD_TARGET_AVX2 inline __m256i TailMask8(int64_t left) {
-  const int count = static_cast<int>(std::min<int64_t>(left, 8));
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32(count), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
-
-SD_TARGET_AVX2 inline float ReduceMax8(__m256 v) {
-  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-  m = _mm_max_ss(m, _mm_movehdup_ps(m));
-  return _mm_cvtss_f32(m);
-}
-
-SD_TARGET_AVX2 inline float ReduceAdd8(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
-// 2^e for integer-valued e <= 0 (AVX2 has no scalef): e below -126 flushes to 0, as in XNNPACK's
-// AVX2 kernels. Values 2^e with e > 0 never occur in the callers (exponents are relative to a max).
-SD_TARGET_AVX2 inline __m256 Exp2NonPositive(__m256 e) {
-  const __m256 ec = _mm256_max_ps(e, _mm256_set1_ps(-127.0f));
-  const __m256i bits = _mm256_slli_epi32(_mm256_cvtps_epi32(_mm256_add_ps(ec, _mm256_set1_ps(127.0f))), 23);
-  return _mm256_castsi256_ps(bits);
-}
-
-SD_TARGET_AVX2 inline void ExtExp(__m256 x, __m256* m, __m256* n) {
-  const __m256 nn = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 t = _mm256_fmadd_ps(nn, _mm256_set1_ps(kMinusLn2Hi), x);
-  t = _mm256_fmadd_ps(nn, _mm256_set1_ps(kMinusLn2Lo), t);
-  __m256 p = _mm256_set1_ps(kC5);
-  p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(kC4));
-  p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(kC3));
-  p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(kC2));
-  p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(kC1));
-  p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(1.0f));
-  const __m256 neg_inf = _mm256_cmp_ps(x, _mm256_set1_ps(-INFINITY), _CMP_EQ_OQ);
-  *m = _mm256_blendv_ps(p, _mm256_setzero_ps(), neg_inf);
-  *n = _mm256_blendv_ps(nn, _mm256_set1_ps(kNoExponent), neg_inf);
-}
-
-// exp(x) for x <= 0 (the "x - max" of softmax): below -87.3 (the float normal range) it flushes to
-// 0; NaN propagates. Inputs > 0 are not supported (2^n with n > 0 is not formed).
-SD_TARGET_AVX2 inline __m256 ExpNonPositive(__m256 x) {
-  const __m256 xc = _mm256_max_ps(x, _mm256_set1_ps(-104.0f));
-  __m256 m, n;
-  ExtExp(xc, &m, &n);
-  const __m256 y = _mm256_mul_ps(m, Exp2NonPositive(n));
-  return _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
-}
-
+}  // namespace
 }  // namespace sd::simd

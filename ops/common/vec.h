@@ -71,6 +71,7 @@ struct Avx512 {
   static SD_VEC_INLINE M isnan(F a) { return _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q); }
   static SD_VEC_INLINE M mask_or(M a, M b) { return static_cast<M>(a | b); }
   static SD_VEC_INLINE F select(M m, F a, F b) { return _mm512_mask_blend_ps(m, a, b); }  // m ? b : a
+  static SD_VEC_INLINE F keep(M m, F a) { return _mm512_maskz_mov_ps(m, a); }  // m ? a : +0
   static SD_VEC_INLINE I selecti(M m, I a, I b) { return _mm512_mask_blend_epi32(m, a, b); }
   static SD_VEC_INLINE unsigned bits(M m) { return m; }  // lane l -> bit l
   // Softmax-family additions (ops/softmax_topk_kernels.h).
@@ -106,7 +107,10 @@ struct Avx512 {
   static SD_VEC_INLINE I mini(I a, I b) { return _mm512_min_epi32(a, b); }
   static SD_VEC_INLINE F min(F a, F b) { return _mm512_min_ps(a, b); }
   static SD_VEC_INLINE F abs(F a) { return _mm512_abs_ps(a); }
-  static SD_VEC_INLINE F round(F a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  // (maskz form with every lane: GCC 12's plain one can warn about an uninitialised temporary in its own header)
+  static SD_VEC_INLINE F round(F a) {
+    return _mm512_maskz_roundscale_ps(0xFFFF, a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  }
   // 2^e for integer-valued e, exactly as vscalefps gives it (subnormal down to 2^-149, then 0).
   static SD_VEC_INLINE F pow2i(F e) { return _mm512_scalef_ps(_mm512_set1_ps(1.0f), e); }
   static SD_VEC_INLINE M lt(F a, F b) { return _mm512_cmp_ps_mask(a, b, _CMP_LT_OQ); }
@@ -214,6 +218,7 @@ struct Avx2 {
   static SD_VEC_INLINE M isnan(F a) { return _mm256_cmp_ps(a, a, _CMP_UNORD_Q); }
   static SD_VEC_INLINE M mask_or(M a, M b) { return _mm256_or_ps(a, b); }
   static SD_VEC_INLINE F select(M m, F a, F b) { return _mm256_blendv_ps(a, b, m); }
+  static SD_VEC_INLINE F keep(M m, F a) { return _mm256_and_ps(a, m); }  // m ? a : +0 (m: all-ones or zero lanes)
   static SD_VEC_INLINE I selecti(M m, I a, I b) {
     return _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(a), _mm256_castsi256_ps(b), m));
   }
@@ -261,7 +266,7 @@ struct Avx2 {
     const __m128 q = _mm_max_ps(h, _mm_movehl_ps(h, h));
     return _mm_cvtss_f32(_mm_max_ss(q, _mm_shuffle_ps(q, q, 1)));
   }
-  // (h0 + h1) pairwise down to one lane: the order of simd::ReduceAdd8.
+  // (h0 + h1) pairwise down to one lane.
   static SD_VEC_INLINE float reduce_add(F a) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));

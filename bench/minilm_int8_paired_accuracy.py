@@ -16,7 +16,7 @@ it, next to the formats onnxruntime runs today:
                pair-bounded (same-sign even pairs sum <= 128: softdeploy.quant.pair_bounded, exact on vpmaddubsw
                with u8), or lane-bounded: the sets of weights that one int16 lane of the GEMM sums (4 of them in
                the paired form, 8 in the octet form that adds four vpmaddubsw results; the grouping of
-               bench/micro/int8_gemm_paired.cc) sum, per sign, to at most 32767 // L (L = 255 or 127, the
+               bench/micro/int8_gemm_paired.h) sum, per sign, to at most 32767 // L (L = 255 or 127, the
                activations' top); the step is max(max |w| / 127, largest same-sign set sum / (32767 // L - G)),
                G below the bound so that rounding cannot cross it
 
@@ -63,7 +63,7 @@ def quant_activation(x: torch.Tensor, levels: int, per_row: bool) -> torch.Tenso
 
 def lane_group_sums(w: np.ndarray, groups: int) -> np.ndarray:
     """[K / (4 groups), 2, N]: max(sum of positive w, sum of |negative w|) over each set of weights one int16 lane
-    of bench/micro/int8_gemm_paired.cc sums when ``groups`` vpmaddubsw results are added: k = 4G i + 4g + 2p + j
+    of bench/micro/int8_gemm_paired.h sums when ``groups`` vpmaddubsw results are added: k = 4G i + 4g + 2p + j
     for g < G and j < 2, one set per (i, p) (K padded with 0)."""
     k, n = w.shape
     pad = (-k) % (4 * groups)

@@ -1,7 +1,7 @@
 """all-MiniLM-L6-v2 end to end with an int16-summing int8 GEMM prototype (issue 13: int8 on a CPU without VNNI).
 
 bench/minilm_int8_paired_accuracy.py measured the accuracy of per-row activations with lane-bounded weights and
-bench/int8_gemm_paired.py the speed of the prototype GEMM on MiniLM's shapes. This script puts them together: each
+the retired bench/int8_gemm_paired.py the speed of the prototype GEMM on MiniLM's shapes. This script puts them together: each
 of the 36 weight MatMuls of the case's fp32 graph (eager attention + onnxruntime's BERT fusions, as in the case)
 becomes RowwiseInt8MatMul (bench/micro/int8_gemm_ort: a benchmark-only custom-op library around
 bench/micro/int8_gemm_paired.h; AVX2, one thread, no function body), and the model runs in onnxruntime next to

@@ -1,6 +1,6 @@
 // Issue 13 probe: can an int8 GEMM on AVX2 without VNNI beat onnxruntime's (MLAS u8s8, vpmaddubsw +
 // vpmaddwd per 32 products) by the 1.19x that MiniLM int8 needs for 1.8x fp32? A benchmark-only prototype, not a
-// library kernel (this header; used by int8_gemm_paired.cc and by the custom op in int8_gemm_ort/):
+// library kernel (this header; used by the custom op in int8_gemm_ort/):
 // Y[M, N] = X[M, K] W[K, N] + bias in float32 with
 //   X  float32, quantized per row (one asymmetric range per token, 0 included: DynamicQuantizeLinear's rule on
 //      each row, on 0..L with L = 255 or 127) inside the call: xq = clip(round(x * (1 / sa)) + za, 0, L);
@@ -133,7 +133,7 @@ void Epilogue(__m256i acc[MR][2], const float* sa, const int32_t* za, const floa
   }
 }
 
-// The packed weights (bench/int8_gemm_paired.py's pack_weights writes the same layout): per 16-column panel and block
+// The packed weights (bench/minilm_int8_rowwise.py's pack_weights writes the same layout): per 16-column panel and block
 // of 16 k, eight vectors [group g = k / 4 % 4][half h = columns 8h..8h+7], lane j = the 4 bytes k = 16i + 4g .. +3
 // of column 8h + j; K padded to kp (16) and N to np (16) with 0; sb, colsum and bias of np entries (0 past N).
 struct Weights {

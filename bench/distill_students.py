@@ -9,7 +9,7 @@ per-channel int8 (what the int8 auxiliary objective targets; a proxy for int8 de
 float). Latency: torch eager, batch 1 x 128 tokens, CPU time per call (process time: steadier than wall
 time on the shared machine), medians of interleaved rounds.
 
-Run: ``PYTHONPATH=. python3 bench/distill_students.py --steps 60`` (markdown on stdout).
+Run: ``python -m bench.distill_students --steps 60`` (markdown on stdout).
 """
 
 from __future__ import annotations
@@ -19,10 +19,7 @@ import dataclasses
 import statistics
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import harness  # noqa: F401  (sets the thread-pool waiting policies before numpy/torch load)
 import numpy as np
 import torch
 

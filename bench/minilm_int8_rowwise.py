@@ -22,7 +22,7 @@ Accuracy on the case's data (653 queries, 871 documents; MaxSim scoring) against
 1 x 128 tokens, 1 thread, interleaved rounds. On a host with VNNI run it with --emulate-avx2 (bench/cpuid_avx2.c):
 onnxruntime then runs its non-VNNI kernels, the comparison the issue's floor asks for.
 
-    PYTHONPATH=. python bench/minilm_int8_rowwise.py [--emulate-avx2] [--quick] [--rounds 10] [--shipped-only]
+    python -m bench.minilm_int8_rowwise [--emulate-avx2] [--quick] [--rounds 10] [--shipped-only]
 """
 
 from __future__ import annotations
@@ -33,12 +33,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import harness
 import numpy as np
 import onnx
-from minilm_int8_paired_accuracy import lane_bounded_int8
 from onnx import helper, numpy_helper
 
+from bench import harness
+from bench.minilm_int8_paired_accuracy import lane_bounded_int8
 from softdeploy.compare.environment import LoadMeter
 from softdeploy.compare.latency import measure_interleaved
 from softdeploy.compare.metrics import cosine_rows

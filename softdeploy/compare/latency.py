@@ -139,8 +139,10 @@ class BatchTiming:
 
 def calls_per_batch(fn: Callable[[], object], batch_seconds: float, max_calls: int = 100_000) -> int:
     """How many calls of ``fn`` take about ``batch_seconds``, from one call timed after one untimed warm-up call
-    (first-call allocations and lazy initialisation); at least 1, at most ``max_calls``."""
+    (first-call allocations and lazy initialisation); at least 1, at most ``max_calls``; 1 for ``batch_seconds`` 0."""
     fn()
+    if batch_seconds <= 0:
+        return 1
     start = time.perf_counter()
     fn()
     elapsed = time.perf_counter() - start

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import statistics
 import sys
 import time
 
@@ -24,6 +23,7 @@ import numpy as np
 import torch
 
 from softdeploy.compare.environment import environment
+from softdeploy.compare.latency import measure_interleaved
 from softdeploy.compare.metrics import mrr_at_k, ndcg_at_k
 from softdeploy.distill import (
     DistillConfig,
@@ -79,19 +79,16 @@ def int8_weights(model):
 def cpu_ms(models, tok, rounds=7):
     enc = tok(["word " * 200], truncation=True, max_length=128, padding="max_length", return_tensors="pt")
     ids, mask = enc["input_ids"], enc["attention_mask"]
-    times = {k: [] for k in models}
     with torch.inference_mode():
-        for m in models.values():
-            m(ids, mask)
-        for r in range(rounds):
-            names = list(models)
-            names = names[r % len(names) :] + names[: r % len(names)]
-            for k in names:
-                t0 = time.process_time()
-                for _ in range(3):
-                    models[k](ids, mask)
-                times[k].append((time.process_time() - t0) / 3 * 1e3)
-    return {k: statistics.median(v) for k, v in times.items()}
+        # the library's interleaved rounds (3 calls of each per round, the order rotated); CPU time per call
+        stats, _ = measure_interleaved(
+            {k: (lambda m=m: m(ids, mask)) for k, m in models.items()},
+            warmup=1,
+            rounds=rounds,
+            round_seconds=0.0,
+            min_calls_per_round=3,
+        )
+    return {k: s.cpu_p50_ms for k, s in stats.items()}
 
 
 def main() -> None:

@@ -19,12 +19,13 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
+
+from softdeploy.compare.latency import time_batches_interleaved
 
 SEQ, BATCH = 32, 8
 
@@ -88,17 +89,10 @@ def encode_ms(paths: dict[str, Path], feed: dict[str, np.ndarray], rounds: int =
     from softdeploy.runtime import Session
 
     sess = {k: Session(p, kernels="auto", threads=1) for k, p in paths.items()}
-    times: dict[str, list[float]] = {k: [] for k in sess}
-    for s in sess.values():
-        s.run(feed)
-    names = list(sess)
-    for r in range(rounds):
-        for k in names[r % len(names) :] + names[: r % len(names)]:
-            t0 = time.perf_counter()
-            for _ in range(3):
-                sess[k].run(feed)
-            times[k].append((time.perf_counter() - t0) / 3 * 1e3)
-    return {k: float(np.median(v)) for k, v in times.items()}
+    # the library's interleaved rounds: one call of each per round, the order rotated
+    fns = {k: (lambda s=s: s.run(feed)) for k, s in sess.items()}
+    timings = time_batches_interleaved(fns, rounds=rounds, batch_seconds=0.0)
+    return {k: t.median * 1e3 for k, t in timings.items()}
 
 
 def main() -> None:

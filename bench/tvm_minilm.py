@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from bench import harness
+from softdeploy.compare.latency import measure_interleaved
 
 FLOOR_RATIO = {"avx512": 1.5, "avx2": 1.3}  # by the shipped record class the build applied
 
@@ -105,13 +106,8 @@ def sentence_cosine(hidden: np.ndarray, reference: np.ndarray) -> float:
 def cpu_medians(fns: dict, calls: int = 9) -> dict[str, float]:
     """Median process CPU seconds per call of each peer, interleaved: on a shared machine the wall time
     includes the time a call waits for a core; the CPU time does not (1 thread: it is the compute time)."""
-    secs: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(calls):
-        for name, fn in fns.items():
-            t0 = time.process_time()
-            fn()
-            secs[name].append(time.process_time() - t0)
-    return {name: sorted(v)[len(v) // 2] for name, v in secs.items()}
+    stats, _ = measure_interleaved(fns, warmup=0, rounds=calls, round_seconds=0.0)  # one call of each per round
+    return {name: s.cpu_p50_ms / 1e3 for name, s in stats.items()}
 
 
 def minilm_flops(batch: int, seq: int, layers: int = 6, hidden: int = 384, ffn: int = 1536) -> float:

@@ -26,7 +26,7 @@ INT8_GEMM = ("MatMulInteger", "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "
 
 def profile(path: Path, feeds: dict, runs: int, extra_library: Path | None = None) -> dict[str, float]:
     """ms per call by op type (onnxruntime's profiler, node kernel time); ``extra_library``: another custom-op
-    library the graph needs (bench/minilm_int8_rowwise.py's)."""
+    library the graph needs (a benchmark-only custom op)."""
     import onnxruntime as ort
 
     from softdeploy.runtime import library_path

@@ -23,13 +23,13 @@ from collections.abc import Callable, Iterable, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from bench import SPIN
-from softdeploy.compare.environment import LoadMeter, background_load
+from bench import SPIN as SPIN
+from softdeploy.compare.environment import LoadMeter as LoadMeter
+from softdeploy.compare.environment import background_load as background_load
 from softdeploy.compare.environment import wait_quiet as _wait_quiet
 from softdeploy.compare.latency import BatchTiming, time_batches_interleaved, time_batches_quietly
 
 Timing = BatchTiming  # the scripts' name for the library's per-call timing
-__all__ = ["SPIN", "LoadMeter", "Timing", "background_load"]
 
 # ---------------------------------------------------------------------------------------------------------------------
 # argument helpers

@@ -16,14 +16,10 @@ documents, mean and minimum over the queries; the floor wants 100% at N = 10,000
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
 from bench.harness import base_parser, header, md_table, ort_session, quiet_bench, sync_print, threads
 from bench.maxsim import kernel_variants, make_data, onnx_models, quant_sym, softdeploy_session
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def peers_for(Q: np.ndarray, D: np.ndarray, models: dict[str, bytes], coded: dict) -> dict:

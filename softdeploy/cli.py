@@ -17,6 +17,8 @@ softdeploy compile  compile an ONNX model with TVM (optionally MetaSchedule-tune
 softdeploy distill  OUT: distil all-MiniLM-L6-v2 into a 3-layer student (layer reduction, one-shot or in
                     stages, or paraphrase-MiniLM-L3); MSE or softened KD; resumable; OUT/student.safetensors
 softdeploy serve    MODEL.onnx | WORKFLOW.yaml: HTTP serving on Ray Serve (replicas, dynamic batching; extra [serve])
+softdeploy generate MODEL_DIR: text generation from a transformers causal-LM folder on onnxruntime, optionally with
+                    soft thinking (SoftTokenEmbedding); the same loop on torch eager with --backend torch
 """
 
 from __future__ import annotations
@@ -531,6 +533,9 @@ def cmd_distill(args: argparse.Namespace) -> int:
         raise OutputError(
             f"distill: OUT {out} is a file; give a folder (the student, distill.json and checkpoints go there)"
         )
+    from softdeploy.distill.run import check_choice
+
+    check_choice(args.student, args.teacher, args.layers, args.stages)  # before the texts and any model are loaded
     outputs = [out / "student.safetensors", out / "distill.json", *([out / "student.onnx"] if args.export else [])]
     inputs = [p for p in (args.texts, args.extra_file) if p]
     _refuse_overwrite(outputs[:1], args.overwrite, sources=inputs)
@@ -559,12 +564,14 @@ def cmd_distill(args: argparse.Namespace) -> int:
         run = run_distill(
             out,
             student=args.student,
+            teacher=args.teacher,
             layers=args.layers,
             stages=args.stages,
             config=cfg,
             texts=texts,
             extra_texts=extra,
             export=args.export,
+            overwrite=args.overwrite,
             progress=progress,
         )
     s = run.summary
@@ -573,7 +580,8 @@ def cmd_distill(args: argparse.Namespace) -> int:
     last = "n/a" if s["last_loss"] is None else f"{s['last_loss']:.3g}"
     console.print(  # type: ignore[attr-defined]
         f"{s['student']}: {s['layers']} layers, {cfg.steps} steps on {s['texts']} texts in {s['seconds']} s"
-        f"{resumed}; loss {first} -> {last}\nwrote {run.path}" + (f" and {s['onnx']}" if "onnx" in s else "")
+        f"{resumed}; loss {first} -> {last}\nwrote {s['folder']} (Hugging Face / sentence-transformers), {run.path}"
+        + (f" and {s['onnx']}" if "onnx" in s else "")
     )
     return 0
 
@@ -583,15 +591,27 @@ def _add_distill_parser(sub: argparse._SubParsersAction) -> None:  # type: ignor
 
     p = sub.add_parser(
         "distill",
-        help="distil all-MiniLM-L6-v2 into a smaller student (layer reduction / paraphrase-MiniLM-L3)",
-        description="Teacher: all-MiniLM-L6-v2. Texts: chatterbot-corpus answers (or --sources, or --texts FILE, one "
+        help="distil an encoder (default all-MiniLM-L6-v2) into a smaller student (layer reduction / a given student)",
+        description="Teacher: --teacher PATH, a Hugging Face or sentence-transformers encoder folder (default: "
+        "all-MiniLM-L6-v2). Texts: chatterbot-corpus answers (or --sources, or --texts FILE, one "
         "per line), half of every batch broad questions: trivia facts and WordNet's definitions (--extra-texts). Writes "
-        "OUT/student.safetensors and OUT/distill.json; an interrupted run resumes from OUT/checkpoints/ when the "
+        "OUT/student/ (a Hugging Face / sentence-transformers folder), OUT/student.safetensors and OUT/distill.json; an "
+        "interrupted run resumes from OUT/checkpoints/ when the "
         "same command is run again.",
     )
     p.add_argument("out", help="output folder")
     p.add_argument(
-        "--student", choices=["reduce", "l3"], default="reduce", help="layer reduction or paraphrase-MiniLM-L3"
+        "--teacher",
+        default=None,
+        metavar="PATH",
+        help="a Hugging Face or sentence-transformers encoder folder (default: the installed all-MiniLM-L6-v2)",
+    )
+    p.add_argument(
+        "--student",
+        default="reduce",
+        metavar="reduce|l3|PATH",
+        help="reduce: the teacher's embeddings and --layers; l3: paraphrase-MiniLM-L3; PATH: a student folder with the "
+        "teacher's tokenizer",
     )
     p.add_argument("--layers", type=_int_list, default=None, help="teacher layers to keep (default 0,3,5)")
     p.add_argument("--stages", type=_int_list, default=None, help="multi-stage layer counts, e.g. 5,4,3")
@@ -654,8 +674,11 @@ def cmd_export(args: argparse.Namespace) -> int:
     """``softdeploy export FACTORY OUT``: exports the factory's module and validates it against torch."""
     from softdeploy.export.api import export
     from softdeploy.export.factory import load_factory
+    from softdeploy.export.hf import is_model_folder
     from softdeploy.terminal import captured
 
+    if is_model_folder(args.factory) or args.task:
+        return _export_folder(args)
     factory_file = args.factory.rpartition(":")[0]  # path/to/file.py:attr reads that file
     sources = [factory_file] if factory_file.endswith(".py") else []
     _refuse_overwrite([args.out], args.overwrite, sources=sources)
@@ -674,6 +697,40 @@ def cmd_export(args: argparse.Namespace) -> int:
             overwrite=args.overwrite,
         )
     print(f"wrote {args.out}: com.softdeploy ops {result.custom_ops or 'none'}")
+    if result.validation is not None:
+        print(result.validation.to_markdown())
+        return 0 if result.validation.ok else 1
+    return 0
+
+
+def _export_folder(args: argparse.Namespace) -> int:
+    """``softdeploy export FOLDER OUT``: a Hugging Face or sentence-transformers folder (softdeploy.export.hf)."""
+    from softdeploy.export.hf import CAUSAL_LM_WITH_PAST, export_folder, export_folder_with_past
+    from softdeploy.terminal import captured
+
+    if args.task == CAUSAL_LM_WITH_PAST:  # OUT is a folder: prefill.onnx, step.onnx, embedding.npy, decoder.json
+        with captured("export"):
+            decoder = export_folder_with_past(args.factory, args.out, opset=args.opset, overwrite=args.overwrite)
+        errors = ", ".join(f"{k} {v:.3g}" for k, v in decoder.max_error.items())
+        print(f"wrote {decoder.prefill} and {decoder.step} (KV cache, {decoder.num_layers} layers)")
+        print(f"max abs error vs torch (logits and cache): {max(decoder.max_error.values()):.3g} ({errors})")
+        return 0
+    _refuse_overwrite([args.out], args.overwrite, sources=[])
+    tolerance = tuple(float(v) for v in args.tolerance.split(",")) if args.tolerance else None
+    with captured("export"):
+        result = export_folder(
+            args.factory,
+            args.out,
+            task=args.task,
+            attention=args.attention,
+            fuse=not args.no_fuse,
+            opset=args.opset,
+            validate=not args.no_validate,
+            tolerance=tolerance,
+            strict=not args.keep_failed,
+            overwrite=args.overwrite,
+        )
+    print(f"wrote {args.out}\n{result.summary()}")
     if result.validation is not None:
         print(result.validation.to_markdown())
         return 0 if result.validation.ok else 1
@@ -721,15 +778,31 @@ def _add_export_commands(sub: argparse._SubParsersAction) -> None:
         "export",
         help="export a torch module to ONNX with softdeploy ops, validated against torch",
         description="FACTORY is 'package.module:attr' or 'path/to/file.py:attr': a callable returning "
-        "(module, example_inputs) or (module, example_inputs, dynamic_shapes).",
+        "(module, example_inputs) or (module, example_inputs, dynamic_shapes); or a Hugging Face model folder "
+        "(config.json + safetensors) or sentence-transformers folder (modules.json).",
     )
-    p.add_argument("factory")
+    p.add_argument("factory", metavar="FACTORY|FOLDER")
     p.add_argument("out")
     p.add_argument("--opset", type=int, default=18)
     p.add_argument("--no-validate", action="store_true", help="skip the onnxruntime-vs-torch validation")
     p.add_argument("--tolerance", help="RTOL,ATOL for every float output (default: per dtype)")
     p.add_argument("--keep-failed", action="store_true", help="write the model even when validation fails")
     p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    from softdeploy.export.hf import SENTENCE_TRANSFORMERS, TASKS
+
+    p.add_argument(
+        "--task",
+        choices=[*TASKS, SENTENCE_TRANSFORMERS],
+        help="FOLDER: the task (default: from config.json); causal-lm-with-past: OUT is a folder of prefill and step "
+        "graphs with a KV cache",
+    )
+    p.add_argument("--no-fuse", action="store_true", help="FOLDER: skip onnxruntime's transformer fusions")
+    p.add_argument(
+        "--attention",
+        choices=["eager", "softpick"],
+        default="eager",
+        help="FOLDER: the attention the model was trained with (softpick: one SoftpickAttention op per layer)",
+    )
     p.set_defaults(fn=cmd_export)
     p = sub.add_parser("optimize", help="rewrite standard-op patterns of an ONNX model into softdeploy ops")
     p.add_argument("input")
@@ -983,6 +1056,9 @@ def _parser(only_ops: bool = False) -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_compile)
     _add_distill_parser(sub)
     _add_serve_parser(sub)
+    from softdeploy.cli_generate import add_parser as add_generate_parser
+
+    add_generate_parser(sub)
     _add_verbose(parser, sub)
     return parser
 
@@ -1217,9 +1293,10 @@ def _serve_model_path(target: str) -> str:
         from softdeploy.workflow import load_workflow
 
         workflow = load_workflow(target)
-        if workflow.factory:
+        if workflow.factory or workflow.folder:
             raise ArgumentError(
-                f"serve {target}: its model {workflow.model!r} is a torch factory (rule: serve an ONNX model: "
+                f"serve {target}: its model {workflow.model!r} is a torch "
+                f"{'factory' if workflow.factory else 'model folder'} (rule: serve an ONNX model: "
                 "export it first with `softdeploy export`)"
             )
         return workflow.model

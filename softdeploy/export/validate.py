@@ -14,10 +14,14 @@ When a backend disagrees, :func:`localize_divergence` finds the first diverging 
    line up with the ONNX graph by name.
 2. ONNX side: a copy of the model whose every node output is also a graph output runs in the failing
    configuration.
-3. The nodes are walked in graph (topological) order; each output is compared with the torch value of
-   the same name, or -- for values torch does not have (e.g. after an ONNX-level rewrite) -- with the
-   other onnxruntime configuration. The first node whose output disagrees is reported, with whether
-   its inputs agreed (then the node itself is the cause) and its torch source location.
+3. Each node is judged on its own: a copy of the model in which every node input torch has a value for reads
+   torch's value instead (:func:`_cut`) runs in the failing configuration, so an error that grew upstream is not
+   charged to the node that merely carries it on. The nodes are walked in graph (topological) order; each output is
+   compared with the torch value of the same name, or -- for values torch does not have (e.g. after an ONNX-level
+   rewrite) -- with the other onnxruntime configuration, within the node's own tolerance
+   ``atol + rtol * (|ref| + M)``, ``M`` the magnitude of the terms it sums (``|A| |B|`` for a MatMul: a product of
+   large factors that cancels to near zero is allowed their rounding). The first node outside it is reported, with
+   whether its inputs agreed (then the node itself is the cause) and its torch source location.
 """
 
 from __future__ import annotations
@@ -77,6 +81,8 @@ class Divergence:
     # so the node itself is the cause. False: some input had no reference value to compare with.
     inputs_agree: bool
     source: str  # the torch FX node the exporter recorded for it, if any
+    rtol: float = 0.0  # its own tolerance: |err| <= atol + rtol * (|ref| + the magnitude of its terms)
+    atol: float = 0.0
 
     def __str__(self) -> str:
         kind = f"{self.domain}::{self.op_type}" if self.domain else self.op_type
@@ -86,7 +92,8 @@ class Divergence:
         where = f"; torch: {self.source}" if self.source else ""
         return (
             f"first diverging node {self.node!r} ({kind}), output {self.output!r}: max |err| "
-            f"{self.max_abs_err:.3g} vs {self.reference} ({cause}){where}"
+            f"{self.max_abs_err:.3g} vs {self.reference}, beyond its own tolerance (atol {self.atol:g} + rtol "
+            f"{self.rtol:g} x (|ref| + the magnitude of its terms)) ({cause}){where}"
         )
 
 
@@ -154,10 +161,17 @@ class ValidationReport:
 
 
 def compare_output(
-    name: str, got: np.ndarray, want: np.ndarray, tolerance: Mapping[str, Tolerance] | Tolerance | None = None
+    name: str,
+    got: np.ndarray,
+    want: np.ndarray,
+    tolerance: Mapping[str, Tolerance] | Tolerance | None = None,
+    *,
+    magnitude: np.ndarray | None = None,
 ) -> OutputCheck:
     """``got`` against ``want``: floats within (rtol, atol) with NaN exactly where ``want`` has NaN;
-    everything else exactly. ``tolerance`` is one (rtol, atol) or a per-dtype mapping."""
+    everything else exactly. ``tolerance`` is one (rtol, atol) or a per-dtype mapping. ``magnitude`` (broadcastable
+    to ``want``): the magnitude of the terms that were summed into each element, for a value that cancels: the bound
+    is then ``atol + rtol * (|want| + magnitude)``."""
     got, want = np.asarray(got), np.asarray(want)
     rtol, atol = _tolerance_for(want.dtype, tolerance)
     base = {"name": name, "shape": tuple(want.shape), "dtype": str(want.dtype), "rtol": rtol, "atol": atol}
@@ -175,8 +189,9 @@ def compare_output(
             same_inf = np.isinf(w) & (g == w)
             diff = np.where(np.isnan(w) | same_inf, 0.0, np.abs(g - w))
             diff = np.where(np.isnan(diff), np.inf, diff)
-            bad = nan_mismatch | (diff > atol + rtol * np.abs(np.where(np.isfinite(w), w, 0.0)))
             scale = np.abs(np.where(np.isfinite(w), w, 0.0))
+            allowed = atol + rtol * (scale if magnitude is None else scale + np.nan_to_num(magnitude, posinf=0.0))
+            bad = nan_mismatch | (diff > allowed)
             rel = np.where(scale > 0, diff / np.where(scale > 0, scale, 1.0), 0.0)  # over nonzero references
         note = "NaN where torch has none (or the reverse)" if nan_mismatch.any() else ""
         return OutputCheck(
@@ -328,13 +343,21 @@ def torch_intermediates(exported_program: Any, example_inputs: Sequence[Any], kw
     return values
 
 
-def _with_all_outputs(model: Any) -> tuple[Any, list[Any]]:
+def _value_types(model: Any) -> dict[str, Any]:
+    """The ONNX type of every value shape inference can type (graph inputs, intermediates, outputs)."""
+    import onnx
+
+    inferred = onnx.shape_inference.infer_shapes(model)
+    g = inferred.graph
+    return {v.name: v.type for v in list(g.input) + list(g.value_info) + list(g.output)}
+
+
+def _with_all_outputs(model: Any, types: Mapping[str, Any] | None = None) -> tuple[Any, list[Any]]:
     """A copy of ``model`` whose every node output is also a graph output (typed, so onnxruntime
     accepts it), and the nodes in graph order."""
     import onnx
 
-    inferred = onnx.shape_inference.infer_shapes(model)
-    types = {v.name: v.type for v in list(inferred.graph.value_info) + list(inferred.graph.output)}
+    types = _value_types(model) if types is None else types
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     present = {o.name for o in copy.graph.output}
@@ -346,6 +369,30 @@ def _with_all_outputs(model: Any) -> tuple[Any, list[Any]]:
                 copy.graph.output.append(vi)
                 present.add(out)
     return copy, list(copy.graph.node)
+
+
+def _cut(model: Any, fed: Mapping[str, np.ndarray]) -> Any:
+    """A copy of ``model`` in which every node input named in ``fed`` reads a new graph input ``<name>::torch``
+    instead of its producer's output: each node then computes from torch's values of its inputs, so its own error
+    is what is left (upstream rounding does not reach it). The producers still run and still output their values."""
+    import onnx
+
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    for node in copy.graph.node:
+        for i, name in enumerate(node.input):
+            if name in fed:
+                node.input[i] = name + _FED
+    for name, value in fed.items():
+        copy.graph.input.append(
+            onnx.helper.make_tensor_value_info(
+                name + _FED, onnx.helper.np_dtype_to_tensor_dtype(value.dtype), list(value.shape)
+            )
+        )
+    return copy
+
+
+_FED = "::torch"
 
 
 def _run_all(model: Any, feeds: Mapping[str, np.ndarray], backend: str) -> dict[str, np.ndarray]:
@@ -363,31 +410,73 @@ def localize_divergence(
     other_backend: str | None = None,
     tolerance: Any = None,
 ) -> Divergence | None:
-    """The first node of ``model`` (graph order) whose output on ``backend`` disagrees with torch
-    (values recorded from ``exported_program``) or, where torch has no value of that name, with
-    ``other_backend``. None when every intermediate agrees."""
-    full, nodes = _with_all_outputs(model)
+    """The first node of ``model`` (graph order) whose output on ``backend`` exceeds its own tolerance against torch
+    (values recorded from ``exported_program``) or, where torch has no value of that name, against ``other_backend``.
+    None when every node agrees.
+
+    Each node is judged on its own: its inputs are torch's values wherever torch has them (:func:`_cut`), so an error
+    that grew upstream is not charged to it, and its tolerance is ``atol + rtol * (|ref| + M)``, where ``M`` is the
+    magnitude of the terms the node sums (:func:`_term_magnitude`: ``|A| |B|`` for a MatMul, the experts' for a
+    LoRAMixer), carried along the nodes between torch's values: a product of large factors whose result cancels to
+    near zero is allowed the rounding of its factors, not of its result."""
+    import onnx
+
+    types = _value_types(model)
+    full, nodes = _with_all_outputs(model, types)
     got = _run_all(full, feeds, backend)
-    references: list[tuple[str, dict[str, np.ndarray]]] = []
+    torch_values: dict[str, np.ndarray] = {}
     if exported_program is not None:
         inputs = example_inputs if example_inputs is not None else _inputs_from_feeds(model, feeds)
-        references.append(("torch", torch_intermediates(exported_program, inputs)))
+        torch_values = torch_intermediates(exported_program, inputs)
+    known = {i.name for i in model.graph.input} | {t.name for t in model.graph.initializer}
+    fed = {
+        name: np.ascontiguousarray(torch_values[name])
+        for node in nodes
+        for name in node.input
+        if name in torch_values and name in got and name not in known
+        and np.shape(torch_values[name]) == np.shape(got[name]) and torch_values[name].dtype == got[name].dtype
+    }  # fmt: skip
+    local_model = _cut(full, fed) if fed else full
+    local_feeds = {**feeds, **{name + _FED: value for name, value in fed.items()}}
+    if fed:
+        got = _run_all(local_model, local_feeds, backend)
+    references: list[tuple[str, dict[str, np.ndarray]]] = []
+    if torch_values:
+        references.append(("torch", torch_values))
     if other_backend is not None:
         try:
-            references.append((BACKEND_DESCRIPTION[other_backend], _run_all(full, feeds, other_backend)))
+            references.append((BACKEND_DESCRIPTION[other_backend], _run_all(local_model, local_feeds, other_backend)))
         except Exception:  # the other backend failing too leaves torch as the only reference
             pass
-    # Values known to agree: graph inputs and initializers (the same on both sides), then every
-    # intermediate that was compared and agreed.
-    agreed = {i.name for i in model.graph.input} | {t.name for t in model.graph.initializer}
+    initializers = {t.name: t for t in model.graph.initializer}
+
+    def value(name: str) -> np.ndarray | None:
+        if name in fed:
+            return fed[name]
+        if name in got:
+            return got[name]
+        if name in feeds:
+            return np.asarray(feeds[name])
+        if name in initializers:
+            return onnx.numpy_helper.to_array(initializers[name])
+        return None
+
+    # Values known to agree: graph inputs, initializers and torch's values fed to the nodes (the same on both sides),
+    # then every intermediate that was compared and agreed.
+    agreed = known | set(fed)
+    magnitude: dict[str, np.ndarray] = {}  # M of the values computed from other computed values (none: 0)
     for node in nodes:
-        for out in node.output:
+        terms = _term_magnitude(node, value, magnitude)
+        for k, out in enumerate(node.output):
             if out not in got:
                 continue
+            m = terms[k] if k < len(terms) else None
+            compared = False
             for ref_name, ref in references:
                 if out not in ref or np.shape(ref[out]) != np.shape(got[out]):
                     continue
-                check = compare_output(out, got[out], ref[out], _output_tolerance(tolerance, out) or tolerance)
+                tol = _output_tolerance(tolerance, out) or tolerance
+                check = compare_output(out, got[out], ref[out], tol, magnitude=m)
                 if not check.ok:
                     return Divergence(
                         node=node.name or out,
@@ -398,10 +487,68 @@ def localize_divergence(
                         max_abs_err=check.max_abs_err,
                         inputs_agree=all(i in agreed for i in node.input if i),
                         source=_fx_source(node),
+                        rtol=check.rtol,
+                        atol=check.atol,
                     )
                 agreed.add(out)
+                compared = True
                 break  # compared against the first reference that has this value
+            if not compared and m is not None:
+                magnitude[out] = m  # not judged here: its terms' magnitude goes on to the nodes that use it
     return None
+
+
+def _term_magnitude(node: Any, value: Any, magnitude: Mapping[str, np.ndarray]) -> list[np.ndarray | None]:
+    """Per output of ``node``, ``M``: the magnitude of the terms it sums (float64, broadcastable to the output), plus
+    the magnitude carried in from inputs that were not compared (``magnitude``); None where there is nothing to add
+    (the output's own ``|ref|`` in the tolerance covers an elementwise op's rounding)."""
+    ins = [value(i) if i else None for i in node.input]
+    if any(v is None for v in ins[:2]) and node.op_type in ("MatMul", "Gemm", "Add", "Sub", "Mul", "Div"):
+        return []
+    a64 = [np.abs(np.asarray(v, dtype=np.float64)) if v is not None and _is_float(v) else None for v in ins]
+    carried = [magnitude.get(i) if i else None for i in node.input]
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        if node.op_type == "MatMul" and a64[0] is not None and a64[1] is not None:
+            ma = a64[0] if carried[0] is None else a64[0] + carried[0]
+            mb = a64[1] if carried[1] is None else a64[1] + carried[1]
+            return [np.matmul(ma, mb)]
+        if node.op_type == "Gemm" and a64[0] is not None and a64[1] is not None:
+            attrs = {a.name: a for a in node.attribute}
+            ma = a64[0] if carried[0] is None else a64[0] + carried[0]
+            mb = a64[1] if carried[1] is None else a64[1] + carried[1]
+            ma = ma.T if attrs.get("transA") is not None and attrs["transA"].i else ma
+            mb = mb.T if attrs.get("transB") is not None and attrs["transB"].i else mb
+            alpha = abs(attrs["alpha"].f) if "alpha" in attrs else 1.0
+            beta = abs(attrs["beta"].f) if "beta" in attrs else 1.0
+            out = alpha * (ma @ mb)
+            if len(a64) > 2 and a64[2] is not None:
+                out = out + beta * a64[2]
+            return [out]
+        if node.op_type == "LoRAMixer" and len(a64) >= 3 and all(v is not None for v in a64[:3]):
+            scaling = next((abs(a.f) for a in node.attribute if a.name == "scaling"), 1.0)
+            x = a64[0] if carried[0] is None else a64[0] + carried[0]
+            u = np.einsum("...i,eri->...er", x, a64[1])  # |A_e| |x|, every expert: a bound over the routing
+            return [scaling * np.einsum("...er,eor->...o", u, a64[2])]
+        if node.op_type in ("Add", "Sub") and (carried[0] is not None or carried[1] is not None):
+            return [sum(c for c in carried[:2] if c is not None)]
+        if node.op_type == "Mul" and a64[0] is not None and a64[1] is not None:
+            if carried[0] is None and carried[1] is None:
+                return []
+            return [(carried[0] if carried[0] is not None else 0.0) * a64[1]
+                    + a64[0] * (carried[1] if carried[1] is not None else 0.0)]  # fmt: skip
+        if node.op_type == "Div" and a64[0] is not None and a64[1] is not None:
+            if carried[0] is None and carried[1] is None:
+                return []
+            c0 = carried[0] if carried[0] is not None else 0.0
+            c1 = carried[1] if carried[1] is not None else 0.0
+            return [c0 / a64[1] + a64[0] * c1 / np.square(a64[1])]
+    # any other op: the largest magnitude carried in, everywhere (a shape op moves it; a bounded op does not grow it)
+    present = [float(np.max(c)) for c in carried if c is not None and c.size]
+    return [np.float64(max(present))] * len(node.output) if present else []
+
+
+def _is_float(v: Any) -> bool:
+    return np.issubdtype(np.asarray(v).dtype, np.floating)
 
 
 def _inputs_from_feeds(model: Any, feeds: Mapping[str, np.ndarray]) -> list[Any]:

@@ -11,14 +11,13 @@ for the uniform average).
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping, Sequence
 
 import torch
 from torch import nn
 
 from softdeploy.errors import ArgumentError
-from softdeploy.lora.mixer import LoRAMixerLinear, _parent, mixers
+from softdeploy.lora.mixer import LoRAMixerLinear, _parent, copy_without_routing_statistics, mixers
 
 
 def merged_weight(m: LoRAMixerLinear, gates: Sequence[float] | torch.Tensor) -> torch.Tensor:
@@ -45,16 +44,7 @@ def merge(
         missing = sorted(set(found) - set(gates))
         if missing:
             raise ArgumentError(f"merge: no gates for projections {missing} (rule: one entry per projection)")
-    # the routing statistics of a training forward are graph tensors, which deepcopy refuses: the copy
-    # does not need them (merged projections keep no routing)
-    kept = {n: (m.last_probs, m.last_experts) for n, m in found.items()}
-    for m in found.values():
-        m.last_probs = m.last_experts = None
-    try:
-        out = copy.deepcopy(model)
-    finally:
-        for n, m in found.items():
-            m.last_probs, m.last_experts = kept[n]
+    out = copy_without_routing_statistics(model)  # merged projections keep no routing
     for name, m in mixers(out).items():
         w = gates[name] if isinstance(gates, Mapping) else gates
         lin = nn.Linear(m.base.in_features, m.base.out_features, bias=m.base.bias is not None)

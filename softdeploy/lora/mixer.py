@@ -16,6 +16,7 @@ statistics of the last training forward are kept for :func:`routing_loss`.
 from __future__ import annotations
 
 import contextlib
+import copy
 import fnmatch
 import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -170,6 +171,20 @@ def swap_in(model: nn.Module, built: Mapping[str, nn.Module]) -> None:
         for parent, attr, m in reversed(old):
             setattr(parent, attr, m)
         raise
+
+
+def copy_without_routing_statistics(model: nn.Module) -> nn.Module:
+    """A deep copy of ``model`` whose LoRA-Mixer projections hold no routing statistics: those of a training forward
+    are graph tensors, which deepcopy refuses. ``model`` keeps its own."""
+    found = mixers(model)
+    kept = {n: (m.last_probs, m.last_experts) for n, m in found.items()}
+    for m in found.values():
+        m.last_probs = m.last_experts = None
+    try:
+        return copy.deepcopy(model)
+    finally:
+        for n, m in found.items():
+            m.last_probs, m.last_experts = kept[n]
 
 
 def mixers(model: nn.Module) -> dict[str, LoRAMixerLinear]:

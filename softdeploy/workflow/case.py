@@ -81,11 +81,25 @@ class WorkflowCase:
         """Loads (or exports) the model, checks the data against its inputs, resolves the metrics."""
         if self._model is not None:
             return
+        from softdeploy.workflow.precheck import check_workflow
 
+        read = check_workflow(self.workflow)  # variants, metric names, data files, labels: before the model is read
+
+        from softdeploy.export.hf import rename_outputs
         from softdeploy.files import load_model
 
         wf = self.workflow
-        if wf.factory:
+        if wf.folder:
+            from softdeploy.export.hf import export_folder
+
+            step = f"export {wf.folder} folder {wf.model} to ONNX (validated against torch; onnxruntime fusions)"
+            with progress.step(step):
+                result = export_folder(
+                    wf.model, task=wf.task, output_names=wf.outputs, attention=wf.attention, opset=wf.opset
+                )
+                self._module = result.folder.module
+                self._model = result.model
+        elif wf.factory:
             from softdeploy.export.api import export
             from softdeploy.export.factory import load_factory
 
@@ -97,10 +111,12 @@ class WorkflowCase:
                 ).model
         else:
             self._model = load_model(wf.model)
+        if wf.outputs and not wf.folder:  # a folder's export names them itself
+            rename_outputs(self._model, wf.outputs, f"{wf.name}: model.outputs")
         self._inputs = model_inputs(self._model)
         self._outputs = model_outputs(self._model)
         with progress.step(f"read and check data {wf.data.inputs}"):
-            self._data = load_dataset(wf.data, self._inputs)
+            self._data = load_dataset(wf.data, self._inputs, read=read)
         specs = wf.metrics or (MetricSpec("cosine"),)
         metrics = [resolve(s, self._outputs, self._data.labels is not None) for s in specs]
         labels = [m.label for m in metrics]
@@ -114,7 +130,9 @@ class WorkflowCase:
         """Model (and its inputs), data, metrics and int8 settings, for the report."""
         wf = self.workflow
         return {
-            "model": f"{'torch factory ' if wf.factory else ''}{wf.model}; inputs "
+            "model": f"{'torch factory ' if wf.factory else f'{wf.folder} folder ' if wf.folder else ''}{wf.model}"
+            + (f" (task {wf.task})" if wf.task else "")
+            + "; inputs "
             + ", ".join(f"{i.name} {i.dtype}{list(i.dims)}" for i in self._inputs),
             "data": self._data.description if self._data else wf.data.inputs,
             "metrics": ", ".join(f"{m.label} ({m.goal}, on {m.output or 'every output'})" for m in self._metrics),
@@ -150,7 +168,7 @@ class WorkflowCase:
         if self._module is None:
             raise WorkflowError(
                 f"variant torch-fp32 needs a torch model: {self.workflow.model} is an ONNX file (give model: "
-                "{factory: 'pkg.mod:fn'}, or leave torch-fp32 out of variants)"
+                "{factory: 'pkg.mod:fn'} or {hf: FOLDER}, or leave torch-fp32 out of variants)"
             )
         import torch
 

@@ -182,10 +182,10 @@ def batches(
     return out
 
 
-def load_dataset(spec: DataSpec, inputs: Sequence[ModelInput]) -> Dataset:
-    """Reads, checks and batches the evaluation and calibration data of a workflow."""
-    arrays, loaded_labels = read_arrays(spec.inputs)
-    labels: Any = loaded_labels
+def read_labels(spec: DataSpec, arrays: dict[str, np.ndarray], loaded: Any) -> np.ndarray | None:
+    """The labels of ``spec``: ``data.labels`` (an .npy file, or an array of ``arrays``, which is then taken out of
+    them), else what a loader returned beside its arrays (``loaded``); None without labels."""
+    labels: Any = loaded
     if spec.labels is not None:
         if spec.labels.endswith(".npy"):
             path = Path(spec.labels)
@@ -198,6 +198,32 @@ def load_dataset(spec: DataSpec, inputs: Sequence[ModelInput]) -> Dataset:
             raise WorkflowError(
                 f"data.labels: {spec.labels!r} is neither an .npy file nor an array of {spec.inputs} ({sorted(arrays)})"
             )
+    return None if labels is None else np.asarray(labels)
+
+
+def check_labels(labels: np.ndarray, source: str) -> None:
+    """Float labels are finite: a NaN or inf label would make every metric that reads it NaN (or inf), found only after
+    the whole run."""
+    if labels.dtype.kind in "fc":
+        bad = ~np.isfinite(labels)
+        if bad.any():
+            first = tuple(int(i) for i in np.argwhere(bad)[0])
+            raise WorkflowError(
+                f"data.labels ({source}): {int(bad.sum())} of {labels.size} labels are not finite, the first "
+                f"{labels[first]} at index {list(first)} (rule: labels are finite numbers)"
+            )
+
+
+def load_dataset(spec: DataSpec, inputs: Sequence[ModelInput], *, read: Any = None) -> Dataset:
+    """Reads, checks and batches the evaluation and calibration data of a workflow. ``read``: the data as
+    :func:`softdeploy.workflow.precheck.read_data` already read it (then the files are not read again)."""
+    if read is not None:
+        arrays, labels = dict(read.arrays), read.labels
+    else:
+        arrays, loaded_labels = read_arrays(spec.inputs)
+        labels = read_labels(spec, arrays, loaded_labels)
+    if labels is not None:
+        check_labels(labels, spec.labels or spec.inputs)
     n = check_feeds(arrays, inputs, spec.constant, "data.inputs")  # missing inputs first: the likelier mistake
     names = {i.name for i in inputs}
     extra = sorted(set(arrays) - names)

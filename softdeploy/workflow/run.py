@@ -24,9 +24,9 @@ class WorkflowResult:
 
 
 def default_variants(case: WorkflowCase) -> list[str]:
-    """torch (factory workflows), onnxruntime fp32 stock / softdeploy, and the workflow's int8 mode."""
+    """torch (factory and folder workflows), onnxruntime fp32 stock / softdeploy, and the workflow's int8 mode."""
     mode = case.workflow.quantize.mode
-    torch = ["torch-fp32"] if case.workflow.factory else []
+    torch = ["torch-fp32"] if case.workflow.factory or case.workflow.folder else []
     others = (
         ["ort-int8-dynamic", "ort-int8-static"] if case.workflow.quantize.max_drop is None else [f"ort-int8-{mode}"]
     )
@@ -45,11 +45,11 @@ def run_workflow(
     from softdeploy.files import make_folder, write_text
 
     case = WorkflowCase(workflow)
-    case.prepare(progress)
     variants = list(workflow.variants) if workflow.variants else default_variants(case)
     unknown = [v for v in variants if v not in known_variants()]
-    if unknown:
+    if unknown:  # before the model is exported (prepare)
         raise WorkflowError(f"variants: unknown {unknown}; choose from {list(known_variants())}")
+    case.prepare(progress)
     folder = results_folder(Path(out or workflow.out), workflow.name)
     models = folder / "models"
     make_folder(models, "models folder")

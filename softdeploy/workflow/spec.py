@@ -78,9 +78,13 @@ class Workflow:
     """A parsed, validated workflow (paths resolved)."""
 
     name: str
-    model: str  # an ONNX path, or a factory 'pkg.mod:fn' when ``factory`` is True
+    model: str  # an ONNX path, a factory 'pkg.mod:fn' when ``factory`` is True, or a folder when ``folder`` is set
     data: DataSpec
     factory: bool = False
+    folder: str | None = None  # "hf" | "sentence-transformers": ``model`` is a model folder (softdeploy.export.hf)
+    task: str | None = None  # the folder's task (None: from its config.json)
+    attention: str = "eager"  # the folder's attention implementation (softdeploy.attention_interface)
+    outputs: tuple[str, ...] | None = None  # names given to the model's outputs, in order
     opset: int = 18
     title: str = ""
     metrics: tuple[MetricSpec, ...] = ()
@@ -187,12 +191,22 @@ def parse(raw: Mapping[str, Any], *, base: str | os.PathLike[str] = ".", name: s
     validate(raw, name)
     base = Path(base)
     model = raw["model"]
+    folder = None
     if isinstance(model, Mapping):
         factory = "factory" in model
-        model_ref = model["factory"] if factory else model["onnx"]
+        folder = "hf" if "hf" in model else "sentence-transformers" if "sentence_transformers" in model else None
+        key = "factory" if factory else "hf" if folder == "hf" else "sentence_transformers" if folder else "onnx"
+        model_ref = model[key]
     else:
         model_ref = model
         factory = is_callable_ref(model) and not model.endswith(".onnx")
+        if not factory:
+            from softdeploy.export.hf import is_model_folder
+
+            if is_model_folder(_resolve(base, model) or ""):  # a folder named as a plain string: what it holds says
+                folder = (
+                    "sentence-transformers" if (Path(_resolve(base, model) or "") / "modules.json").is_file() else "hf"
+                )
     d = raw["data"]
     labels = d.get("labels")  # an .npy file, or the name of an array of the inputs file
     data = DataSpec(
@@ -208,6 +222,10 @@ def parse(raw: Mapping[str, Any], *, base: str | os.PathLike[str] = ".", name: s
         title=raw.get("title", ""),
         model=_resolve(base, model_ref) or "",
         factory=factory,
+        folder=folder,
+        task=model.get("task") if isinstance(model, Mapping) else None,
+        attention=model.get("attention", "eager") if isinstance(model, Mapping) else "eager",
+        outputs=tuple(model["outputs"]) if isinstance(model, Mapping) and "outputs" in model else None,
         opset=int(model.get("opset", 18)) if isinstance(model, Mapping) else 18,
         data=data,
         metrics=tuple(MetricSpec(**m) for m in raw.get("metrics", ())),

@@ -595,8 +595,8 @@ def test_authors_softpick_becomes_softpick(eps):
 @pytest.mark.parametrize(
     "kwargs, reason",
     [
-        ({"where": False}, "expected Where, got Abs"),
         ({"sum_axis": 0}, "ReduceMax over axis -1 but ReduceSum over axis 0"),
+        ({"where": False, "sum_axis": 0}, "ReduceMax over axis -1 but ReduceSum over axis 0"),
     ],
 )
 def test_authors_softpick_reports_why_it_did_not_fire(kwargs, reason):
@@ -605,6 +605,25 @@ def test_authors_softpick_reports_why_it_did_not_fire(kwargs, reason):
     result = optimize(model, verify=False)
     assert result.counts["softpick"] == 0
     assert any(reason in r for r in reasons(result, "softpick")), reasons(result, "softpick")
+
+
+@pytest.mark.parametrize("eps", [True, False])
+def test_paper_softpick_becomes_softpick_with_masked_entries_as_the_formula_counts_them(eps):
+    """The paper's formula (a plain Abs sum): a -inf entry adds exp(-m) to the sum, as the formula says."""
+    nodes, inits = authors_softpick_nodes("X", "Y", eps=eps, where=False)
+    model = make_model(nodes, [tensor("X", F, ["B", 40])], [tensor("Y", F, None)], 18, inits)
+    x = np.random.default_rng(0).standard_normal((3, 40)).astype(np.float32)
+    x[0, :5] = -np.inf
+    result = optimize(model, feeds={"X": x})
+    assert result.counts["softpick"] == 1 and custom_ops(result.model) == ["Softpick"]
+    assert result.ok
+    want = Session(model, kernels="portable").run({"X": x})[0]
+    got = Session(result.model, kernels="native").run({"X": x})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+    with np.errstate(divide="ignore"):  # the masked row's sum holds 5 x exp(-m) beside the finite entries'
+        m = x[0].max()
+        e = np.exp(x[0].astype(np.float64) - m) - np.exp(-m)
+    np.testing.assert_allclose(got[0], np.maximum(e, 0) / (np.abs(e).sum() + (1e-6 if eps else 0)), rtol=1e-5)
 
 
 def test_naive_softpick_attn_becomes_one_softpick_attention():

@@ -1,18 +1,29 @@
-"""Softpick written out (the softpick authors' ``softpick``) => ``com.softdeploy.Softpick``.
+"""Softpick written out -- the paper's formula or the softpick authors' code -- => ``com.softdeploy.Softpick``.
 
-The authors' numerically stable form (zaydzuhri/softpick-attention), as torch.onnx exports it::
+Two forms, as torch.onnx (dynamo) exports them. The paper's formula written plainly
+(``softpick(x) = ReLU(exp(x - m) - exp(-m)) / (sum |exp(x - m) - exp(-m)| + eps)``)::
 
     m = ReduceMax(x, axis, keepdims=1);  e = Exp(x - m) - Exp(-m)
+    Div(Relu(e), ReduceSum(Abs(e), axis, keepdims=1) [+ eps])
+
+and the authors' numerically stable code (zaydzuhri/softpick-attention), which leaves non-finite entries out of the
+sum with ``torch.where(x.isfinite(), ...)``::
+
     Div(Relu(e), ReduceSum(Where(IsFinite(x), Abs(e), 0), axis, keepdims=1) [+ eps])
 
-with IsFinite exported as ``And(Not(IsInf(x)), Not(IsNaN(x)))``. That is Softpick's contract exactly
-(docs/ops/Softpick.md: non-finite entries left out of the denominator), with ``eps`` the constant added
-to the sum (0 when there is none). Checks (each failure is reported): both reductions over the same
-single constant axis with ``keepdims=1``; the Where's condition is IsFinite of the same ``x`` and its
-other branch the constant 0 (a plain ``Abs(e)``, which counts masked -inf entries that Softpick
-leaves out, does not match); ``eps`` a constant finite scalar >= 0; float32/float16; the denominator's nodes used
-only in the pattern. Run before ``softpick-attention``, so that attention written the authors' way
-(``naive_softpick_attn``) then becomes one fused SoftpickAttention node.
+with IsFinite exported as ``And(Not(IsInf(x)), Not(IsNaN(x)))``. The authors' form is Softpick's contract exactly
+(docs/ops/Softpick.md: non-finite entries left out of ``m`` and of the denominator). The paper's form differs from it
+only where the row holds non-finite entries: a -inf entry (a mask) adds ``|0 - exp(-m)| = exp(-m)`` to its sum, so it
+becomes ``Softpick(Where(IsInf(x, detect_positive=0), lowest, x))`` -- a -inf replaced by the dtype's lowest finite
+number adds exactly that, ``exp(lowest - m) = 0``, and still outputs 0. Rows the paper's form makes all NaN (a NaN or
++inf entry in ``m``, or no finite entry: ``m = -inf``) come out as Softpick's contract says instead (NaN / +inf at its
+own position, an all-masked row all zeros); every row the paper's form gives numbers for is unchanged.
+
+``eps`` is the constant added to the sum (0 when there is none). Checks (each failure is reported): both reductions
+over the same single constant axis with ``keepdims=1``; in the authors' form the Where's condition is IsFinite of the
+same ``x`` and its other branch the constant 0; ``eps`` a constant finite scalar >= 0; float32/float16; the
+denominator's nodes used only in the pattern. Run before ``softpick-attention``, so that attention written the
+authors' way (``naive_softpick_attn``) then becomes one fused SoftpickAttention node.
 """
 
 from __future__ import annotations
@@ -20,6 +31,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
 from onnxscript import ir
 
 from softdeploy.export.rewrites._base import SoftRule, const_floats, const_ints, dtype_name, int_attr, rank
@@ -60,9 +72,10 @@ def _is_finite_of(cond: ir.Value, x: ir.Value) -> bool:
 
 
 class SoftpickRule(SoftRule):
-    """The softpick authors' expression (max, two Exps, Relu, a finite-masked Abs sum, Div) => Softpick: one node, one
-    pass over each row. Rewritten only when it is Softpick's contract exactly (same axis, non-finite entries left out
-    of the sum, a constant eps) and the intermediates are used nowhere else."""
+    """Softpick's expression (max, two Exps, Relu, an Abs sum -- finite-masked in the authors' code, plain in the
+    paper's formula -- Div) => Softpick: one node, one pass over each row. Rewritten only when it computes what
+    Softpick computes (same axis, a constant eps; see the module docstring for the paper's form) and the
+    intermediates are used nowhere else."""
 
     name_ = "softpick"
     target_op = "Softpick"
@@ -70,13 +83,15 @@ class SoftpickRule(SoftRule):
     summary = "ReduceMax -> Exp(x - m) - Exp(-m) -> Relu / masked Abs sum => Softpick"
     shared_intermediate = "an intermediate of the softpick expression is also used elsewhere"
 
-    def __init__(self, with_eps: bool = True) -> None:
+    def __init__(self, with_eps: bool = True, masked: bool = True) -> None:
         self.with_eps = with_eps  # the variant: ReduceSum + eps, or the bare ReduceSum
+        self.masked = masked  # the authors' Where(IsFinite(x), Abs(e), 0), or the paper's plain Abs(e)
         super().__init__()
 
     def variants(self) -> list[SoftRule]:
-        """Both forms of the denominator (with and without the added eps), one pattern each."""
-        return [SoftpickRule(True), SoftpickRule(False)]
+        """Every form of the denominator (with and without the added eps; the authors' masked sum and the paper's
+        plain one), one pattern each."""
+        return [SoftpickRule(eps, masked) for masked in (True, False) for eps in (True, False)]
 
     def is_candidate(self, node: ir.Node) -> bool:  # type: ignore[override]
         """A Div of a Relu by this variant's denominator (an Add, or a ReduceSum): only those are reported when not
@@ -84,22 +99,35 @@ class SoftpickRule(SoftRule):
         if not _std(node, "Div") or len(node.inputs) != 2 or node.inputs[0] is None or node.inputs[1] is None:
             return False
         den = node.inputs[1].producer()
-        return _std(node.inputs[0].producer(), "Relu") and _std(den, "Add" if self.with_eps else "ReduceSum")
+        if not (_std(node.inputs[0].producer(), "Relu") and _std(den, "Add" if self.with_eps else "ReduceSum")):
+            return False
+        assert den is not None
+        total = den if not self.with_eps else (den.inputs[0].producer() if den.inputs[0] is not None else None)
+        summed = total.inputs[0].producer() if total is not None and total.inputs[0] is not None else None
+        return _std(summed, "Abs") != self.masked  # the paper's variant reports plain Abs sums, the authors' the rest
 
     def pattern(
         self, op: Any, x: ir.Value, axes: ir.Value, cond: ir.Value, zero: ir.Value, sum_axes: ir.Value, eps: ir.Value
     ) -> Any:
-        """Div(Relu(e), ReduceSum(Where(cond, Abs(e), zero)) [+ eps]) with e = Exp(x - m) - Exp(-m), m = ReduceMax(x);
-        cond, zero, the axes and eps are checked by check()."""
+        """Div(Relu(e), ReduceSum(Where(cond, Abs(e), zero)) [+ eps]) with e = Exp(x - m) - Exp(-m), m = ReduceMax(x)
+        (the paper's form: ReduceSum(Abs(e)); cond and zero are then absent); cond, zero, the axes and eps are
+        checked by check()."""
         m = op.ReduceMax(x, axes, _outputs=["m"])
         e = op.Sub(op.Exp(op.Sub(x, m)), op.Exp(op.Neg(m)), _outputs=["e"])
-        den = op.ReduceSum(op.Where(cond, op.Abs(e), zero), sum_axes, _outputs=["total"])
+        summed = op.Where(cond, op.Abs(e), zero) if self.masked else op.Abs(e)
+        den = op.ReduceSum(summed, sum_axes, _outputs=["total"])
         if self.with_eps:
             den = op.Add(den, eps)
         return op.Div(op.Relu(e), den, _outputs=["out"])
 
     def _parts(
-        self, x: ir.Value, m: ir.Value, total: ir.Value, cond: ir.Value, zero: ir.Value, eps: ir.Value | None
+        self,
+        x: ir.Value,
+        m: ir.Value,
+        total: ir.Value,
+        cond: ir.Value | None,
+        zero: ir.Value | None,
+        eps: ir.Value | None,
     ) -> tuple[int, float] | str:
         """(axis, eps), or the reason it is not Softpick."""
         dtype = dtype_name(x)
@@ -119,11 +147,14 @@ class SoftpickRule(SoftRule):
         assert max_axes is not None and sum_axes is not None
         if sum_axes[0] % r != max_axes[0] % r:
             return f"ReduceMax over axis {max_axes[0]} but ReduceSum over axis {sum_axes[0]}"
-        if not _is_finite_of(cond, x):
-            return "the Where's condition is not IsFinite of the softpick's input (And(Not(IsInf(x)), Not(IsNaN(x))))"
-        z = const_floats(zero)
-        if z is None or len(z) != 1 or z[0] != 0.0:
-            return "the Where's other branch is not the constant 0"
+        if self.masked:
+            if cond is None or not _is_finite_of(cond, x):
+                return (
+                    "the Where's condition is not IsFinite of the softpick's input (And(Not(IsInf(x)), Not(IsNaN(x))))"
+                )
+            z = const_floats(zero)
+            if z is None or len(z) != 1 or z[0] != 0.0:
+                return "the Where's other branch is not the constant 0"
         value = 0.0
         if eps is not None:
             c = const_floats(eps)
@@ -140,8 +171,8 @@ class SoftpickRule(SoftRule):
         x: ir.Value,
         m: ir.Value,
         total: ir.Value,
-        cond: ir.Value,
-        zero: ir.Value,
+        cond: ir.Value | None = None,
+        zero: ir.Value | None = None,
         eps: ir.Value | None = None,
         **_: Any,
     ) -> Any:
@@ -157,13 +188,18 @@ class SoftpickRule(SoftRule):
         x: ir.Value,
         m: ir.Value,
         total: ir.Value,
-        cond: ir.Value,
-        zero: ir.Value,
+        cond: ir.Value | None = None,
+        zero: ir.Value | None = None,
         eps: ir.Value | None = None,
         **_: Any,
     ) -> Any:
-        """One Softpick node with the reductions' axis and the added eps (0 without one)."""
+        """One Softpick node with the reductions' axis and the added eps (0 without one); in the paper's form its
+        -inf entries first become the dtype's lowest finite number (see the module docstring)."""
         parts = self._parts(x, m, total, cond, zero, eps if self.with_eps else None)
         assert not isinstance(parts, str)
         axis, value = parts
+        if not self.masked:
+            dtype = np.dtype(dtype_name(x))
+            lowest = op.Constant(value=ir.tensor(np.array(np.finfo(dtype).min, dtype)))
+            x = op.Where(op.IsInf(x, detect_positive=0, detect_negative=1), lowest, x)
         return op.Softpick(x, axis=axis, eps=float(value), _domain=self.domain())

@@ -1,6 +1,6 @@
 """What onnxruntime charges per call for a custom op, next to the built-in ops and TwoPassSoftmax.
 
-    python bench/custom_op_floor.py [--V 16,1000] [--rounds 21]
+    python -m bench.custom_op_floor [--V 16,1000] [--rounds 21]
 
 Builds bench/micro/custom_op_floor (a benchmark-only library with one custom op, CopyOp: read the
 input's shape, ask onnxruntime for the output, copy -- through the C API directly) with CMake into
@@ -17,12 +17,9 @@ thread (harness.ort_session's options), through the plain call (`run`: onnxrunti
 
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import (  # first: it sets the thread-pool environment
+from bench.harness import (
     base_parser,
     build_cmake_library,
     header,

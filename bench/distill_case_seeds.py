@@ -6,7 +6,7 @@ order), as much as the margin to the floors. This runs the whole case (distillat
 latency) once per seed, each student cached as the case caches it (``$SOFTDEPLOY_CACHE/minilm_distilled``), and
 prints one markdown row per seed with the floors' numbers, then their mean.
 
-Run: ``PYTHONPATH=. python bench/distill_case_seeds.py --seeds 0,1,2,3 --out /tmp/case_seeds`` (about 9 minutes a
+Run: ``python -m bench.distill_case_seeds --seeds 0,1,2,3 --out /tmp/case_seeds`` (about 9 minutes a
 seed on 2 cores; a cached seed takes 1.5). Results: bench/results/distill_recipes.md (twenty-sixth session).
 """
 
@@ -16,9 +16,6 @@ import argparse
 import statistics
 import sys
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import harness  # noqa: F401  (sets the thread-pool waiting policies before numpy/torch load)
 
 from softdeploy.compare import run_compare
 from softdeploy.compare.environment import environment
@@ -70,7 +67,7 @@ def main() -> None:
         f"- CPU: {env['cpu']} ({env['cores']} cores, {', '.join(env['isa'])}); softdeploy kernels {env['softdeploy_kernel_isa']}"
     )
     print(f"- teacher fp32 MRR@10 {teacher:.4f}; floors: fp32 drop <= 0.02, int8 drop <= 0.025, speed-ups 1.9x / 3.5x")
-    print(f"- command: `PYTHONPATH=. python bench/distill_case_seeds.py --seeds {a.seeds}`")
+    print(f"- command: `python -m bench.distill_case_seeds --seeds {a.seeds}`")
     print()
     cols = [
         "seed",

@@ -7,19 +7,17 @@ export_encoder); latency does not depend on the weights, so the student is the t
 One sequence of 128 tokens (batch 1), 1 thread, interleaved rounds; "CPU ms" is the process's CPU time
 per call (steadier than wall time on the shared machine, which other users load).
 
-Run: ``PYTHONPATH=. python3 bench/distill_latency.py`` (markdown on stdout, ~3 min).
+Run: ``python -m bench.distill_latency`` (markdown on stdout, ~3 min).
 """
 
 from __future__ import annotations
 
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import harness
 import numpy as np
 
+from bench import harness
 from softdeploy.compare.environment import environment
 from softdeploy.compare.latency import measure_interleaved
 from softdeploy.distill import layer_reduce, load_teacher

@@ -7,7 +7,7 @@ Each recipe trains ``layer_reduce(teacher, init)`` with :func:`softdeploy.distil
 hidden states, warmup + linear decay of the learning rate) and evaluates MaxSim retrieval (the minilm_retrieval
 case's 653 held-out questions x 871 answers; no evaluation question is a distillation text).
 
-Run: ``PYTHONPATH=. python3 bench/distill_recipes.py --recipes base,hidden ...`` (markdown rows on stdout);
+Run: ``python -m bench.distill_recipes --recipes base,hidden ...`` (markdown rows on stdout);
 results in bench/results/distill_recipes.md (row 3 was measured before the 6 texts equal to an evaluation
 question were dropped here).
 """
@@ -16,15 +16,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import harness  # noqa: F401  (sets the thread-pool waiting policies before numpy/torch load)
 import torch
-from distill_students import encode, maxsim
 
+from bench.distill_students import encode, maxsim
 from softdeploy.compare.metrics import mrr_at_k, ndcg_at_k
 from softdeploy.distill import DistillConfig, distill, layer_reduce, load_paraphrase_l3, load_teacher
 from softdeploy.distill.data import distillation_texts

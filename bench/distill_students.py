@@ -9,24 +9,21 @@ per-channel int8 (what the int8 auxiliary objective targets; a proxy for int8 de
 float). Latency: torch eager, batch 1 x 128 tokens, CPU time per call (process time: steadier than wall
 time on the shared machine), medians of interleaved rounds.
 
-Run: ``PYTHONPATH=. python3 bench/distill_students.py --steps 60`` (markdown on stdout).
+Run: ``python -m bench.distill_students --steps 60`` (markdown on stdout).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import statistics
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import harness  # noqa: F401  (sets the thread-pool waiting policies before numpy/torch load)
 import numpy as np
 import torch
 
 from softdeploy.compare.environment import environment
+from softdeploy.compare.latency import measure_interleaved
 from softdeploy.compare.metrics import mrr_at_k, ndcg_at_k
 from softdeploy.distill import (
     DistillConfig,
@@ -82,19 +79,16 @@ def int8_weights(model):
 def cpu_ms(models, tok, rounds=7):
     enc = tok(["word " * 200], truncation=True, max_length=128, padding="max_length", return_tensors="pt")
     ids, mask = enc["input_ids"], enc["attention_mask"]
-    times = {k: [] for k in models}
     with torch.inference_mode():
-        for m in models.values():
-            m(ids, mask)
-        for r in range(rounds):
-            names = list(models)
-            names = names[r % len(names) :] + names[: r % len(names)]
-            for k in names:
-                t0 = time.process_time()
-                for _ in range(3):
-                    models[k](ids, mask)
-                times[k].append((time.process_time() - t0) / 3 * 1e3)
-    return {k: statistics.median(v) for k, v in times.items()}
+        # the library's interleaved rounds (3 calls of each per round, the order rotated); CPU time per call
+        stats, _ = measure_interleaved(
+            {k: (lambda m=m: m(ids, mask)) for k, m in models.items()},
+            warmup=1,
+            rounds=rounds,
+            round_seconds=0.0,
+            min_calls_per_round=3,
+        )
+    return {k: s.cpu_p50_ms for k, s in stats.items()}
 
 
 def main() -> None:

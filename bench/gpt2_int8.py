@@ -1,6 +1,6 @@
 """Hugging Face GPT-2 (Conv1D layers, exported as Gemm) in dynamic int8, every weight format, against its fp32.
 
-    PYTHONPATH=. python bench/gpt2_int8.py [--rounds 15] [--emulate-avx2 | --emulate-no-vnni] [--quick]
+    python -m bench.gpt2_int8 [--rounds 15] [--emulate-avx2 | --emulate-no-vnni] [--quick]
 
 A GPT-2 from a transformers config with random weights (2 layers, width 384, 6 heads, vocabulary 8000: MiniLM's
 widths; torch.manual_seed(0)), logits of batch 1 x 128 tokens, exported with softdeploy.export. Each format is
@@ -11,14 +11,12 @@ fp32 (rows of the last axis, mean over 4 token batches).
 
 from __future__ import annotations
 
-import os
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numpy as np
-from harness import base_parser, header, md_table, quiet_bench, sync_print, wait_quiet
+
+from bench.harness import base_parser, header, md_table, quiet_bench, sync_print, wait_quiet
 
 FORMATS = ["8-bit", "7-bit", "pair-bounded", "lane-bounded", "rowwise-8-bit"]
 

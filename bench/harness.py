@@ -1,12 +1,16 @@
-"""Shared helpers for softdeploy's benchmarks (started from shared/notes/perf/common.py, the peer
-baseline scripts).
+"""Shared helpers for softdeploy's benchmarks: arguments, thread limits, raw onnxruntime sessions, markdown, the
+report header, in-run yardsticks, the AVX2-against-function-body comparison and the emulated AVX2 CPU.
 
 Conventions (all scripts):
-  * every script is runnable as `python script.py [--threads 1,2] [--quick]` and prints markdown tables;
-  * timings are MEDIANS over many interleaved rounds (peers of one configuration are run in turn, A B C A B C ...,
-    in a rotated order each round) so ratios between peers are measured in the same run and resist drift
-    on a shared, noisy 2-core machine;
+  * every script runs as ``python -m bench.NAME [--threads 1,2] [--quick]`` from the repository root and prints
+    markdown tables;
+  * timings are the library's (softdeploy.compare.latency.time_batches_interleaved, re-exported here as
+    ``bench_interleaved`` / ``quiet_bench``): MEDIANS over many interleaved rounds (peers of one configuration run
+    in turn, A B C A B C ..., in a rotated order each round), so ratios between peers are measured in the same run
+    and resist drift on a shared, noisy machine;
   * "1 thread" means torch.set_num_threads(1), ORT intra_op_num_threads=1, OpenBLAS limited to 1 via threadpoolctl.
+
+Importing ``bench`` (which ``python -m bench.NAME`` does first) sets the thread pools' idle policy (bench/__init__.py).
 """
 
 from __future__ import annotations
@@ -14,24 +18,18 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import statistics
 import sys
-import time
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-# Several runtimes share this process (torch/OpenMP, onnxruntime's pool, OpenBLAS). With their default idle SPINNING,
-# the workers of the runtime that ran last keep a core busy while the next one runs: on a 2-core machine that made
-# 2-thread timings of interleaved peers up to 4x worse than alone (ORT MatMul 512^3: 1.4 ms alone, 5.6 ms interleaved
-# with torch.mm). So spinning is off unless PERF_SPIN=1: OMP_WAIT_POLICY=PASSIVE, OpenBLAS threads sleep at once, and
-# ORT sessions get session.intra_op.allow_spinning=0, TVM's pool TVM_THREAD_POOL_SPIN_COUNT=0. This module must be
-# imported BEFORE numpy / torch.
-SPIN = os.environ.get("PERF_SPIN", "0") == "1"
-if not SPIN:
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
-    os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", "0")  # TVM's workers spin 300000 rounds by default
+from bench import SPIN as SPIN
+from softdeploy.compare.environment import LoadMeter as LoadMeter
+from softdeploy.compare.environment import background_load as background_load
+from softdeploy.compare.environment import wait_quiet as _wait_quiet
+from softdeploy.compare.latency import BatchTiming, time_batches_interleaved, time_batches_quietly
+
+Timing = BatchTiming  # the scripts' name for the library's per-call timing
 
 # ---------------------------------------------------------------------------------------------------------------------
 # argument helpers
@@ -146,60 +144,39 @@ def ort_session(
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# timing
-
-
-class Timing:
-    __slots__ = ("inner", "median", "min", "q1", "q3", "samples")
-
-    def __init__(self, samples: list[float], inner: int):
-        s = sorted(samples)
-        self.samples = s
-        self.inner = inner
-        self.median = statistics.median(s)
-        self.min = s[0]
-        n = len(s)
-        self.q1 = s[max(0, (n - 1) // 4)]
-        self.q3 = s[min(n - 1, (3 * (n - 1) + 3) // 4)]
-
-    @property
-    def spread(self) -> float:
-        """interquartile range relative to the median"""
-        return (self.q3 - self.q1) / self.median if self.median > 0 else 0.0
-
-
-def _calibrate(fn: Callable[[], object], batch_s: float, max_inner: int = 100000) -> int:
-    fn()  # warm-up (allocations, lazy init)
-    t0 = time.perf_counter()
-    fn()
-    dt = time.perf_counter() - t0
-    if dt <= 0:
-        return max_inner
-    return int(max(1, min(max_inner, round(batch_s / dt))))
+# timing: the library's (softdeploy.compare.latency), in the scripts' units (batch_ms)
 
 
 def bench_interleaved(
     fns: dict[str, Callable[[], object]], rounds: int = 15, batch_ms: float = 20.0, warmup_rounds: int = 1
 ) -> dict[str, Timing]:
-    """Time several callables in turn. Returns per-call seconds (median over rounds)."""
-    names = list(fns)
-    inner = {n: _calibrate(fns[n], batch_ms / 1e3) for n in names}
-    samples: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(warmup_rounds + rounds):
-        order = names[r % len(names) :] + names[: r % len(names)]
-        for n in order:
-            f, k = fns[n], inner[n]
-            t0 = time.perf_counter()
-            for _ in range(k):
-                f()
-            dt = (time.perf_counter() - t0) / k
-            if r >= warmup_rounds:
-                samples[n].append(dt)
-    return {n: Timing(samples[n], inner[n]) for n in names}
+    """Per-call seconds of several callables timed in turn (median over rounds): ``time_batches_interleaved``."""
+    return time_batches_interleaved(fns, rounds=rounds, batch_seconds=batch_ms / 1e3, warmup_rounds=warmup_rounds)
 
 
 def bench(fn: Callable[[], object], rounds: int = 15, batch_ms: float = 20.0) -> Timing:
+    """One callable's per-call timing (:func:`bench_interleaved` of it alone)."""
     return bench_interleaved({"f": fn}, rounds, batch_ms)["f"]
+
+
+def quiet_bench(
+    fns: dict[str, Callable[[], object]],
+    rounds: int = 15,
+    batch_ms: float = 20.0,
+    max_tries: int = 3,
+    wait_s: float = 30.0,
+    threshold: float = 0.3,
+) -> tuple[dict[str, Timing], float]:
+    """:func:`bench_interleaved`, re-measured while other processes were busy: ``time_batches_quietly``. Returns
+    (timings of the quietest try, its background load in cores)."""
+    return time_batches_quietly(
+        fns, rounds=rounds, batch_seconds=batch_ms / 1e3, max_tries=max_tries, wait_seconds=wait_s, threshold=threshold
+    )
+
+
+def wait_quiet(max_wait_s: float = 60.0, threshold: float = 0.3) -> float:
+    """Waits (up to max_wait_s) until other processes use less than ``threshold`` cores; returns the last reading."""
+    return _wait_quiet(max_wait_s, threshold)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -234,23 +211,13 @@ def md_table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
 
 
 def header(title: str) -> None:
-    import importlib
+    """Prints the report's title and environment: the library's description (softdeploy.compare.environment:
+    CPU model, ISA flags, cores, package versions, the kernel variant the library runs), the thread-pool
+    environment, whether the CPUID is emulated, and how timings are taken."""
+    from softdeploy.compare.environment import environment
 
-    vers = []
-    for m in ("softdeploy", "numpy", "torch", "onnxruntime", "onnx"):
-        try:
-            vers.append(f"{m} {importlib.import_module(m).__version__}")
-        except Exception:
-            pass
-    cpu = "?"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
+    env_info = environment(threads=0)
+    versions = ", ".join(f"{name} {version}" for name, version in env_info["packages"].items() if version)
     env = {
         k: os.environ[k]
         for k in (
@@ -266,37 +233,14 @@ def header(title: str) -> None:
         if k in os.environ
     }
     print(f"# {title}\n")
-    flags = []
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    have = set(line.split(":", 1)[1].split())
-                    flags = [
-                        x
-                        for x in (
-                            "avx2",
-                            "fma",
-                            "avx512f",
-                            "avx512bw",
-                            "avx512vl",
-                            "avx512dq",
-                            "avx512_vnni",
-                            "avx512_bf16",
-                            "avx512_fp16",
-                            "amx_tile",
-                        )
-                        if x in have
-                    ]
-                    break
-    except OSError:
-        pass
-    print(f"- host: {cpu}, {os.cpu_count()} logical CPUs, python {platform.python_version()}; {', '.join(vers)}")
-    from softdeploy.runtime import library_status
-
-    info = library_status().info  # the library says which variant its kernels run
-    print(f"- CPU flags: {' '.join(flags)}; softdeploy kernel variant: {info.isa_summary() if info else 'no library'}")
-    print(f"- env: {env}; idle spinning of thread pools {'ON (PERF_SPIN=1)' if SPIN else 'OFF (see common.py)'}")
+    print(
+        f"- host: {env_info['cpu']}, {env_info['cores']} logical CPUs, python {platform.python_version()}; {versions}"
+    )
+    variant = env_info["softdeploy_kernels"] or "no library"
+    print(f"- CPU flags: {' '.join(env_info['isa'])}; softdeploy kernel variant: {variant}")
+    print(
+        f"- env: {env}; idle spinning of thread pools {'ON (PERF_SPIN=1)' if SPIN else 'OFF (see bench/__init__.py)'}"
+    )
     print(f"- {cpuid_note()}")
     print(
         "- timing: median per call over interleaved rounds; spread = IQR/median; bg load = CPU cores used by other "
@@ -325,94 +269,6 @@ def stream_yardsticks(n_threads: int, mbytes: int = 256, rounds: int = 9) -> dic
     with threads(n_threads):
         t, bg = quiet_bench({"copy": lambda: b.copy_(a), "read": lambda: torch.amax(a)}, rounds=rounds, batch_ms=1)
     return {"copy_GBs": 2 * n * 4 / t["copy"].median / 1e9, "read_GBs": n * 4 / t["read"].median / 1e9, "bg": bg}
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# neighbours: this machine is shared; record (and optionally wait out) CPU load from other processes
-
-
-def _proc_stat_busy():
-    with open("/proc/stat") as f:
-        parts = f.readline().split()[1:]
-    vals = [int(x) for x in parts]
-    idle = vals[3] + (vals[4] if len(vals) > 4 else 0)
-    return sum(vals[:8]) - idle, sum(vals[:8])
-
-
-def _self_ticks():
-    ticks = 0
-    base = "/proc/self/task"
-    for tid in os.listdir(base):
-        try:
-            with open(f"{base}/{tid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            ticks += int(fields[11]) + int(fields[12])
-        except OSError:
-            pass
-    return ticks
-
-
-def background_load(interval: float = 0.5) -> float:
-    """CPU cores kept busy by OTHER processes during `interval` seconds (this process sleeps meanwhile)."""
-    b0, t0 = _proc_stat_busy()
-    s0 = _self_ticks()
-    time.sleep(interval)
-    b1, t1 = _proc_stat_busy()
-    s1 = _self_ticks()
-    ncpu = os.cpu_count() or 1
-    if t1 == t0:
-        return 0.0
-    return max(0.0, (b1 - b0 - (s1 - s0)) / (t1 - t0) * ncpu)
-
-
-def wait_quiet(max_wait_s: float = 60.0, threshold: float = 0.3) -> float:
-    """Wait (up to max_wait_s) until other processes use less than `threshold` cores; return the last reading."""
-    deadline = time.time() + max_wait_s
-    load = background_load()
-    while load > threshold and time.time() < deadline:
-        time.sleep(2.0)
-        load = background_load()
-    return load
-
-
-class LoadMeter:
-    """Average CPU cores used by OTHER processes between start() and stop()."""
-
-    def start(self):
-        self.b0, self.t0 = _proc_stat_busy()
-        self.s0 = _self_ticks()
-        return self
-
-    def stop(self) -> float:
-        b1, t1 = _proc_stat_busy()
-        s1 = _self_ticks()
-        if t1 == self.t0:
-            return 0.0
-        return max(0.0, (b1 - self.b0 - (s1 - self.s0)) / (t1 - self.t0) * (os.cpu_count() or 1))
-
-
-def quiet_bench(
-    fns: dict[str, Callable[[], object]],
-    rounds: int = 15,
-    batch_ms: float = 20.0,
-    max_tries: int = 3,
-    wait_s: float = 30.0,
-    threshold: float = 0.3,
-):
-    """bench_interleaved, repeated (up to max_tries, after waiting up to wait_s for quiet) while other processes used
-    more than `threshold` cores during the measurement. Returns (timings of the quietest try, its background load)."""
-    best = None
-    for attempt in range(max_tries):
-        if attempt:
-            wait_quiet(wait_s, threshold)
-        m = LoadMeter().start()
-        t = bench_interleaved(fns, rounds=rounds, batch_ms=batch_ms)
-        bg = m.stop()
-        if best is None or bg < best[1]:
-            best = (t, bg)
-        if bg <= threshold:
-            break
-    return best
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -529,7 +385,10 @@ def emulate_avx2(cpu: str = "avx2") -> None:
     if cpu == "no-vnni":
         env["SD_CPUID_MASK"] = "vnni"
     sys.stdout.flush()
-    os.execve(sys.executable, [sys.executable, *sys.argv], env)
+    main_spec = getattr(sys.modules["__main__"], "__spec__", None)
+    # `python -m bench.NAME` again (its imports need the repository root as the working folder's sys.path entry)
+    argv = ["-m", main_spec.name, *sys.argv[1:]] if main_spec is not None else sys.argv
+    os.execve(sys.executable, [sys.executable, *argv], env)
 
 
 class _EmulateAvx2(argparse.Action):

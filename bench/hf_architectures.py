@@ -8,23 +8,20 @@ interleaved rounds (fp32 and int8 in turn, same feeds, one thread, softdeploy's 
 first output, int8 against fp32, over the evaluation feeds. Llama-style decoder with its KV cache: the step graph
 (one new token after a cache of --past positions), exported by softdeploy.export.decoder.
 
-    python bench/hf_architectures.py [--quick] [--only bert,gpt2] > bench/results/hf_architectures.md
+    python -m bench.hf_architectures [--quick] [--only bert,gpt2] > bench/results/hf_architectures.md
 """
 
 from __future__ import annotations
 
-import os
 import sys
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-import harness  # first: it sets the thread-pool environment before numpy / torch load
 import numpy as np
+
+from bench import harness
 
 HIDDEN, HEADS, FFN, LAYERS, VOCAB, POSITIONS = 256, 4, 1024, 4, 4000, 512
 BATCH, SEQ = 4, 128
@@ -117,8 +114,7 @@ def cosine(a: np.ndarray, b: np.ndarray) -> float:
 
 def measure(fp32: Path, feeds_fn: Any, work: Path, rounds: int, tag: str) -> dict[str, Any]:
     """int8 dynamic of ``fp32``, then fp32 vs int8 latency (interleaved) and the first output's cosine."""
-    from harness import quiet_bench
-
+    from bench.harness import quiet_bench
     from softdeploy.quant import QuantConfig, quantize
     from softdeploy.runtime import Session
 
@@ -167,7 +163,7 @@ def main() -> None:
         "- fp32 / int8 ms: one thread, median of interleaved rounds, softdeploy's kernels (int8: the default "
         "dynamic target for this CPU); cosine: first output, int8 vs fp32, mean over rows\n"
         "- CPU: AMD EPYC Zen 4 (AVX-512 F/BW/VL/DQ + VNNI), 2 cores, shared with other jobs (bg load column)\n"
-        f"- command: python bench/hf_architectures.py{' --quick' if args.quick else ''}\n"
+        f"- command: python -m bench.hf_architectures{' --quick' if args.quick else ''}\n"
     )
     rounds = 5 if args.quick else args.rounds
     rows = []

@@ -1,6 +1,6 @@
 """Start-up cost of softdeploy's light entry points, each in fresh interpreters.
 
-    python bench/import_time.py [--runs 5] [--source DIR ...] [--importtime]
+    python -m bench.import_time [--runs 5] [--source DIR ...] [--importtime]
 
 Measures ``import softdeploy.ops`` and ``import softdeploy.runtime`` (time of the import statement,
 inside the child) and ``softdeploy ops`` (wall and CPU time of the whole ``python -m softdeploy.cli ops``

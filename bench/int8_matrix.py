@@ -1,6 +1,6 @@
 """Each int8 format of all-MiniLM-L6-v2 on each CPU class this host can present: encode speed vs fp32 and cosine.
 
-    PYTHONPATH=. python bench/int8_matrix.py [--work DIR] [--rounds 6] [--sentences 64] [--classes a,b]
+    python -m bench.int8_matrix [--work DIR] [--rounds 6] [--sentences 64] [--classes a,b]
 
 Formats (each quantized once, on this host, into --work; a second run with the same --work reuses them):
   rowwise-8-bit    `quantize --target vnni` (dynamic): RowwiseInt8MatMul, 8-bit rows, plain 8-bit weights
@@ -39,7 +39,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numpy as np
 
 FORMATS: dict[str, str] = {
@@ -224,8 +223,7 @@ def main() -> None:
 
 def report(results: dict[str, Any], args: argparse.Namespace, seconds: float) -> None:
     """The markdown."""
-    from harness import md_table
-
+    from bench.harness import md_table
     from softdeploy.compare.environment import cpuinfo
 
     print("# int8 format x CPU class: all-MiniLM-L6-v2 (bench/int8_matrix.py)\n")
@@ -236,7 +234,7 @@ def report(results: dict[str, Any], args: argparse.Namespace, seconds: float) ->
         "1 x 128 tokens, through softdeploy.runtime.Session"
     )
     print(
-        f"- command: `PYTHONPATH=. python bench/int8_matrix.py --rounds {args.rounds} --sentences {args.sentences}`"
+        f"- command: `python -m bench.int8_matrix --rounds {args.rounds} --sentences {args.sentences}`"
         + (f" ({seconds:.0f} s, the quantization included)" if seconds else "")
     )
     print("- formats: " + "; ".join(f"{k} (`quantize --mode {v}`)" for k, v in FORMATS.items()))

@@ -1,6 +1,6 @@
 """LoRAMixer (fp32) -- softdeploy's SGMV-style kernel against its own function body on stock onnxruntime.
 
-    python bench/lora_mixer.py [--N 1,128,2048] [--top-k 1,2] [--threads 1,2] [--quick]
+    python -m bench.lora_mixer [--N 1,128,2048] [--top-k 1,2] [--threads 1,2] [--quick]
 
 Shape of the issue: N tokens x in = out = 384 (MiniLM's hidden size), E = 8 experts of rank r = 8.
 Peers, all in the same interleaved rounds (A B C A B C ..., rotated each round; medians):
@@ -21,12 +21,7 @@ Floor of the issue (1 thread, medians): lora_mixer >= 3x faster than ort_body at
 
 from __future__ import annotations
 
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from harness import (  # first: it sets the thread-pool environment before numpy/torch load
+from bench.harness import (
     Avx2VsBody,
     avx2_session,
     base_parser,

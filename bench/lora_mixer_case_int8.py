@@ -1,6 +1,6 @@
 """The lora_mixer_retrieval case's trained router in int8: routing agreement with fp32 and MRR@10, guard off and on.
 
-    PYTHONPATH=. python bench/lora_mixer_case_int8.py
+    python -m bench.lora_mixer_case_int8
 
 The case (softdeploy/models/lora_mixer_retrieval.py: all-MiniLM-L6-v2, one trained LoRA expert per chatterbot
 category in the last layer's q/k/v/o projections, trained router, top-1) is prepared (its trained experts come from
@@ -13,12 +13,9 @@ data (synthetic token ids: what ``compare`` runs, as it passes ``quantize`` no d
 
 from __future__ import annotations
 
-import os
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np
 
 

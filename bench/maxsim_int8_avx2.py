@@ -1,6 +1,6 @@
 """MaxSim int8 on an AVX2 CPU without VNNI against onnxruntime's int8, speed and ranking in one run (issue 45 item 6).
 
-    python bench/maxsim_int8_avx2.py --emulate-avx2 [--N 10000] [--Lq 32] [--Ld 180] [--dim 128] [--queries 5]
+    python -m bench.maxsim_int8_avx2 --emulate-avx2 [--N 10000] [--Lq 32] [--Ld 180] [--dim 128] [--queries 5]
 
 Shape of the issue: one query of Lq = 32 tokens against N = 10,000 documents of Ld = 180 tokens, dim 128, 1 thread.
 Peers (interleaved rounds, medians; the documents stored ahead in each peer's own form):
@@ -16,16 +16,10 @@ documents, mean and minimum over the queries; the floor wants 100% at N = 10,000
 
 from __future__ import annotations
 
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numpy as np
-from harness import base_parser, header, md_table, ort_session, quiet_bench, sync_print, threads
-from maxsim import kernel_variants, make_data, onnx_models, quant_sym, softdeploy_session
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from bench.harness import base_parser, header, md_table, ort_session, quiet_bench, sync_print, threads
+from bench.maxsim import kernel_variants, make_data, onnx_models, quant_sym, softdeploy_session
 
 
 def peers_for(Q: np.ndarray, D: np.ndarray, models: dict[str, bytes], coded: dict) -> dict:

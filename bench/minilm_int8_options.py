@@ -18,7 +18,7 @@ Accuracy on the case's data (653 queries, 871 documents): MRR@10 drop and mean s
 the fp32 of the same graph. Latency: batch 1 x 128 tokens, 1 thread, interleaved rounds; wall p50 and CPU
 time p50 (this process), speed-up vs the fp32 of the same graph. Prints markdown.
 
-    python bench/minilm_int8_options.py [--quick] [--emulate-avx2]
+    python -m bench.minilm_int8_options [--quick] [--emulate-avx2]
 
 --emulate-avx2 measures them as on an AVX2 CPU without VNNI (bench/cpuid_avx2.c hides AVX-512 and VNNI from
 every library in the process: onnxruntime's int8 GEMM runs its vpmaddubsw kernel, its float GEMM the AVX2 one).
@@ -32,9 +32,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import harness
 import numpy as np
 
+from bench import harness
 from softdeploy.compare.environment import LoadMeter, environment
 from softdeploy.compare.latency import measure_interleaved
 from softdeploy.compare.metrics import cosine_rows

@@ -8,7 +8,7 @@ type and divided by the calls. The bound: the int8 graph with its integer GEMMs 
 DynamicQuantizeMatMul, MatMulIntegerToFloat and the activations' DynamicQuantizeLinear) taking no time at all is
 still the rest of its ops, so fp32 / rest is the most any int8 GEMM could give.
 
-    python bench/minilm_op_profile.py [--emulate-avx2] [--runs 50]
+    python -m bench.minilm_op_profile [--emulate-avx2] [--runs 50]
 """
 
 from __future__ import annotations
@@ -19,14 +19,14 @@ import tempfile
 from collections import defaultdict
 from pathlib import Path
 
-import harness
+from bench import harness
 
 INT8_GEMM = ("MatMulInteger", "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "DynamicQuantizeLinear")
 
 
 def profile(path: Path, feeds: dict, runs: int, extra_library: Path | None = None) -> dict[str, float]:
     """ms per call by op type (onnxruntime's profiler, node kernel time); ``extra_library``: another custom-op
-    library the graph needs (bench/minilm_int8_rowwise.py's)."""
+    library the graph needs (a benchmark-only custom op)."""
     import onnxruntime as ort
 
     from softdeploy.runtime import library_path

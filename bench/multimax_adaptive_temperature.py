@@ -1,6 +1,6 @@
 """MultiMax and AdaptiveTemperatureSoftmax: softdeploy's fused kernels vs their peers, in one run.
 
-    python bench/multimax_adaptive_temperature.py --op multimax|adaptive [--threads 1,2] [--quick]
+    python -m bench.multimax_adaptive_temperature --op multimax|adaptive [--threads 1,2] [--quick]
 
 Peers (float32, last axis, every one measured in the same interleaved rounds):
   ours          the com.softdeploy kernel in onnxruntime (softdeploy Session, kernels="native")
@@ -22,12 +22,9 @@ and "peaked" rows (3 spikes over N(0, 1): H ~ 1.7-4, beta ~ 2-2.4, 3 reads).
 
 from __future__ import annotations
 
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numpy as np
-from harness import (
+
+from bench.harness import (
     Avx2VsBody,
     avx2_session,
     base_parser,

@@ -1,7 +1,7 @@
 """NystromGaussianAttention (B=1, H=8, d=64, m=64 landmarks, fp32, 1 thread) -- time against sequence
 length, and against onnxruntime's MultiHeadAttention (softmax, MLAS flash path: non-causal, unmasked).
 
-    python bench/nystrom_gaussian_attention.py [--T 1024,2048,4096,8192,16384] [--m 64] [--quick]
+    python -m bench.nystrom_gaussian_attention [--T 1024,2048,4096,8192,16384] [--m 64] [--quick]
 
 Peers, interleaved per T (both through softdeploy.runtime.Session):
   nystrom   com.softdeploy NystromGaussianAttention, our native kernel (20 Newton-Schulz steps)
@@ -16,12 +16,7 @@ in T: 8x); faster than mha from T = 4096 up; the crossover reported.
 
 from __future__ import annotations
 
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from harness import (
+from bench.harness import (
     Avx2VsBody,
     avx2_session,
     base_parser,

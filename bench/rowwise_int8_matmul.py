@@ -1,7 +1,7 @@
 """RowwiseInt8MatMul (softdeploy kernel) vs onnxruntime's float32 MatMul and its own dynamic int8, at a transformer's
 GEMM shapes (all-MiniLM-L6-v2's: hidden 384, FFN 1536).
 
-    PYTHONPATH=. python bench/rowwise_int8_matmul.py [--threads 1,2] [--rounds 15] [--emulate-avx2] [--quick]
+    python -m bench.rowwise_int8_matmul [--threads 1,2] [--rounds 15] [--emulate-avx2] [--quick]
 
 Peers, one-node models of Y = X W + bias with W a float32 initializer, measured in the same interleaved rounds:
   ort_fp32      ai.onnx MatMul + Add (MLAS sgemm)
@@ -20,14 +20,12 @@ the same rounds gives its limit. On a host with VNNI, --emulate-avx2 shows an AV
 
 from __future__ import annotations
 
-import os
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numpy as np
-from harness import (
+
+from bench.harness import (
     Avx2VsBody,
     avx2_session,
     base_parser,
@@ -85,8 +83,7 @@ def main() -> None:
         onnx.save(u8, tmp / f"rowwise_u8_{k}_{n}.onnx")
         models[(k, n)] = (src, ort8, ours, tmp / f"rowwise_u8_{k}_{n}.onnx")
     floor = Avx2VsBody("RowwiseInt8MatMul")
-    from maxsim import peak_library
-
+    from bench.maxsim import peak_library
     from softdeploy.quant.quantize import _rowwise_vnni_runs
 
     # The physical limit where the op runs its AVX-512 VNNI tile: a register-only vpdpbusd zmm loop

@@ -1,7 +1,7 @@
 """RowwiseInt8MatMul on weights outside the lane bound (the rowwise-8-bit format a VNNI CPU writes) against
 onnxruntime's float32 MatMul, on the CPU class this process sees, two kernel libraries in the same rounds.
 
-    PYTHONPATH=. python bench/rowwise_int8_wide.py --before OLD.so --after NEW.so [--emulate-no-vnni | --emulate-avx2]
+    python -m bench.rowwise_int8_wide --before OLD.so --after NEW.so [--emulate-no-vnni | --emulate-avx2]
         [--threads 1] [--rounds 15] [--quick]
 
 Peers, one-node models of Y = X W + bias at all-MiniLM-L6-v2's GEMM shapes (hidden 384, FFN 1536), W a float32
@@ -23,13 +23,12 @@ instruction set on this host's microarchitecture.
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numpy as np
-from harness import base_parser, header, md_table, ort_session, quiet_bench, sync_print, wait_quiet
+
+from bench.harness import base_parser, header, md_table, ort_session, quiet_bench, sync_print, wait_quiet
 
 SHAPES = [(128, 384, 384), (128, 384, 1536), (128, 1536, 384), (8, 384, 1536)]
 

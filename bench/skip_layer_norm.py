@@ -11,7 +11,7 @@ dynamic int8 in onnxruntime's format (this CPU's weights) and in softdeploy's la
 each in a session with onnxruntime's optimizers as they are and with SkipLayerNormFusion off; batch 1 x 128 tokens,
 1 thread. On a host with VNNI, --emulate-avx2 shows an AVX2 CPU without it (bench/cpuid_avx2.c).
 
-    PYTHONPATH=. python bench/skip_layer_norm.py [--emulate-avx2] [--rounds 15]
+    python -m bench.skip_layer_norm [--emulate-avx2] [--rounds 15]
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ import argparse
 import tempfile
 from pathlib import Path
 
-import harness
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
+from bench import harness
 from softdeploy.compare.environment import LoadMeter
 from softdeploy.compare.latency import measure_interleaved
 

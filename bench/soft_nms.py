@@ -1,6 +1,6 @@
 """SoftNMS kernel vs a NumPy Soft-NMS and onnxruntime's own (hard) NonMaxSuppression, same run.
 
-    python bench/soft_nms.py [--N 100,1000,5000] [--threads 1] [--quick]
+    python -m bench.soft_nms [--N 100,1000,5000] [--threads 1] [--quick]
 
 Peers (started from shared/notes/perf/soft_nms.py):
   numpy_soft_nms   Gaussian Soft-NMS (sigma 0.5, score threshold 1e-3), the classic loop with the IoU of one
@@ -19,12 +19,9 @@ Floors (issue): sd_gaussian >= 50x faster than numpy_soft_nms; sd_gaussian withi
 
 from __future__ import annotations
 
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numpy as np
-from harness import (
+
+from bench.harness import (
     Avx2VsBody,
     avx2_session,
     base_parser,

@@ -1,6 +1,6 @@
 """SoftTokenEmbedding's kernel against its function body, SoftmaxTopK alone and the torch module, in one run.
 
-    python bench/soft_token_embedding.py [--B 8] [--V 151936] [--E 1024] [--max-topk 10] [--rounds 15] [--out FILE]
+    python -m bench.soft_token_embedding [--B 8] [--V 151936] [--E 1024] [--max-topk 10] [--rounds 15] [--out FILE]
 
 All at 1 intra-op thread, on the same logits (N(0, 3^2)) and embedding table (N(0, 1)):
   kernel-<isa>       com.softdeploy SoftTokenEmbedding kernel in onnxruntime, forced to each ISA variant this CPU
@@ -20,12 +20,9 @@ import argparse
 import os
 import platform
 import statistics
-import sys
 import time
 
 import numpy as np
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from softdeploy import conformance
 from softdeploy.ops import REGISTRY, Sample

@@ -5,16 +5,16 @@ kernel on one-node models, last axis, rows B x n, plus the copy floor (torch cop
 The rule's threshold (softdeploy/export/rewrites/two_pass_softmax.py MIN_ROW_LENGTH) is the smallest
 row length from which the kernel is faster at every longer row measured.
 
-    python bench/softmax_rewrite.py [--threads 1,2] [--quick]
+    python -m bench.softmax_rewrite [--threads 1,2] [--quick]
 """
 
 from __future__ import annotations
 
-import harness
 import numpy as np
 import torch
 from onnx import TensorProto, helper
 
+from bench import harness
 from softdeploy import DOMAIN, OPSET_VERSION
 from softdeploy.export import attach_function_bodies
 from softdeploy.runtime import Session

@@ -1,6 +1,6 @@
 """SoftmaxTopK (softdeploy) against the peers doing Softmax + TopK with stock ops, in the same run.
 
-    python bench/softmax_topk.py [--B 1,64] [--V 1000,32000,128000,256000] [--k 1,5,50] [--threads 1,2] [--quick]
+    python -m bench.softmax_topk [--B 1,64] [--V 1000,32000,128000,256000] [--k 1,5,50] [--threads 1,2] [--quick]
 
 Started from shared/notes/perf/softmax_topk.py. All produce the k largest probabilities + int64 indices:
   softdeploy        com.softdeploy SoftmaxTopK kernel (best ISA of this CPU) in onnxruntime, 2 outputs
@@ -23,12 +23,9 @@ floors: >= 70% of DRAM read at 64 x 256000, <= 3x floor_amax at 64 x 32000, neve
 
 from __future__ import annotations
 
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numpy as np
-from harness import (
+
+from bench.harness import (
     Avx2VsBody,
     avx2_variant,
     base_parser,

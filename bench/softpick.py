@@ -1,6 +1,6 @@
 """Softpick (last axis, fp32) -- softdeploy's kernel against the same job done by its peers.
 
-    python bench/softpick.py [--B 1,64] [--V 1000,32000,128000,256000] [--threads 1,2] [--quick]
+    python -m bench.softpick [--B 1,64] [--V 1000,32000,128000,256000] [--threads 1,2] [--quick]
 
 Peers, all in the same interleaved rounds:
   softpick         com.softdeploy Softpick, our native kernel in onnxruntime
@@ -27,12 +27,7 @@ Floors of the issue (1 thread, medians): softpick >= 3x faster than ort_decompos
 
 from __future__ import annotations
 
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from harness import (  # first: it sets the thread-pool environment before numpy/torch load
+from bench.harness import (
     Avx2VsBody,
     avx2_session,
     base_parser,

@@ -1,7 +1,7 @@
 """SoftpickAttention (B=1, H=8, D=64, fp32) -- softdeploy's flash-style kernel against onnxruntime's
 MultiHeadAttention (softmax) and against our own decomposed function body.
 
-    python bench/softpick_attention.py [--T 512,2048] [--memory-T 2048,8192] [--threads 1] [--quick]
+    python -m bench.softpick_attention [--T 512,2048] [--memory-T 2048,8192] [--threads 1] [--quick]
 
 Peers, all in the same interleaved rounds (every onnxruntime contender through softdeploy.runtime.Session):
   ours       com.softdeploy SoftpickAttention, our native kernel (flash-style, never the [T, T] scores)
@@ -27,9 +27,7 @@ import os
 import subprocess
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from harness import (  # first: it sets the thread-pool environment before numpy/torch load
+from bench.harness import (
     Avx2VsBody,
     avx2_session,
     base_parser,
@@ -114,8 +112,7 @@ def _session(peer: str, mode: str, t: int, nt: int):
 
 _PEAK = """
 import ctypes, json, sys
-sys.path.insert(0, {here!r}); sys.path.insert(0, {root!r})
-import softpick_attention as b
+import bench.softpick_attention as b
 def status_kb(key):  # from /proc/self/status (ru_maxrss would carry the parent's peak over fork)
     for line in open("/proc/self/status"):
         if line.startswith(key):
@@ -133,16 +130,17 @@ with open("/proc/self/clear_refs", "w") as f:
 before = status_kb("VmRSS:")
 sess.run(feeds)
 after = status_kb("VmHWM:")
-print(json.dumps({{"growth_mb": (after - before) / 1024, "peak_mb": after / 1024}}))
+print(json.dumps({"growth_mb": (after - before) / 1024, "peak_mb": after / 1024}))
 """
 
 
 def peak_growth_mb(peer: str, mode: str, t: int) -> tuple[float, float] | None:
     """(growth of max RSS over the call, max RSS after it), MB."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    code = _PEAK.format(here=here, root=os.path.dirname(here))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # `python -c` imports bench from its cwd
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    out = subprocess.run([sys.executable, "-c", code, peer, mode, str(t)], capture_output=True, text=True, env=env)
+    out = subprocess.run(
+        [sys.executable, "-c", _PEAK, peer, mode, str(t)], capture_output=True, text=True, env=env, cwd=root
+    )
     if out.returncode != 0:
         sync_print(f"  (peak {peer} {mode} T={t} failed: {out.stderr.strip().splitlines()[-1:]})")
         return None

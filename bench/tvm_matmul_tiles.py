@@ -1,6 +1,6 @@
 """Register tiles of the TVM MatMul rule (softdeploy/tvm/ops/matmul.py) against each other, on one target.
 
-    python bench/tvm_matmul_tiles.py [--mcpu znver4] [--threads 1] [--rounds 7]
+    python -m bench.tvm_matmul_tiles [--mcpu znver4] [--threads 1] [--rounds 7]
 
 Each kernel is a one-GEMM model, y = x @ w + b (MiniLM's projections at batch 1, sequence 128), built without the
 shipped records once per tile (MR x NR x vector width, forced through ``tile_for``), so that only the register tile
@@ -11,14 +11,11 @@ The rule's own choice for the target (``tile_for``) is marked. Results: bench/re
 from __future__ import annotations
 
 import os
-import sys
-import time
-from pathlib import Path
 
-import harness
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench import harness
+from softdeploy.compare.latency import time_batches_interleaved
 
 TILES = [(6, 16, 8), (8, 32, 16), (14, 16, 16), (6, 48, 16), (4, 64, 16), (12, 32, 16)]
 SHAPES = [(128, 384, 1536), (128, 1536, 384), (128, 384, 384)]
@@ -86,19 +83,15 @@ def main() -> None:
             if hand != ["hand (MatMul)"] or err > 1e-4:
                 raise SystemExit(f"tile {tile}: {hand}, max |error| {err:.2e}")
             calls[tile] = (vm["main"], xt)
-        times: dict[tuple[int, int, int], list[float]] = {t: [] for t in TILES}
-        for _ in range(1 if args.quick else args.rounds):
-            for tile, (fn, xt) in calls.items():
-                fn(xt)
-                reps, t0 = 0, time.perf_counter()
-                while time.perf_counter() - t0 < args.batch_ms / 1e3:
-                    fn(xt)
-                    reps += 1
-                times[tile].append((time.perf_counter() - t0) / reps)
+        timings = time_batches_interleaved(
+            {str(tile): (lambda fn=fn, xt=xt: fn(xt)) for tile, (fn, xt) in calls.items()},
+            rounds=1 if args.quick else args.rounds,
+            batch_seconds=args.batch_ms / 1e3,
+        )
         flops = 2 * m * k * n
         cells = []
         for tile in TILES:
-            t = float(np.median(times[tile]))
+            t = timings[str(tile)].median
             mark = " (rule)" if tile == chosen else ""
             cells.append(f"{t * 1e6:,.0f} us, {flops / t / 1e9:.0f} GF/s{mark}")
         rows.append([f"{m}x{k} @ {k}x{n} + b", *cells])

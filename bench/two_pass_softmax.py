@@ -1,6 +1,6 @@
 """TwoPassSoftmax (softdeploy kernel) vs onnxruntime's Softmax, torch and numpy, and the copy floor.
 
-    python bench/two_pass_softmax.py [--B 1,64] [--V 1000,32000,128000,256000] [--threads 1,2] [--quick]
+    python -m bench.two_pass_softmax [--B 1,64] [--V 1000,32000,128000,256000] [--threads 1,2] [--quick]
 
 Peers, all measured in the same interleaved rounds:
   softdeploy      com.softdeploy TwoPassSoftmax, onnxruntime + softdeploy's kernel library
@@ -25,12 +25,9 @@ Issue floors: no slower than ort_softmax at any shape; >= 1.15x faster at 64 x 2
 
 from __future__ import annotations
 
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numpy as np
-from harness import (
+
+from bench.harness import (
     Avx2VsBody,
     avx2_session,
     base_parser,

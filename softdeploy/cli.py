@@ -895,10 +895,9 @@ def _tvm_vs_onnxruntime(model: object, sess: object, *, runs: int = 20) -> str |
     """One line comparing the compiled model with onnxruntime (softdeploy's kernels), one thread each,
     when it may well be slower: kernels without tuning records for this CPU, or a small model. Why and
     what to do, when TVM is the slower one. None when not measured."""
-    import time
-
     import numpy as np
 
+    from softdeploy.compare.latency import time_batches_interleaved
     from softdeploy.runtime import Session, library_status
     from softdeploy.runtime.tvm import set_threads
     from softdeploy.terminal import captured
@@ -915,23 +914,19 @@ def _tvm_vs_onnxruntime(model: object, sess: object, *, runs: int = 20) -> str |
         for n, s, d in zip(sess.input_names, sess.input_shapes.values(), sess.input_dtypes, strict=True)  # type: ignore[attr-defined]
     }
 
-    def median_ms(run: object) -> float:
-        run()  # type: ignore[operator]
-        secs = []
-        for _ in range(runs):
-            t0 = time.perf_counter()
-            run()  # type: ignore[operator]
-            secs.append(time.perf_counter() - t0)
-        return sorted(secs)[len(secs) // 2] * 1e3
-
     # softdeploy's kernels where the library loads, else their function bodies (stock onnxruntime)
     kernels = "native" if library_status().info is not None else "portable"
     try:
         with captured("latency check"):
             set_threads(1)
-            tvm_ms = median_ms(lambda: sess.run(feeds))  # type: ignore[attr-defined]
             ort = Session(model, kernels=kernels, threads=1)
-            ort_ms = median_ms(lambda: ort.run(feeds))
+            # one call of each per round, in turn: a burst of other load hits both alike
+            timings = time_batches_interleaved(
+                {"tvm": lambda: sess.run(feeds), "onnxruntime": lambda: ort.run(feeds)},  # type: ignore[attr-defined]
+                rounds=runs,
+                batch_seconds=0.0,
+            )
+            tvm_ms, ort_ms = timings["tvm"].median * 1e3, timings["onnxruntime"].median * 1e3
     except Exception as e:  # the library is written; the comparison is a note, and says why it is missing
         first = next((s for s in str(e).splitlines() if s.strip()), "")
         return f"latency check against onnxruntime not done: {type(e).__name__}: {first}"

@@ -83,13 +83,9 @@ def train(model: Any, tokens: np.ndarray, labels: np.ndarray, steps: int = 400) 
 
 
 def _latency_ms(fn: Any, repeats: int = 50) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times) * 1e3)
+    from softdeploy.compare.latency import time_batches_interleaved
+
+    return time_batches_interleaved({"call": fn}, rounds=repeats, batch_seconds=0.0)["call"].median * 1e3
 
 
 MODEL_FILE = "softpick_classifier.onnx"  # the exported model's name in the demo's folder

@@ -1,6 +1,6 @@
 """GPU benchmark of softdeploy's CUDA kernels against the device's limits and torch peers, all measured in one run.
 
-    PYTHONPATH=. python bench/gpu/bench_gpu.py [--rounds 15] [--out results.md] [--quick]
+    python -m bench.gpu.bench_gpu [--rounds 15] [--out results.md] [--quick]
 
 Needs a CUDA device, torch with CUDA (buffers, timing, peers) and a library built with CUDA
 (SoftdeployLibraryInfo "cuda"). Every number is the median over interleaved rounds (each round runs
@@ -26,9 +26,6 @@ import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
 
 
 def _timer(torch, fn: Callable[[], object], reps: int) -> float:
@@ -85,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         f"- torch {torch.__version__} (CUDA {torch.version.cuda}); library {info.path.name} {info.version}: "
         f"{info.cuda_summary()}",
         f"- host: {platform.node()} {platform.machine()}, python {platform.python_version()}",
-        f"- command: `PYTHONPATH=. python bench/gpu/bench_gpu.py {' '.join(argv or sys.argv[1:])}`",
+        f"- command: `python -m bench.gpu.bench_gpu {' '.join(argv or sys.argv[1:])}`",
         f"- medians of {rounds} interleaved rounds (CUDA events, after warm-up)",
         "",
     ]

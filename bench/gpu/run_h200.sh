@@ -61,7 +61,7 @@ PY
 set +e
 timeout 300 python -m pytest -q -rs -p no:cacheprovider tests/ops/test_cuda.py 2>&1 | tee "$OUT_DIR/tests.txt"
 tests_rc=${PIPESTATUS[0]}
-timeout 300 python bench/gpu/bench_gpu.py --out "$OUT_DIR/bench.md" 2>&1 | tee "$OUT_DIR/bench.txt"
+timeout 300 python -m bench.gpu.bench_gpu --out "$OUT_DIR/bench.md" 2>&1 | tee "$OUT_DIR/bench.txt"
 bench_rc=${PIPESTATUS[0]}
 set -e
 echo "tests rc=$tests_rc bench rc=$bench_rc" | tee "$OUT_DIR/status.txt"

@@ -19,11 +19,13 @@ ISA_FLAGS = (
     "avx512f",
     "avx512bw",
     "avx512vl",
+    "avx512dq",
     "avx512_vnni",
     "avx512_bf16",
     "avx512_fp16",
     "avx_vnni",
     "amx_int8",
+    "amx_tile",
 )
 PACKAGES = ("softdeploy", "numpy", "torch", "onnx", "onnxruntime", "onnxscript", "transformers", "tokenizers")
 

@@ -110,7 +110,7 @@ def wordnet_questions(seed: int = 0) -> list[str]:
 
 
 def _wordnet_questions(rng: random.Random) -> list[str]:
-    # rng passed in: bench/wordnet_questions.py goes on drawing from it to reproduce its recorded files
+    # rng passed in: a caller may go on drawing from it after the questions (the recorded question files did)
     seen: dict[str, None] = {}
     for _, clause in wordnet_definitions():
         if len(clause.split()) >= 3:

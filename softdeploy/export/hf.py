@@ -337,7 +337,7 @@ def load_folder(info: FolderInfo, *, batch: int = 2, seq: int = 8, attention: st
     inputs (``batch`` x ``seq`` tokens, the last row's two final tokens padded; or random images) and dynamic batch /
     sequence axes. ``attention``: ``eager`` (transformers' matmul-softmax-matmul, the graph onnxruntime fuses) or one
     of softdeploy's implementations (:mod:`softdeploy.attention_interface`: ``softpick`` exports to one
-    SoftpickAttention node per layer)."""
+    SoftpickAttention node per layer, ``soft`` to one NystromGaussianAttention node per layer)."""
     import torch
     import transformers
 

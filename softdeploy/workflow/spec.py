@@ -188,6 +188,16 @@ def parse(raw: Mapping[str, Any], *, base: str | os.PathLike[str] = ".", name: s
     """A Workflow from an already-loaded mapping (validated first)."""
     if isinstance(raw, Mapping) and isinstance(raw.get("name"), str):
         check_folder_name(raw["name"], name)  # before the schema: its pattern alone lets '.' and '..' through
+    from softdeploy.export.hf import CAUSAL_LM_WITH_PAST
+
+    model = raw.get("model") if isinstance(raw, Mapping) else None
+    if isinstance(model, Mapping) and model.get("task") == CAUSAL_LM_WITH_PAST:  # before the schema: say why not
+        raise WorkflowError(
+            f"{name}: model.task: {CAUSAL_LM_WITH_PAST} exports two graphs, prefill.onnx and step.onnx with a KV cache "
+            "(rule: a workflow exports and compares one model on one dataset; use task causal-lm here (logits, no "
+            f"cache), or on the command line `softdeploy export FOLDER OUT_DIR --task {CAUSAL_LM_WITH_PAST}` and "
+            "`softdeploy generate FOLDER`)"
+        )
     validate(raw, name)
     base = Path(base)
     model = raw["model"]

@@ -600,6 +600,8 @@ def samples(rng: np.random.Generator) -> Iterator[Sample]:
     yield Sample("e1", (logits(3, 100), emb(100, 1)), {"max_topk": 3}, kind="edge")
     yield Sample("one_row", (logits(1, 4099), emb(4099, 8)), {}, kind="edge")
     yield Sample("empty_batch", (np.zeros((0, 40), np.float32), emb(40, 4)), {"max_topk": 3}, kind="edge")
+    # no rows and no embedding width: every input stays empty when V grows (the huge-but-empty check's variant)
+    yield Sample("empty_batch_e0", (np.zeros((0, 40), np.float32), emb(40, 0)), {"max_topk": 3}, kind="edge")
     # SIMD tile edges of the fast row
     for v in (15, 16, 17, 63, 64, 65, 511, 513):
         yield Sample(f"v{v}", (logits(2, v), emb(v, 4)), {"max_topk": min(v, 10)}, kind="edge")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +27,7 @@ def ray_serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, i
     from ray import serve
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    sigint = signal.getsignal(signal.SIGINT)  # Ray's driver may replace it; the tests after these keep Python's
     temp = Path("/tmp") / f"ray_sd_{os.getpid()}"  # Ray's unix sockets need a short path: not pytest's tmp_path
     try:
         ray.init(
@@ -51,3 +53,4 @@ def ray_serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, i
         serve.shutdown()
         ray.shutdown()
         shutil.rmtree(temp, ignore_errors=True)
+        signal.signal(signal.SIGINT, sigint)

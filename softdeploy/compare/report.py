@@ -51,7 +51,8 @@ def summary_columns(result: CompareResult) -> list[str]:
         cols += [f"{phase} p50 ms", f"{phase} CPU ms"]
     first = result.timed_phases[0]
     cols += [f"{first} speed-up", f"{first} speed-up (CPU time)", "size MiB"]
-    return [c for c in cols if any(c in r for r in rows)]
+    # once each: a task metric may also be an agreement column (`--metric cosine` is both a metric and a "cosine")
+    return [c for c in dict.fromkeys(cols) if any(c in r for r in rows)]
 
 
 def markdown_table(headers: list[str], rows: list[list[Any]]) -> str:

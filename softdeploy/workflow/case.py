@@ -4,6 +4,7 @@ through the same comparison machinery (variants, timing, agreement, reports) as 
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,8 @@ from softdeploy.workflow.spec import MetricSpec, Workflow, WorkflowError
 
 # Columns the runner derives from Evaluation.rows / .scores against the fp32 reference.
 AGREEMENT_K = 5
+# outputs that hold class scores, by name (transformers' logits / start_logits, detectors' scores, probs)
+_CLASS_SCORES = re.compile(r"(logits|scores|probs|probabilities)$", re.IGNORECASE)
 
 
 class WorkflowCase:
@@ -221,8 +224,15 @@ class WorkflowCase:
         with progress.step(f"{label}: {len(self._data.batches)} batches"):
             outputs = self.outputs_of(runner)
         rows = {f"{n} cosine": v for n, v in outputs.items() if v.dtype.kind == "f" and v.ndim >= 1 and v.size}
+        # top-k agreement and KL read an output as class scores: only one named so (logits, scores, probs); hidden
+        # states and embeddings have no classes to agree on (name an output with model.outputs)
         scores = next(
-            (v.reshape(-1, v.shape[-1]) for v in outputs.values() if v.dtype.kind == "f" and v.ndim >= 2), None
+            (
+                v.reshape(-1, v.shape[-1])
+                for n, v in outputs.items()
+                if v.dtype.kind == "f" and v.ndim >= 2 and _CLASS_SCORES.search(n)
+            ),
+            None,
         )
         return Evaluation(metrics=self.score(outputs), rows=rows, scores=scores, notes={"softdeploy ops": kernels})
 

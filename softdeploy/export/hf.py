@@ -73,6 +73,17 @@ POOLING_MODES = {
     "pooling_mode_cls_token": "cls",
     "pooling_mode_max_tokens": "max",
     "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len",
+    "pooling_mode_weightedmean_tokens": "weightedmean",
+    "pooling_mode_lasttoken": "lasttoken",
+}
+# sentence-transformers 6 writes one key, "pooling_mode", naming the mode (the booleans above are its older form)
+POOLING_MODE_NAMES = {
+    "mean": "mean",
+    "cls": "cls",
+    "max": "max",
+    "mean_sqrt_len_tokens": "mean_sqrt_len",
+    "weightedmean": "weightedmean",
+    "lasttoken": "lasttoken",
 }
 # onnxruntime.transformers optimizer model type per transformers model type; others get the BERT fusions
 # (LayerNormalization, Gelu, SkipLayerNormalization patterns are shared), kept only when they fuse something
@@ -289,14 +300,30 @@ def _inspect_sentence_transformers(root: Path) -> FolderInfo:
         if not pool_file.is_file():
             raise ExportError(f"{pool_dir} has no config.json (rule: a Pooling module's settings)")
         pool_cfg = load_json_file(pool_file, ExportError, "the Pooling module's settings")
-        on = [
-            k for k, v in (pool_cfg.items() if isinstance(pool_cfg, dict) else ()) if k.startswith("pooling_mode") and v
-        ]
-        if len(on) != 1 or on[0] not in POOLING_MODES:
+        pool_cfg = pool_cfg if isinstance(pool_cfg, dict) else {}
+        if pool_cfg.get("include_prompt", True) is False:
             raise ExportError(
-                f"{pool_file}: pooling modes {on} (rule: exactly one of {list(POOLING_MODES)}, which softdeploy builds)"
+                f"{pool_file}: include_prompt false (rule: the prompt's length is not an input of the exported graph; "
+                "pool over every token)"
             )
-        pooling = POOLING_MODES[on[0]]
+        named = pool_cfg.get("pooling_mode")
+        if isinstance(named, list) and len(named) == 1:
+            named = named[0]
+        if named is not None:
+            if not isinstance(named, str) or named not in POOLING_MODE_NAMES:
+                raise ExportError(
+                    f"{pool_file}: pooling_mode {named!r} (rule: one of {list(POOLING_MODE_NAMES)}, which softdeploy "
+                    "builds)"
+                )
+            pooling = POOLING_MODE_NAMES[named]
+        else:
+            on = [k for k, v in pool_cfg.items() if k.startswith("pooling_mode") and v]
+            if len(on) != 1 or on[0] not in POOLING_MODES:
+                raise ExportError(
+                    f"{pool_file}: pooling modes {on} (rule: exactly one of {list(POOLING_MODES)}, which softdeploy "
+                    "builds)"
+                )
+            pooling = POOLING_MODES[on[0]]
     if "Normalize" in kinds and "Pooling" in kinds and kinds.index("Normalize") < kinds.index("Pooling"):
         raise ExportError(f"{modules_file}: Normalize before Pooling (rule: {rule})")
     max_len = None
@@ -469,6 +496,19 @@ def _module_classes() -> dict[str, Any]:
                 pooled = tokens[:, 0]
             elif self.pooling == "max":
                 pooled = torch.where(mask > 0, tokens, torch.full_like(tokens, -1e9)).max(dim=1).values
+            elif self.pooling == "weightedmean":
+                # sentence-transformers' weights: 1, 2, ... from the first token that is not padding
+                positions = torch.cumsum(torch.ones_like(attention_mask), dim=1).unsqueeze(-1).to(tokens.dtype)
+                first = attention_mask.to(torch.int32).argmax(dim=1).view(-1, 1, 1).to(tokens.dtype)
+                weights = mask * (positions - first)
+                pooled = (tokens * weights).sum(1) / weights.sum(1).clamp(min=1e-9)
+            elif self.pooling == "lasttoken":
+                # the last token that is not padding (left or right padding alike), as sentence-transformers picks it
+                length = attention_mask.shape[1]
+                values, from_end = attention_mask.to(torch.int32).flip(1).max(1)
+                from_end = torch.where(values == 0, torch.full_like(from_end, length - 1), from_end)
+                index = (length - 1 - from_end).view(-1, 1, 1).expand(-1, 1, tokens.shape[-1])
+                pooled = torch.gather(tokens * mask, 1, index).squeeze(1)
             else:
                 total = (tokens * mask).sum(1)
                 count = mask.sum(1).clamp(min=1e-9)

@@ -88,9 +88,10 @@ def test_a_sentence_transformers_module_softdeploy_does_not_build_is_named(tmp_p
     modules[1] = {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}
     (folder / "modules.json").write_text(json.dumps(modules))
     (folder / "1_Pooling").mkdir()
-    (folder / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_weightedmean_tokens": True}))
+    two = {"pooling_mode_mean_tokens": True, "pooling_mode_max_tokens": True}  # concatenated modes: not built
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps(two))
     (folder / "model.safetensors").write_bytes((2).to_bytes(8, "little") + b"{}")
-    with pytest.raises(ExportError, match=r"pooling modes \['pooling_mode_weightedmean_tokens'\]"):
+    with pytest.raises(ExportError, match=r"pooling modes \['pooling_mode_mean_tokens', 'pooling_mode_max_tokens'\]"):
         inspect_folder(folder)
 
 

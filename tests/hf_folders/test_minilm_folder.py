@@ -55,3 +55,49 @@ def test_minilm_sentence_embeddings_equal_encode(
     capsys.readouterr()
     rows = {r["variant"]: r for r in json.loads(Path("results/minilm/results.json").read_text())["rows"]}
     assert rows["ort-int8-dynamic"]["cosine"] > 0.98
+
+
+@pytest.mark.parametrize("mode", ["weightedmean", "lasttoken", "cls"])
+def test_every_pooling_mode_of_sentence_transformers_6_equals_encode(tmp_path: Path, mode: str) -> None:
+    """The Pooling config as sentence-transformers 6 writes it (one ``pooling_mode`` key), each mode it offers beyond
+    mean; right-padded rows go through the mask, as in ``encode``."""
+    import json
+    import shutil
+
+    from sentence_transformers import SentenceTransformer
+
+    from softdeploy.export.hf import export_folder
+    from softdeploy.models.assets import minilm_dir
+    from softdeploy.runtime import Session
+
+    folder = tmp_path / "model"
+    shutil.copytree(minilm_dir(), folder)
+    pool = folder / "1_Pooling" / "config.json"
+    pool.write_text(json.dumps({"embedding_dimension": 384, "pooling_mode": mode, "include_prompt": True}))
+    result = export_folder(folder, tmp_path / "m.onnx", fuse=False)
+    assert result.folder.info.pooling == mode
+    encoder = SentenceTransformer(str(folder), device="cpu")
+    want = encoder.encode(TEXTS, batch_size=len(TEXTS), convert_to_numpy=True)
+    features = encoder.tokenize(TEXTS)
+    session = Session(tmp_path / "m.onnx", kernels="auto")
+    got = session.run({name: features[name].numpy() for name in session.input_names}, ["sentence_embedding"])[0]
+    np.testing.assert_allclose(got, want, atol=1e-5)  # float32 BERT, different kernels: as the mean test above
+
+
+def test_a_pooling_mode_softdeploy_does_not_build_or_a_prompt_excluded_is_named(tmp_path: Path) -> None:
+    import json
+    import shutil
+
+    from softdeploy.errors import ExportError
+    from softdeploy.export.hf import inspect_folder
+    from softdeploy.models.assets import minilm_dir
+
+    folder = tmp_path / "model"
+    shutil.copytree(minilm_dir(), folder)
+    pool = folder / "1_Pooling" / "config.json"
+    pool.write_text(json.dumps({"embedding_dimension": 384, "pooling_mode": "median"}))
+    with pytest.raises(ExportError, match="pooling_mode 'median'"):
+        inspect_folder(folder)
+    pool.write_text(json.dumps({"embedding_dimension": 384, "pooling_mode": "mean", "include_prompt": False}))
+    with pytest.raises(ExportError, match="include_prompt false"):
+        inspect_folder(folder)

@@ -120,6 +120,14 @@ def quantize_case(
 
     threads = threads or os.cpu_count() or 1
     output = Path(output)
+    # a task metric is declared by the case (metric_names): checked before its model is prepared or exported; an
+    # agreement cosine ("token cosine") is one of its Evaluation.rows, known once the reference is evaluated
+    named = list(getattr(case, "metric_names", ()))
+    if max_drop is not None and metric and not metric.endswith("cosine") and named and metric not in named:
+        raise QuantizationError(
+            f"metric {metric!r} is not measured by case {case.name}; choose from {sorted(named)} or one of its "
+            "agreement cosines (e.g. 'token cosine')"
+        )
     case.prepare(progress)
     fp32 = output.with_name(output.stem + ".fp32.onnx")
     with progress.step(f"export {case.name} to ONNX"):

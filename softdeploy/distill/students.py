@@ -193,7 +193,13 @@ def folder_pooling(path: str | Path) -> tuple[str, bool]:
                 if cfg_path.is_file()
                 else {}
             )
-            modes = sorted(k for k, v in cfg.items() if k.startswith("pooling_mode") and v is True)
+            named = cfg.get("pooling_mode") if isinstance(cfg, dict) else None  # sentence-transformers 6's form
+            if isinstance(named, list) and len(named) == 1:
+                named = named[0]
+            if named is not None:
+                modes = [{"mean": "pooling_mode_mean_tokens", "cls": "pooling_mode_cls_token"}.get(str(named), named)]
+            else:
+                modes = sorted(k for k, v in cfg.items() if k.startswith("pooling_mode") and v is True)
             if modes == ["pooling_mode_cls_token"]:
                 pooling = "cls"
             elif modes not in ([], ["pooling_mode_mean_tokens"]):

@@ -172,3 +172,33 @@ def test_held_out_drops_texts_equal_to_a_question_up_to_case_and_punctuation() -
     held = {normalized(q) for q in data.queries}
     assert removed > 0 and not {normalized(t) for t in kept} & held
     assert len(kept) + removed == len(texts)
+
+
+@pytest.mark.parametrize(
+    ("config", "want"),
+    [
+        ({"pooling_mode": "cls"}, "cls"),  # sentence-transformers 6's form: one key naming the mode
+        ({"pooling_mode": ["mean"]}, "mean"),
+        ({"pooling_mode_cls_token": True}, "cls"),  # the older form: a boolean per mode
+        ({"pooling_mode_mean_tokens": True}, "mean"),
+        ({"pooling_mode": "max"}, None),
+    ],
+)
+def test_a_teachers_pooling_is_read_in_either_config_form(tmp_path, config, want) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from softdeploy.distill.students import folder_pooling
+    from softdeploy.errors import DistillError
+
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+    ]
+    (tmp_path / "modules.json").write_text(json.dumps(modules))
+    (tmp_path / "1_Pooling").mkdir()
+    (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps({"embedding_dimension": 8, **config}))
+    if want is None:
+        with pytest.raises(DistillError, match=r"pooling \['max'\] \(rule: mean or CLS pooling"):
+            folder_pooling(tmp_path)
+    else:
+        assert folder_pooling(tmp_path) == (want, False)

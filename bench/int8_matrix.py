@@ -224,7 +224,7 @@ def main() -> None:
 def report(results: dict[str, Any], args: argparse.Namespace, seconds: float) -> None:
     """The markdown."""
     from bench.harness import md_table
-    from softdeploy.compare.environment import cpuinfo
+    from softdeploy.cpu import cpuinfo
 
     print("# int8 format x CPU class: all-MiniLM-L6-v2 (bench/int8_matrix.py)\n")
     name, flags = cpuinfo()

@@ -111,7 +111,7 @@ def soft_nms_session(method: str, iou: float, score_threshold: float, n_threads:
     from onnx import TensorProto, helper, numpy_helper
 
     from softdeploy import DOMAIN, OPSET_VERSION
-    from softdeploy.export.functions import attach_function_bodies
+    from softdeploy.ops.functions import attach_function_bodies
     from softdeploy.runtime import Session
 
     inits = [

@@ -122,7 +122,7 @@ def fma_peaks() -> dict[str, float]:
     (bench/micro/fma_peak.cc), AVX2 (ymm) and, where the CPU has it, AVX-512 (zmm), 1 thread, best of 5, over
     process CPU time (a shared machine's waits for a core left out); GFLOP/s by name."""
     from bench.maxsim import peak_library
-    from softdeploy.compare.environment import cpuinfo
+    from softdeploy.cpu import cpuinfo
 
     lib, flags = peak_library(), cpuinfo()[1]
     gflops = {}

@@ -25,7 +25,7 @@ def _models(m: int, k: int, n: int, rng: np.random.Generator, lane_bounded: bool
     from onnx import TensorProto, helper, numpy_helper
 
     from softdeploy import DOMAIN, OPSET_VERSION
-    from softdeploy.export.functions import attach_function_bodies
+    from softdeploy.ops.functions import attach_function_bodies
 
     if lane_bounded:
         from softdeploy.ops.rowwise_int8_matmul import lane_bounded_weights

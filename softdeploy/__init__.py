@@ -6,6 +6,7 @@ The op registry lives in :mod:`softdeploy.ops`, sessions in :mod:`softdeploy.run
 
 from __future__ import annotations
 
+from softdeploy.domain import DOMAIN, OPSET_VERSION, __version__
 from softdeploy.errors import (
     ArgumentError,
     CacheError,
@@ -20,10 +21,6 @@ from softdeploy.errors import (
     SoftdeployError,
     SoftdeployWarning,
 )
-
-__version__ = "0.1.0"
-DOMAIN = "com.softdeploy"
-OPSET_VERSION = 1
 
 
 def __getattr__(name: str) -> object:

@@ -40,7 +40,7 @@ def _console() -> object:
 def cmd_ops(args: argparse.Namespace) -> int:
     """``softdeploy ops``: the registry's operators with inputs and typed attributes, and the kernel variant the library
     says it runs."""
-    from softdeploy import OPSET_VERSION
+    from softdeploy.domain import OPSET_VERSION
     from softdeploy.runtime import library_status
 
     status = library_status()
@@ -100,15 +100,15 @@ def doctor_report() -> tuple[list[tuple[str, str]], list[str], list[str]]:
     import onnx
     import onnxruntime
 
-    import softdeploy
-    from softdeploy.compare.environment import cpuinfo
+    from softdeploy.cpu import cpuinfo
+    from softdeploy.domain import __version__
     from softdeploy.ops import REGISTRY
     from softdeploy.runtime import Session, library_status
 
     status = library_status()
     info = status.info
     rows = [
-        ("softdeploy", softdeploy.__version__),
+        ("softdeploy", __version__),
         ("python", platform.python_version()),
         ("onnxruntime", onnxruntime.__version__),
         ("onnx", onnx.__version__),
@@ -137,8 +137,8 @@ def doctor_report() -> tuple[list[tuple[str, str]], list[str], list[str]]:
         from softdeploy.runtime.library import cuda_device_count
 
         rows.append(("cuda devices", f"{cuda_device_count(info)} visible"))
-    if info.version != softdeploy.__version__:
-        failures.append(f"library version {info.version} is not this package's {softdeploy.__version__}: rebuild it")
+    if info.version != __version__:
+        failures.append(f"library version {info.version} is not this package's {__version__}: rebuild it")
     if info.isa_requested is not None and info.isa_request_valid and not info.isa_honoured:
         warnings.append(f"SOFTDEPLOY_ISA not honoured: {info.isa_note}")
     if info.isa_cpu_limit is not None and info.isa_request_valid:

@@ -23,10 +23,11 @@ from typing import Any
 
 import numpy as np
 
+from softdeploy.cpu import ISAS as ISAS  # the variants, weakest first (re-exported: tests and bench list them from here)
+from softdeploy.cpu import cpuinfo, isa_from_flags, isas_up_to
 from softdeploy.ops._schema import OpDef, Sample
 
 BACKENDS = ("reference", "function", "kernel", "torch", "tvm")
-ISAS = ("portable", "avx2", "avx512")
 
 
 def available_isas() -> list[str]:
@@ -37,16 +38,8 @@ def available_isas() -> list[str]:
 
     info = library_status().info
     if info is not None:
-        return list(ISAS[: ISAS.index(info.isa_detected) + 1])
-    from softdeploy.compare.environment import cpuinfo
-
-    _, flags = cpuinfo()
-    out = ["portable"]
-    if {"avx2", "fma"} <= flags:
-        out.append("avx2")
-    if {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags:
-        out.append("avx512")
-    return out
+        return isas_up_to(info.isa_detected)
+    return isas_up_to(isa_from_flags(cpuinfo()[1]))
 
 
 @contextlib.contextmanager
@@ -88,8 +81,8 @@ def kernel_model(op: OpDef, sample: Sample, *, fill_omitted: bool = True) -> Any
     ``fill_omitted``: omitted optional inputs that declare a ``Port.body_fill`` are fed their fill,
     exactly as in every model softdeploy exports (attach_function_bodies), so the kernel sees what
     it sees in production. ``False`` leaves them omitted, as in a model built by hand."""
-    from softdeploy.export.functions import _fill_omitted_inputs
     from softdeploy.ops import REGISTRY
+    from softdeploy.ops.functions import _fill_omitted_inputs
 
     model = op.make_model(sample, with_function=False)
     if fill_omitted:

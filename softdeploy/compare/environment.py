@@ -9,6 +9,8 @@ import platform
 import time
 from typing import Any
 
+from softdeploy.cpu import cpuinfo
+
 # ISA features that decide which kernels run (ours, onnxruntime's MLAS, torch's).
 ISA_FLAGS = (
     "sse4_2",
@@ -28,21 +30,6 @@ ISA_FLAGS = (
     "amx_tile",
 )
 PACKAGES = ("softdeploy", "numpy", "torch", "onnx", "onnxruntime", "onnxscript", "transformers", "tokenizers")
-
-
-def cpuinfo() -> tuple[str, set[str]]:
-    """(CPU model name, ISA flags) from /proc/cpuinfo; the one place softdeploy reads it."""
-    model, flags = platform.processor() or "unknown", set()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name") and model in ("unknown", "", "x86_64"):
-                    model = line.split(":", 1)[1].strip()
-                elif line.startswith("flags") and not flags:
-                    flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return model, flags
 
 
 def environment(threads: int) -> dict[str, Any]:

@@ -242,15 +242,15 @@ def _fp32_model(case: Case, models: Path, progress: Progress) -> Path:
     which reads the fp32 model itself (a workflow's reference outputs) works on a rerun as on the first run."""
     import importlib.metadata
 
-    import softdeploy
     from softdeploy import cache
+    from softdeploy.domain import __version__
 
     path = models / "fp32.onnx"
     stamp = models / "fp32.stamp.json"
     own = getattr(case, "fingerprint", None)
     want = {
         "case": case.name,
-        "softdeploy": softdeploy.__version__,
+        "softdeploy": __version__,
         "torch": importlib.metadata.version("torch"),
         "describe": case.describe(),
         "fingerprint": own() if callable(own) else None,

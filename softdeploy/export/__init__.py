@@ -11,7 +11,7 @@ import sys
 import types
 from typing import Any
 
-from softdeploy.export.functions import attach_function_bodies, inline_function_bodies
+from softdeploy.ops.functions import attach_function_bodies, inline_function_bodies
 
 
 def export(*args: Any, **kwargs: Any) -> Any:

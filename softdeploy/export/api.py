@@ -31,7 +31,7 @@ class ExportResult:
     @property
     def custom_ops(self) -> list[str]:
         """The com.softdeploy op types the model uses."""
-        from softdeploy import DOMAIN
+        from softdeploy.domain import DOMAIN
 
         return sorted({n.op_type for n in self.model.graph.node if n.domain == DOMAIN})
 

@@ -699,7 +699,7 @@ def rename_outputs(model: Any, names: Sequence[str], where: str = "outputs") -> 
     mapping = {old: new for old, new in zip(outputs, names, strict=True) if old != new}
     if not mapping:
         return model
-    from softdeploy.export.functions import _nodes
+    from softdeploy.ops.functions import _nodes
 
     taken = {v for n in _nodes(model.graph) for v in (*n.input, *n.output)}
     taken |= {i.name for i in model.graph.input} | {t.name for t in model.graph.initializer}

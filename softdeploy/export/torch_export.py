@@ -16,10 +16,10 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from softdeploy import DOMAIN, OPSET_VERSION
+from softdeploy.domain import DOMAIN, OPSET_VERSION
 from softdeploy.errors import ExportError
-from softdeploy.export.functions import attach_function_bodies
 from softdeploy.ops._schema import OpDef
+from softdeploy.ops.functions import attach_function_bodies
 
 DEFAULT_OPSET = 18
 
@@ -82,8 +82,8 @@ def drop_unused_optional_outputs(model: Any) -> Any:
     declares optional and nothing reads. A torch op always returns all of its outputs, so without
     this every exported node would ask the kernel for outputs the model never uses (e.g.
     SoftmaxTopK's LogSumExp)."""
-    from softdeploy.export.functions import _nodes
     from softdeploy.ops import REGISTRY
+    from softdeploy.ops.functions import _nodes
 
     read = {name for node in _nodes(model.graph) for name in node.input}
     read |= {o.name for o in model.graph.output}

@@ -68,7 +68,7 @@ def register_onnx_schemas() -> None:
         return
     from onnx import defs
 
-    from softdeploy import DOMAIN, OPSET_VERSION
+    from softdeploy.domain import DOMAIN, OPSET_VERSION
 
     for d in REGISTRY.values():
         if defs.has(d.name, OPSET_VERSION, DOMAIN):

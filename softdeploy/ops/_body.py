@@ -21,7 +21,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from softdeploy import DOMAIN, OPSET_VERSION
+from softdeploy.domain import DOMAIN, OPSET_VERSION
 
 # The onnxscript names a body may use without importing them; everything else it names must be bound in
 # its module as usual.

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from softdeploy import DOMAIN, OPSET_VERSION
+from softdeploy.domain import DOMAIN, OPSET_VERSION
 from softdeploy.errors import OpContractError
 from softdeploy.ops._body import FunctionBody
 
@@ -385,7 +385,7 @@ class OpDef:
         """A one-node model running this op on ``sample`` (omitted optional inputs stay omitted)."""
         from onnx import helper
 
-        from softdeploy.export.functions import attach_function_bodies
+        from softdeploy.ops.functions import attach_function_bodies
 
         in_names, graph_inputs = [], []
         for port, value in zip(self.inputs, sample.inputs, strict=False):

@@ -30,7 +30,7 @@ computes int8 products in float32 (exact for dim <= 1024) and handles omitted sc
 an omitted bool input (the ops that would consume it fail onnxruntime's type inference even in an
 untaken ``If`` branch), so an omitted mask is given as an all-true mask of its shape when the body is
 attached (``Port.body_fill``: ``BodyFill(True, shape_of=<Q or D>, end=2)``, see
-softdeploy/export/functions.py); all-true is what "omitted" means, for the kernel too.
+softdeploy/ops/functions.py); all-true is what "omitted" means, for the kernel too.
 """
 
 from __future__ import annotations

@@ -163,7 +163,7 @@ def MultiMax(X, Ranges, Ts, Mask, axis: int = -1):
     # 0 when every parameter is finite, NaN otherwise (x * 0 is NaN exactly for +-inf and NaN).
     poison = op.ReduceSum(ranges * zero, keepdims=0) + op.ReduceSum(ts * zero, keepdims=0)
     s = s + poison
-    # An omitted Mask arrives as 0 (Port.body_fill; see softdeploy/export/functions.py).
+    # An omitted Mask arrives as 0 (Port.body_fill; see softdeploy/ops/functions.py).
     return op.CastLike(op.Softmax(s + op.Cast(Mask, to=11), axis=axis), X)
 
 

@@ -99,8 +99,9 @@ import dataclasses
 import os
 from typing import Any
 
+from softdeploy.cpu import ISAS, isa_from_flags
+
 VNNI_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "avx512vnni", "avxvnni"})
-_AVX512 = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -232,14 +233,9 @@ TABLE: dict[str, Int8Format] = {
 
 
 def _flags() -> set[str]:
-    from softdeploy.compare.environment import cpuinfo
+    from softdeploy.cpu import cpuinfo
 
     return cpuinfo()[1]
-
-
-def _flags_isa(flags: set[str]) -> str:
-    """The kernel library's ISA rule on CPU flags (ops/common/cpu.cc: AVX-512 = F, BW, VL, DQ; AVX2 = AVX2 + FMA)."""
-    return "avx512" if _AVX512 <= flags else "avx2" if {"avx2", "fma"} <= flags else "portable"
 
 
 def _detected_isa(flags: set[str], limit: str | None) -> str:
@@ -250,9 +246,8 @@ def _detected_isa(flags: set[str], limit: str | None) -> str:
     info = library_status().info
     if info is not None:
         return info.isa_detected
-    isa = _flags_isa(flags)
-    order = ("portable", "avx2", "avx512")
-    if limit is not None and limit.lower() in order and order.index(limit.lower()) < order.index(isa):
+    isa = isa_from_flags(flags)
+    if limit is not None and limit.lower() in ISAS and ISAS.index(limit.lower()) < ISAS.index(isa):
         isa = limit.lower()
     return isa
 
@@ -292,7 +287,7 @@ def int8_cpu_class(flags: set[str] | None = None, *, machine: str | None = None)
         # /proc/cpuinfo says; one hiding the VNNI bits alone (SD_CPUID_MASK=vnni) the AVX-512 CPU without them
         vnni = library_vnni
     else:  # no library: the flags, believed only where they give the detected ISA
-        vnni = bool(flags & VNNI_FLAGS) and isa == _flags_isa(flags)
+        vnni = bool(flags & VNNI_FLAGS) and isa == isa_from_flags(flags)
     if limit is None and vnni and isa != "portable":
         return "vnni"
     return {"avx512": "avx512", "avx2": "avx2"}.get(isa, "x86-64")

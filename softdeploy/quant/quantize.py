@@ -191,7 +191,7 @@ def check_softdeploy_ops(model: Any) -> None:
     """Refuses a model with a com.softdeploy node whose op type softdeploy does not define (in the graph,
     its subgraphs or its functions): no kernel or schema runs it, so the quantized model could not run
     either. Named by node and op, before any work."""
-    from softdeploy import DOMAIN
+    from softdeploy.domain import DOMAIN
     from softdeploy.ops import REGISTRY
 
     def walk(nodes: Any, where: str) -> Any:

@@ -63,8 +63,8 @@ def rewrite_matmuls(
     the function bodies and the com.softdeploy import."""
     from onnx import TensorProto, helper, numpy_helper
 
-    from softdeploy.export.functions import attach_function_bodies
     from softdeploy.ops import REGISTRY
+    from softdeploy.ops.functions import attach_function_bodies
     from softdeploy.ops.rowwise_int8_matmul import lane_bounded_weights
 
     op = REGISTRY["RowwiseInt8MatMul"]

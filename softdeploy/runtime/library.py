@@ -196,7 +196,7 @@ def _query(path: Path) -> LibraryInfo:
         )
     except (ValueError, KeyError, TypeError) as e:
         raise LibraryNotFoundError(f"{path} (SoftdeployLibraryInfo answered no valid description: {e})") from None
-    from softdeploy import DOMAIN, OPSET_VERSION
+    from softdeploy.domain import DOMAIN, OPSET_VERSION
 
     if raw.get("library") != "softdeploy_ops" or info.domain != DOMAIN:
         raise LibraryNotFoundError(f"{path} (describes itself as {raw.get('library')!r} for domain {info.domain!r})")

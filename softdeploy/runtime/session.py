@@ -360,7 +360,7 @@ def _parse(model: Any) -> Any:
 
     import onnx
 
-    from softdeploy import DOMAIN
+    from softdeploy.domain import DOMAIN
 
     try:
         if isinstance(model, (bytes, bytearray, memoryview)):
@@ -381,7 +381,7 @@ def _check_softdeploy_nodes(proto: Any) -> set[str]:
     """Raises OpContractError for a com.softdeploy node that is no op of REGISTRY, has an undeclared or
     wrongly typed attribute, or for a model importing com.softdeploy at another opset version; returns
     the op types used. Imports the registry only for models that use the domain."""
-    from softdeploy import DOMAIN
+    from softdeploy.domain import DOMAIN
 
     imports = [*proto.opset_import, *(i for f in proto.functions for i in f.opset_import)]
     if not any(i.domain == DOMAIN for i in imports) and not any(n.domain == DOMAIN for n in proto.graph.node):

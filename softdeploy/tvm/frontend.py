@@ -26,7 +26,7 @@ import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from softdeploy import DOMAIN
+from softdeploy.domain import DOMAIN
 from softdeploy.errors import InputError, OpContractError
 from softdeploy.tvm.errors import UnsupportedModelError
 
@@ -102,7 +102,7 @@ def _why_not(node: Any, convert_map: Mapping[str, Any], functions: Mapping[tuple
 
 def unsupported_ops(model: Any) -> dict[str, str]:
     """Every op of ``model`` the importer cannot take -> why (empty when the model imports)."""
-    from softdeploy.export.functions import attach_function_bodies
+    from softdeploy.ops.functions import attach_function_bodies
 
     model = attach_function_bodies(copy.deepcopy(model))
     convert_map = _convert_map()
@@ -218,7 +218,7 @@ def prepare(model: Any, shapes: Mapping[str, Sequence[int]] | None = None, *, us
     import onnx
     import onnx.inliner
 
-    from softdeploy.export.functions import attach_function_bodies
+    from softdeploy.ops.functions import attach_function_bodies
     from softdeploy.runtime.library import library_status
     from softdeploy.tvm.ops import TIR_OPS
 

@@ -11,7 +11,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from softdeploy import DOMAIN, OPSET_VERSION, OpContractError
-from softdeploy.export.functions import attach_function_bodies
+from softdeploy.ops.functions import attach_function_bodies
 from softdeploy.ops import REGISTRY
 from softdeploy.runtime import Session, library_path
 

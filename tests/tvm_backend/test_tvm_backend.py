@@ -18,7 +18,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from softdeploy import DOMAIN, OPSET_VERSION
-from softdeploy.export.functions import attach_function_bodies
+from softdeploy.ops.functions import attach_function_bodies
 from softdeploy.runtime import Session
 from softdeploy.runtime.tvm import TVMSession
 from softdeploy.tvm.errors import TuningError, UnsupportedModelError

@@ -13,7 +13,7 @@ import numpy as np
 from onnxscript import ir
 from onnxscript.rewriter import MatchResult, RewriteRule, RewriteRuleClassBase
 
-from softdeploy import DOMAIN
+from softdeploy.domain import DOMAIN
 
 
 class SoftRule(RewriteRuleClassBase):

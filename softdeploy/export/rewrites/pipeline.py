@@ -13,9 +13,8 @@ import onnxscript.optimizer
 from onnxscript import ir
 from onnxscript.rewriter import MatchingTracer, MatchStatus, RewriteRuleSet
 
-from softdeploy import DOMAIN
+from softdeploy.domain import DOMAIN
 from softdeploy.errors import ExportError
-from softdeploy.export.functions import attach_function_bodies, default_opset
 from softdeploy.export.rewrites._base import SoftRule, describe
 from softdeploy.export.rewrites.maxsim import MaxSimRule
 from softdeploy.export.rewrites.soft_nms import NmsToSoftNmsRule
@@ -24,6 +23,7 @@ from softdeploy.export.rewrites.softpick import SoftpickRule
 from softdeploy.export.rewrites.softpick_attention import SoftpickAttentionRule
 from softdeploy.export.rewrites.two_pass_softmax import MIN_ROW_LENGTH, TwoPassSoftmaxRule
 from softdeploy.export.validate import OutputCheck, compare_output
+from softdeploy.ops.functions import attach_function_bodies, default_opset
 
 # In the order they run: fusions that consume a Softmax before the rule that replaces a lone one;
 # softpick (the authors' expression => Softpick) before softpick-attention, which fuses around it.

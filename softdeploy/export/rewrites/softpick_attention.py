@@ -27,7 +27,7 @@ from typing import Any
 
 from onnxscript import ir
 
-from softdeploy import DOMAIN
+from softdeploy.domain import DOMAIN
 from softdeploy.export.rewrites._base import SoftRule, const_floats, dtype_name, rank
 
 

@@ -10,7 +10,7 @@ import itertools
 from collections.abc import Iterator
 from typing import Any
 
-from softdeploy import DOMAIN, OPSET_VERSION
+from softdeploy.domain import DOMAIN, OPSET_VERSION
 from softdeploy.errors import ExportError
 
 

@@ -23,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from softdeploy.cpu import ISAS as ISAS  # the variants, weakest first (re-exported: tests and bench list them from here)
+# ISAS re-exported: tests and bench list the variants from here
+from softdeploy.cpu import ISAS as ISAS
 from softdeploy.cpu import cpuinfo, isa_from_flags, isas_up_to
 from softdeploy.ops._schema import OpDef, Sample
 

@@ -19,8 +19,8 @@ from pathlib import Path
 
 from softdeploy.compare import run_compare
 from softdeploy.compare.environment import environment
-from softdeploy.compare.progress import SilentProgress
 from softdeploy.models import get_case
+from softdeploy.progress import SilentProgress
 
 # the case's floors, in the order of the table's columns
 FLOORS = {

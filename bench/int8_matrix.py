@@ -71,8 +71,8 @@ class Cell:
 
 def prepare(work: Path, sentences: int) -> dict[str, Path]:
     """Exports the fp32 graph and quantizes each format into ``work`` (reusing what is there); writes the feeds."""
-    from softdeploy.compare.progress import SilentProgress
     from softdeploy.models import get_case
+    from softdeploy.progress import SilentProgress
     from softdeploy.quant import QuantConfig, quantize
 
     work.mkdir(parents=True, exist_ok=True)

@@ -20,8 +20,8 @@ import numpy as np
 
 
 def main() -> None:
-    from softdeploy.compare.progress import SilentProgress
     from softdeploy.models import get_case
+    from softdeploy.progress import SilentProgress
     from softdeploy.quant import QuantConfig, quantize
     from softdeploy.quant.routing import measure
     from softdeploy.runtime import Session

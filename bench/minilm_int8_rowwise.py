@@ -35,8 +35,8 @@ from bench import harness
 from softdeploy.compare.environment import LoadMeter
 from softdeploy.compare.latency import measure_interleaved
 from softdeploy.compare.metrics import cosine_rows
-from softdeploy.compare.progress import SilentProgress
 from softdeploy.models import get_case
+from softdeploy.progress import SilentProgress
 from softdeploy.quant import QuantConfig, quantize
 from softdeploy.quant.formats import int8_format
 from softdeploy.runtime import Session

@@ -67,8 +67,8 @@ def main() -> None:
     args = p.parse_args()
 
     from softdeploy.compare.environment import environment
-    from softdeploy.compare.progress import SilentProgress
     from softdeploy.models import get_case
+    from softdeploy.progress import SilentProgress
     from softdeploy.quant import QuantConfig, quantize
     from softdeploy.quant.formats import format_lines, int8_format
 

@@ -87,8 +87,8 @@ def one_node(rounds: int) -> None:
 
 
 def minilm(rounds: int) -> None:
-    from softdeploy.compare.progress import SilentProgress
     from softdeploy.models import get_case
+    from softdeploy.progress import SilentProgress
     from softdeploy.quant import QuantConfig, quantize
     from softdeploy.quant.formats import int8_format
     from softdeploy.runtime.library import library_path

@@ -223,11 +223,11 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     budget (--max-drop); writes the model and its .json report."""
     from pathlib import Path
 
-    from softdeploy.compare.progress import RichProgress
+    from softdeploy.progress import RichProgress
     from softdeploy.quant import BudgetResult, candidate_nodes
     from softdeploy.quant.quantize import load_named
-    from softdeploy.quant.workflow import quantize_case, quantize_file, write_report
     from softdeploy.terminal import captured
+    from softdeploy.workflow.quantize import quantize_case, quantize_file, write_report
 
     console = _console()
     config = _quant_config(args)
@@ -320,10 +320,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from softdeploy.compare import VARIANTS, run_compare
-    from softdeploy.compare.progress import RichProgress
     from softdeploy.compare.report import REPORT_FILES, write_reports
     from softdeploy.errors import ArgumentError
     from softdeploy.models import DEFAULT_CASE
+    from softdeploy.progress import RichProgress
     from softdeploy.terminal import captured
 
     console = _wide_console()
@@ -436,7 +436,7 @@ def _compare_workflow(args: argparse.Namespace) -> object:
 def _run_workflow(workflow: object, console: object, *, variants: list[str] | None = None, quick: bool = False) -> int:
     import dataclasses
 
-    from softdeploy.compare.progress import RichProgress
+    from softdeploy.progress import RichProgress
     from softdeploy.terminal import captured
     from softdeploy.workflow.run import run_workflow
 
@@ -497,9 +497,9 @@ def cmd_distill(args: argparse.Namespace) -> int:
     import random
     from pathlib import Path
 
-    from softdeploy.compare.progress import RichProgress
     from softdeploy.distill.run import run_distill
     from softdeploy.distill.train import DistillConfig
+    from softdeploy.progress import RichProgress
     from softdeploy.terminal import captured
 
     # settings first, then the output folder, then the texts: no work before a bad argument is said

@@ -218,8 +218,8 @@ def _run(args: argparse.Namespace, folder: Path, prompts: list[list[int]], soft:
     from rich.console import Console
 
     from softdeploy import terminal
-    from softdeploy.compare.progress import RichProgress
     from softdeploy.generate import OrtBackend, TorchBackend, generate
+    from softdeploy.progress import RichProgress
     from softdeploy.terminal import captured
 
     console = Console(file=terminal.stdout())

@@ -70,7 +70,7 @@ class Section:
 
 class Progress(Protocol):
     """Where a long step reports progress: ``with progress.step(description, total) as advance: advance(n)``.
-    softdeploy.compare.progress has a terminal (RichProgress) and a silent implementation."""
+    softdeploy.progress has a terminal (RichProgress) and a silent implementation."""
 
     def step(self, description: str, total: int | None = None) -> Any:
         """A context manager yielding ``advance(n=1)``."""

@@ -293,9 +293,9 @@ def export_decoder(
     """
     import torch
 
-    from softdeploy.compare.progress import SilentProgress
     from softdeploy.export.torch_export import export_program
     from softdeploy.files import check_outputs, make_folder, save_model, write_text, write_with
+    from softdeploy.progress import SilentProgress
     from softdeploy.runtime import Session
 
     progress = progress or SilentProgress()

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from softdeploy.compare.progress import SilentProgress
+from softdeploy.progress import SilentProgress
 from softdeploy.quant.quantize import table_weights
 from softdeploy.quant.rowwise import FORMS as ROWWISE_FORMS
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from softdeploy.compare import run_compare
-from softdeploy.compare.progress import SilentProgress
+from softdeploy.progress import SilentProgress
 
 pytestmark = [
     pytest.mark.models,

@@ -11,8 +11,8 @@ import pytest
 import torch
 from torch import nn
 
-from softdeploy.compare.progress import SilentProgress
 from softdeploy.errors import SoftdeployWarning
+from softdeploy.progress import SilentProgress
 
 DAMAGES = ["poison", "truncate", "no digest", "garbage", "wrong shape"]
 

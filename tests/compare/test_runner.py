@@ -9,9 +9,9 @@ import pytest
 from compare.tiny_case import TinyCase
 from softdeploy.compare import REFERENCE, VARIANTS, run_compare
 from softdeploy.compare.case import Floor
-from softdeploy.compare.progress import SilentProgress
 from softdeploy.compare.report import print_table, to_markdown, write_reports
 from softdeploy.errors import SoftdeployError
+from softdeploy.progress import SilentProgress
 
 
 @pytest.fixture(scope="module")

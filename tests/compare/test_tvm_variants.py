@@ -10,8 +10,8 @@ pytest.importorskip("tvm", reason="the TVM backend is optional: pip install 'sof
 
 from compare.tiny_case import TinyCase
 from softdeploy.compare import REFERENCE, VARIANTS, run_compare
-from softdeploy.compare.progress import SilentProgress
 from softdeploy.compare.runner import TVM_VARIANTS, known_variants
+from softdeploy.progress import SilentProgress
 
 pytestmark = pytest.mark.tvm  # for `-m` selection; without the `tvm` extra the module skips at import
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from softdeploy.compare import run_compare
-from softdeploy.compare.progress import SilentProgress
 from softdeploy.compare.report import write_reports
+from softdeploy.progress import SilentProgress
 
 
 def _installed(distribution: str) -> bool:

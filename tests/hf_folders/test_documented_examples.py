@@ -93,7 +93,7 @@ def test_the_documented_example_runs_for_factory_folder_and_onnx_models(
 def test_a_factory_model_without_outputs_names_them_as_torch_does(tmp_path: Path) -> None:
     """Without model.outputs, `output: logits` cannot match a factory's torch-named output: the error says which
     names exist (the reason model.outputs exists)."""
-    from softdeploy.compare.progress import SilentProgress
+    from softdeploy.progress import SilentProgress
     from softdeploy.workflow import WorkflowError, parse
     from softdeploy.workflow.case import WorkflowCase
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from softdeploy.compare import run_compare
-from softdeploy.compare.progress import SilentProgress
 from softdeploy.compare.report import to_markdown
+from softdeploy.progress import SilentProgress
 
 pytestmark = [
     pytest.mark.models,

@@ -16,8 +16,8 @@ from torch import nn
 from softdeploy import export
 from softdeploy.lora import load_experts, mixers
 from softdeploy.quant import QuantConfig, output_cosine, quantize
-from softdeploy.quant.workflow import report_json
 from softdeploy.runtime import Session
+from softdeploy.workflow.quantize import report_json
 
 VOCAB, HIDDEN = 60, 32
 

@@ -11,8 +11,8 @@ import pytest
 from onnx import TensorProto, helper
 
 from softdeploy import DOMAIN, OPSET_VERSION, OpContractError
-from softdeploy.ops.functions import attach_function_bodies
 from softdeploy.ops import REGISTRY
+from softdeploy.ops.functions import attach_function_bodies
 from softdeploy.runtime import Session, library_path
 
 X = np.random.default_rng(0).standard_normal((2, 8)).astype(np.float32)

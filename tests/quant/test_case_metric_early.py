@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from compare.tiny_case import TinyCase
 
-from softdeploy.compare.progress import SilentProgress
+from softdeploy.progress import SilentProgress
 from softdeploy.quant import QuantConfig, QuantizationError
-from softdeploy.quant.workflow import quantize_case
+from softdeploy.workflow.quantize import quantize_case
 
 
 def test_an_undeclared_metric_is_refused_before_the_export(tmp_path: Path) -> None:

@@ -205,7 +205,7 @@ def test_quantize_bounds_weight_pairs_on_an_avx2_cpu_and_says_why(tmp_path, monk
 
 
 def test_reports_record_the_format(tmp_path, monkeypatch):
-    from softdeploy.quant.workflow import write_report
+    from softdeploy.workflow.quantize import write_report
 
     src = tmp_path / "m.onnx"
     onnx.save(mlp_with_custom_op(with_function=True), src)

@@ -324,8 +324,8 @@ def test_run_compare_quantizes_a_case_for_the_target(tmp_path: Path) -> None:
     from compare.tiny_case import TinyCase
 
     from softdeploy.compare import run_compare
-    from softdeploy.compare.progress import SilentProgress
     from softdeploy.errors import SoftdeployError
+    from softdeploy.progress import SilentProgress
 
     with pytest.raises(SoftdeployError, match="int8 target 'zen3' is not one of"):
         run_compare(TinyCase(), tmp_path / "bad", int8_target="zen3", progress=SilentProgress())

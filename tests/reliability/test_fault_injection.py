@@ -635,7 +635,7 @@ def test_tuning_records_pruned_in_place_or_not_at_all(tmp_path: Path, monkeypatc
 def test_quantize_result_without_int8_nodes_keeps_the_previous_model(top: Path, inputs: Path) -> None:
     from softdeploy.quant import QuantConfig
     from softdeploy.quant.quantize import QuantizationError
-    from softdeploy.quant.workflow import quantize_file
+    from softdeploy.workflow.quantize import quantize_file
 
     out = top / "q.onnx"
     out.write_bytes(b"previous model")  # replaced only by a model with int8 nodes (--overwrite was given)

@@ -32,9 +32,9 @@ CONCURRENCY = 8
 def _build(name: str) -> tuple[dict[str, Path], list[dict[str, np.ndarray]]]:
     """The case's fp32 / int8-dynamic / int8-static models (from the cache where they are there) and its requests."""
     from softdeploy import cache
-    from softdeploy.compare.progress import SilentProgress
     from softdeploy.compare.runner import _fp32_model, _routes, dynamic_config, static_config
     from softdeploy.models import get_case
+    from softdeploy.progress import SilentProgress
     from softdeploy.quant import quantize
 
     progress = SilentProgress()

@@ -16,8 +16,8 @@ pytest.importorskip("tvm", reason="the TVM backend is optional: pip install 'sof
 from onnx import TensorProto, helper, numpy_helper
 
 from softdeploy import DOMAIN, OPSET_VERSION
-from softdeploy.ops.functions import attach_function_bodies
 from softdeploy.ops import REGISTRY
+from softdeploy.ops.functions import attach_function_bodies
 from softdeploy.runtime import Session
 from softdeploy.runtime.tvm import TVMSession
 from softdeploy.tvm.errors import ScheduleWarning

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from softdeploy.cli import main
-from softdeploy.compare.progress import SilentProgress
+from softdeploy.progress import SilentProgress
 from softdeploy.workflow import WorkflowError, load_workflow
 from softdeploy.workflow.run import run_workflow
 

@@ -148,7 +148,7 @@ def test_a_wrong_key_is_named(tmp_path: Path, change: dict, message: str) -> Non
     ],
 )
 def test_data_and_metrics_are_checked_before_any_work(tmp_path: Path, data, metrics, message) -> None:
-    from softdeploy.compare.progress import SilentProgress
+    from softdeploy.progress import SilentProgress
     from softdeploy.workflow.case import WorkflowCase
 
     sys.path.insert(0, str(HERE))
@@ -178,7 +178,7 @@ def test_unbatched_inputs_are_held_constant(tmp_path: Path) -> None:
     import torch
 
     import softdeploy
-    from softdeploy.compare.progress import SilentProgress
+    from softdeploy.progress import SilentProgress
     from softdeploy.workflow.case import WorkflowCase
 
     scorer = softdeploy.nn.MaxSimScorer()

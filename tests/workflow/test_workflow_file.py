@@ -82,7 +82,7 @@ def test_a_run_named_dot_dot_writes_nothing_outside_its_results_folder(model_and
 def test_run_workflow_refuses_a_workflow_built_in_code_with_a_bad_name(model_and_data: Path) -> None:
     import dataclasses
 
-    from softdeploy.compare.progress import SilentProgress
+    from softdeploy.progress import SilentProgress
     from softdeploy.workflow.run import run_workflow
 
     wf = parse({**MINIMAL, "out": "results"}, base=model_and_data, name="ok")
@@ -93,7 +93,7 @@ def test_run_workflow_refuses_a_workflow_built_in_code_with_a_bad_name(model_and
 
 def test_run_compare_refuses_a_case_named_dot_dot(tmp_path: Path) -> None:
     from softdeploy.compare import run_compare
-    from softdeploy.compare.progress import SilentProgress
+    from softdeploy.progress import SilentProgress
 
     class Case:
         name = ".."

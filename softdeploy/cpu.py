@@ -7,7 +7,10 @@ this rule to /proc/cpuinfo only where no library loads.
 
 from __future__ import annotations
 
+import os
 import platform
+
+from softdeploy.errors import SoftdeployWarning, WorkflowError
 
 # Kernel variants, weakest first: a CPU that runs one runs every one before it.
 ISAS = ("portable", "avx2", "avx512")
@@ -43,4 +46,30 @@ def isas_up_to(isa: str) -> list[str]:
     return list(ISAS[: ISAS.index(isa) + 1])
 
 
-__all__ = ["ISAS", "ISA_FEATURES", "cpuinfo", "isa_from_flags", "isas_up_to"]
+def cpu_count() -> int:
+    """The CPU cores this process may run on (its affinity where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def bounded_threads(threads: int, where: str = "threads") -> int:
+    """``threads``, lowered to :func:`cpu_count` with a one-line SoftdeployWarning when it is above it (more threads
+    than cores only slows every variant down, and tens of thousands took minutes to start). WorkflowError below 1."""
+    import warnings
+
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise WorkflowError(f"{where}: {threads!r} (rule: a whole number of threads, at least 1)")
+    cores = cpu_count()
+    if threads > cores:
+        warnings.warn(
+            f"{where}: {threads} is more than the {cores} CPU cores of this machine; using {cores}",
+            SoftdeployWarning,
+            stacklevel=2,
+        )
+        return cores
+    return threads
+
+
+__all__ = ["ISAS", "ISA_FEATURES", "bounded_threads", "cpu_count", "cpuinfo", "isa_from_flags", "isas_up_to"]

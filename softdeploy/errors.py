@@ -79,3 +79,7 @@ class SoftdeployWarning(UserWarning):
 class DistillError(SoftdeployError, ValueError):
     """A teacher and a student cannot be distilled into one another: their tokenizers (vocabulary) or their
     embedding dimensions differ, or a checkpoint belongs to another run. The message names both sides."""
+
+
+class WorkflowError(SoftdeployError, ValueError):
+    """A workflow file, or the data and metrics it names, is not usable (the message names the key)."""

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from softdeploy.errors import InputError, ModelLoadError, OutputError, OverwriteError
+from softdeploy.errors import InputError, ModelLoadError, OutputError, OverwriteError, WorkflowError
 
 # ModelProto's fields (onnx.proto3): number -> (name, wire type). onnx serialises them in field-number
 # order, ir_version (1) first; any other tag at the top level means the bytes are not a ModelProto.
@@ -395,3 +395,35 @@ def check_outputs(
         if out.exists() and not overwrite:
             kind = f"is a symbolic link to {os.readlink(out)}" if out.is_symlink() else "exists"
             raise OverwriteError(f"{out} {kind}; pass --overwrite to replace it")
+
+
+def folder_name_problem(name: object) -> str | None:
+    """Why ``name`` is not a plain folder name (one path component, not ``.`` or ``..``, no separator), or None.
+    A workflow's or case's name is the folder of its results inside the output folder; anything else would write
+    outside it."""
+    if not isinstance(name, str) or not name:
+        return "an empty name"
+    if set(name) == {"."}:  # '.' and '..' name the output folder and the one above it
+        return f"{name!r} is not a folder of its own"
+    bad = next((c for c in name if c in "/\\\0"), None)
+    if bad is not None:
+        return f"{name!r} holds the path separator or NUL {bad!r}"
+    return None
+
+
+def check_folder_name(name: object, where: str) -> str:
+    """``name`` when it is a plain folder name (:func:`folder_name_problem`); else WorkflowError naming ``where``."""
+    problem = folder_name_problem(name)
+    if problem is not None:
+        raise WorkflowError(
+            f"{where}: name: {problem} (rule: a plain folder name of letters, digits, '_', '.' and '-', not only dots; "
+            "the results go to OUT/NAME/)"
+        )
+    return str(name)
+
+
+def folder_name_for(stem: str) -> str:
+    """A results folder name made from a file's stem (``compare MODEL``): every run of characters outside the rule of
+    :func:`check_folder_name` becomes one ``_`` ("my model (v2)" -> "my_model_v2_"); "model" when nothing is left."""
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", stem).strip(".")
+    return name if folder_name_problem(name) is None else "model"

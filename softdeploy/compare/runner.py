@@ -362,7 +362,8 @@ def run_compare(
         raise SoftdeployError(f"int8 target {int8_target!r} is not one of {list(TARGETS)}")
     if REFERENCE not in variants:
         variants = [REFERENCE, *variants]
-    from softdeploy.workflow.spec import bounded_threads, check_folder_name, cpu_count
+    from softdeploy.cpu import bounded_threads, cpu_count
+    from softdeploy.files import check_folder_name
 
     check_folder_name(case.name, f"case {case.name!r}")  # the results folder's name: never '..' or a path
     threads = bounded_threads(threads, "threads")

@@ -22,13 +22,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from softdeploy.errors import SoftdeployError, SoftdeployWarning
+# WorkflowError and the folder-name and thread-count rules are leaf facts (the comparison runner holds a case to
+# them too); re-exported here, where a workflow file is read.
+from softdeploy.cpu import bounded_threads as bounded_threads
+from softdeploy.cpu import cpu_count as cpu_count
+from softdeploy.errors import WorkflowError as WorkflowError
+from softdeploy.files import check_folder_name as check_folder_name
+from softdeploy.files import folder_name_for as folder_name_for
+from softdeploy.files import folder_name_problem as folder_name_problem
 
 SCHEMA_PATH = Path(__file__).with_name("schema.json")
-
-
-class WorkflowError(SoftdeployError, ValueError):
-    """A workflow file, or the data and metrics it names, is not usable (the message names the key)."""
 
 
 @functools.cache
@@ -100,64 +103,6 @@ class Workflow:
 def is_callable_ref(value: str) -> bool:
     """``pkg.mod:fn`` or ``path/to/file.py:fn`` (a factory, loader or metric function)."""
     return re.fullmatch(r"[\w./\\-]+\.py:\w+|[A-Za-z_][\w.]*:\w+", value) is not None
-
-
-def folder_name_problem(name: object) -> str | None:
-    """Why ``name`` is not a plain folder name (one path component, not ``.`` or ``..``, no separator), or None.
-    A workflow's or case's name is the folder of its results inside the output folder; anything else would write
-    outside it."""
-    if not isinstance(name, str) or not name:
-        return "an empty name"
-    if set(name) == {"."}:  # '.' and '..' name the output folder and the one above it
-        return f"{name!r} is not a folder of its own"
-    bad = next((c for c in name if c in "/\\\0"), None)
-    if bad is not None:
-        return f"{name!r} holds the path separator or NUL {bad!r}"
-    return None
-
-
-def check_folder_name(name: object, where: str) -> str:
-    """``name`` when it is a plain folder name (:func:`folder_name_problem`); else WorkflowError naming ``where``."""
-    problem = folder_name_problem(name)
-    if problem is not None:
-        raise WorkflowError(
-            f"{where}: name: {problem} (rule: a plain folder name of letters, digits, '_', '.' and '-', not only dots; "
-            "the results go to OUT/NAME/)"
-        )
-    return str(name)
-
-
-def folder_name_for(stem: str) -> str:
-    """A results folder name made from a file's stem (``compare MODEL``): every run of characters outside the rule of
-    :func:`check_folder_name` becomes one ``_`` ("my model (v2)" -> "my_model_v2_"); "model" when nothing is left."""
-    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", stem).strip(".")
-    return name if folder_name_problem(name) is None else "model"
-
-
-def cpu_count() -> int:
-    """The CPU cores this process may run on (its affinity where the OS has one)."""
-    try:
-        return len(os.sched_getaffinity(0)) or 1
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
-def bounded_threads(threads: int, where: str = "threads") -> int:
-    """``threads``, lowered to :func:`cpu_count` with a one-line SoftdeployWarning when it is above it (more threads
-    than cores only slows every variant down, and tens of thousands took minutes to start). WorkflowError below 1."""
-    import warnings
-
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        raise WorkflowError(f"{where}: {threads!r} (rule: a whole number of threads, at least 1)")
-    cores = cpu_count()
-    if threads > cores:
-        warnings.warn(
-            f"{where}: {threads} is more than the {cores} CPU cores of this machine; using {cores}",
-            SoftdeployWarning,
-            stacklevel=2,
-        )
-        return cores
-    return threads
 
 
 def _resolve(base: Path, value: str | None) -> str | None:

@@ -26,6 +26,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "softdeploy.errors",
             "softdeploy.domain",
             "softdeploy.cpu",
+            "softdeploy.hub",
             "softdeploy.files",
             "softdeploy.cache",
             "softdeploy.metrics",

@@ -28,20 +28,13 @@ import contextlib
 import sys
 from collections.abc import Sequence
 
-from softdeploy.cli.compare import _add_compare_parser, cmd_run
-from softdeploy.cli.compile import cmd_compile
-from softdeploy.cli.demo import cmd_demo
-from softdeploy.cli.distill import _add_distill_parser
-from softdeploy.cli.doctor import cmd_doctor
-from softdeploy.cli.export import _add_export_commands
-from softdeploy.cli.ops import cmd_ops
-from softdeploy.cli.quantize import _add_quantize_parser
-from softdeploy.cli.serve import _add_serve_parser
-
 
 def _parser(only_ops: bool = False) -> argparse.ArgumentParser:
     """Every verb's arguments; with ``only_ops``, the ``ops`` verb's alone (the other verbs' choices and help
     texts import the cases, torch and onnxscript: seconds that listing the registry must not pay)."""
+    # Each verb's module is imported here, inside main's guard against Ctrl-C, and only the ones a parse needs.
+    from softdeploy.cli.ops import cmd_ops
+
     parser = argparse.ArgumentParser(
         prog="softdeploy", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -50,6 +43,15 @@ def _parser(only_ops: bool = False) -> argparse.ArgumentParser:
     if only_ops:
         _add_verbose(parser, sub)
         return parser
+    from softdeploy.cli.compare import _add_compare_parser, cmd_run
+    from softdeploy.cli.compile import cmd_compile
+    from softdeploy.cli.demo import cmd_demo
+    from softdeploy.cli.distill import _add_distill_parser
+    from softdeploy.cli.doctor import cmd_doctor
+    from softdeploy.cli.export import _add_export_commands
+    from softdeploy.cli.quantize import _add_quantize_parser
+    from softdeploy.cli.serve import _add_serve_parser
+
     p = sub.add_parser("doctor", help="check the native library and the environment (and a quantized MODEL)")
     p.add_argument(
         "model", nargs="?", help="an ONNX model: its int8 target, format and the path its int8 nodes take here"

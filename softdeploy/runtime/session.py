@@ -344,7 +344,7 @@ def _warn_slow_int8(proto: Any, path: str | None) -> None:
     import warnings
 
     from softdeploy.errors import SoftdeployWarning
-    from softdeploy.quant.formats import mismatch_line
+    from softdeploy.runtime.int8_paths import mismatch_line
 
     line = mismatch_line(proto, f"model {path}" if path else "the model")
     if line:

@@ -199,9 +199,11 @@ def violations(found: Iterable[Import], layers: Iterable[tuple[str, tuple[str, .
     layers = tuple(layers)
     found = list(found)
     out = []
-    for imp in found:
+    for imp in sorted(set(found), key=lambda i: (i.path, i.line, i.target)):
         if imp.target.split(".")[0] in FORBIDDEN:
-            out.append(f"{imp.path}:{imp.line}: {imp.source} imports {imp.target}: the library never imports bench/ or cases")
+            out.append(
+                f"{imp.path}:{imp.line}: {imp.source} imports {imp.target}: the library never imports bench/ or cases"
+            )
             continue
         (low, low_name), (high, high_name) = layer_of(imp.source, layers), layer_of(imp.target, layers)
         if high > low:
@@ -219,9 +221,13 @@ def violations(found: Iterable[Import], layers: Iterable[tuple[str, tuple[str, .
         for component in _cycles(edges):
             members = set(component)
             where = sorted(
-                f"{imp.path}:{imp.line} -> {imp.target}"
-                for imp in library
-                if unit(imp.source) in members and unit(imp.target) in members and unit(imp.source) != unit(imp.target)
+                {
+                    f"{imp.path}:{imp.line} -> {imp.target}"
+                    for imp in library
+                    if unit(imp.source) in members
+                    and unit(imp.target) in members
+                    and unit(imp.source) != unit(imp.target)
+                }
             )
             kind = "packages" if unit is _package else "modules"
             out.append(f"circle between {kind} {', '.join(component)}: " + "; ".join(where))

@@ -310,7 +310,7 @@ class MiniLMRetrieval:
         scorer = self.scorer(kernels, os.cpu_count() or 1)
         scorer8 = self.scorer(kernels, os.cpu_count() or 1, int8=True)
         queries, corpus = TokenBank.from_ragged(qv), TokenBank.from_ragged(dv)
-        from softdeploy.ops.max_sim import code_bits
+        from softdeploy.quant.formats import code_bits
 
         bits = code_bits()  # 7-bit codes where the int8 kernel has no VNNI
         corpus8 = corpus.to_int8(bits=bits)

@@ -22,7 +22,7 @@ ops/max_sim_avxvnni.cc and ops/max_sim_avx512.cc) never materialises the
 ``[Lq, N * Ld]`` similarity matrix: it is a tiled GEMM that keeps a running max per (query token,
 document) in registers. :func:`quantize_tokens` gives the per-token symmetric int8 encoding
 (scale = max|x| / 127) the int8 path is meant for; on a CPU without VNNI, documents quantized with
-``bits=7`` (codes in [-63, 63]; :func:`code_bits` says which width fits this CPU) take a faster
+``bits=7`` (codes in [-63, 63]; :func:`softdeploy.quant.formats.code_bits` says which width fits this CPU) take a faster
 AVX2 tile, and queries quantized so too a faster one still, with the same exact integer sums.
 
 The portable function body materialises ``[B, N, Lq, Ld]`` (it is a fallback, not the fast path),
@@ -191,16 +191,6 @@ def quantize_tokens(x: Any, bits: int = 8) -> tuple[np.ndarray, np.ndarray]:
     scale = np.where(amax > 0, amax / r, np.float32(1.0)).astype(np.float32)
     codes = np.clip(np.rint(x / scale[..., None]), -r, r).astype(np.int8)
     return codes, scale
-
-
-def code_bits() -> int:
-    """The code width :func:`quantize_tokens` should give queries and documents on this CPU: 7 where MaxSim's int8
-    kernel is the AVX2 one without VNNI (an x86-64 CPU with AVX2 but neither AVX512-VNNI nor AVX-VNNI, as softdeploy
-    detects it, SOFTDEPLOY_TEST_CPU included), whose vpmaddubsw tiles take codes in [-64, 63] (bench/results/maxsim.md);
-    8 everywhere else (VNNI multiplies 8-bit codes at full rate)."""
-    from softdeploy.quant.formats import int8_cpu_class
-
-    return 7 if int8_cpu_class() in ("avx2", "avx512") else 8
 
 
 # ---- portable function body -----------------------------------------------------------------------------

@@ -308,16 +308,67 @@ def int8_cpu_class(flags: set[str] | None = None, *, machine: str | None = None)
     return {"avx512": "avx512", "avx2": "avx2"}.get(isa, "x86-64")
 
 
+def code_bits() -> int:
+    """The code width :func:`softdeploy.ops.max_sim.quantize_tokens` should give queries and documents on this CPU: 7 where MaxSim's int8
+    kernel is the AVX2 one without VNNI (an x86-64 CPU with AVX2 but neither AVX512-VNNI nor AVX-VNNI, as softdeploy
+    detects it, SOFTDEPLOY_TEST_CPU included), whose vpmaddubsw tiles take codes in [-64, 63] (bench/results/maxsim.md);
+    8 everywhere else (VNNI multiplies 8-bit codes at full rate)."""
+    return 7 if int8_cpu_class() in ("avx2", "avx512") else 8
+
+
 def int8_format(cpu_class: str | None = None) -> Int8Format:
     """The table's row for ``cpu_class`` (default: this CPU's, :func:`int8_cpu_class`)."""
     return TABLE[cpu_class or int8_cpu_class()]
 
 
+def table_weights(mode: str = "dynamic", per_channel: bool = True, chosen: Any = None) -> tuple[str, str]:
+    """The weight format quantize() takes here when none is asked, and why it is not the table row's ("" when it
+    is): softdeploy's formats (softdeploy.quant.rowwise) need per-channel weights and the kernel library, and
+    rowwise-8-bit the kernel's VNNI tile; otherwise the row's onnxruntime format. ``chosen``: this CPU's row
+    (softdeploy.quant.formats.Int8Format) where the caller has it already (default: looked up)."""
+    from softdeploy.quant.rowwise import FORMS as ROWWISE_FORMS
+
+    chosen = chosen or int8_format()
+    weights = chosen.weights_for(mode)
+    if weights not in ROWWISE_FORMS:
+        return weights, ""
+    why_not = (
+        "" if per_channel else f"per-tensor weights were asked ({weights} weights have one scale per output channel)"
+    )
+    if not why_not and not _rowwise_kernel_loads():
+        why_not = "softdeploy's kernel library (RowwiseInt8MatMul) does not load here (`softdeploy doctor` says why)"
+    if not why_not and weights == "rowwise-8-bit" and not _rowwise_vnni_runs():
+        why_not = (
+            "RowwiseInt8MatMul's vpdpbusd tiles need VNNI under the kernels' vector variant: AVX-512 VNNI with the "
+            "avx512 variant or AVX-VNNI with the avx2 one (SOFTDEPLOY_ISA or SOFTDEPLOY_TEST_CPU lowers the variant)"
+        )
+    return (chosen.weights, why_not) if why_not else (weights, "")
+
+
+def _rowwise_kernel_loads() -> bool:
+    """Whether softdeploy's kernel library loads here and runs RowwiseInt8MatMul (the speed of softdeploy's int8
+    formats)."""
+    from softdeploy.runtime import library_status
+
+    info = library_status().info
+    return info is not None and "RowwiseInt8MatMul" in info.ops
+
+
+def _rowwise_vnni_runs() -> bool:
+    """Whether RowwiseInt8MatMul runs a vpdpbusd tile here (rowwise-8-bit's speed): the kernels' avx512 variant
+    selected on a CPU with AVX-512 VNNI (the zmm tile), or the avx2 variant on one with AVX-VNNI (the ymm tile), as the
+    library reads CPUID (the kernel's own rule, ops/rowwise_int8_matmul.cc)."""
+    from softdeploy.runtime import library_status
+
+    info = library_status().info
+    if info is None:
+        return False
+    return (info.isa_selected == "avx512" and info.avx512_vnni) or (info.isa_selected == "avx2" and info.avx_vnni)
+
+
 def format_lines(mode: str = "dynamic") -> list[str]:
     """Two lines for ``softdeploy doctor`` and reports: the format chosen for this CPU, and the one an AVX2 CPU
     without VNNI would get (or that this one is such a CPU)."""
-    from softdeploy.quant.quantize import table_weights
-
     here = int8_format()
     lines = [f"this CPU ({here.cpu_class}): {here.line(mode).split(': ', 1)[1]}"]
     weights, why_not = table_weights(mode, chosen=here)

@@ -34,7 +34,11 @@ import numpy as np
 from softdeploy.errors import SoftdeployError
 from softdeploy.files import atomic_output, make_folder, write_text
 from softdeploy.quant.calibration import as_calibration_reader, softdeploy_calibration_sessions
+from softdeploy.quant.formats import _rowwise_kernel_loads as _rowwise_kernel_loads
+from softdeploy.quant.formats import _rowwise_vnni_runs as _rowwise_vnni_runs
+from softdeploy.quant.formats import table_weights as table_weights
 from softdeploy.quant.gemm import gemms_as_matmuls
+from softdeploy.quant.nodes import load_named as load_named
 from softdeploy.quant.routing import MAX_FLIP_RATE
 from softdeploy.quant.rowwise import FORMS as ROWWISE_FORMS
 from softdeploy.runtime.session import Kernels
@@ -171,20 +175,6 @@ def cpu_has_vnni() -> bool:
     from softdeploy.quant.formats import int8_cpu_class
 
     return int8_cpu_class() == "vnni"
-
-
-def load_named(model: str | os.PathLike[str] | Any) -> Any:
-    """The model as a ModelProto whose every node has a unique name (the quantizer selects and
-    reports nodes by name; exporters sometimes leave names empty)."""
-    from softdeploy.files import load_model
-
-    proto = load_model(model) if isinstance(model, str | os.PathLike) else model
-    seen: set[str] = set()
-    for i, node in enumerate(proto.graph.node):
-        if not node.name or node.name in seen:
-            node.name = f"{node.op_type}_{i}"
-        seen.add(node.name)
-    return proto
 
 
 def check_softdeploy_ops(model: Any) -> None:
@@ -618,51 +608,6 @@ def _record_target(out_model: Any, output: Path, target: str, weights: str) -> N
     set_int8_metadata(out_model, target, weights)
     with atomic_output(output, "quantized model") as target_path:
         onnx.save(out_model, os.fspath(target_path))
-
-
-def table_weights(mode: str = "dynamic", per_channel: bool = True, chosen: Any = None) -> tuple[str, str]:
-    """The weight format quantize() takes here when none is asked, and why it is not the table row's ("" when it
-    is): softdeploy's formats (softdeploy.quant.rowwise) need per-channel weights and the kernel library, and
-    rowwise-8-bit the kernel's VNNI tile; otherwise the row's onnxruntime format. ``chosen``: this CPU's row
-    (softdeploy.quant.formats.Int8Format) where the caller has it already (default: looked up)."""
-    from softdeploy.quant.formats import int8_format
-
-    chosen = chosen or int8_format()
-    weights = chosen.weights_for(mode)
-    if weights not in ROWWISE_FORMS:
-        return weights, ""
-    why_not = (
-        "" if per_channel else f"per-tensor weights were asked ({weights} weights have one scale per output channel)"
-    )
-    if not why_not and not _rowwise_kernel_loads():
-        why_not = "softdeploy's kernel library (RowwiseInt8MatMul) does not load here (`softdeploy doctor` says why)"
-    if not why_not and weights == "rowwise-8-bit" and not _rowwise_vnni_runs():
-        why_not = (
-            "RowwiseInt8MatMul's vpdpbusd tiles need VNNI under the kernels' vector variant: AVX-512 VNNI with the "
-            "avx512 variant or AVX-VNNI with the avx2 one (SOFTDEPLOY_ISA or SOFTDEPLOY_TEST_CPU lowers the variant)"
-        )
-    return (chosen.weights, why_not) if why_not else (weights, "")
-
-
-def _rowwise_kernel_loads() -> bool:
-    """Whether softdeploy's kernel library loads here and runs RowwiseInt8MatMul (the speed of softdeploy's int8
-    formats)."""
-    from softdeploy.runtime import library_status
-
-    info = library_status().info
-    return info is not None and "RowwiseInt8MatMul" in info.ops
-
-
-def _rowwise_vnni_runs() -> bool:
-    """Whether RowwiseInt8MatMul runs a vpdpbusd tile here (rowwise-8-bit's speed): the kernels' avx512 variant
-    selected on a CPU with AVX-512 VNNI (the zmm tile), or the avx2 variant on one with AVX-VNNI (the ymm tile), as the
-    library reads CPUID (the kernel's own rule, ops/rowwise_int8_matmul.cc)."""
-    from softdeploy.runtime import library_status
-
-    info = library_status().info
-    if info is None:
-        return False
-    return (info.isa_selected == "avx512" and info.avx512_vnni) or (info.isa_selected == "avx2" and info.avx_vnni)
 
 
 def _bound_pairs(model: Any, source: Any) -> str:

@@ -150,7 +150,7 @@ def _routing(model: Any, probe: Sequence[Mapping[str, np.ndarray]]) -> dict[str,
 
 def measure(fp32: Any, int8: Any, probe: Sequence[Mapping[str, np.ndarray]]) -> list[NodeRouting]:
     """Per LoRAMixer node of ``fp32`` (ModelProto or path), its routing agreement in ``int8`` on ``probe``."""
-    from softdeploy.quant.quantize import load_named
+    from softdeploy.quant.nodes import load_named
 
     ref, got = _routing(load_named(fp32), probe), _routing(load_named(int8), probe)
     out = []

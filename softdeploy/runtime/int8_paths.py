@@ -34,7 +34,7 @@ def rowwise_path(groups: int, info: Any = None) -> str:
     """The kernel path a RowwiseInt8MatMul whose weights allow ``groups`` (rowwise.weight_groups: 4, 2, 1, 0) runs
     on this CPU under the kernel library's selected variant (``info``: the library's, default this process's)."""
     if info is None:
-        from softdeploy.runtime import library_status
+        from softdeploy.runtime.library import library_status
 
         info = library_status().info
     if info is None:
@@ -56,7 +56,7 @@ def slow_rowwise_nodes(model: Any, info: Any = None) -> list[str]:
     if not any(n.op_type == "RowwiseInt8MatMul" for n in model.graph.node):
         return []
     if info is None:
-        from softdeploy.runtime import library_status
+        from softdeploy.runtime.library import library_status
 
         info = library_status().info
     if info is None or rowwise_path(4, info) != PATH_LANE.format(g=8):
@@ -96,7 +96,7 @@ def mismatch_line(model: Any, name: str = "the model", info: Any = None) -> str 
     """One line when ``model``'s int8 format runs a slower path on this CPU than on its target's class, with what to
     do; None when it does not (or has no RowwiseInt8MatMul whose weights leave the lane bound)."""
     if info is None:
-        from softdeploy.runtime import library_status
+        from softdeploy.runtime.library import library_status
 
         info = library_status().info
     slow = slow_rowwise_nodes(model, info)

@@ -44,8 +44,8 @@ def test_minilm_retrieval_reduced(tmp_path: Path) -> None:
     assert int8["encode p50 ms"] > 0 and ref["score p50 ms"] > 0
     assert result.floors[0].name == "best int8 encode speed-up vs ort-fp32"
     # scoring ran the MaxSim op's native kernel, fp32 and int8; int8 MaxSim keeps the ranking
-    # (its queries and documents 7-bit where the int8 kernel has no VNNI: softdeploy.ops.max_sim.code_bits)
-    from softdeploy.ops.max_sim import code_bits
+    # (its queries and documents 7-bit where the int8 kernel has no VNNI: softdeploy.quant.formats.code_bits)
+    from softdeploy.quant.formats import code_bits
 
     assert ref["scorer"] == "MaxSim op fp32 (native kernel)"
     assert ref["int8 scorer"].startswith(f"MaxSim op int8 (native kernel), {code_bits()}-bit codes")

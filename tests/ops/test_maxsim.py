@@ -333,8 +333,7 @@ def test_int8_ranking_agrees_with_fp32_on_minilm_tokens():
 def test_code_bits_follow_the_int8_kernel(monkeypatch):
     """7-bit codes exactly where MaxSim's int8 kernel is AVX2 without VNNI (SOFTDEPLOY_TEST_CPU=avx2 detects like a
     Zen 3); 8 on a plain x86-64 (the portable kernel: no vpmaddubsw tile) and wherever VNNI is seen."""
-    from softdeploy.ops.max_sim import code_bits
-    from softdeploy.quant.formats import int8_cpu_class
+    from softdeploy.quant.formats import code_bits, int8_cpu_class
 
     monkeypatch.setenv("SOFTDEPLOY_TEST_CPU", "avx2")
     assert code_bits() == (7 if int8_cpu_class() == "avx2" else 8)

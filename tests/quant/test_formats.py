@@ -4,7 +4,6 @@ model (pair-bounded weights without VNNI) and every report says which format and
 
 from __future__ import annotations
 
-import importlib
 import json
 from pathlib import Path
 
@@ -226,11 +225,10 @@ def test_doctor_lines_name_this_cpus_format_and_the_avx2_one(monkeypatch):
     assert format_lines("static")[1].startswith("an AVX2 CPU without VNNI would get: pair-bounded 8-bit weights")
     # where RowwiseInt8MatMul's VNNI tile cannot run (AVX-VNNI only, a lowered SOFTDEPLOY_ISA), the line says what
     # quantize() takes instead
-    quantize_module = importlib.import_module("softdeploy.quant.quantize")
-    monkeypatch.setattr(quantize_module, "_rowwise_vnni_runs", lambda: False)
+    monkeypatch.setattr(formats, "_rowwise_vnni_runs", lambda: False)
     here = format_lines()[0]
     assert "here quantize() takes 8-bit weights in onnxruntime's format instead" in here and "AVX-512 VNNI" in here
-    monkeypatch.setattr(quantize_module, "_rowwise_vnni_runs", lambda: True)
+    monkeypatch.setattr(formats, "_rowwise_vnni_runs", lambda: True)
     assert "instead" not in format_lines()[0]
     assert "instead" not in format_lines("static")[0]
     monkeypatch.setattr(formats, "int8_cpu_class", lambda *a, **k: "avx2")

@@ -139,11 +139,11 @@ def test_the_tables_rowwise_8_bit_needs_the_vnni_tile(tmp_path, monkeypatch):
     import softdeploy.quant.formats as formats
 
     monkeypatch.setattr(formats, "int8_format", lambda *a, **k: TABLE["vnni"])
-    monkeypatch.setattr(quantize_module, "_rowwise_vnni_runs", lambda: True)
+    monkeypatch.setattr(formats, "_rowwise_vnni_runs", lambda: True)
     q = quantize(src, tmp_path / "q.onnx", QuantConfig("dynamic"))
     assert q.weights == "rowwise-8-bit" and q.int8_format == TABLE["vnni"].line("dynamic")
     assert "RowwiseInt8MatMul" in {n.op_type for n in onnx.load(q.path).graph.node}
-    monkeypatch.setattr(quantize_module, "_rowwise_vnni_runs", lambda: False)
+    monkeypatch.setattr(formats, "_rowwise_vnni_runs", lambda: False)
     q = quantize(src, tmp_path / "ort.onnx", QuantConfig("dynamic"))
     assert q.weights == "8-bit" and "instead of rowwise-8-bit" in q.int8_format and "AVX-512 VNNI" in q.int8_format
     ops = {n.op_type for n in onnx.load(q.path).graph.node}

@@ -66,14 +66,8 @@ def register_onnx_schemas() -> None:
     global _schemas_registered
     if _schemas_registered:
         return
-    from onnx import defs
-
-    from softdeploy.domain import DOMAIN, OPSET_VERSION
-
     for d in REGISTRY.values():
-        if defs.has(d.name, OPSET_VERSION, DOMAIN):
-            defs.deregister_schema(d.name, OPSET_VERSION, DOMAIN)
-        defs.register_schema(d.onnx_schema())
+        d.register_onnx_schema()
     _schemas_registered = True
 
 

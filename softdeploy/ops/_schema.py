@@ -351,6 +351,17 @@ class OpDef:
             schema.set_type_and_shape_inference_function(self.infer_shapes)
         return schema
 
+    def register_onnx_schema(self, *, replace: bool = True) -> None:
+        """Registers :meth:`onnx_schema` with onnx, replacing an earlier registration of this name (with ``replace``
+        false, an earlier one stays)."""
+        from onnx import defs
+
+        if defs.has(self.name, OPSET_VERSION, DOMAIN):
+            if not replace:
+                return
+            defs.deregister_schema(self.name, OPSET_VERSION, DOMAIN)
+        defs.register_schema(self.onnx_schema())
+
     def function_proto(self, opset: int = BODY_OPSET) -> Any:
         """The portable body as a FunctionProto for a model whose default opset is ``opset``."""
         from softdeploy.errors import ExportError
@@ -385,7 +396,7 @@ class OpDef:
         """A one-node model running this op on ``sample`` (omitted optional inputs stay omitted)."""
         from onnx import helper
 
-        from softdeploy.ops.functions import attach_function_bodies
+        from softdeploy.ops._attach import attach_bodies
 
         in_names, graph_inputs = [], []
         for port, value in zip(self.inputs, sample.inputs, strict=False):
@@ -431,7 +442,10 @@ class OpDef:
             opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid(DOMAIN, OPSET_VERSION)],
             ir_version=10,
         )
-        return attach_function_bodies(model) if with_function else model
+        if not with_function:
+            return model
+        self.register_onnx_schema(replace=False)
+        return attach_bodies(model, {self.name: self})
 
     def feeds(self, sample: Sample) -> dict[str, np.ndarray]:
         """The sample's inputs by port name, omitted optional inputs left out (a model made by make_model has no graph

@@ -48,14 +48,11 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         print(f"softdeploy quantize: error: give MODEL (an ONNX file) or --case CASE, {which}", file=sys.stderr)
         return 2
     if args.model:
-        from softdeploy.files import load_model
-        from softdeploy.quant.quantize import check_softdeploy_ops
-
         output = Path(args.output or Path(args.model).with_suffix("").as_posix() + f".int8_{args.mode}.onnx")
         # --data, --labels and --calibration may name arrays or loaders as well as files: the files among them
         inputs = [args.model, *(p for p in (args.data, args.labels, args.calibration) if p and Path(p).exists())]
+        # the model file is read and checked once, by quantize_file, before any work
         _refuse_overwrite([output, output.with_suffix(".json")], args.overwrite, sources=inputs)
-        check_softdeploy_ops(load_model(args.model))  # before any work: a bad file or an op we do not define
         from softdeploy.workflow.spec import DataSpec, MetricSpec
 
         data = None

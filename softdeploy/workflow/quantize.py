@@ -32,13 +32,16 @@ def quantize_file(
     work. ``metric``: a :class:`softdeploy.workflow.spec.MetricSpec` for ``max_drop`` (default: the cosine
     of the first float output to fp32; an integer output is refused as a cosine target). A result with no
     node in int8 is a QuantizationError: the file would be a float model under an int8 name."""
-    from softdeploy.files import atomic_output, load_model
+    from softdeploy.files import atomic_output
+    from softdeploy.quant.nodes import load_named
     from softdeploy.quant.quantize import check_softdeploy_ops
     from softdeploy.workflow.data import collect_outputs, load_dataset, model_inputs, model_outputs
     from softdeploy.workflow.metrics import resolve
     from softdeploy.workflow.spec import MetricSpec
 
-    proto = load_model(model)
+    # Read and checked here, once, before any work (a bad file or an op softdeploy does not define); the quantizer
+    # gets this ModelProto (it quantizes a copy) rather than the path, which it would read again.
+    proto = load_named(model)
     check_softdeploy_ops(proto)
     dataset = load_dataset(data, model_inputs(proto)) if data is not None else None
     if config.mode == "static" and dataset is None:
@@ -51,7 +54,7 @@ def quantize_file(
         if max_drop is None:
             probe = dataset.batches[:4] if dataset is not None else None  # routing agreement (a model that routes)
             result: QuantizedModel | BudgetResult = quantize(
-                model, target, config, calibration=calibration, probe=probe
+                proto, target, config, calibration=calibration, probe=probe
             )
         else:
             if dataset is None:

@@ -14,25 +14,28 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+import pytest
+
 import softdeploy
 
-# Lowest first. A module belongs to the layer of the longest prefix listed here.
+# Lowest first. A module belongs to the layer of the longest prefix listed here; the package root names the root
+# module alone, so a new module outside every entry fails test_every_module_has_a_layer instead of landing on top.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # Leaf helpers: errors, the ONNX domain, platform facts (CPU flags and the one ISA rule), files and
-    # caches, metrics, terminal output. They import nothing of softdeploy above this layer.
+    # caches, terminal output and progress, packaged assets. They import nothing of softdeploy above this layer.
     (
         "leaf",
         (
             "softdeploy.errors",
             "softdeploy.domain",
             "softdeploy.cpu",
-            "softdeploy.hub",
             "softdeploy.files",
             "softdeploy.cache",
-            "softdeploy.metrics",
             "softdeploy.terminal",
             "softdeploy.safetensors_check",
             "softdeploy.progress",
+            # packaged weights and data, located and verified (never the hub); export and distill read them too
+            "softdeploy.models.assets",
         ),
     ),
     # The op registry, schemas, references and the function bodies attached to exported models.
@@ -70,16 +73,24 @@ class Import:
     line: int
 
 
-def layer_of(module: str, layers: Iterable[tuple[str, tuple[str, ...]]] = LAYERS) -> tuple[int, str]:
-    """(index, name) of ``module``'s layer: the longest listed prefix (a prefix ends at a dot)."""
-    best: tuple[int, int, str] | None = None
+def _entry(module: str, layers: Iterable[tuple[str, tuple[str, ...]]] = LAYERS) -> tuple[int, str, str]:
+    """(layer index, layer name, the entry of LAYERS) ``module`` falls under: the longest listed prefix (a prefix ends
+    at a dot; a prefix without a dot, the package root, names only itself)."""
+    best: tuple[int, int, str, str] | None = None
     for i, (name, prefixes) in enumerate(layers):
         for p in prefixes:
-            if (module == p or module.startswith(p + ".")) and (best is None or len(p) > best[0]):
-                best = (len(p), i, name)
+            covers = module == p or ("." in p and module.startswith(p + "."))
+            if covers and (best is None or len(p) > best[0]):
+                best = (len(p), i, name, p)
     if best is None:
         raise AssertionError(f"{module}: in no layer of tests/test_layering.py's LAYERS; add it to one")
-    return best[1], best[2]
+    return best[1], best[2], best[3]
+
+
+def layer_of(module: str, layers: Iterable[tuple[str, tuple[str, ...]]] = LAYERS) -> tuple[int, str]:
+    """(index, name) of ``module``'s layer (see :func:`_entry`)."""
+    index, name, _ = _entry(module, layers)
+    return index, name
 
 
 def module_files(root: Path) -> dict[str, Path]:
@@ -152,11 +163,6 @@ def imports(root: Path) -> list[Import]:
     return found
 
 
-def _package(module: str) -> str:
-    """The unit circles are counted between: ``softdeploy.X`` (a subpackage or a top-level module)."""
-    return ".".join(module.split(".")[:2])
-
-
 def _cycles(edges: Mapping[str, set[str]]) -> list[list[str]]:
     """The strongly connected components of more than one node (Tarjan), each sorted."""
     index: dict[str, int] = {}
@@ -194,8 +200,9 @@ def _cycles(edges: Mapping[str, set[str]]) -> list[list[str]]:
 
 
 def violations(found: Iterable[Import], layers: Iterable[tuple[str, tuple[str, ...]]] = LAYERS) -> list[str]:
-    """One line per broken rule: forbidden imports, upward imports, then circles between packages and between
-    modules (each circle's imports listed with file:line)."""
+    """One line per broken rule: forbidden imports, upward imports, then circles between the table's entries (a
+    subpackage, a top-level module, or a module listed on its own) and between modules (each circle's imports listed
+    with file:line)."""
     layers = tuple(layers)
     found = list(found)
     out = []
@@ -212,7 +219,11 @@ def violations(found: Iterable[Import], layers: Iterable[tuple[str, tuple[str, .
                 f"{high_name!r}"
             )
     library = [imp for imp in found if imp.target.split(".")[0] not in FORBIDDEN]
-    for unit in (_package, lambda m: m):
+
+    def entry(module: str) -> str:
+        return _entry(module, layers)[2]
+
+    for unit in (entry, lambda m: m):
         edges: dict[str, set[str]] = {}
         for imp in library:
             a, b = unit(imp.source), unit(imp.target)
@@ -229,7 +240,7 @@ def violations(found: Iterable[Import], layers: Iterable[tuple[str, tuple[str, .
                     and unit(imp.source) != unit(imp.target)
                 }
             )
-            kind = "packages" if unit is _package else "modules"
+            kind = "entries" if unit is entry else "modules"
             out.append(f"circle between {kind} {', '.join(component)}: " + "; ".join(where))
     return out
 
@@ -275,4 +286,6 @@ def test_violations_are_found_in_a_synthetic_graph() -> None:
     assert any("modules pkg.low.d, pkg.low.e" in v for v in circles)
     assert violations(graph[:1], layers) == []
     assert layer_of("pkg.high.x.y", layers) == (1, "high")
-    assert layer_of("pkg.other", layers) == (2, "top")
+    assert layer_of("pkg", layers) == (2, "top")
+    with pytest.raises(AssertionError, match="in no layer"):  # the root names itself only: a new module must be placed
+        layer_of("pkg.other", layers)

@@ -216,7 +216,7 @@ def task_from_config(config: Any, where: Path | str = "config.json") -> str:
 
 
 def _read_config(folder: Path) -> Any:
-    from softdeploy.hub import offline
+    from softdeploy.models.assets import offline
 
     offline()
     cfg_file = folder / "config.json"

@@ -73,7 +73,7 @@ def soft_nms_op_available() -> bool:
 def _soft_nms_model(sigma: float) -> object:
     from onnx import TensorProto, helper
 
-    from softdeploy import DOMAIN, OPSET_VERSION
+    from softdeploy.domain import DOMAIN, OPSET_VERSION
     from softdeploy.export import attach_function_bodies
 
     node = helper.make_node(

@@ -94,7 +94,7 @@ def _maxsim_model(int8: bool) -> Any:
     attached; int8: Q and D are int8 codes with per-token float32 scales."""
     from onnx import TensorProto, helper
 
-    from softdeploy import DOMAIN, OPSET_VERSION
+    from softdeploy.domain import DOMAIN, OPSET_VERSION
     from softdeploy.export import attach_function_bodies
 
     inputs = ["Q", "D", "QMask", "DMask"] + (["QScale", "DScale"] if int8 else [])

@@ -31,6 +31,21 @@ def _interrupt_after(delay: float, *args: str, cwd: Path) -> subprocess.Complete
     return subprocess.CompletedProcess(p.args, p.returncode, out, err)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _compiled_byte_code(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Writes the repository's byte-code cache first, as pip does at install time: a Ctrl-C while the interpreter
+    compiles ``softdeploy.cli`` itself comes before any of softdeploy's code runs (Python's own traceback)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    subprocess.run(
+        [sys.executable, "-m", "softdeploy.cli", "doctor"],
+        cwd=tmp_path_factory.mktemp("warm"),
+        env=env,
+        capture_output=True,
+        timeout=300,
+        check=False,
+    )
+
+
 # From just after the interpreter is up (it installs Python's SIGINT handler within ~30 ms) through the imports of
 # onnxruntime and the kernel library (the start-up of `doctor` takes ~2-3 s on a 2-core machine) to its end.
 DELAYS = [0.15, 0.3, 0.5, 0.7, 0.9, 1.1, 1.4, 1.7, 2.0, 2.5]
@@ -85,3 +100,38 @@ def test_ctrl_c_turned_into_a_librarys_error_is_one_line_and_exit_130(
     monkeypatch.setattr(cli, "_parser", patched)
     assert cli.main(["ops"]) == 130
     assert capsys.readouterr().err.strip().splitlines()[-1] == "softdeploy: interrupted"
+
+
+_SLOW_MODULE = """
+import os, signal, sys
+os.kill(os.getpid(), signal.SIGINT)
+total = 0
+for i in range(200_000):  # bytecode on which an unheld handler would raise at once
+    total += i
+import json  # a nested import: the hold lasts until the outermost import statement returns
+sys.slow_module_finished = True
+"""
+
+
+def test_ctrl_c_inside_an_import_is_held_until_the_import_has_finished(tmp_path: Path) -> None:
+    """The rule of softdeploy.interrupts: the interrupt lands inside a module's import (as one inside onnx's or
+    torch's pybind11 start-up would), the module's body runs to its end, and KeyboardInterrupt is raised as the
+    import statement returns -- never inside the body, where a native library would turn it into an abort."""
+    (tmp_path / "slow_module.py").write_text(_SLOW_MODULE)
+    probe = (
+        "import os, signal, sys\n"
+        "sys.path.insert(0, sys.argv[1])\n"
+        "from softdeploy.interrupts import hold_during_imports\n"
+        "hold_during_imports()\n"
+        "try:\n"
+        "    import slow_module\n"
+        "    print('not interrupted')\n"
+        "except KeyboardInterrupt:\n"
+        "    print('interrupted; body finished:', getattr(sys, 'slow_module_finished', False))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    run = subprocess.run(
+        [sys.executable, "-c", probe, str(tmp_path)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "interrupted; body finished: True", run.stdout + run.stderr

@@ -21,8 +21,8 @@ import softdeploy
 # Lowest first. A module belongs to the layer of the longest prefix listed here; the package root names the root
 # module alone, so a new module outside every entry fails test_every_module_has_a_layer instead of landing on top.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    # Leaf helpers: errors, the ONNX domain, platform facts (CPU flags and the one ISA rule), files and
-    # caches, terminal output and progress, packaged assets. They import nothing of softdeploy above this layer.
+    # Leaf helpers: errors, the ONNX domain, platform facts (CPU flags and the one ISA rule), files and caches,
+    # terminal output and progress, Ctrl-C held during imports, packaged assets. They import nothing above this layer.
     (
         "leaf",
         (
@@ -34,6 +34,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "softdeploy.terminal",
             "softdeploy.safetensors_check",
             "softdeploy.progress",
+            "softdeploy.interrupts",
             # packaged weights and data, located and verified (never the hub); export and distill read them too
             "softdeploy.models.assets",
         ),

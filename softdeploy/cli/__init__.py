@@ -120,6 +120,9 @@ def entry() -> None:
     import os
     import signal
 
+    from softdeploy.interrupts import hold_during_imports
+
+    hold_during_imports()  # a Ctrl-C inside a native library's import must not abort the process
     try:
         code = main()
         # The command is over: a Ctrl-C from here on must not turn its exit into death by signal during the

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
-def _console() -> object:
+def terminal_console() -> object:
+    """A rich Console on the terminal (:func:`softdeploy.terminal.stdout`)."""
     from rich.console import Console
 
     from softdeploy import terminal
@@ -13,7 +14,8 @@ def _console() -> object:
     return Console(file=terminal.stdout())  # the terminal, also while a library call's output is captured
 
 
-def _wide_console() -> object:
+def wide_console() -> object:
+    """A rich Console on the terminal, 240 columns wide where that is a log file (comparison tables)."""
     from rich.console import Console
 
     from softdeploy import terminal
@@ -24,7 +26,7 @@ def _wide_console() -> object:
     return console
 
 
-def _refuse_overwrite(outputs: Sequence[object], overwrite: bool, sources: Sequence[object] = ()) -> None:
+def refuse_overwrite(outputs: Sequence[object], overwrite: bool, sources: Sequence[object] = ()) -> None:
     """Nothing a user saved is replaced without asking (softdeploy.files.check_outputs): an existing output needs
     --overwrite; an output that is one of the command's own inputs (a link to it included), a folder, or a dangling
     link is refused even with it."""

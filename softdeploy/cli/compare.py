@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from softdeploy.cli._common import _refuse_overwrite, _wide_console
+from softdeploy.cli._common import refuse_overwrite, wide_console
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -20,7 +20,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from softdeploy.progress import RichProgress
     from softdeploy.terminal import captured
 
-    console = _wide_console()
+    console = wide_console()
     variants = [v for v in args.variants.split(",") if v] if args.variants else None
     if args.model or args.workflow:
         if args.case:
@@ -35,7 +35,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     case = _load_case(args.case or DEFAULT_CASE, quick=args.quick)
     out = Path(args.out) / case.name
     # reports are rewritten on every run; a folder or a dangling link in their place is refused before the run
-    _refuse_overwrite([out / name for name in REPORT_FILES.values()], True)
+    refuse_overwrite([out / name for name in REPORT_FILES.values()], True)
     with RichProgress(console) as progress, captured("compare"):
         result = run_compare(
             case,
@@ -139,7 +139,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     """``softdeploy run WORKFLOW``: export, quantize with the budget on the workflow's metric, compare."""
     from softdeploy.workflow import load_workflow
 
-    return _run_workflow(load_workflow(args.workflow), _wide_console(), quick=args.quick)
+    return _run_workflow(load_workflow(args.workflow), wide_console(), quick=args.quick)
 
 
 def _add_compare_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

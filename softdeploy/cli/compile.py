@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from softdeploy.cli._common import _console, _refuse_overwrite
+from softdeploy.cli._common import refuse_overwrite, terminal_console
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
@@ -28,7 +28,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     signature = Path(out).with_suffix(".json")  # what TVMSession.save writes beside the library
-    _refuse_overwrite([out, signature], args.overwrite, sources=[args.model])
+    refuse_overwrite([out, signature], args.overwrite, sources=[args.model])
     model = load_model(args.model)
     import_tvm()  # TVMNotInstalledError with the pip command, before anything imports tvm
     check_importable(model)  # every op TVM cannot take, all at once, before any work
@@ -168,7 +168,7 @@ class _TuningProgress:
             BarColumn(),
             MofNCompleteColumn(),
             TimeElapsedColumn(),
-            console=_console(),  # type: ignore[arg-type]
+            console=terminal_console(),  # type: ignore[arg-type]
             transient=False,
         )
         self.task = self.progress.add_task("tune", total=self.trials)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from softdeploy.cli._common import _console, _refuse_overwrite
+from softdeploy.cli._common import refuse_overwrite, terminal_console
 
 
 def _int_list(text: str) -> list[int]:
@@ -77,8 +77,8 @@ def cmd_distill(args: argparse.Namespace) -> int:
     check_choice(args.student, args.teacher, args.layers, args.stages)  # before the texts and any model are loaded
     outputs = [out / "student.safetensors", out / "distill.json", *([out / "student.onnx"] if args.export else [])]
     inputs = [p for p in (args.texts, args.extra_file) if p]
-    _refuse_overwrite(outputs[:1], args.overwrite, sources=inputs)
-    _refuse_overwrite(outputs[1:], True, sources=inputs)  # rewritten with the student: only folders and links refused
+    refuse_overwrite(outputs[:1], args.overwrite, sources=inputs)
+    refuse_overwrite(outputs[1:], True, sources=inputs)  # rewritten with the student: only folders and links refused
     from softdeploy.distill.data import BROAD_SOURCES, distillation_texts
 
     if args.texts is not None:
@@ -98,7 +98,7 @@ def cmd_distill(args: argparse.Namespace) -> int:
     elif args.extra_texts != "none":  # None: not given, the recipe's broad stream
         sources = tuple(args.extra_texts.split(",")) if args.extra_texts else BROAD_SOURCES
         extra = distillation_texts(sources, limit=args.extra_count, seed=args.seed)
-    console = _console()
+    console = terminal_console()
     with RichProgress(console) as progress, captured("distill"):
         run = run_distill(
             out,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from softdeploy.cli._common import _console
+from softdeploy.cli._common import terminal_console
 from softdeploy.doctor import doctor_report
 
 
@@ -21,7 +21,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         slower = mismatch_line(model, f"model {args.model}")
         if slower:
             warnings.append(slower)
-    console = _console()
+    console = terminal_console()
     lines = [f"[bold]{k:>16}[/bold]  {v}" for k, v in rows]
     lines += [f"[bold yellow]{'warning':>16}[/bold yellow]  {w}" for w in warnings]
     lines += [f"[bold red]{'FAILED':>16}[/bold red]  {f}" for f in failures]

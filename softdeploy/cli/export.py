@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from softdeploy.cli._common import _refuse_overwrite
+from softdeploy.cli._common import refuse_overwrite
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -19,7 +19,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         return _export_folder(args)
     factory_file = args.factory.rpartition(":")[0]  # path/to/file.py:attr reads that file
     sources = [factory_file] if factory_file.endswith(".py") else []
-    _refuse_overwrite([args.out], args.overwrite, sources=sources)
+    refuse_overwrite([args.out], args.overwrite, sources=sources)
     spec = load_factory(args.factory)
     tolerance = tuple(float(v) for v in args.tolerance.split(",")) if args.tolerance else None
     with captured("export"):
@@ -53,7 +53,7 @@ def _export_folder(args: argparse.Namespace) -> int:
         print(f"wrote {decoder.prefill} and {decoder.step} (KV cache, {decoder.num_layers} layers)")
         print(f"max abs error vs torch (logits and cache): {max(decoder.max_error.values()):.3g} ({errors})")
         return 0
-    _refuse_overwrite([args.out], args.overwrite, sources=[])
+    refuse_overwrite([args.out], args.overwrite, sources=[])
     tolerance = tuple(float(v) for v in args.tolerance.split(",")) if args.tolerance else None
     with captured("export"):
         result = export_folder(
@@ -82,7 +82,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     from softdeploy.files import load_model, load_npz, save_model
     from softdeploy.terminal import captured
 
-    _refuse_overwrite([args.out], args.overwrite, sources=[args.input, *([args.feeds] if args.feeds else [])])
+    refuse_overwrite([args.out], args.overwrite, sources=[args.input, *([args.feeds] if args.feeds else [])])
     dims = dict(_dim(d) for d in args.dim)
     model = load_model(args.input)
     feeds = load_npz(args.feeds, "--feeds") if args.feeds else None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from softdeploy.cli._common import _console
+from softdeploy.cli._common import terminal_console
 
 
 def cmd_ops(args: argparse.Namespace) -> int:
@@ -16,7 +16,7 @@ def cmd_ops(args: argparse.Namespace) -> int:
     status = library_status()
     # What the library says runs (SOFTDEPLOY_ISA included), not a guess from the CPU's flags.
     variant = status.info.isa_summary() if status.info is not None else "none (library not found)"
-    console = _console()
+    console = terminal_console()
     title = f"softdeploy ops (domain com.softdeploy, opset {OPSET_VERSION}) -- kernel variant: {variant}"
     console.print(_ops_table(title, console.width))  # type: ignore[attr-defined]
     return 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from softdeploy.cli._common import _console, _refuse_overwrite
+from softdeploy.cli._common import refuse_overwrite, terminal_console
 
 
 def _quant_config(args: argparse.Namespace) -> object:
@@ -33,7 +33,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     from softdeploy.terminal import captured
     from softdeploy.workflow.quantize import quantize_case, quantize_file, write_report
 
-    console = _console()
+    console = terminal_console()
     config = _quant_config(args)
     if args.list:
         if not args.model:
@@ -52,7 +52,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         # --data, --labels and --calibration may name arrays or loaders as well as files: the files among them
         inputs = [args.model, *(p for p in (args.data, args.labels, args.calibration) if p and Path(p).exists())]
         # the model file is read and checked once, by quantize_file, before any work
-        _refuse_overwrite([output, output.with_suffix(".json")], args.overwrite, sources=inputs)
+        refuse_overwrite([output, output.with_suffix(".json")], args.overwrite, sources=inputs)
         from softdeploy.workflow.spec import DataSpec, MetricSpec
 
         data = None
@@ -85,7 +85,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
 
         output = Path(args.output or f"softdeploy-quantize/{args.case}.int8_{args.mode}.onnx")
         fp32 = output.with_name(output.stem + ".fp32.onnx")  # quantize_case exports the case's model there
-        _refuse_overwrite([output, output.with_suffix(".json"), fp32], args.overwrite)
+        refuse_overwrite([output, output.with_suffix(".json"), fp32], args.overwrite)
         make_folder(output.parent)
         with RichProgress(console) as progress, captured("quantize"):
             _, result = quantize_case(

@@ -118,7 +118,7 @@ def minilm_dir() -> Path:
 
 def load_minilm() -> tuple[Any, Any]:
     """all-MiniLM-L6-v2's tokenizer and its BERT in eval mode, offline; eager attention, the graph onnxruntime runs
-    fastest (softdeploy.models.minilm_retrieval's docstring), with the same weights as SDPA."""
+    fastest (softdeploy_cases.minilm_retrieval's docstring), with the same weights as SDPA."""
     from transformers import AutoModel, AutoTokenizer
 
     mdir = minilm_dir()

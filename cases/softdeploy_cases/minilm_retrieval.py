@@ -35,9 +35,10 @@ import numpy as np
 from softdeploy.compare.case import Evaluation, Floor, Progress, Runner, Timed
 from softdeploy.compare.metrics import mrr_at_k, ndcg_at_k, recall_at_k
 from softdeploy.export.bert_fusions import fuse_bert_ops
-from softdeploy.models.assets import load_minilm, offline, package_dir
+from softdeploy.models.assets import load_minilm, offline
 from softdeploy.models.retrieval import MaxSimScorer, TokenBank
 from softdeploy.quant import QuantConfig
+from softdeploy_cases.assets import package_dir
 
 # The floors for this case.
 FLOOR_SPEEDUP = 2.0

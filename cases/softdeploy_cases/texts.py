@@ -33,7 +33,7 @@ import io
 import random
 
 from softdeploy.distill.data import TextSource
-from softdeploy.models.assets import verified_file
+from softdeploy_cases.assets import verified_file
 from softdeploy_cases.facts import fact_questions
 
 RT_FILE = "data/rotten_tomatoes_corpus_full.csv.bz2"

@@ -79,3 +79,8 @@ class SoftdeployWarning(UserWarning):
 class DistillError(SoftdeployError, ValueError):
     """A teacher and a student cannot be distilled into one another: their tokenizers (vocabulary) or their
     embedding dimensions differ, or a checkpoint belongs to another run. The message names both sides."""
+
+
+class CaseNotFoundError(SoftdeployError, LookupError):
+    """A compare / quantize case name that no installed distribution registers in the ``softdeploy.cases``
+    entry-point group, or whose entry point does not load. The message names the case and the installed ones."""

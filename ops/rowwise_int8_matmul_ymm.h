@@ -105,6 +105,72 @@ void GemmYmm(const PackedView& w, const uint8_t* xq, const float* sa, const int3
   }
 }
 
+
+// The same product with the K range in chunks of kChunk entries (a multiple of 4) for tiles whose panels outgrow L1:
+// per panel and block of up to kRowBlock rows, each chunk of the panel runs over every row tile of the block while it
+// is in L1, the tiles' int32 sums kept in `part` between chunks. Sums::Add<MR>(xq_rows, kp, k0, k1, panel_at_k0, acc)
+// adds rows' products over [k0, k1) to acc; the panel holds kNR * w.width bytes per k.
+template <class Sums, int MR>
+inline void ChunkTileYmm(const PackedView& w, const uint8_t* xq, const float* sa, const int32_t* za, int64_t m,
+                         int64_t n0, int64_t k0, int64_t k1, int32_t* part, const float* sb, const float* bias,
+                         float* y, int64_t ldy) {
+  __m256i acc[MR][2];
+  for (int r = 0; r < MR; ++r) {
+    for (int h = 0; h < 2; ++h) {
+      acc[r][h] = k0 == 0 ? _mm256_setzero_si256()
+                          : _mm256_load_si256(reinterpret_cast<const __m256i*>(part + r * kNR + 8 * h));
+    }
+  }
+  Sums::template Add<MR>(xq + m * w.kp * w.width, w.kp, k0, k1, w.panels + (n0 * w.kp + k0 * kNR) * w.width, acc);
+  if (k1 == w.kp) {
+    EpilogueYmm<MR>(acc, sa + m, za + m, sb, w.colsum + n0, bias, y + m * ldy + n0, ldy, MinYmm(kNR, w.N - n0));
+  } else {
+    for (int r = 0; r < MR; ++r) {
+      for (int h = 0; h < 2; ++h) _mm256_store_si256(reinterpret_cast<__m256i*>(part + r * kNR + 8 * h), acc[r][h]);
+    }
+  }
+}
+
+template <class Sums, int kChunk, int kRowBlock>
+void GemmYmmChunked(const PackedView& w, const uint8_t* xq, const float* sa, const int32_t* za, int64_t M,
+                    const float* sb, const float* bias, float* y, int64_t ldy) {
+  static_assert(kChunk % 4 == 0 && kRowBlock % kMR == 0, "chunks of whole quads, blocks of whole tiles");
+  alignas(32) float sb_edge[kNR], bias_edge[kNR];
+  alignas(32) static const float kZeros[kNR] = {};
+  alignas(32) int32_t part[kRowBlock * kNR];
+  for (int64_t n0 = 0; n0 < w.np; n0 += kNR) {
+    const float* sb_p = sb + n0;
+    const float* bias_p = bias == nullptr ? kZeros : bias + n0;
+    if (n0 + kNR > w.N) {  // the last, partial panel: its scales and bias padded to 16 (never read past N)
+      for (int j = 0; j < kNR; ++j) {
+        sb_edge[j] = n0 + j < w.N ? sb[n0 + j] : 0.f;
+        bias_edge[j] = bias != nullptr && n0 + j < w.N ? bias[n0 + j] : 0.f;
+      }
+      sb_p = sb_edge;
+      bias_p = bias_edge;
+    }
+    for (int64_t mb = 0; mb < M; mb += kRowBlock) {
+      const int64_t rows = MinYmm(kRowBlock, M - mb), full = rows / kMR * kMR;
+      for (int64_t k0 = 0; k0 < w.kp; k0 += kChunk) {
+        const int64_t k1 = MinYmm(w.kp, k0 + kChunk);
+        for (int64_t t = 0; t < full; t += kMR) {
+          ChunkTileYmm<Sums, kMR>(w, xq, sa, za, mb + t, n0, k0, k1, part + t * kNR, sb_p, bias_p, y, ldy);
+        }
+        const int64_t m = mb + full;
+        int32_t* rest = part + full * kNR;
+        switch (rows - full) {  // the block's last rows in one tile of their own height
+          case 5: ChunkTileYmm<Sums, 5>(w, xq, sa, za, m, n0, k0, k1, rest, sb_p, bias_p, y, ldy); break;
+          case 4: ChunkTileYmm<Sums, 4>(w, xq, sa, za, m, n0, k0, k1, rest, sb_p, bias_p, y, ldy); break;
+          case 3: ChunkTileYmm<Sums, 3>(w, xq, sa, za, m, n0, k0, k1, rest, sb_p, bias_p, y, ldy); break;
+          case 2: ChunkTileYmm<Sums, 2>(w, xq, sa, za, m, n0, k0, k1, rest, sb_p, bias_p, y, ldy); break;
+          case 1: ChunkTileYmm<Sums, 1>(w, xq, sa, za, m, n0, k0, k1, rest, sb_p, bias_p, y, ldy); break;
+          default: break;
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace rowwise_int8
 }  // namespace sd

@@ -60,76 +60,32 @@ struct LaneSums {
   }
 };
 
-// The same sums on the widened packing (weights outside the lane bound), in Winograd's inner-product form: per quad of
-// k (k0 = 4t; pairs (k0, k0 + 2) and (k0 + 1, k0 + 3)) and column,
-//   (a0 + b2)(a2 + b0) + (a1 + b3)(a3 + b1) = a0 b0 + a1 b1 + a2 b2 + a3 b3 + (a0 a2 + a1 a3) + (b0 b2 + b1 b3),
-// one vpmaddwd of U = (a0 + b2, a1 + b3) and V = (a2 + b0, a3 + b1) for 4 products a lane, two vpaddw forming U and V:
-// per 32 products 2 vpaddw + 1 vpmaddwd + 1 vpaddd against the plain vpmaddwd form's 2 vpmaddwd + 2 vpaddd. Zen 4
-// issues the adds on four pipes and the multiplies on two, so the adds-heavy mix runs ~1.2x the plain one
-// (bench/results/rowwise_int8_wide.md). The row terms (a0 a2 + a1 a3) and column terms (b0 b2 + b1 b3) cancel
-// against the packing's correction block (ops/rowwise_int8_matmul_kernels.h), so acc is the plain sum. Exact: a + b
-// is within -128..382 (int16), a vpmaddwd lane within 2 * 32767^2 < 2^31, and the int32 adds wrap, so acc equals the
-// plain sum whenever that fits int32 (as on every tile).
-// The panel per quad: 128 bytes, pair (k0, k0 + 1) then pair (k0 + 2, k0 + 3), each 16 columns of int16 pairs.
-#ifndef WG_FIRST
-#define WG_FIRST(MR) (MR - MR / 2)
-#endif
-struct WinogradSums {
-  // acc[r][h] += the quads of k in [k0, k1) (multiples of 4) for kRows rows (at most 4: 4 x 2 accumulators, the
-  // four panel vectors, two broadcasts and U, V fill the 16 ymm); `panel` points at k0's quad.
-  template <int kRows>
-  static inline void Pass(const int16_t* a, int64_t kp, int64_t k0, int64_t k1, const int8_t* panel,
-                          __m256i io[][2]) {
-    __m256i acc[kRows][2];  // local, as above
-    for (int r = 0; r < kRows; ++r) acc[r][0] = io[r][0], acc[r][1] = io[r][1];
-    for (int64_t k = k0; k < k1; k += 4, panel += 4 * 32) {
-      const __m256i bv0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel));       // (b0, b1)
-      const __m256i bv1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + 32));
-      const __m256i bu0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + 64));  // (b2, b3)
-      const __m256i bu1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + 96));
-      for (int r = 0; r < kRows; ++r) {
-        const __m256i lo = Broadcast4(reinterpret_cast<const uint8_t*>(a + r * kp + k));      // (a0, a1)
-        const __m256i hi = Broadcast4(reinterpret_cast<const uint8_t*>(a + r * kp + k + 2));  // (a2, a3)
-        acc[r][0] =
-            _mm256_add_epi32(acc[r][0], _mm256_madd_epi16(_mm256_add_epi16(lo, bu0), _mm256_add_epi16(hi, bv0)));
-        acc[r][1] =
-            _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(_mm256_add_epi16(lo, bu1), _mm256_add_epi16(hi, bv1)));
+// The same sums on the widened packing (weights outside the lane bound): per pair of k, the int16 activations
+// (q[k], q[k + 1]) broadcast and one vpmaddwd + vpaddd per row and half, exact in int32 for every int8 B.
+struct WideSums {
+  template <int MR>
+  static inline void Run(const uint8_t* xq, int64_t kp, const int8_t* panel, __m256i out[MR][2]) {
+    const int16_t* a = reinterpret_cast<const int16_t*>(xq);
+    __m256i acc[MR][2];  // local, as above
+    for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+    for (int64_t k = 0; k < kp; k += 2, panel += 2 * 32) {
+      const __m256i b0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel));
+      const __m256i b1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + 32));
+      for (int r = 0; r < MR; ++r) {
+        const __m256i x = Broadcast4(reinterpret_cast<const uint8_t*>(a + r * kp + k));
+        acc[r][0] = _mm256_add_epi32(acc[r][0], _mm256_madd_epi16(x, b0));
+        acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(x, b1));
       }
     }
-    for (int r = 0; r < kRows; ++r) io[r][0] = acc[r][0], io[r][1] = acc[r][1];
-  }
-  // The chunked driver's step (ops/rowwise_int8_matmul_ymm.h): MR rows (up to 6) in passes of at most 3 over the
-  // same panel chunk, from L1.
-  template <int MR>
-  static inline void Add(const uint8_t* xq, int64_t kp, int64_t k0, int64_t k1, const int8_t* panel,
-                         __m256i acc[MR][2]) {
-    const int16_t* a = reinterpret_cast<const int16_t*>(xq);
-    constexpr int kFirst = MR > 3 ? WG_FIRST(MR) : MR;
-    Pass<kFirst>(a, kp, k0, k1, panel, acc);
-    if constexpr (MR > kFirst) Pass<MR - kFirst>(a + kFirst * kp, kp, k0, k1, panel, acc + kFirst);
-  }
-  template <int MR>
-  static inline void Run(const uint8_t* xq, int64_t kp, const int8_t* panel, __m256i acc[MR][2]) {
-    for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
-    Add<MR>(xq, kp, 0, kp, panel, acc);
+    for (int r = 0; r < MR; ++r) out[r][0] = acc[r][0], out[r][1] = acc[r][1];
   }
 };
 
-#ifndef WG_CHUNK
-#define WG_CHUNK 128
-#endif
-#ifndef WG_ROWS
-#define WG_ROWS 48
-#endif
 }  // namespace
 
 void GemmAvx2(const PackedView& w, const uint8_t* xq, const float* sa, const int32_t* za, int64_t M, const float* sb,
               const float* bias, float* y, int64_t ldy) {
-  #ifdef WG_CHUNKED
-  if (w.width == 2) GemmYmmChunked<WinogradSums, WG_CHUNK, WG_ROWS>(w, xq, sa, za, M, sb, bias, y, ldy);
-#else
-  if (w.width == 2) GemmYmm<WinogradSums>(w, xq, sa, za, M, sb, bias, y, ldy);
-#endif
+  if (w.width == 2) GemmYmm<WideSums>(w, xq, sa, za, M, sb, bias, y, ldy);
   else if (w.groups == 4) GemmYmm<LaneSums<4>>(w, xq, sa, za, M, sb, bias, y, ldy);
   else if (w.groups == 2) GemmYmm<LaneSums<2>>(w, xq, sa, za, M, sb, bias, y, ldy);
   else GemmYmm<LaneSums<1>>(w, xq, sa, za, M, sb, bias, y, ldy);

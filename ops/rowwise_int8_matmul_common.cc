@@ -14,20 +14,6 @@ constexpr float kMinScale = 0x1p-126f;  // as in the AVX2 unit
 
 constexpr int64_t RoundUp(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
-// Eight int16 (two quads of the widened packing's correction block, in k order) whose quad terms
-// (p0 p2 + p1 p3) + (p4 p6 + p5 p7) equal -terms modulo 2^32: with v = -terms as int32, C = 32767, q = v / C and
-// r = v - q C, the entries are q1 = q / 3 (twice, times C) and q - 2 q1 (times C), and r (times 1): every entry an
-// int16 (|q| <= 65538) and every pair of products within a vpmaddwd lane (< 2^31).
-void CorrectionPairs(int64_t terms, int16_t out[8]) {
-  const int64_t v = static_cast<int32_t>(static_cast<uint32_t>(-static_cast<uint64_t>(terms)));  // -terms mod 2^32
-  constexpr int64_t kC = 32767;
-  const int64_t q = v / kC, r = v - q * kC;
-  const int64_t q1 = q / 3, q3 = q - 2 * q1;
-  // quad 0: (k0, k0 + 2) = (q1, C), (k0 + 1, k0 + 3) = (q1, C); quad 1: (q3, C), (r, 1)
-  const int64_t vals[8] = {q1, q1, kC, kC, q3, r, kC, 1};
-  for (int j = 0; j < 8; ++j) out[j] = static_cast<int16_t>(vals[j]);
-}
-
 }  // namespace
 
 // The largest of 4, 2, 1 vpmaddubsw results that may be summed in int16 for activations on 0..levels (0: not even
@@ -81,21 +67,11 @@ Packed Pack(const int8_t* b, int64_t K, int64_t N, int levels, Path path) {
     p.groups = LaneGroups(b, K, N, levels);
     if (p.groups == 0) {  // the widened packing (layout: ops/rowwise_int8_matmul_kernels.h), exact for every int8 B
       p.width = 2;
-      const int64_t kb = p.kp;  // K padded; the correction block follows
-      p.kp = kb + kKB;
       std::vector<int16_t> wide(static_cast<size_t>(p.kp * p.np), 0);
       for (int64_t n0 = 0; n0 < p.np; n0 += kNR) {
         int16_t* panel = wide.data() + n0 * p.kp;
-        const auto at = [&](int64_t k, int64_t c) -> int16_t& { return panel[(k / 2) * 2 * kNR + 2 * c + k % 2]; };
-        for (int64_t c = 0; c < kNR && n0 + c < N; ++c) {
-          int64_t quads = 0;  // sum over the quads of K of (b0 b2 + b1 b3): the Winograd tiles' column terms
-          for (int64_t k = 0; k < K; ++k) {
-            at(k, c) = b[k * N + n0 + c];
-            if (k % 4 >= 2) quads += int64_t{b[k * N + n0 + c]} * b[(k - 2) * N + n0 + c];
-          }
-          int16_t pairs[8];
-          CorrectionPairs(quads, pairs);
-          for (int j = 0; j < 8; ++j) at(kb + 8 + j, c) = pairs[j];  // quads 2, 3 of the block (activations 0)
+        for (int64_t k = 0; k < K; ++k) {
+          for (int64_t c = 0; c < kNR && n0 + c < N; ++c) panel[(k / 2) * 2 * kNR + 2 * c + k % 2] = b[k * N + n0 + c];
         }
       }
       p.panels.resize(wide.size() * sizeof(int16_t));
@@ -157,18 +133,7 @@ int64_t QuantizeRowsPortable(const float* x, int64_t M, int64_t K, int64_t kp, i
 }
 
 void WidenRows(const uint8_t* xq, int64_t M, int64_t kp, int16_t* xw) {
-  const int64_t kb = kp - kKB;  // the quantized entries (K padded with the zero point), then the correction block
-  for (int64_t m = 0; m < M; ++m) {
-    const uint8_t* q = xq + m * kp;
-    int16_t* dst = xw + m * kp;
-    uint32_t quads = 0;  // sum of (a0 a2 + a1 a3) over the quads, modulo 2^32 (what the tiles' int32 adds keep)
-    for (int64_t k = 0; k < kb; k += 4) {
-      quads += uint32_t{q[k]} * q[k + 2] + uint32_t{q[k + 1]} * q[k + 3];
-      for (int t = 0; t < 4; ++t) dst[k + t] = q[k + t];
-    }
-    CorrectionPairs(quads, dst + kb);  // quads 0, 1 of the block (weights 0)
-    for (int64_t k = kb + 8; k < kp; ++k) dst[k] = 0;
-  }
+  for (int64_t i = 0; i < M * kp; ++i) xw[i] = xq[i];
 }
 
 void GemmPortable(const int8_t* b, int64_t K, int64_t N, const int32_t* colsum, const uint8_t* xq, int64_t kp,

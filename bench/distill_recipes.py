@@ -24,7 +24,7 @@ from bench.distill_students import encode, maxsim
 from softdeploy.compare.metrics import mrr_at_k, ndcg_at_k
 from softdeploy.distill import DistillConfig, distill, layer_reduce, load_paraphrase_l3, load_teacher
 from softdeploy.distill.data import distillation_texts
-from softdeploy.models.minilm_retrieval import load_chatterbot
+from softdeploy_cases.minilm_retrieval import load_chatterbot
 
 BASE = DistillConfig(steps=100, batch_size=16, max_length=32, lr=3e-4)
 # name -> (init layers or "l3", DistillConfig overrides, data)

@@ -37,7 +37,7 @@ from softdeploy.distill import (
     load_teacher,
 )
 from softdeploy.distill.train import fake_quant_int8
-from softdeploy.models.minilm_retrieval import load_chatterbot
+from softdeploy_cases.minilm_retrieval import load_chatterbot
 
 
 def encode(model, tok, texts, max_length=128, batch=64):

@@ -1,7 +1,7 @@
 """Soft thinking end to end: the generation loop on onnxruntime against torch eager, fp32 against int8, soft against
 discrete decoding, and the loop's own overhead per step.
 
-Model: softdeploy.models.soft_thinking's QA decoder (a 3-layer LlamaForCausalLM trained here on chatterbot-corpus,
+Model: softdeploy_cases.soft_thinking's QA decoder (a 3-layer LlamaForCausalLM trained here on chatterbot-corpus,
 ``<bos> q <think> #topic keys </think> answer <eos>``; cached after the first run). Prompts: every 32nd question of
 the corpus (64 questions; the first 8 for the agreement and speed runs).
 
@@ -167,9 +167,9 @@ def main() -> int:
     from softdeploy.cache import cache_root
     from softdeploy.export.decoder import DecoderExport, export_decoder
     from softdeploy.generate import Decoding, OrtBackend, SoftThinking, TorchBackend, generate
-    from softdeploy.models.soft_thinking import EOS, THINK_END, trained_model
     from softdeploy.quant.quantize import quantize
     from softdeploy.runtime import library_status
+    from softdeploy_cases.soft_thinking import EOS, THINK_END, trained_model
 
     lines: list[str] = []
 
@@ -273,7 +273,7 @@ def main() -> int:
     out("| variant | decoding | topic tag | answer exact | thinking ended by `</think>` |")
     out("|---|---|---|---|---|")
     ids = data.ids
-    from softdeploy.models.soft_thinking import words
+    from softdeploy_cases.soft_thinking import words
 
     all_prompts = [data.prompt(q) for _, q, _ in questions]
     refs = [[ids[w] for w in words(a)] + [EOS] for _, _, a in questions]

@@ -2,7 +2,7 @@
 
     python -m bench.lora_mixer_case_int8
 
-The case (softdeploy/models/lora_mixer_retrieval.py: all-MiniLM-L6-v2, one trained LoRA expert per chatterbot
+The case (cases/softdeploy_cases/lora_mixer_retrieval.py: all-MiniLM-L6-v2, one trained LoRA expert per chatterbot
 category in the last layer's q/k/v/o projections, trained router, top-1) is prepared (its trained experts come from
 the cache) and exported; ``quantize`` runs in dynamic mode with the case's probe feeds (4 batches of 8 training
 questions and answers) with ``routing_guard`` off and on (the default). Reported: routing agreement per LoRAMixer

@@ -40,8 +40,8 @@ class Encoder(nn.Module):
 
 
 def batches(n: int) -> list[dict[str, np.ndarray]]:
-    from softdeploy.models import token_vectors
     from softdeploy.models.assets import load_minilm
+    from softdeploy_cases import token_vectors
 
     tok, _ = load_minilm()
     questions = list(dict.fromkeys(q for q, _ in token_vectors.chatterbot_pairs()))[: n * BATCH]

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from softdeploy.compare.metrics import mrr_at_k
-from softdeploy.models.lora_mixer_retrieval import LoRAMixerRetrieval
+from softdeploy_cases.lora_mixer_retrieval import LoRAMixerRetrieval
 
 
 def embed(model: Any, tok: Any, texts: list[str], max_length: int) -> np.ndarray:

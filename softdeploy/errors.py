@@ -81,5 +81,10 @@ class DistillError(SoftdeployError, ValueError):
     embedding dimensions differ, or a checkpoint belongs to another run. The message names both sides."""
 
 
+class CaseNotFoundError(SoftdeployError, LookupError):
+    """A compare / quantize case name that no installed distribution registers in the ``softdeploy.cases``
+    entry-point group, or whose entry point does not load. The message names the case and the installed ones."""
+
+
 class WorkflowError(SoftdeployError, ValueError):
     """A workflow file, or the data and metrics it names, is not usable (the message names the key)."""

@@ -158,7 +158,8 @@ def _add_compare_parser(sub: argparse._SubParsersAction) -> None:  # type: ignor
     p.add_argument(
         "--case",
         default=None,
-        help=f"a built-in case ({', '.join(sorted(CASES))}; default {DEFAULT_CASE}) or your own 'pkg.mod:MyCase' "
+        help=f"an installed case ({', '.join(sorted(CASES)) or 'none: pip install ./cases'}; default {DEFAULT_CASE}) or "
+        "your own 'pkg.mod:MyCase' "
         "(a softdeploy.compare.case.Case, or a callable returning one)",
     )
     p.add_argument(

@@ -97,7 +97,8 @@ class Case(Protocol):
     ``torch_size_bytes`` (see the module docstring) and ``use_fp32(path)``, called with the fp32 model's path after
     every export *and* whenever a cached export is reused, so a case that reads its own fp32 model (a reference for
     agreement) finds it on a rerun too. :class:`softdeploy.workflow.case.WorkflowCase` is the
-    implementation a workflow file builds; softdeploy.models has the built-in cases.
+    implementation a workflow file builds; :mod:`softdeploy.models` finds the installed cases (the
+    ``softdeploy.cases`` entry-point group; the built-in ones are this repository's cases/ distribution).
     """
 
     name: str  # folder name of the results, e.g. "minilm_retrieval"

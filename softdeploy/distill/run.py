@@ -55,8 +55,8 @@ def export_encoder(model: SentenceEncoder, path: Path, *, fuse: bool = True) -> 
     minilm_retrieval case exports its teacher)."""
     import torch
 
+    from softdeploy.export.bert_fusions import fuse_bert_ops
     from softdeploy.export.torch_export import export_module
-    from softdeploy.models.minilm_retrieval import fuse_bert_ops
 
     ids = torch.randint(1000, 2000, (2, 16), dtype=torch.int64)
     batch = torch.export.Dim("batch", min=1, max=1024)

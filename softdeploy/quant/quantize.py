@@ -48,7 +48,7 @@ CalibrationMethod = Literal["minmax", "percentile", "entropy"]
 
 # What static QDQ quantizes by default: the GEMM-like ops, where int8 pays. Quantizing everything
 # onnxruntime can (Add, LayerNormalization, Reshape, ...) inserts Q/DQ pairs that cost time and,
-# on transformers, accuracy (measured on all-MiniLM-L6-v2: see results/minilm_retrieval/).
+# on transformers, accuracy (measured on all-MiniLM-L6-v2: see cases/results/minilm_retrieval/).
 STATIC_DEFAULT_OP_TYPES = ("MatMul", "Gemm", "Conv")
 
 

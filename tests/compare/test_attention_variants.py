@@ -20,7 +20,7 @@ needs_models = pytest.mark.skipif(
 
 
 def test_classification_metrics() -> None:
-    from softdeploy.models.attention_variants import classification_metrics
+    from softdeploy_cases.attention_variants import classification_metrics
 
     logits = np.array([[2.0, 0.0, 0.0], [0.0, 2.0, 0.0], [0.0, 2.0, 0.0], [0.0, 0.0, 2.0]])
     labels = np.array([0, 1, 2, 2])
@@ -32,7 +32,7 @@ def test_classification_metrics() -> None:
 
 def test_unknown_attention_is_refused() -> None:
     from softdeploy.errors import ArgumentError
-    from softdeploy.models.attention_variants import build_classifier
+    from softdeploy_cases.attention_variants import build_classifier
 
     with pytest.raises(ArgumentError, match="attention 'flash'"):
         build_classifier("flash", vocab=10, classes=2)
@@ -40,8 +40,8 @@ def test_unknown_attention_is_refused() -> None:
 
 def test_mha_peer_is_softmax_attention() -> None:
     """The sweep's MultiHeadAttention model computes softmax(Q K^T / sqrt(D)) V per head (what the table says)."""
-    from softdeploy.models.attention_variants import SWEEP_D, SWEEP_H, mha_model, sweep_feeds
     from softdeploy.runtime import Session
+    from softdeploy_cases.attention_variants import SWEEP_D, SWEEP_H, mha_model, sweep_feeds
 
     t = 16
     feeds = sweep_feeds(t)
@@ -58,7 +58,7 @@ def test_mha_peer_is_softmax_attention() -> None:
 @pytest.mark.models
 @needs_models
 def test_split_is_seeded_stratified_and_disjoint() -> None:
-    from softdeploy.models.attention_variants import load_texts
+    from softdeploy_cases.attention_variants import load_texts
 
     a, b = load_texts(seed=0), load_texts(seed=0)
     assert a.train == b.train and a.test == b.test
@@ -76,7 +76,7 @@ def test_quick_case_end_to_end(tmp_path: Path) -> None:
     from softdeploy.compare import run_compare
     from softdeploy.compare.report import write_reports
     from softdeploy.models import get_case
-    from softdeploy.models.attention_variants import ATTENTIONS
+    from softdeploy_cases.attention_variants import ATTENTIONS
 
     cache = tmp_path / "cache"
     case = get_case("attention_variants", quick=True, cache_dir=cache)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from softdeploy.models.detection import SoftNMSRunner, soft_nms_op_available, soft_nms_reference
-from softdeploy.models.mtcnn_faces import box_f1, roc_auc
+from softdeploy_cases.mtcnn_faces import box_f1, roc_auc
 
 
 def _boxes(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:

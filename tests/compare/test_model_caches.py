@@ -77,7 +77,7 @@ def test_load_or_build_reuses_a_good_entry_and_rebuilds_a_bad_one(tmp_path: Path
 
 
 def _experts_case(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, list[int]]:
-    from softdeploy.models.lora_mixer_retrieval import LoRAMixerRetrieval
+    from softdeploy_cases.lora_mixer_retrieval import LoRAMixerRetrieval
 
     case = LoRAMixerRetrieval(cache_dir=tmp_path)
     trained: list[int] = []
@@ -131,7 +131,7 @@ def test_trained_experts_a_bad_entry_is_set_aside_and_trained_again(
 def test_attention_classifier_a_bad_entry_is_set_aside_and_trained_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, damage: str
 ) -> None:
-    from softdeploy.models.attention_variants import AttentionVariants
+    from softdeploy_cases.attention_variants import AttentionVariants
 
     case = AttentionVariants(cache_dir=tmp_path)
     trained: list[str] = []
@@ -194,7 +194,7 @@ def _tiny_student() -> Any:
 
 
 def _distilled_case(tmp_path: Path) -> tuple[Any, list[Path]]:
-    from softdeploy.models.minilm_distilled import MiniLMDistilled
+    from softdeploy_cases.minilm_distilled import MiniLMDistilled
 
     case = MiniLMDistilled(cache_dir=tmp_path)
     return case, []

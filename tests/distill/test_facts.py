@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from softdeploy.distill.data import BROAD_SOURCES, distillation_texts, held_out, parse_source
-from softdeploy.distill.facts import country_sentences, fact_questions, facts_as_questions, sentence_questions
 from softdeploy.errors import ArgumentError
+from softdeploy_cases.facts import country_sentences, fact_questions, facts_as_questions, sentence_questions
 
 
 @pytest.mark.parametrize(
@@ -50,7 +50,7 @@ def test_facts_as_questions_are_distinct_and_in_order() -> None:
 def test_fact_questions_are_the_recorded_ones() -> None:
     """randfacts==0.24.4 (its safe.txt sha256-checked) and countryinfo==1.0.1 as the models extra pins them: the 5,494
     questions the twenty-fifth session trained on (bench/results/distill_recipes.md)."""
-    from softdeploy.models.minilm_retrieval import load_chatterbot
+    from softdeploy_cases.minilm_retrieval import load_chatterbot
 
     questions = fact_questions()
     assert len(questions) == 5_494 and len(set(questions)) == len(questions)

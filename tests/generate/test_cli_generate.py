@@ -15,7 +15,7 @@ pytestmark = pytest.mark.models  # transformers, tokenizers
 def model_dir(tmp_path_factory):
     """A tiny Llama folder with a word-level tokenizer whose vocabulary holds <think> and </think>."""
     from generate.tiny import VOCAB, tiny_causal_lm
-    from softdeploy.models.soft_thinking import SPECIALS, QAData, write_model_folder
+    from softdeploy_cases.soft_thinking import SPECIALS, QAData, write_model_folder
 
     vocab = [*SPECIALS, *(f"w{i}" for i in range(VOCAB - len(SPECIALS)))]
     return write_model_folder(tiny_causal_lm("llama"), QAData([], vocab), tmp_path_factory.mktemp("tiny-model"))

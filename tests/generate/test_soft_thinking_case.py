@@ -10,9 +10,9 @@ pytestmark = pytest.mark.models  # transformers, chatterbot-corpus
 def test_the_case_runs_every_variant_and_torch_gives_the_same_traces(tmp_path, monkeypatch):
     from softdeploy.cache import CACHE_ENV
     from softdeploy.compare.runner import run_compare
-    from softdeploy.models.soft_thinking import TrainConfig
-    from softdeploy.models.soft_thinking_case import SoftThinkingCase
     from softdeploy.progress import SilentProgress
+    from softdeploy_cases.soft_thinking import TrainConfig
+    from softdeploy_cases.soft_thinking_case import SoftThinkingCase
 
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
     small = TrainConfig(hidden=32, layers=1, heads=2, kv_heads=1, intermediate=64, steps=30, batch_size=8)

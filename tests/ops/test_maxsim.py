@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 from softdeploy import OpContractError, conformance
 from softdeploy.compare.metrics import topk_agreement
 from softdeploy.errors import InputError
-from softdeploy.models import token_vectors
 from softdeploy.ops import REGISTRY, Sample
 from softdeploy.ops.max_sim import quantize_tokens, unit_tokens
 from softdeploy.runtime import Session
+from softdeploy_cases import token_vectors
 
 OP = REGISTRY["MaxSim"]
 

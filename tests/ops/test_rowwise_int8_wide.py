@@ -103,6 +103,32 @@ def test_worst_case_sums_on_the_widened_tile():
         check_exact(session, a, want, None, isa)
 
 
+@pytest.mark.parametrize(("k", "n"), [(2, 1), (3, 16), (15, 17), (16, 15), (17, 33), (33, 16)])
+def test_extreme_codes_and_weights_at_block_edges(k, n):
+    """Codes 0 and 255 against weights -128 and 127, in the patterns that stress each pair of k: alternating codes
+    against alternating weights (one product of each pair at its extreme, the other 0), every code 255 against every
+    weight -128 (the most negative sums) and against 127 (the first code 0 there, so the row's scale stays 1), at K and
+    N on either side of the 16-k blocks and 16-column panels (odd K: a half-padded last pair) and row counts around the
+    tiles' heights; every variant, exactly."""
+    codes = np.where(np.arange(k) % 2 == 0, 255.0, 0.0).astype(np.float32)
+    alternating = np.where((np.arange(k)[:, None] + np.arange(n)[None, :]) % 2 == 0, 127, -128).astype(np.int8)
+    cases = {
+        "alternating": (alternating, codes),
+        "all -128": (np.full((k, n), -128, np.int8), np.full(k, 255.0, np.float32)),
+        "all 127": (np.full((k, n), 127, np.int8), np.full(k, 255.0, np.float32)),
+    }
+    for name, (b, row) in cases.items():
+        for isa in conformance.available_isas():
+            with conformance.forced_isa(isa):
+                session = Session(_model(b, None), kernels="native")
+            for m in (1, 5, 6, 7, 13):
+                a = np.tile(row, (m, 1))
+                if not (row == 0).any():
+                    a[:, 0] = 0.0  # 0 and 255 in every row: scale 1, zero point 0, q = a
+                want = a.astype(np.int64) @ b.astype(np.int64)
+                check_exact(session, a, want, None, f"{name} {isa} m={m} k={k} n={n}")
+
+
 _EMULATED_SCRIPT = """
 import importlib.util
 import numpy as np

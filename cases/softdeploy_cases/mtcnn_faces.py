@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 
 from softdeploy.compare.case import Evaluation, Floor, Progress, Runner, Timed
-from softdeploy.models.assets import package_dir
 from softdeploy.models.detection import SoftNMSRunner, iou_one_to_many
+from softdeploy_cases.assets import package_dir
 
 MIN_FACE = 20
 FACTOR = 0.709

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import re
 
-from softdeploy.models.assets import package_dir, verified_file
+from softdeploy_cases.assets import package_dir, verified_file
 
 RANDFACTS_FILE = "safe.txt"
 

@@ -24,10 +24,7 @@ faster for fp32 and int8 alike: see bench/results/minilm_int8_options.md.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import io
-import logging
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -37,9 +34,11 @@ import numpy as np
 
 from softdeploy.compare.case import Evaluation, Floor, Progress, Runner, Timed
 from softdeploy.compare.metrics import mrr_at_k, ndcg_at_k, recall_at_k
-from softdeploy.models.assets import load_minilm, offline, package_dir
+from softdeploy.export.bert_fusions import fuse_bert_ops
+from softdeploy.models.assets import load_minilm, offline
 from softdeploy.models.retrieval import MaxSimScorer, TokenBank
 from softdeploy.quant import QuantConfig
+from softdeploy_cases.assets import package_dir
 
 # The issue's floors for this case.
 FLOOR_SPEEDUP = 2.0
@@ -423,28 +422,6 @@ class MiniLMRetrieval:
                 f"score p50 {ref.get('score int8 p50 ms', float('nan')):.2f} ms vs fp32 {ref.get('score p50 ms', float('nan')):.2f} ms",
             ),
         ]
-
-
-def fuse_bert_ops(path: Path, num_heads: int, hidden: int) -> dict[str, int]:
-    """Rewrites the ONNX model at ``path`` with onnxruntime's BERT fusions (opt_level 0: pattern
-    fusions only, the graph stays portable); returns the count of each fused op."""
-    from onnxruntime.transformers.optimizer import optimize_model
-
-    # The fusions print/log that symbolic shape inference fails on the dynamo export: it only means
-    # that SkipLayerNormalization is left to onnxruntime's session optimiser (which does fuse it).
-    # Their loggers are top-level modules (onnxruntime.transformers puts its folder on sys.path), so
-    # warnings are switched off for this call only.
-    previous = logging.root.manager.disable
-    logging.disable(logging.WARNING)
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):
-            model = optimize_model(
-                str(path), model_type="bert", num_heads=num_heads, hidden_size=hidden, opt_level=0, use_gpu=False
-            )
-    finally:
-        logging.disable(previous)
-    model.save_model_to_file(str(path))
-    return {k: int(v) for k, v in model.get_fused_operator_statistics().items() if v}
 
 
 def _TokenEmbedder(bert: Any) -> Any:

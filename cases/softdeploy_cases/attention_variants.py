@@ -58,7 +58,8 @@ import numpy as np
 
 from softdeploy.cache import cache_root
 from softdeploy.compare.case import Evaluation, Floor, Progress, Runner, Section, Timed
-from softdeploy.models.assets import minilm_dir, offline, package_dir
+from softdeploy.models.assets import minilm_dir, offline
+from softdeploy_cases.assets import package_dir
 
 ATTENTIONS = ("softmax", "softpick", "soft")
 LABELS = {"softmax": "softmax", "softpick": "softpick", "soft": "SOFT"}
@@ -914,7 +915,7 @@ def sweep_section(sweep: dict[str, Any], threads: int) -> Section:
         f"of interleaved rounds (the three peers in the same rounds per T). Peers: "
         + "; ".join(f"`{k}` = {v}" for k, v in SWEEP_PEERS.items())
         + ". The models and feeds are those of bench/softpick_attention.py and bench/nystrom_gaussian_attention.py "
-        "(`mha_model`, `op_model`, `sweep_feeds` of softdeploy.models.attention_variants).\n\n"
+        "(`mha_model`, `op_model`, `sweep_feeds` of softdeploy_cases.attention_variants).\n\n"
         + markdown_table(
             [
                 "T",

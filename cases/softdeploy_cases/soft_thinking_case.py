@@ -1,4 +1,4 @@
-"""The ``soft_thinking`` compare case: the QA decoder of :mod:`softdeploy.models.soft_thinking` generating with soft
+"""The ``soft_thinking`` compare case: the QA decoder of :mod:`softdeploy_cases.soft_thinking` generating with soft
 thinking, its step graph in every variant of ``softdeploy compare``.
 
 The compared model is the decoder's *step graph* (past key/values in, logits and presents out; the prefill graph
@@ -37,7 +37,7 @@ class _StepRunner:
 class SoftThinkingCase:
     """See the module docstring. ``questions``: how many training questions (every 32nd of the corpus); ``steps``:
     the most new tokens per row; ``train``: the model's size and training
-    (:class:`softdeploy.models.soft_thinking.TrainConfig`, default its defaults)."""
+    (:class:`softdeploy_cases.soft_thinking.TrainConfig`, default its defaults)."""
 
     name = "soft_thinking"
     title = "Soft thinking: a 3-layer QA decoder (chatterbot-corpus) generating with SoftTokenEmbedding"
@@ -63,7 +63,7 @@ class SoftThinkingCase:
         from softdeploy.cache import cache_root
         from softdeploy.compare.cache import fingerprint
         from softdeploy.export.decoder import DecoderExport, export_decoder
-        from softdeploy.models.soft_thinking import EOS, THINK_END, trained_model, words
+        from softdeploy_cases.soft_thinking import EOS, THINK_END, trained_model, words
 
         model, data, _ = trained_model(self.train, progress=progress)
         folder = cache_root() / "soft_thinking" / f"case-export-{fingerprint(model)[:16]}"
@@ -131,7 +131,7 @@ class SoftThinkingCase:
         """Data, model and settings, for the report."""
         return {
             "model": f"LlamaForCausalLM, {self._model.config.num_hidden_layers} layers, width "
-            f"{self._model.config.hidden_size}, trained on chatterbot-corpus (softdeploy.models.soft_thinking)",
+            f"{self._model.config.hidden_size}, trained on chatterbot-corpus (softdeploy_cases.soft_thinking)",
             "compared graph": "the decoder's step graph (prefill stays fp32 onnxruntime)",
             "questions": self.questions,
             "generation": f"soft thinking, Gumbel tau 0.5 (seeded), greedy answers, <= {self.steps} steps, batch {BATCH}",

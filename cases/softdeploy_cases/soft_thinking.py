@@ -89,7 +89,7 @@ def load_qa() -> QAData:
     """chatterbot-corpus's English conversations (first utterance the question, second the answer)."""
     import yaml
 
-    from softdeploy.models.assets import package_dir
+    from softdeploy_cases.assets import package_dir
 
     root = package_dir("chatterbot_corpus") / "data" / "english"
     triples = []

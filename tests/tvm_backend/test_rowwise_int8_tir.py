@@ -19,7 +19,7 @@ from softdeploy import DOMAIN, OPSET_VERSION
 from softdeploy.export.functions import attach_function_bodies
 from softdeploy.ops import REGISTRY
 from softdeploy.runtime import Session
-from softdeploy.runtime.tvm import TVMSession
+from softdeploy.tvm.session import TVMSession
 from softdeploy.tvm.errors import ScheduleWarning
 from softdeploy.tvm.ops import rowwise_int8_matmul as tir
 from softdeploy.tvm.target import host_target, make_target, target_has

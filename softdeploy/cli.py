@@ -848,9 +848,9 @@ def cmd_compile(args: argparse.Namespace) -> int:
     import_tvm()  # TVMNotInstalledError with the pip command, before anything imports tvm
     check_importable(model)  # every op TVM cannot take, all at once, before any work
 
-    from softdeploy.tvm.session import TVMSession
     from softdeploy.terminal import captured
     from softdeploy.tvm.frontend import import_model, prepare
+    from softdeploy.tvm.session import TVMSession
     from softdeploy.tvm.target import host_target
     from softdeploy.tvm.tuning import RPCSpec, tune
 
@@ -901,8 +901,8 @@ def _tvm_vs_onnxruntime(model: object, sess: object, *, runs: int = 20) -> str |
 
     from softdeploy.compare.latency import time_batches_interleaved
     from softdeploy.runtime import Session, library_status
-    from softdeploy.tvm.session import set_threads
     from softdeploy.terminal import captured
+    from softdeploy.tvm.session import set_threads
 
     report = sess.report  # type: ignore[attr-defined]
     # kernels on TVM's default schedules: all of them in an --untuned build (which counts no tasks)

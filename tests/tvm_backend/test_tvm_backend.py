@@ -20,9 +20,9 @@ from onnx import TensorProto, helper
 from softdeploy import DOMAIN, OPSET_VERSION
 from softdeploy.export.functions import attach_function_bodies
 from softdeploy.runtime import Session
-from softdeploy.tvm.session import TVMSession
 from softdeploy.tvm.errors import TuningError, UnsupportedModelError
 from softdeploy.tvm.frontend import check_importable, import_model, prepare, unsupported_ops
+from softdeploy.tvm.session import TVMSession
 
 pytestmark = pytest.mark.tvm  # for `-m` selection; without the `tvm` extra the module skips at import
 

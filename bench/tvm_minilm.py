@@ -167,7 +167,7 @@ def main() -> None:
     args = p.parse_args()
 
     from softdeploy.runtime import Session
-    from softdeploy.runtime.tvm import TVMSession, set_threads
+    from softdeploy.tvm.session import TVMSession, set_threads
 
     with tempfile.TemporaryDirectory(prefix="minilm-") as tmp:
         onnx_path = export_minilm(Path(tmp) / "minilm.onnx")

@@ -144,7 +144,7 @@ def main() -> None:
         return
 
     from softdeploy.runtime import Session
-    from softdeploy.runtime.tvm import TVMSession, set_threads
+    from softdeploy.tvm.session import TVMSession, set_threads
 
     harness.header("softdeploy ops on TVM: tuned vs untuned vs C++ kernel vs onnxruntime decomposed")
     rows = []

@@ -58,8 +58,8 @@ def main() -> None:
 
     from softdeploy.conformance import forced_isa
     from softdeploy.runtime import Session
-    from softdeploy.runtime.tvm import TVMSession, set_threads
     from softdeploy.tvm.ops import rowwise_int8_matmul as tir
+    from softdeploy.tvm.session import TVMSession, set_threads
     from softdeploy.tvm.target import host_target, make_target
 
     target = host_target(args.target_cpu)

@@ -12,8 +12,9 @@ drift from what softdeploy does:
   per-ISA translation unit ``ops/<stem>_avx2.cc`` / ``_avx512.cc`` of kernels over the vector traits; VNNI
   where ``avx512vnni`` is targeted); the portable variant always exists. The kernel notes are the
   source file's leading comment;
-* the TVM path from ``softdeploy/tvm/ops/__init__.py`` (``TIR_OPS``, ``FUNCTION_BODY_ONLY``,
-  ``NOT_IMPORTABLE``), read with ``ast`` so that generating needs no TVM installed.
+* the TVM path from each op's ``softdeploy/tvm/ops/<stem>.py`` (``convert``: a TIR compute;
+  ``FUNCTION_BODY_ONLY`` / ``NOT_IMPORTABLE``: why not), read with ``ast`` so that generating needs no TVM
+  installed.
 
 Which variant a given machine runs is decided at run time (the best the CPU supports, lowered by
 ``SOFTDEPLOY_ISA``); ``softdeploy ops`` and ``softdeploy.runtime.library.library_info()`` ask the
@@ -86,11 +87,9 @@ def kernel_variants(stem: str) -> dict[str, bool]:
     the ISA in the kernel's own sources (SD_TARGET_*), or a per-ISA translation unit (isa_units)."""
     text = "\n".join(p.read_text() for p in kernel_sources(stem))
     units = isa_units(stem)
-    # A unit CMake compiles for AVX-512 VNNI (_avx512vnni_sources: ops/<stem>_avx512vnni.cc), which the avx512
-    # variant calls where the CPU has VNNI.
-    cmake = (ROOT / "CMakeLists.txt").read_text()
-    vnni_units = re.search(r"set\(_avx512vnni_sources([^)]*)\)", cmake)
-    vnni_unit = vnni_units is not None and f"ops/{stem}_avx512vnni.cc" in vnni_units.group(1).split()
+    # A unit CMake compiles for AVX-512 VNNI (by its name, ops/<stem>_avx512vnni.cc), which the avx512 variant
+    # calls where the CPU has VNNI.
+    vnni_unit = (ROOT / "ops" / f"{stem}_avx512vnni.cc").exists()
     return {
         "avx512": "SD_TARGET_AVX512" in text or "avx512" in units,
         "avx512vnni": '"avx512vnni"' in text or vnni_unit,
@@ -112,24 +111,35 @@ def kernel_notes(stem: str) -> str:
 
 
 def tvm_tables() -> tuple[set[str], dict[str, str], dict[str, str]]:
-    """(TIR_OPS keys, FUNCTION_BODY_ONLY, NOT_IMPORTABLE) of softdeploy/tvm/ops/__init__.py, without
-    importing TVM."""
-    tree = ast.parse((ROOT / "softdeploy" / "tvm" / "ops" / "__init__.py").read_text())
-    tables: dict[str, ast.Dict] = {}
-    for node in tree.body:
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(node.value, ast.Dict):
-            tables[node.target.id] = node.value
-        elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict):
-            for target in node.targets:
-                if isinstance(target, ast.Name):
-                    tables[target.id] = node.value
-    tir = {ast.literal_eval(k) for k in tables["TIR_OPS"].keys if k is not None}
-
-    def literal(name: str) -> dict[str, str]:
-        d = tables[name]
-        return {ast.literal_eval(k): ast.literal_eval(v) for k, v in zip(d.keys, d.values, strict=True) if k}
-
-    return tir, literal("FUNCTION_BODY_ONLY"), literal("NOT_IMPORTABLE")
+    """(TIR_OPS keys, FUNCTION_BODY_ONLY, NOT_IMPORTABLE) as softdeploy/tvm/ops/__init__.py derives them from
+    each op's module softdeploy/tvm/ops/<stem>.py (``convert``, or a ``FUNCTION_BODY_ONLY`` /
+    ``NOT_IMPORTABLE`` string), read with ``ast`` so that no TVM is imported."""
+    tir: set[str] = set()
+    body_only: dict[str, str] = {}
+    not_importable: dict[str, str] = {}
+    for name, d in REGISTRY.items():
+        path = ROOT / "softdeploy" / "tvm" / "ops" / f"{d.stem}.py"
+        if not path.is_file():
+            body_only[name] = f"no TIR compute (no softdeploy/tvm/ops/{d.stem}.py)"
+            continue
+        bound: dict[str, ast.AST | None] = {}
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.FunctionDef):
+                bound[node.name] = None
+            elif isinstance(node, ast.Assign):
+                for target in node.targets:
+                    if isinstance(target, ast.Name):
+                        bound[target.id] = node.value
+            elif isinstance(node, ast.ImportFrom):
+                for alias in node.names:
+                    bound[alias.asname or alias.name] = None
+        if "convert" in bound:
+            tir.add(name)
+        for table, found in (("FUNCTION_BODY_ONLY", body_only), ("NOT_IMPORTABLE", not_importable)):
+            value = bound.get(table)
+            if value is not None:
+                found[name] = ast.literal_eval(value)
+    return tir, body_only, not_importable
 
 
 def body_ops(d: OpDef) -> list[str]:

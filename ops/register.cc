@@ -79,15 +79,22 @@ std::string JsonString(const std::string& v) {
   return out + "\"";
 }
 
+// A JSON list of the op types of an X-macro list (ops.inc, cuda/cuda_ops.inc).
+#define SD_JSON_OP(OpType, stem) ops += std::string(ops.empty() ? "" : ", ") + "\"" #OpType "\"";
+
 // What of the GPU path this library holds (decided at build time; nothing CUDA runs to answer).
+std::string CudaJson() {
 #ifdef SD_WITH_CUDA
-constexpr const char* kCudaJson =
-    "{\"compiled\": true, \"architectures\": \"" SD_CUDA_ARCHS "\", \"cuda_version\": \"" SD_CUDA_VERSION
-    "\", \"ops\": [\"MaxSim\", \"SoftTokenEmbedding\", \"SoftmaxTopK\", \"Softpick\", \"TwoPassSoftmax\"], "
-    "\"execution_provider\": \"CUDAExecutionProvider\", \"c_abi\": \"sd_cuda_*\"}";
+  std::string ops;
+#define SD_CUDA_OP SD_JSON_OP
+#include "cuda/cuda_ops.inc"
+#undef SD_CUDA_OP
+  return "{\"compiled\": true, \"architectures\": \"" SD_CUDA_ARCHS "\", \"cuda_version\": \"" SD_CUDA_VERSION
+         "\", \"ops\": [" + ops + "], \"execution_provider\": \"CUDAExecutionProvider\", \"c_abi\": \"sd_cuda_*\"}";
 #else
-constexpr const char* kCudaJson = "{\"compiled\": false}";
+  return "{\"compiled\": false}";
 #endif
+}
 
 #if defined(__clang__)
 constexpr const char* kCompiler = "clang " __clang_version__;
@@ -100,7 +107,7 @@ constexpr const char* kCompiler = "unknown";
 std::string LibraryInfoJson() {
   const sd::IsaChoice isa = sd::ChooseIsa();
   std::string ops;
-#define SD_OP(OpType, stem) ops += std::string(ops.empty() ? "" : ", ") + "\"" #OpType "\"";
+#define SD_OP SD_JSON_OP
 #include "ops.inc"
 #undef SD_OP
   return sd::StrCat(
@@ -118,7 +125,7 @@ std::string LibraryInfoJson() {
       ", \"avx512_vnni\": ", isa.detected == sd::Isa::kAvx512 && sd::CpuHasAvx512Vnni() ? "true" : "false",
       // the avx2 variant's VEX vpdpbusd ymm tiles (RowwiseInt8MatMul's, MaxSim's int8), as the kernels decide
       ", \"avx_vnni\": ", sd::KernelsUseAvxVnni() ? "true" : "false",
-      ", \"compiler\": ", JsonString(kCompiler), ", \"cuda\": ", kCudaJson, "}");
+      ", \"compiler\": ", JsonString(kCompiler), ", \"cuda\": ", CudaJson(), "}");
 }
 
 }  // namespace

@@ -155,7 +155,7 @@ def run(
         outs = out if isinstance(out, (tuple, list)) else (out,)
         return tuple(o.detach().numpy() for o in outs)
     if backend == "tvm":
-        from softdeploy.runtime.tvm import TVMSession
+        from softdeploy.tvm.session import TVMSession
 
         shapes = {p.name: list(np.shape(v)) for p, v in zip(op.inputs, sample.inputs, strict=False) if v is not None}
         return tuple(TVMSession(op.make_model(sample), shapes=shapes, threads=threads).run(op.feeds(sample)))

@@ -174,3 +174,9 @@ SD_CUDA_API int sd_cuda_soft_token_embedding(const float* logits, const float* e
                                         static_cast<cudaStream_t>(stream));
   });
 }
+
+// Every op of ops/cuda/cuda_ops.inc has its entry point sd_cuda_<stem> above.
+#define SD_CUDA_OP(OpType, stem) \
+  static_assert(sizeof(&sd_cuda_##stem) != 0, "ops/cuda/cuda_ops.inc names " #OpType ": define sd_cuda_" #stem);
+#include "cuda/cuda_ops.inc"
+#undef SD_CUDA_OP

@@ -43,6 +43,7 @@ cudaStream_t StreamOf(Ort::KernelContext& ctx) { return static_cast<cudaStream_t
 
 struct SoftmaxTopKCuda {
   static constexpr const char* kName = "SoftmaxTopK";
+  static constexpr bool kFloat16 = true;
   static constexpr Port kInputs[] = {{Elem::kT}};
   static constexpr Port kOutputs[] = {{Elem::kT}, {Elem::kInt64}, {Elem::kT, /*optional=*/true}};
   int64_t k, axis;
@@ -85,6 +86,7 @@ struct SoftmaxTopKCuda {
 
 struct TwoPassSoftmaxCuda {
   static constexpr const char* kName = "TwoPassSoftmax";
+  static constexpr bool kFloat16 = true;
   static constexpr Port kInputs[] = {{Elem::kT}};
   static constexpr Port kOutputs[] = {{Elem::kT}};
   int64_t axis;
@@ -102,6 +104,7 @@ struct TwoPassSoftmaxCuda {
 
 struct SoftpickCuda {
   static constexpr const char* kName = "Softpick";
+  static constexpr bool kFloat16 = true;
   static constexpr Port kInputs[] = {{Elem::kT}};
   static constexpr Port kOutputs[] = {{Elem::kT}};
   int64_t axis;
@@ -124,6 +127,7 @@ struct SoftpickCuda {
 
 struct MaxSimCuda {
   static constexpr const char* kName = "MaxSim";
+  static constexpr bool kFloat16 = true;
   static constexpr Port kInputs[] = {{Elem::kT},        {Elem::kT},         {Elem::kBool, true},
                                      {Elem::kBool, true}, {Elem::kFloat, true}, {Elem::kFloat, true}};
   static constexpr Port kOutputs[] = {{Elem::kFloat}};
@@ -162,6 +166,7 @@ struct MaxSimCuda {
 // here (the kernel gives a NaN row for a bad one; ops/cuda/soft_token_embedding.cu).
 struct SoftTokenEmbeddingCuda {
   static constexpr const char* kName = kSoftTokenEmbedding;
+  static constexpr bool kFloat16 = false;
   static constexpr Port kInputs[] = {{Elem::kT}, {Elem::kT}, {Elem::kT, true}, {Elem::kInt64, true}};
   static constexpr Port kOutputs[] = {{Elem::kT}, {Elem::kT}, {Elem::kInt64}, {Elem::kT}};
   SoftTokenEmbeddingContract c;
@@ -207,21 +212,29 @@ struct CudaOp : CustomOp<Kernel, T> {
   CudaOp() { OrtCustomOp::GetExecutionProviderType = [](const OrtCustomOp*) { return kCudaEp; }; }
 };
 
+// float32, plus float16 where the kernel has it.
 template <class Kernel>
-void AddBoth(Ort::CustomOpDomain& domain) {
+void Add(Ort::CustomOpDomain& domain) {
   domain.Add(new CudaOp<Kernel, float>());
-  domain.Add(new CudaOp<Kernel, Ort::Float16_t>());
+  if constexpr (Kernel::kFloat16) domain.Add(new CudaOp<Kernel, Ort::Float16_t>());
 }
+
+// Each kernel of the table answers to the op type the table gives it.
+constexpr bool SameName(const char* a, const char* b) {
+  return *a == *b && (*a == '\0' || SameName(a + 1, b + 1));
+}
+#define SD_CUDA_OP(OpType, stem) \
+  static_assert(SameName(OpType##Cuda::kName, #OpType), #OpType "Cuda::kName must be \"" #OpType "\"");
+#include "cuda/cuda_ops.inc"
+#undef SD_CUDA_OP
 
 }  // namespace
 
-// Called by register.cc's Domain() in a library built with CUDA.
+// Called by register.cc's Domain() in a library built with CUDA: every op of ops/cuda/cuda_ops.inc.
 void RegisterCudaOps(Ort::CustomOpDomain& domain) {
-  AddBoth<MaxSimCuda>(domain);
-  AddBoth<SoftmaxTopKCuda>(domain);
-  domain.Add(new CudaOp<SoftTokenEmbeddingCuda, float>());
-  AddBoth<SoftpickCuda>(domain);
-  AddBoth<TwoPassSoftmaxCuda>(domain);
+#define SD_CUDA_OP(OpType, stem) Add<OpType##Cuda>(domain);
+#include "cuda/cuda_ops.inc"
+#undef SD_CUDA_OP
 }
 
 }  // namespace sd

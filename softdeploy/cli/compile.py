@@ -33,9 +33,9 @@ def cmd_compile(args: argparse.Namespace) -> int:
     import_tvm()  # TVMNotInstalledError with the pip command, before anything imports tvm
     check_importable(model)  # every op TVM cannot take, all at once, before any work
 
-    from softdeploy.runtime.tvm import TVMSession
     from softdeploy.terminal import captured
     from softdeploy.tvm.frontend import import_model, prepare
+    from softdeploy.tvm.session import TVMSession
     from softdeploy.tvm.target import host_target
     from softdeploy.tvm.tuning import RPCSpec, tune
 
@@ -56,7 +56,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     print(sess.report.summary())
     if sess.tir_ops or sess.inlined_ops:
         print(f"softdeploy ops as TIR kernels: {list(sess.tir_ops)}; from function bodies: {list(sess.inlined_ops)}")
-    print(f"wrote {out} and {signature} (load with softdeploy.runtime.tvm.TVMSession.load)")
+    print(f"wrote {out} and {signature} (load with softdeploy.tvm.session.TVMSession.load)")
     if rpc is not None:
         import numpy as np
 
@@ -86,8 +86,8 @@ def _tvm_vs_onnxruntime(model: object, sess: object, *, runs: int = 20) -> str |
 
     from softdeploy.compare.latency import time_batches_interleaved
     from softdeploy.runtime import Session, library_status
-    from softdeploy.runtime.tvm import set_threads
     from softdeploy.terminal import captured
+    from softdeploy.tvm.session import set_threads
 
     report = sess.report  # type: ignore[attr-defined]
     # kernels on TVM's default schedules: all of them in an --untuned build (which counts no tasks)

@@ -204,7 +204,7 @@ def _tvm_runner(path: Path, tuned: bool, threads: int) -> Runner:
     """A TVMSession per input-shape signature (TVM builds static shapes), built on first use."""
     import numpy as np
 
-    from softdeploy.runtime.tvm import TVMSession, set_threads
+    from softdeploy.tvm.session import TVMSession, set_threads
 
     sessions: dict[tuple[Any, ...], TVMSession] = {}
 

@@ -1,8 +1,9 @@
 """The operator registry: the one Python list of softdeploy's ops.
 
-Adding an op = ``softdeploy/ops/<stem>.py`` (defines ``DEF``) + one line here + ``ops/<stem>.cc`` +
-one line in ``ops/ops.inc``. tests/ops/test_registry.py checks that this list, ops.inc and the ops
-the built library registers are the same set.
+Adding an op = ``softdeploy/ops/<stem>.py`` (defines ``DEF``) + its entry here + ``ops/<stem>.cc`` +
+one line in ``ops/ops.inc`` (docs/guide/add-an-op.md: every other list is derived).
+tests/ops/test_registry.py checks that this list, ops.inc and the ops the built library registers are
+the same set.
 
 Importing the registry is cheap (numpy and the op modules): an op's onnxscript function body is
 decorated with ``@function_body`` (softdeploy/ops/_body.py) and compiled the first time it is needed,

@@ -13,6 +13,7 @@
   tuning     MetaSchedule with a persistent database; zero successful trials is an error
   records/   the tuned records shipped with the package (the benchmark shapes)
   build      compile with the shipped + user databases applied, dlight fallback for the rest
+  session    TVMSession: a compiled model run with the surface of softdeploy.runtime.Session
   rpc        tracker/server helpers for tuning and measuring on other machines
 
 Pinned for TVM 0.27 (``pip install "softdeploy[tvm]"``): apache-tvm 0.27.0.post1 with

@@ -169,12 +169,6 @@ def lower(mod: Any) -> Any:
     return relax.get_pipeline("zero")(mod)
 
 
-def is_scheduled(func: Any) -> bool:
-    """Set by MetaScheduleApplyDatabase and dlight ("tirx.is_scheduled" in 0.27, "tir." before)."""
-    attrs = func.attrs or {}
-    return any(k in attrs and bool(attrs[k]) for k in ("tirx.is_scheduled", "tir.is_scheduled"))
-
-
 def _default_schedules(mod: Any, report: BuildReport) -> Any:
     """Our ops' hand schedules, then dlight's CPU rules, for every kernel without a schedule, one kernel
     at a time, recorded in ``report`` (``schedules``, ``unscheduled``, ``schedule_errors``). A kernel no
@@ -184,7 +178,7 @@ def _default_schedules(mod: Any, report: BuildReport) -> Any:
     tvm = import_tvm()
     from tvm.s_tir import dlight as dl
 
-    from softdeploy.tvm.ops import error_line, try_schedules
+    from softdeploy.tvm.ops import error_line, is_scheduled, try_schedules
 
     rules = dl.ApplyDefaultSchedule(dl.cpu.GEMV(), dl.cpu.Reduction())
     for gv, func in list(mod.functions.items()):
@@ -315,6 +309,7 @@ def schedule(
     from tvm.s_tir import meta_schedule as ms
 
     from softdeploy.tvm.errors import ScheduleWarning
+    from softdeploy.tvm.ops import is_scheduled
     from softdeploy.tvm.target import host_target
 
     spec = dict(target or host_target())

@@ -1,6 +1,6 @@
 """TVM RPC for users with more than one machine: a tracker hands out devices by key; tuning
 (MetaSchedule's RPCRunner, see :mod:`softdeploy.tvm.tuning`) and measurement
-(:class:`softdeploy.runtime.tvm.TVMSession` with ``rpc=``) run on them.
+(:class:`softdeploy.tvm.session.TVMSession` with ``rpc=``) run on them.
 
 On the machines::
 

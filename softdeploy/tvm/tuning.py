@@ -293,7 +293,8 @@ def tune(
     import_tvm()
     import tvm.s_tir.meta_schedule as ms
 
-    from softdeploy.tvm.build import is_scheduled, lower, open_database
+    from softdeploy.tvm.build import lower, open_database
+    from softdeploy.tvm.ops import is_scheduled
     from softdeploy.tvm.target import host_target
 
     if trials <= 0:

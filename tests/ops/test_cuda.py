@@ -5,8 +5,8 @@ Two halves:
     machine with nvcc (SOFTDEPLOY_CUDA=AUTO) must report them compiled for sm_80 and sm_90 and export
     every sd_cuda_* symbol; a build without must export none. The C ABI's contract checks run on the
     host before any launch, so their messages are checked here too, GPU or not.
-  * where a CUDA device and torch.cuda or CuPy are present: every sample of SoftmaxTopK, TwoPassSoftmax,
-    Softpick and MaxSim, in every float type the contract declares (plus bfloat16 for MaxSim), within
+  * where a CUDA device and torch.cuda or CuPy are present: every sample of every op of
+    ops/cuda/cuda_ops.inc, in every float type the contract declares (plus bfloat16 for MaxSim), within
     the op's tolerance of the float64 reference on the rounded inputs. Elsewhere these tests skip and
     say why (no kernels compiled in / no device / no array library).
 
@@ -19,7 +19,9 @@ from __future__ import annotations
 import ctypes
 import importlib.util
 import os
+import re
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -30,7 +32,29 @@ from softdeploy.ops import REGISTRY, Sample
 from softdeploy.runtime.cuda import SYMBOLS, CudaKernels
 from softdeploy.runtime.library import library_info
 
-CUDA_OPS = ("MaxSim", "SoftTokenEmbedding", "SoftmaxTopK", "Softpick", "TwoPassSoftmax")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def cuda_ops_inc() -> list[tuple[str, str]]:
+    """(OpType, stem) of every SD_CUDA_OP line of ops/cuda/cuda_ops.inc, the one CUDA op list."""
+    text = (ROOT / "ops" / "cuda" / "cuda_ops.inc").read_text()
+    return re.findall(r"^SD_CUDA_OP\((\w+), *(\w+)\)", text, re.M)
+
+
+CUDA_OPS = tuple(name for name, _ in cuda_ops_inc())
+
+
+def test_cuda_op_table_names_ops_of_the_registry_by_their_stems():
+    """Each line of ops/cuda/cuda_ops.inc is an op of REGISTRY with its stem, which names the C ABI entry point
+    (sd_cuda_<stem>, ops/cuda/c_api.cc) and the driver's method (CudaKernels.<stem>)."""
+    table = cuda_ops_inc()
+    assert table, "ops/cuda/cuda_ops.inc lists no op"
+    assert [n for n, _ in table] == sorted(n for n, _ in table), "cuda_ops.inc must stay sorted"
+    for name, stem in table:
+        assert name in REGISTRY, f"cuda_ops.inc names {name}, which is not an op of REGISTRY"
+        assert REGISTRY[name].stem == stem, f"cuda_ops.inc: {name}'s stem is {REGISTRY[name].stem}, not {stem}"
+        assert f"sd_cuda_{stem}" in SYMBOLS, f"softdeploy.runtime.cuda has no signature for sd_cuda_{stem}"
+        assert callable(getattr(CudaKernels, stem, None)), f"CudaKernels has no method {stem} for {name}"
 
 
 def _expect_cuda() -> bool:
@@ -194,7 +218,6 @@ def test_cuda_kernel_matches_reference(name, sample, dtype):
     else:
         x = _to_device(lib, s.inputs[0])
         attrs = dict(s.attrs)
-        fn = {"SoftmaxTopK": k.softmax_topk, "Softpick": k.softpick, "TwoPassSoftmax": k.two_pass_softmax}[name]
-        out = fn(x, **attrs)
+        out = getattr(k, op.stem)(x, **attrs)
         got = tuple(_to_host(o) for o in (out if isinstance(out, tuple) else (out,)))
     conformance.compare(op, s, got, want, rtol, atol)

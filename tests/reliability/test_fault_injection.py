@@ -545,7 +545,7 @@ class _Library:
 
 
 def _tvm_session(library: _Library, signature: str) -> object:
-    from softdeploy.runtime.tvm import TVMSession
+    from softdeploy.tvm.session import TVMSession
 
     sess = TVMSession.__new__(TVMSession)
     sess.executable = library

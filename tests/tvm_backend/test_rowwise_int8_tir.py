@@ -19,9 +19,9 @@ from softdeploy import DOMAIN, OPSET_VERSION
 from softdeploy.ops import REGISTRY
 from softdeploy.ops.functions import attach_function_bodies
 from softdeploy.runtime import Session
-from softdeploy.runtime.tvm import TVMSession
 from softdeploy.tvm.errors import ScheduleWarning
 from softdeploy.tvm.ops import rowwise_int8_matmul as tir
+from softdeploy.tvm.session import TVMSession
 from softdeploy.tvm.target import host_target, make_target, target_has
 
 pytestmark = pytest.mark.tvm  # for `-m` selection; without the `tvm` extra the module skips at import

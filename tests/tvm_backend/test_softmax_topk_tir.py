@@ -14,8 +14,8 @@ from tvm import te  # noqa: E402
 from softdeploy import conformance  # noqa: E402
 from softdeploy.ops import REGISTRY  # noqa: E402
 from softdeploy.ops._schema import Sample  # noqa: E402
-from softdeploy.runtime.tvm import TVMSession  # noqa: E402
 from softdeploy.tvm.ops import _te, softmax_topk  # noqa: E402
+from softdeploy.tvm.session import TVMSession  # noqa: E402
 
 pytestmark = pytest.mark.tvm  # for `-m` selection; without the `tvm` extra the module skips at import
 
@@ -104,9 +104,8 @@ def test_selection_on_ties_negative_nan_and_rows_without_a_floor(k, n):
 
 def test_written_scheduled_kernels_are_left_to_themselves():
     """The block maxima and the selection carry their own loops (attr tirx.is_scheduled): no hand
-    schedule rule applies to them, and tuning leaves them out (build.is_scheduled)."""
-    from softdeploy.tvm.build import is_scheduled
-    from softdeploy.tvm.ops import apply_schedules
+    schedule rule applies to them, and tuning leaves them out (softdeploy.tvm.ops.is_scheduled)."""
+    from softdeploy.tvm.ops import apply_schedules, is_scheduled
 
     for func in (softmax_topk.block_max([4, 1000], "float32"), softmax_topk.select_top_k([4, 1000], 5, "float32")):
         assert is_scheduled(func)

@@ -20,9 +20,9 @@ from onnx import TensorProto, helper
 from softdeploy import DOMAIN, OPSET_VERSION
 from softdeploy.ops.functions import attach_function_bodies
 from softdeploy.runtime import Session
-from softdeploy.runtime.tvm import TVMSession
 from softdeploy.tvm.errors import TuningError, UnsupportedModelError
 from softdeploy.tvm.frontend import check_importable, import_model, prepare, unsupported_ops
+from softdeploy.tvm.session import TVMSession
 
 pytestmark = pytest.mark.tvm  # for `-m` selection; without the `tvm` extra the module skips at import
 
@@ -535,7 +535,7 @@ def test_cli_compile_lists_unsupported_ops_and_fails(tmp_path):
 
 def test_import_softdeploy_does_not_import_tvm():
     code = (
-        "import sys, softdeploy, softdeploy.cli, softdeploy.runtime, softdeploy.runtime.tvm, softdeploy.tvm; "
+        "import sys, softdeploy, softdeploy.cli, softdeploy.runtime, softdeploy.tvm.session, softdeploy.tvm; "
         "assert 'tvm' not in sys.modules, 'tvm imported'"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

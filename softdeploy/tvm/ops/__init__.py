@@ -1,58 +1,82 @@
 """softdeploy's ops as TIR (TE) computes: one PrimFunc per op node, which MetaSchedule tunes as one
 task and TVM runs as one kernel (the inlined function body would be several standard ops).
 
-``TIR_OPS`` maps an op type to its converter ``(bb, inputs, attrs) -> relax.Expr`` (attrs resolved
-against the OpDef, inputs as relax expressions, ``None`` for an omitted optional input). An op
-without an entry is imported from its function body. Importing this package imports TVM.
+Every table here is derived from the op registry (``softdeploy.ops.REGISTRY``) and the op's own
+module ``softdeploy/tvm/ops/<stem>.py``; adding an op edits none of them. Such a module defines
+  * ``convert(bb, inputs, attrs) -> relax.Expr``: the op has a TIR compute (``TIR_OPS``; attrs
+    resolved against the OpDef, inputs as relax expressions, ``None`` for an omitted optional input);
+  * optionally ``schedule(sch) -> bool``: its hand schedule (a ``SCHEDULES`` rule named after the op),
+    and ``KEEP_BLOCKS``: block names that stay stored when the neighbours are inlined;
+  * or, without ``convert``, ``FUNCTION_BODY_ONLY`` (why TVM imports the function body instead) or
+    ``NOT_IMPORTABLE`` (why TVM cannot import the op at all) -- a string each.
+An op without such a module is imported from its function body. Importing this package imports TVM.
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
-from softdeploy.tvm.ops import (
-    adaptive_temperature_softmax,
-    injective,
-    matmul,
-    max_sim,
-    multi_max,
-    rowwise_int8_matmul,
-    softmax_topk,
-    softpick,
-    two_pass_softmax,
-)
+from softdeploy.ops import REGISTRY
+from softdeploy.tvm.ops import injective, matmul
 
 Converter = Callable[[Any, list[Any], dict[str, Any]], Any]
 Scheduler = Callable[[Any], bool]  # (tvm.s_tir.Schedule) -> applied? (False: not this op's kernel)
 
-TIR_OPS: dict[str, Converter] = {
-    "AdaptiveTemperatureSoftmax": adaptive_temperature_softmax.convert,
-    "MaxSim": max_sim.convert_max_sim,
-    "MultiMax": multi_max.convert,
-    "RowwiseInt8MatMul": rowwise_int8_matmul.convert,
-    "SignedMaxSim": max_sim.convert_signed_max_sim,
-    "SoftmaxTopK": softmax_topk.convert,
-    "Softpick": softpick.convert,
-    "TwoPassSoftmax": two_pass_softmax.convert,
-}
+
+def _op_modules() -> dict[str, ModuleType]:
+    """op name -> its module ``softdeploy.tvm.ops.<stem>``, for the ops of REGISTRY that have one."""
+    found = {}
+    for name, op in REGISTRY.items():
+        module = f"{__name__}.{op.stem}"
+        if importlib.util.find_spec(module) is not None:
+            found[name] = importlib.import_module(module)
+    return found
+
+
+OP_MODULES: dict[str, ModuleType] = _op_modules()
+
+TIR_OPS: dict[str, Converter] = {name: m.convert for name, m in OP_MODULES.items() if hasattr(m, "convert")}
 
 # Hand schedules of the TIR computes (dlight style: a rule that does not recognise the kernel
-# returns False). Used for kernels without a tuning record, and offered to MetaSchedule as one more
-# candidate of its design space.
-# MultiMax's kernel has TwoPassSoftmax's blocks (two_pass_softmax.softmax_of): that rule schedules it.
+# returns False), the ops' own in op order, then the two for standard ops. Used for kernels without a
+# tuning record, and offered to MetaSchedule as one more candidate of its design space. An op with a
+# TIR compute and no rule (MultiMax, SignedMaxSim) builds its kernel of another op's blocks, whose
+# rule schedules it.
 SCHEDULES: dict[str, Scheduler] = {
-    "AdaptiveTemperatureSoftmax": adaptive_temperature_softmax.schedule,
-    "MaxSim": max_sim.schedule,  # and SignedMaxSim (same blocks)
-    "RowwiseInt8MatMul": rowwise_int8_matmul.schedule,
-    "Softpick": softpick.schedule,
-    "SoftmaxTopK": softmax_topk.schedule,  # its statistics kernel
-    "TwoPassSoftmax": two_pass_softmax.schedule,
+    **{name: m.schedule for name, m in OP_MODULES.items() if hasattr(m, "schedule")},
     # not one of our ops: Relax's legalised matmul (Linear / MatMul layers and their bias adds)
     "MatMul": matmul.schedule,
     # nor these: kernels without a reduction (layout changes, gathers, elementwise chains); last, after every rule
     "Injective": injective.schedule,
 }
+
+# Ops that TVM imports from their function bodies (several standard ops, each its own kernel) -> why
+# they have no TIR compute yet. Held by tests/tvm_backend (each op's import path).
+FUNCTION_BODY_ONLY: dict[str, str] = {
+    **{name: m.FUNCTION_BODY_ONLY for name, m in OP_MODULES.items() if hasattr(m, "FUNCTION_BODY_ONLY")},
+    **{
+        name: f"no TIR compute (no softdeploy/tvm/ops/{op.stem}.py)"
+        for name, op in REGISTRY.items()
+        if name not in OP_MODULES
+    },
+}
+
+# Ops that have no TIR compute and whose function body TVM's importer cannot take -> why. The
+# importer pre-check (softdeploy.tvm.frontend) finds these by itself; this list documents them and
+# the conformance test holds it to the truth.
+NOT_IMPORTABLE: dict[str, str] = {
+    name: m.NOT_IMPORTABLE for name, m in OP_MODULES.items() if hasattr(m, "NOT_IMPORTABLE")
+}
+
+
+def is_scheduled(func: Any) -> bool:
+    """Set by MetaScheduleApplyDatabase and dlight ("tirx.is_scheduled" in 0.27, "tir." before)."""
+    attrs = func.attrs or {}
+    return any(k in attrs and bool(attrs[k]) for k in ("tirx.is_scheduled", "tir.is_scheduled"))
 
 
 def try_schedules(func: Any) -> tuple[Any | None, str | None, dict[str, str]]:
@@ -61,8 +85,6 @@ def try_schedules(func: Any) -> tuple[Any | None, str | None, dict[str, str]]:
     not recognise a kernel returns False, so an exception is a broken schedule (the kernel then falls
     back to dlight's or TVM's loop nests, measured 30-77x slower), never "not applicable"."""
     from tvm.s_tir import Schedule
-
-    from softdeploy.tvm.build import is_scheduled
 
     errors: dict[str, str] = {}
     if is_scheduled(func):  # written scheduled already (SoftmaxTopK's block maxima and selection)
@@ -108,28 +130,11 @@ def error_line(e: BaseException, limit: int = 400) -> str:
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
-# Blocks of our computes that are kept on purpose: a layout change (an inlined transpose would make the
-# kernel read strided again), per-call and per-row scalars (inlined, they would be recomputed per
-# element) and row stages (values stored once per row so that later passes need not recompute an exp).
-KEEP_BLOCKS = frozenset(
-    {
-        "q_packed",
-        "multimax_params",
-        "beta",
-        "row_exp",
-        "scaled_exp",
-        "term",
-        "row_shift",
-        "row_unit",
-        "row_scale",
-        "row_sums",
-        # TwoPassSoftmax's output, which the standard Softmax imports as (softdeploy/tvm/frontend.py): the
-        # elementwise ops after it (attention's where(isnan(p), 0, p)) are inlined into it, not it into them
-        "softmax",
-        # RowwiseInt8MatMul's per-row scalars
-        *rowwise_int8_matmul.ROW_BLOCKS,
-    }
-)
+# Blocks of our computes that are kept on purpose (each op module's KEEP_BLOCKS): a layout change (an
+# inlined transpose would make the kernel read strided again), per-call and per-row scalars (inlined, they
+# would be recomputed per element) and row stages (values stored once per row so that later passes need
+# not recompute an exp).
+KEEP_BLOCKS = frozenset(b for m in OP_MODULES.values() for b in getattr(m, "KEEP_BLOCKS", ()))
 
 
 def inline_neighbours(sch: Any) -> None:
@@ -148,34 +153,11 @@ def inline_neighbours(sch: Any) -> None:
                 continue
 
 
-# Ops that TVM imports from their function bodies (several standard ops, each its own kernel) -> why
-# they have no TIR compute yet. Held by tests/tvm_backend (each op's import path).
-FUNCTION_BODY_ONLY: dict[str, str] = {
-    "LoRAMixer": "its routed form (group tokens by selected expert, then per-expert GEMMs of data-dependent "
-    "sizes) has no static TE compute; the dense function body (two GEMMs over all experts) imports as is",
-    "SoftpickAttention": "no TIR flash-style compute yet: TVM runs the float64 function body, which "
-    "materialises the [B, H, Tq, Tk] scores",
-    "SoftTokenEmbedding": "no TIR compute yet: TVM runs the float64 function body (a TopK over the vocabulary "
-    "for the candidates over tie-free keys, since TVM's TopK does not keep lower ids first; the probability "
-    "row in float64)",
-}
-
-# Ops that have no TIR compute and whose function body TVM's importer cannot take -> why. The
-# importer pre-check (softdeploy.tvm.frontend) finds these by itself; this list documents them and
-# the conformance test holds it to the truth.
-NOT_IMPORTABLE: dict[str, str] = {
-    # The Newton-Schulz steps are an ONNX Loop in the body (their count is an attribute); no TIR compute yet.
-    "NystromGaussianAttention": "its function body uses Loop for the Newton-Schulz steps (not in TVM's Relax "
-    "ONNX frontend, apache/tvm#17767) and it has no TIR compute yet",
-    # The body's selection loop is an ONNX Loop, which the Relax importer lacks; a TIR compute is not
-    # possible either: the number of selected boxes (the output's first dimension) depends on the data.
-    "SoftNMS": "its function body uses Loop (not in TVM's Relax ONNX frontend, apache/tvm#17767) and its "
-    "output size depends on the data, so it has no TIR compute",
-}
-
 __all__ = [
     "FUNCTION_BODY_ONLY",
+    "KEEP_BLOCKS",
     "NOT_IMPORTABLE",
+    "OP_MODULES",
     "SCHEDULES",
     "TIR_OPS",
     "Converter",
@@ -183,5 +165,6 @@ __all__ = [
     "apply_schedules",
     "error_line",
     "inline_neighbours",
+    "is_scheduled",
     "try_schedules",
 ]

@@ -44,6 +44,10 @@ STAGES = [
     ("row_exp", ROW),
     ("row_max", REDUCTION),
 ]
+# Kept stored when the neighbours are inlined (softdeploy.tvm.ops.inline_neighbours): the per-row scalar
+# (inlined, recomputed per element) and the row stages (stored once per row, so that later passes need
+# not recompute an exp).
+KEEP_BLOCKS = ("beta", "row_exp", "scaled_exp")
 
 
 def compute(x: te.Tensor, axis: int) -> te.Tensor:

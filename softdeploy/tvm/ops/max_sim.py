@@ -30,10 +30,12 @@ from typing import Any
 from tvm import te, tirx
 
 from softdeploy.ops import max_sim as max_sim_op
-from softdeploy.ops import signed_max_sim as signed_op
 from softdeploy.tvm.ops._te import LANES, f32, not_nan, shape_proxy
 
 BLOCKS = ("q_packed", "sim", "best", "score")
+# Kept stored when the neighbours are inlined (softdeploy.tvm.ops.inline_neighbours): the transpose of Q;
+# inlined, the kernel would read Q strided again.
+KEEP_BLOCKS = ("q_packed",)
 J_TILE = 4  # document tokens per register tile: J_TILE x (Lq / LANES) accumulators (8 zmm at Lq = 32)
 _NEG_INF = float("-inf")
 
@@ -225,16 +227,9 @@ def schedule(sch: Any) -> bool:
     return True
 
 
-def convert_max_sim(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
+def convert(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
     """Relax converter for MaxSim: checks the contract on the static shapes (omitted inputs as None) and emits one
     PrimFunc."""
     args = (list(inputs) + [None] * 6)[:6]
     max_sim_op.validate(*(shape_proxy(a) for a in args))
     return bb.emit_te(max_sim, *args, primfunc_name_hint="max_sim")
-
-
-def convert_signed_max_sim(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
-    """Relax converter for SignedMaxSim: checks the shape rules (no values at compile time) and emits one PrimFunc."""
-    args = (list(inputs) + [None] * 6)[:6]
-    signed_op.validate(*(shape_proxy(a) for a in args), values=False)
-    return bb.emit_te(signed_max_sim, *args, primfunc_name_hint="signed_max_sim")

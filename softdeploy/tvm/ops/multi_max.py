@@ -20,6 +20,9 @@ from softdeploy.tvm.ops._te import as_f32, exp_f32, f32, is_finite, shape_proxy
 from softdeploy.tvm.ops.two_pass_softmax import softmax_of
 
 _INF = float("inf")
+# Kept stored when the neighbours are inlined (softdeploy.tvm.ops.inline_neighbours): the per-call
+# parameters (inlined, recomputed per element).
+KEEP_BLOCKS = ("multimax_params",)
 
 
 def _relu(v: Any) -> Any:

@@ -56,6 +56,7 @@ from softdeploy.tvm.target import target_has
 MIN_NORMAL = 2.0**-126
 # Per-row scalars kept stored (softdeploy.tvm.ops.KEEP_BLOCKS): inlined, they would be recomputed per entry (a division).
 ROW_BLOCKS = ("rowq_scale", "rowq_inv", "rowq_zero")
+KEEP_BLOCKS = ROW_BLOCKS
 KC_BYTES = 16384  # bytes of a panel's B per k block: stays in L1 while every row tile of the panel passes over it
 
 

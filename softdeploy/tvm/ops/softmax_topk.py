@@ -62,6 +62,9 @@ def rank_key(x: te.Tensor) -> te.Tensor:
 
 
 STAGES = [("d", REDUCTION), ("row_shift", SCALAR)]  # the sums kernel's per-row stages (schedule_rows)
+# Kept stored when the neighbours are inlined (softdeploy.tvm.ops.inline_neighbours): the per-row shift and
+# sums.
+KEEP_BLOCKS = ("row_shift", "row_sums")
 
 
 def _top(x: Any, indices: te.Tensor, axis: int, r: tuple[Any, ...]) -> Any:

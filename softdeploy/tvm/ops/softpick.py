@@ -68,6 +68,9 @@ _MIN_ARG = -104.0  # e^(x - S) is 0 in float32 below this (2^n < 2^-150)
 _EXPM1_Q = tuple(
     float.fromhex(c) for c in ("0x1.6bddfep-10", "0x1.1283d6p-7", "0x1.55575p-5", "0x1.55543p-3", "0x1.fffffep-2")
 )
+# Kept stored when the neighbours are inlined (softdeploy.tvm.ops.inline_neighbours): the per-row scalars
+# and the row stage (stored once per row, so that later passes need not recompute an exp).
+KEEP_BLOCKS = ("term", "row_shift", "row_unit", "row_scale")
 
 
 def _term(w: Any, unit: Any) -> Any:

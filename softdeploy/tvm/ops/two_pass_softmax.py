@@ -39,6 +39,10 @@ from softdeploy.tvm.ops._te import (
 
 # per-row stages of softmax_of, consumers first (as schedule_rows wants them)
 STAGES = [("row_sum", ROW_REDUCTION), ("row_exp", ROW), ("row_max", REDUCTION)]
+# Kept stored when the neighbours are inlined (softdeploy.tvm.ops.inline_neighbours): the row stage, and the
+# output, which the standard Softmax imports as (softdeploy/tvm/frontend.py): the elementwise ops after it
+# (attention's where(isnan(p), 0, p)) are inlined into it, not it into them.
+KEEP_BLOCKS = ("row_exp", "softmax")
 
 
 def softmax_of(shape: list[Any], axis: int, z: Any, out_dtype: str, exp: Any = exp_nonpositive_f32) -> te.Tensor:

@@ -6,6 +6,7 @@ import os
 import platform
 from typing import Any
 
+from softdeploy.cpu import ISA_FEATURES
 from softdeploy.tvm import SUPPORTED_TVM
 from softdeploy.tvm.errors import TVMNotInstalledError
 
@@ -94,9 +95,8 @@ def target_has(features: tuple[str, ...] | list[str]) -> bool:
 # needed to read the table (LLVM 22's names: Kaby/Coffee/Comet Lake are "skylake" there); other names are
 # asked of LLVM (llvm_cpu_has_features). tests/tvm_backend/test_records.py checks the table against LLVM.
 RECORD_CLASS_FEATURES: dict[str, tuple[str, ...]] = {
-    "avx512": ("avx512f", "avx512bw", "avx512vl", "avx512dq"),
-    "avx2": ("avx2", "fma"),
-}
+    isa: tuple(sorted(ISA_FEATURES[isa])) for isa in ("avx512", "avx2")
+}  # the kernels' one ISA rule (softdeploy.cpu), as LLVM feature names
 MCPU_RECORD_CLASS: dict[str, str] = {
     **dict.fromkeys(
         (

@@ -14,7 +14,7 @@ Peers (documents stored in each peer's own dtype; started from shared/notes/perf
   softdeploy_fp16   our MaxSim kernel, float16 storage, float32 compute
   softdeploy_int8   our MaxSim kernel, int8 with per-token scales (quantize_tokens), exact int32 sums
   softdeploy_int8_7bit  the same with the documents quantized to 7 bits (quantize_tokens(bits=7)): the
-                    sign-magnitude vpmaddubsw tile where the int8 variant is AVX2 without VNNI
+                    vpmaddubsw tile where the int8 variant is AVX2 without VNNI
   softdeploy_int8_q7d7  queries and documents quantized to 7 bits: the paired vpmaddubsw tile there
   ort_fp32          ONNX MatMul(D, Q^T) -> ReduceMax -> ReduceSum in stock onnxruntime
   ort_int8          MatMulInteger(D u8 zp 128, Q^T s8) -> ReduceMax -> Cast -> ReduceSum -> Mul(scale)
@@ -154,8 +154,8 @@ def kernel_variants() -> tuple[str, str, int, int]:
         i8 = ("avx-vnni (vpdpbusd ymm, 16 x 6)", 3)
     else:
         i8 = (
-            "avx2 vpmaddwd on int16 (16 x 6); documents in [-64, 63]: sign-magnitude vpmaddubsw pairs (16 x 3), "
-            "queries there too: biased vpmaddubsw pairs (16 x 3)",
+            "avx2: documents in [-64, 63] vpmaddubsw on Q + 128 (16 x 4), queries there too: pairs (16 x 3); "
+            "others |D| x a 16-sign-pattern table of Q (16 x 3) for queries without -128, else vpmaddwd on int16 (16 x 6)",
             2,
         )
     return f32[0], i8[0], f32[1], i8[1]

@@ -7,8 +7,8 @@ Shape of the issue: one query of Lq = 32 tokens against N = 10,000 documents of 
 Peers (interleaved rounds, medians; the documents stored ahead in each peer's own form):
   ort_int8              MatMulInteger(D u8 zp 128, Q^T s8) -> ReduceMax -> Cast -> ReduceSum -> Mul(scale), per-tensor
                         symmetric codes (bench/maxsim.py's peer); under --emulate-avx2 MLAS runs its u8s8 AVX2 kernel
-  softdeploy_int8       MaxSim, quantize_tokens 8-bit codes (per-token scales): the exact vpmaddwd tile
-  softdeploy_int8_7bit  8-bit queries, 7-bit documents: the sign-magnitude tile (|Q| x D ^ sign(Q), vpmaddubsw pairs)
+  softdeploy_int8       MaxSim, quantize_tokens 8-bit codes (per-token scales): the sign-table tile (|D| x Q * sign(D))
+  softdeploy_int8_7bit  8-bit queries, 7-bit documents: the vpmaddubsw tile on Q + 128
   softdeploy_int8_q7d7  7-bit queries and documents: the paired vpmaddubsw tile
   softdeploy_fp32       MaxSim float32 (yardstick)
 Ranking: top-10 overlap with the float64 scores (numpy) of each of --queries queries (seeds 1..K) against the same

@@ -12,9 +12,9 @@
 // over the vector traits of ops/common/vec.h (ops/max_sim_kernels.h) and compiled per ISA in their own
 // translation units (ops/max_sim_avx2.cc, ops/max_sim_avx512.cc; interface: ops/max_sim_tile.h);
 // this header has the contract checks, the portable tile and the driver. int8 sums are exact int32:
-// AVX-512 VNNI vpdpbusd on Q + 128; AVX-VNNI vpdpbusd on D + 128; other AVX2 CPUs vpmaddubsw: |D| against Q * sign(D)
-// from a 16-pattern table for query rows without -128, on Q + 64 for 7-bit query rows against 7-bit documents, on
-// Q + 128 for the rest against 7-bit documents, and vpmaddwd on int16 for the rest (ops/max_sim_avx2.cc).
+// AVX-512 VNNI vpdpbusd on Q + 128; AVX-VNNI vpdpbusd on D + 128; other AVX2 CPUs vpmaddubsw on Q + 128 (or + 64)
+// against documents within [-64, 63] (7-bit codes), and for the others |D| against Q * sign(D) from a 16-pattern
+// table (query rows without -128) or vpmaddwd on int16 (ops/max_sim_avx2.cc).
 // float16 documents are widened to float32 one document at a time (F16C).
 //
 // What must stay true:
@@ -246,21 +246,18 @@ void Run(Ort::KernelContext& ctx, const Problem& p, const T* q, const T* d, Isa 
       q_seven[b] = std::all_of(qb, qb + p.Lq * p.dim, [](int8_t v) { return v >= -64 && v <= 63; });
     }
   }
-  // ... and, for a row without -128, as the sign table of TileI8Avx2Tab: per group Q under each of the 16 sign
-  // patterns of a document group. Rows with -128 (quantize_tokens never writes it) keep the tiles above, and so do
-  // 7-bit rows (the biased paired tile needs no table).
+  // ... and, for 8-bit documents and a row without -128 (quantize_tokens never writes it), as the sign table of
+  // TileI8Avx2Tab: per group Q under each of the 16 sign patterns of a document group. Rows with -128 keep the
+  // vpmaddwd tile there.
   std::vector<uint8_t> q_tab(ubs ? static_cast<size_t>(p.B) : 0);
   if constexpr (kInt8) {
     for (int64_t b = 0; b < static_cast<int64_t>(q_tab.size()); ++b) {
       const int8_t* qb = qe + b * p.Lq * p.dim;
-      q_tab[b] = !q_seven[b] && std::none_of(qb, qb + p.Lq * p.dim, [](int8_t v) { return v == -128; });
+      q_tab[b] = std::none_of(qb, qb + p.Lq * p.dim, [](int8_t v) { return v == -128; });
     }
   }
-  auto any = [](const std::vector<uint8_t>& x) { return std::any_of(x.begin(), x.end(), [](uint8_t v) { return v != 0; }); };
-  const bool any_tab = any(q_tab), all_tab = std::all_of(q_tab.begin(), q_tab.end(), [](uint8_t v) { return v != 0; });
-  // the per-document sums of the biased tiles: for 7-bit rows (the paired biased tile) and rows with -128
-  bool need_sums = false;
-  for (size_t b = 0; b < q_tab.size(); ++b) need_sums |= q_seven[b] || !q_tab[b];
+  const bool any_tab = std::any_of(q_tab.begin(), q_tab.end(), [](uint8_t v) { return v != 0; });
+  const bool all_tab = std::all_of(q_tab.begin(), q_tab.end(), [](uint8_t v) { return v != 0; });
   const int64_t tab_tile_bytes = dim4 * 16 * 4 * lanes;
   std::vector<uint8_t, AlignedAllocator<uint8_t>> qpack_tab(any_tab ? packs * tab_tile_bytes : 0);
   // the lane biases of AVX-VNNI's u8 x s8 tile: 128 * sum_k Q[i, k] for documents stored as D + 128
@@ -363,17 +360,15 @@ void Run(Ort::KernelContext& ctx, const Problem& p, const T* q, const T* d, Isa 
         else for (int64_t i = 0; i < doc_elems; ++i) w[i] = src[i].ToFloat();
         doc.data = w;
       }
-      bool doc_ubs = false;  // all the document's entries in [-64, 63]: the vpmaddubsw pair forms
-      Doc doc_tab = doc;     // the document as the sign-table tile reads it
+      bool doc_ubs = false;  // this document takes the vpmaddubsw tiles: all its entries in [-64, 63]
+      Doc doc_tab = doc;     // an 8-bit document as the sign-table tile reads it
       if constexpr (kInt8) {
         const int8_t* dn = d + n * doc_elems;
         if (path == Path::kAvx512Vnni) DocSums128Avx512Vnni(dn, p.Ld, p.dim, dsum.data() + task * p.Ld);
-        if (ubs) {
-          if (any_tab) {
-            doc_ubs = PrepTabAvx2(dn, p.Ld, p.dim, work + wide_bytes);
-            doc_tab.data = work + wide_bytes;
-          }
-          if (need_sums && (doc_ubs || !any_tab)) doc_ubs = DocSums7Avx2(dn, p.Ld, p.dim, dsum.data() + task * p.Ld);
+        if (ubs) doc_ubs = DocSums7Avx2(dn, p.Ld, p.dim, dsum.data() + task * p.Ld);  // stops at an 8-bit token
+        if (ubs && !doc_ubs && any_tab) {
+          PrepTabAvx2(dn, p.Ld, p.dim, work + wide_bytes);
+          doc_tab.data = work + wide_bytes;
         }
         if (path == Path::kAvx2 && !doc_ubs && !all_tab) WidenI8Avx2(dn, p.Ld, p.dim, reinterpret_cast<int16_t*>(work));
         if (path == Path::kAvx2Vnni) BiasI8Avx2(dn, p.Ld, p.dim, work);
@@ -422,17 +417,14 @@ void Run(Ort::KernelContext& ctx, const Problem& p, const T* q, const T* d, Isa 
               break;
             case Path::kAvx2:
               if constexpr (kInt8) {
-                if (doc_ubs && q_seven[b]) {
+                if (doc_ubs) {
                   a.qp = qpack_ubs.data() + pack * ubs_tile_bytes;
                   a.bias = dsum.data() + task * p.Ld;
-                  TileI8Avx2Ubs2(a, doc, &res);
+                  if (q_seven[b]) TileI8Avx2Ubs2(a, doc, &res);
+                  else TileI8Avx2Ubs(a, doc, &res);
                 } else if (q_tab[b]) {
                   a.qp = qpack_tab.data() + pack * tab_tile_bytes;
-                  TileI8Avx2Tab(a, doc_ubs, doc_tab, &res);
-                } else if (doc_ubs) {
-                  a.qp = qpack_ubs.data() + pack * ubs_tile_bytes;
-                  a.bias = dsum.data() + task * p.Ld;
-                  TileI8Avx2Ubs(a, doc, &res);
+                  TileI8Avx2Tab(a, doc_tab, &res);
                 } else {
                   TileI8Avx2I16(a, doc, &res);
                 }

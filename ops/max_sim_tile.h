@@ -62,8 +62,8 @@ void TileI8Avx512Vnni(const TileArgs& a, const Doc& doc, TileResult* out);  // n
 void TileI8Avx2I16(const TileArgs& a, const Doc& doc, TileResult* out);     // vpmaddwd, any AVX2 CPU
 void TileI8Avx2Ubs(const TileArgs& a, const Doc& doc, TileResult* out);     // vpmaddubsw, D in [-64, 63]
 void TileI8Avx2Ubs2(const TileArgs& a, const Doc& doc, TileResult* out);    // vpmaddubsw pairs, D and Q in [-64, 63]
-// |D| x Q * sign(D) from the tile's 16-pattern table, Q without -128; pair: D in [-64, 63] (two groups per int16)
-void TileI8Avx2Tab(const TileArgs& a, bool pair, const Doc& doc, TileResult* out);
+// |D| x Q * sign(D) from the tile's 16-pattern table, Q without -128, any D
+void TileI8Avx2Tab(const TileArgs& a, const Doc& doc, TileResult* out);
 void TileI8AvxVnni(const TileArgs& a, const Doc& doc, TileResult* out);     // needs avxvnni (VEX vpdpbusd)
 
 // Per-document preparation of the int8 variants.
@@ -72,9 +72,9 @@ void WidenI8Avx2(const int8_t* d, int64_t Ld, int64_t dim, int16_t* out);       
 void BiasI8Avx2(const int8_t* d, int64_t Ld, int64_t dim, uint8_t* out);            // -> [Ld][dim4 * 4] u8
 // out[j] = sum_k d[j, k]; false when an entry lies outside [-64, 63] (the document is then not for the Ubs tiles)
 bool DocSums7Avx2(const int8_t* d, int64_t Ld, int64_t dim, int32_t* out);
-// -> |D| [Ld][dim4 * 4] u8 then the sign patterns [Ld][dim4] (x 16) for TileI8Avx2Tab; true when all in [-64, 63].
+// -> |D| [Ld][dim4 * 4] u8 then the sign patterns [Ld][dim4] (x 16) for TileI8Avx2Tab.
 // `out` is 64-byte aligned with TabDocBytes(Ld, dim4) bytes: the tile keeps its partial sums after the patterns.
-bool PrepTabAvx2(const int8_t* d, int64_t Ld, int64_t dim, uint8_t* out);
+void PrepTabAvx2(const int8_t* d, int64_t Ld, int64_t dim, uint8_t* out);
 inline int64_t TabPartialsOffset(int64_t Ld, int64_t dim4) { return (Ld * dim4 * 5 + 63) / 64 * 64; }
 inline int64_t TabDocBytes(int64_t Ld, int64_t dim4) { return TabPartialsOffset(Ld, dim4) + Ld * 16 * 4; }
 inline int32_t* TabPartials(const uint8_t* doc, int64_t Ld, int64_t dim4) {

@@ -220,14 +220,13 @@ def test_int8_seven_bit_documents_are_exact_on_an_avx2_cpu_without_vnni(monkeypa
 @pytest.mark.parametrize("dim", [1, 3, 4, 5, 8, 9, 12, 13, 31, 32, 33, 129])
 @pytest.mark.parametrize("ld", [1, 2, 3, 4, 7])
 def test_int8_sign_table_is_exact_on_an_avx2_cpu_without_vnni(monkeypatch, ld, dim):
-    """8-bit query rows without -128 (what quantize_tokens writes) take the sign-table tile: |D| as u8 against
-    Q * sign(D) from a table of the 16 sign patterns of a 4-byte group. Documents in [-64, 63] sum two groups in
-    int16 (at the end: 4 x 64 x 127 = 32512 with Q = -127 against D = -64, and -32512 with 127 against -64), other
-    documents one group per widening (2 x 128 x 127 = 32512 with Q = -127 against D = -128); a document one code
-    outside [-64, 63] (in a 32-byte chunk or in the last group) takes the single-group form. In the same call a row
-    with -128 keeps the biased and int16 tiles and a 7-bit row the biased paired tile. Around the 3-token block,
-    odd group counts, the 1..3-byte last group and the 16-lane tile (Lq 17). Exact against the integer reference;
-    then with query scales, the deferred fold (scales > 0) and the eager one (a negative scale)."""
+    """8-bit documents against query rows without -128 (what quantize_tokens writes) take the sign-table tile: |D| as
+    u8 against Q * sign(D) from a table of the 16 sign patterns of a 4-byte group, one group per widening (at the end:
+    2 x 128 x 127 = 32512 with Q = -127 against D = -128). In the same call a row with -128 keeps the vpmaddwd tile,
+    documents in [-64, 63] (some one code outside, in a 32-byte chunk or in the last group) the biased vpmaddubsw
+    tiles, and a 7-bit row the paired one there. Around the 3-token block, the 1..3-byte last group, the 16-group
+    chunks of the table (dim 129) and the 16-lane tile (Lq 17). Exact against the integer reference; then with query
+    scales, the deferred fold (scales > 0) and the eager one (a negative scale)."""
     monkeypatch.setenv("SOFTDEPLOY_TEST_CPU", "avx2")
     if "avx2" not in conformance.available_isas():
         pytest.skip("this CPU has no AVX2")
@@ -237,9 +236,9 @@ def test_int8_sign_table_is_exact_on_an_avx2_cpu_without_vnni(monkeypatch, ld, d
     q8[1, 5, 0] = -128  # row 1: the tiles for -128
     q8[3] = rng.choice(np.array([-64, 63, -1, 0, 1], np.int8), (17, dim))  # row 3: 7-bit
     d8 = rng.choice(np.array([-64, -63, -1, 0, 1, 63], np.int8), (8, ld, dim))
-    d8[0] = -64  # every int16 sum of the paired form at +-32512
+    d8[0] = -64
     d8[1] = 63
-    d8[2] = -128  # 8-bit: the single-group form at its end
+    d8[2] = -128  # 8-bit: the table's pairs at +-32512
     d8[3] = rng.choice(np.array([-128, 127, -65, 64, 0], np.int8), (ld, dim))
     d8[4, -1, -1] = 64  # out of range by one at the last code
     d8[5, 0, 0] = -65  # ... at the first
@@ -258,9 +257,9 @@ def test_int8_sign_table_is_exact_on_an_avx2_cpu_without_vnni(monkeypatch, ld, d
     np.testing.assert_allclose(got, reference(q8, d8, None, dm, qs, ones_d), rtol=0, atol=atol)
 
 
-def test_int8_sign_table_without_rows_for_the_biased_tiles(monkeypatch):
-    """Every query row without -128 and none 7-bit: the documents get only the table's preparation (no token sums,
-    no int16 copy), 7-bit and 8-bit documents alike. Exact against the integer reference."""
+def test_int8_sign_table_when_no_row_has_minus_128(monkeypatch):
+    """Every query row without -128: an 8-bit document gets the table's preparation and no int16 copy, next to 7-bit
+    documents in the same call. Exact against the integer reference (dim 130: three chunks of the table)."""
     monkeypatch.setenv("SOFTDEPLOY_TEST_CPU", "avx2")
     if "avx2" not in conformance.available_isas():
         pytest.skip("this CPU has no AVX2")

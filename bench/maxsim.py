@@ -154,7 +154,8 @@ def kernel_variants() -> tuple[str, str, int, int]:
         i8 = ("avx-vnni (vpdpbusd ymm, 16 x 6)", 3)
     else:
         i8 = (
-            "avx2 vpmaddwd on int16 (16 x 6); documents in [-64, 63]: vpmaddubsw (16 x 4), queries there too: pairs (16 x 3)",
+            "avx2: documents in [-64, 63] vpmaddubsw on Q + 128 (16 x 4), queries there too: pairs (16 x 3); "
+            "others |D| x a 16-sign-pattern table of Q (16 x 3) for queries without -128, else vpmaddwd on int16 (16 x 6)",
             2,
         )
     return f32[0], i8[0], f32[1], i8[1]

@@ -22,8 +22,17 @@
 // Measured on Zen 4 against our float32 tile (bench/micro/maxsim_i8_forms.cc, hot document; bench/results/maxsim.md):
 // the vpmaddwd tile 1.37-1.42x; the single-group and paired forms' bare loops 2.05x and 2.27-2.29x, these tiles
 // with their per-document pass 1.70x and 2.00-2.03x; end to end (bench/maxsim.py, N = 10,000) 1.72-1.78x and
-// 1.84-1.99x our float32 kernel. Any document with an entry outside the range keeps the vpmaddwd tile; any query
-// row with one outside it the single-group form.
+// 1.84-1.99x our float32 kernel. A query row with -128 keeps these for 7-bit documents (the single-group form) and
+// the vpmaddwd tile for the others.
+//
+// 8-bit documents against query rows without -128 (quantize_tokens' codes) take the sign-table tile (TileI8Avx2Tab)
+// instead of the vpmaddwd one: |D| (u8) x Q * sign(D) (s8, from a per-call table of Q under the 16 sign patterns of
+// a 4-byte group, picked per token and group by the document's pattern; PrepTabAvx2 writes |D| and the patterns once
+// per document), a pair at most 2 * 128 * 127 = 32512: 3 vector ops per 32 products (vpmaddubsw, vpmaddwd(ones),
+// vpaddd) against vpmaddwd + vpaddd's 4, and no int16 copy of the document. Not for 7-bit documents: its paired
+// form (two groups per int16, |sum| <= 4 * 64 * 127) has the op count of TileI8Avx2Ubs2 but loads a table row per
+// token and group, and measured no faster than the single-group biased form above (bench/results/maxsim_int8_avx2.md).
+// The table is 1 KiB per group per tile, so the groups run in chunks of 16 (16 KiB) with int32 partial sums between.
 //
 // int8 with AVX-VNNI: ops/max_sim_avxvnni.cc (its own -mavxvnni translation unit).
 #include "max_sim_kernels.h"
@@ -105,6 +114,89 @@ SD_VEC_INLINE void BlockUbs(const uint8_t* qp, const int8_t* d, int64_t dim, int
   else Fold<V, R, false>(facc, j0, doc, st);
 }
 
+// The sign-table form: Q without -128 against a block of R document tokens prepared by PrepTabAvx2 as |D| (u8) and,
+// per 4-byte group, the pattern of its four signs. |D| is vpmaddubsw's unsigned side and Q * sign(D) its signed
+// side, loaded from the tile's table of Q under each of the 16 sign patterns of a group (qp: [dim4][16][lanes][4]
+// s8, built once per call; the pattern bytes are pattern * 16, so a table row is qp + g * 16 * 64 + byte * 4).
+// Exact for any document: |pair| <= 2 * 128 * 127 = 32512, widened by vpmaddwd(ones) per group; no bias.
+// Groups [g0, g1) of a block: the accumulators start at 0 (first) or at the partial sums of the previous groups and
+// end folded into the running max (last) or stored back as partial sums (see TileTab on why the groups are split).
+template <int R, bool kDeferred>
+SD_VEC_INLINE void BlockTab(const uint8_t* qp, const uint8_t* absd, const uint8_t* pat, int64_t dim4, int64_t g0,
+                            int64_t g1, bool first, bool last, int32_t* partial, int64_t j0, const Doc& doc,
+                            State<V>& st) {
+  constexpr int64_t kRow = 16 * 64;  // table bytes per group: 16 patterns x 16 lanes x 4 bytes
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256i acc[R][2];
+  int32_t* part = partial + j0 * 16;
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    acc[r][0] = first ? V::zeroi() : V::loadi(part + r * 16);
+    acc[r][1] = first ? V::zeroi() : V::loadi(part + r * 16 + 8);
+  }
+  const uint8_t* arow = absd + j0 * dim4 * 4;
+  const uint8_t* prow = pat + j0 * dim4;
+  auto row = [&](int r, int64_t g) { return qp + g * kRow + int64_t{prow[r * dim4 + g]} * 4; };
+  for (int64_t g = g0; g < g1; ++g) {
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m256i b = V::broadcast4(arow + r * dim4 * 4 + g * 4);
+      const uint8_t* t = row(r, g);
+      acc[r][0] = _mm256_add_epi32(acc[r][0], _mm256_madd_epi16(_mm256_maddubs_epi16(b, V::loadi(t)), ones));
+      acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(_mm256_maddubs_epi16(b, V::loadi(t + 32)), ones));
+    }
+  }
+  if (!last) {
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      _mm256_store_si256(reinterpret_cast<__m256i*>(part + r * 16), acc[r][0]);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(part + r * 16 + 8), acc[r][1]);
+    }
+    return;
+  }
+  __m256 facc[R][2];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) facc[r][0] = V::cvt(acc[r][0]), facc[r][1] = V::cvt(acc[r][1]);
+  if constexpr (kDeferred) FoldDeferred<V, R>(facc, j0, doc, st);
+  else Fold<V, R, false>(facc, j0, doc, st);
+}
+
+template <int R, bool kDeferred>
+SD_VEC_INLINE void TailTab(int64_t rem, const uint8_t* qp, const uint8_t* absd, const uint8_t* pat, int64_t dim4,
+                           int64_t g0, int64_t g1, bool first, bool last, int32_t* partial, int64_t j0, const Doc& doc,
+                           State<V>& st) {
+  if constexpr (R > 0) {
+    if (rem == R) BlockTab<R, kDeferred>(qp, absd, pat, dim4, g0, g1, first, last, partial, j0, doc, st);
+    else TailTab<R - 1, kDeferred>(rem, qp, absd, pat, dim4, g0, g1, first, last, partial, j0, doc, st);
+  }
+}
+
+// The table is 1 KiB per group (16 KiB per 64 dimensions), loaded at random by pattern: past 64 dimensions it
+// leaves L1 (Zen 4 under the avx2 variant: 8-bit documents at dim 64 ran 1.48x onnxruntime's int8, at dim 128
+// 1.10x before the split), so the groups run in chunks of kChunk, every token of the document per chunk, the int32
+// partial sums kept in doc-sized scratch between chunks (exact: the same integer sums, regrouped).
+template <int R, bool kDeferred>
+void TileTab(const TileArgs& a, const Doc& doc, TileResult* out) {
+  constexpr int64_t kChunk = 16;  // groups per chunk: 16 KiB of table (8: no faster, bench/results/maxsim_int8_avx2.md)
+  State<V> st;
+  Init(st, doc, a);
+  const uint8_t* qp = static_cast<const uint8_t*>(a.qp);
+  const uint8_t* absd = static_cast<const uint8_t*>(doc.data);
+  const int64_t dim4 = (a.dim + 3) / 4;
+  const uint8_t* pat = absd + a.Ld * dim4 * 4;
+  int32_t* partial = TabPartials(absd, a.Ld, dim4);
+  const int64_t chunks = dim4 > kChunk ? (dim4 + kChunk - 1) / kChunk : 1;
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t g0 = c * kChunk, g1 = c + 1 == chunks ? dim4 : g0 + kChunk;
+    const bool first = c == 0, last = c + 1 == chunks;
+    int64_t j = 0;
+    for (; j + R <= a.Ld; j += R) BlockTab<R, kDeferred>(qp, absd, pat, dim4, g0, g1, first, last, partial, j, doc, st);
+    TailTab<R - 1, kDeferred>(a.Ld - j, qp, absd, pat, dim4, g0, g1, first, last, partial, j, doc, st);
+  }
+  if constexpr (kDeferred) FinishDeferred(st);
+  Store(st, out);
+}
+
 template <int R, bool kPair, bool kDeferred>
 SD_VEC_INLINE void TailUbs(int64_t rem, const uint8_t* qp, const int8_t* d, int64_t dim, int64_t j0, const int32_t* dsum,
                            const Doc& doc, State<V>& st) {
@@ -144,6 +236,47 @@ void TileI8Avx2I16(const TileArgs& a, const Doc& doc, TileResult* out) {
 void TileI8Avx2Ubs(const TileArgs& a, const Doc& doc, TileResult* out) {
   if (Deferred(a, doc)) TileUbs<4, false, true>(a, doc, out);
   else TileUbs<4, false, false>(a, doc, out);
+}
+
+void TileI8Avx2Tab(const TileArgs& a, const Doc& doc, TileResult* out) {
+  constexpr int R = 3;  // 6 accumulators; 4 was no faster (bench/results/maxsim_int8_avx2.md)
+  if (Deferred(a, doc)) TileTab<R, true>(a, doc, out);
+  else TileTab<R, false>(a, doc, out);
+}
+
+// The document as the sign-table tile reads it: |D| in rows of dim4 * 4 bytes (0 past dim), then per token and
+// group the pattern of its signs (bit c: D[4g + c] < 0) times 16.
+void PrepTabAvx2(const int8_t* d, int64_t Ld, int64_t dim, uint8_t* out) {
+  const int64_t dim4 = (dim + 3) / 4;
+  uint8_t* pat = out + Ld * dim4 * 4;
+  for (int64_t j = 0; j < Ld; ++j) {
+    const int8_t* src = d + j * dim;
+    uint8_t* a = out + j * dim4 * 4;
+    uint8_t* p = pat + j * dim4;
+    int64_t k = 0;
+    for (; k + 32 <= dim; k += 32) {
+      // the next document to L2 while this one computes (the sign-table tile reads only the prepared copy)
+      _mm_prefetch(reinterpret_cast<const char*>(src + Ld * dim + k), _MM_HINT_T1);
+      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + k));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(a + k), _mm256_abs_epi8(x));
+      // the 32 sign bits, nibble i (group i) spread to byte i, times 16
+      uint64_t t = static_cast<uint32_t>(_mm256_movemask_epi8(x));
+      t = (t | (t << 16)) & 0x0000FFFF0000FFFFull;
+      t = (t | (t << 8)) & 0x00FF00FF00FF00FFull;
+      t = (t | (t << 4)) & 0x0F0F0F0F0F0F0F0Full;
+      t <<= 4;
+      std::memcpy(p + k / 4, &t, 8);
+    }
+    for (; k < dim4 * 4; k += 4) {  // the last groups, the missing bytes 0 (positive)
+      unsigned bits = 0;
+      for (int c = 0; c < 4; ++c) {
+        const int8_t v = k + c < dim ? src[k + c] : int8_t{0};
+        a[k + c] = static_cast<uint8_t>(v < 0 ? -int32_t{v} : v);  // |-128| = 128
+        bits |= static_cast<unsigned>(v < 0) << c;
+      }
+      p[k / 4] = static_cast<uint8_t>(bits << 4);
+    }
+  }
 }
 
 void TileI8Avx2Ubs2(const TileArgs& a, const Doc& doc, TileResult* out) {

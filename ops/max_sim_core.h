@@ -12,8 +12,9 @@
 // over the vector traits of ops/common/vec.h (ops/max_sim_kernels.h) and compiled per ISA in their own
 // translation units (ops/max_sim_avx2.cc, ops/max_sim_avx512.cc; interface: ops/max_sim_tile.h);
 // this header has the contract checks, the portable tile and the driver. int8 sums are exact int32:
-// AVX-512 VNNI vpdpbusd on Q + 128; AVX-VNNI vpdpbusd on D + 128; other AVX2 CPUs vpmaddubsw on Q + 128 (or
-// + 64) against documents within [-64, 63] (7-bit codes), vpmaddwd on int16 for the others.
+// AVX-512 VNNI vpdpbusd on Q + 128; AVX-VNNI vpdpbusd on D + 128; other AVX2 CPUs vpmaddubsw on Q + 128 (or + 64)
+// against documents within [-64, 63] (7-bit codes), and for the others |D| against Q * sign(D) from a 16-pattern
+// table (query rows without -128) or vpmaddwd on int16 (ops/max_sim_avx2.cc).
 // float16 documents are widened to float32 one document at a time (F16C).
 //
 // What must stay true:
@@ -245,6 +246,20 @@ void Run(Ort::KernelContext& ctx, const Problem& p, const T* q, const T* d, Isa 
       q_seven[b] = std::all_of(qb, qb + p.Lq * p.dim, [](int8_t v) { return v >= -64 && v <= 63; });
     }
   }
+  // ... and, for 8-bit documents and a row without -128 (quantize_tokens never writes it), as the sign table of
+  // TileI8Avx2Tab: per group Q under each of the 16 sign patterns of a document group. Rows with -128 keep the
+  // vpmaddwd tile there.
+  std::vector<uint8_t> q_tab(ubs ? static_cast<size_t>(p.B) : 0);
+  if constexpr (kInt8) {
+    for (int64_t b = 0; b < static_cast<int64_t>(q_tab.size()); ++b) {
+      const int8_t* qb = qe + b * p.Lq * p.dim;
+      q_tab[b] = std::none_of(qb, qb + p.Lq * p.dim, [](int8_t v) { return v == -128; });
+    }
+  }
+  const bool any_tab = std::any_of(q_tab.begin(), q_tab.end(), [](uint8_t v) { return v != 0; });
+  const bool all_tab = std::all_of(q_tab.begin(), q_tab.end(), [](uint8_t v) { return v != 0; });
+  const int64_t tab_tile_bytes = dim4 * 16 * 4 * lanes;
+  std::vector<uint8_t, AlignedAllocator<uint8_t>> qpack_tab(any_tab ? packs * tab_tile_bytes : 0);
   // the lane biases of AVX-VNNI's u8 x s8 tile: 128 * sum_k Q[i, k] for documents stored as D + 128
   std::vector<int32_t> qbias(path == Path::kAvx2Vnni ? packs * lanes : 0);
   auto q_at = [&](int64_t b, int64_t i, int64_t k) { return qe[(b * p.Lq + i) * p.dim + k]; };
@@ -259,6 +274,7 @@ void Run(Ort::KernelContext& ctx, const Problem& p, const T* q, const T* d, Isa 
   } else if (path != Path::kPortable) {
     std::fill(qpack.begin(), qpack.end(), uint8_t{0});
     std::fill(qpack_ubs.begin(), qpack_ubs.end(), uint8_t{0});
+    std::fill(qpack_tab.begin(), qpack_tab.end(), uint8_t{0});
     for (int64_t b = 0; b < p.B; ++b) {
       for (int64_t i = 0; i < p.Lq; ++i) {
         const int64_t t = i / lanes, l = i % lanes;
@@ -276,6 +292,12 @@ void Run(Ort::KernelContext& ctx, const Problem& p, const T* q, const T* d, Isa 
             std::memcpy(tile + ((k / 2) * lanes * 2 + l * 2 + k % 2) * 2, &w, 2);
             qpack_ubs[(b * tiles + t) * ubs_tile_bytes + (k / 4) * lanes * 4 + l * 4 + k % 4] =
                 static_cast<uint8_t>(v + (q_seven[b] ? 64 : 128));
+            if (q_tab[b]) {  // |v| <= 127: -v fits s8
+              uint8_t* row = qpack_tab.data() + (b * tiles + t) * tab_tile_bytes + (k / 4) * 16 * lanes * 4 + l * 4 + k % 4;
+              for (int pattern = 0; pattern < 16; ++pattern) {
+                row[pattern * lanes * 4] = static_cast<uint8_t>((pattern >> (k % 4)) & 1 ? -v : v);
+              }
+            }
           }
         }
         if (!qbias.empty()) qbias[(b * tiles + t) * lanes + l] = 128 * sum;
@@ -296,7 +318,9 @@ void Run(Ort::KernelContext& ctx, const Problem& p, const T* q, const T* d, Isa 
   // Per-task scratch for one document in the tile's layout (float16 widened, int8 as int16 or u8).
   int64_t scratch = 0;
   if (kHalf) scratch = doc_elems * 4;
-  if (kInt8 && path == Path::kAvx2) scratch = p.Ld * dim2 * 2 * 2;  // int16 copy (8-bit documents)
+  // int16 copy (8-bit documents), then |D| and sign patterns (the sign-table tile)
+  const int64_t wide_bytes = (p.Ld * dim2 * 2 * 2 + 63) / 64 * 64;
+  if (kInt8 && path == Path::kAvx2) scratch = wide_bytes + TabDocBytes(p.Ld, dim4);
   if (kInt8 && path == Path::kAvx2Vnni) scratch = p.Ld * dim4 * 4;
   std::vector<uint8_t> valid(tasks * static_cast<size_t>(p.Ld));
   // per task, the document's token sums: 128 * sum_k D (AVX-512 VNNI) or sum_k D (the vpmaddubsw tiles)
@@ -336,12 +360,17 @@ void Run(Ort::KernelContext& ctx, const Problem& p, const T* q, const T* d, Isa 
         else for (int64_t i = 0; i < doc_elems; ++i) w[i] = src[i].ToFloat();
         doc.data = w;
       }
-      bool doc_ubs = false;  // this document takes the vpmaddubsw tile: all its entries in [-64, 63]
+      bool doc_ubs = false;  // this document takes the vpmaddubsw tiles: all its entries in [-64, 63]
+      Doc doc_tab = doc;     // an 8-bit document as the sign-table tile reads it
       if constexpr (kInt8) {
         const int8_t* dn = d + n * doc_elems;
         if (path == Path::kAvx512Vnni) DocSums128Avx512Vnni(dn, p.Ld, p.dim, dsum.data() + task * p.Ld);
-        if (ubs) doc_ubs = DocSums7Avx2(dn, p.Ld, p.dim, dsum.data() + task * p.Ld);
-        if (path == Path::kAvx2 && !doc_ubs) WidenI8Avx2(dn, p.Ld, p.dim, reinterpret_cast<int16_t*>(work));
+        if (ubs) doc_ubs = DocSums7Avx2(dn, p.Ld, p.dim, dsum.data() + task * p.Ld);  // stops at an 8-bit token
+        if (ubs && !doc_ubs && any_tab) {
+          PrepTabAvx2(dn, p.Ld, p.dim, work + wide_bytes);
+          doc_tab.data = work + wide_bytes;
+        }
+        if (path == Path::kAvx2 && !doc_ubs && !all_tab) WidenI8Avx2(dn, p.Ld, p.dim, reinterpret_cast<int16_t*>(work));
         if (path == Path::kAvx2Vnni) BiasI8Avx2(dn, p.Ld, p.dim, work);
         if ((path == Path::kAvx2 && !doc_ubs) || path == Path::kAvx2Vnni) doc.data = work;
       }
@@ -393,6 +422,9 @@ void Run(Ort::KernelContext& ctx, const Problem& p, const T* q, const T* d, Isa 
                   a.bias = dsum.data() + task * p.Ld;
                   if (q_seven[b]) TileI8Avx2Ubs2(a, doc, &res);
                   else TileI8Avx2Ubs(a, doc, &res);
+                } else if (q_tab[b]) {
+                  a.qp = qpack_tab.data() + pack * tab_tile_bytes;
+                  TileI8Avx2Tab(a, doc_tab, &res);
                 } else {
                   TileI8Avx2I16(a, doc, &res);
                 }

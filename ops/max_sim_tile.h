@@ -10,6 +10,7 @@
 //   int8 int16     qp [dim2][lanes][2] int16                    D [Ld][dim2 * 2]     int16 copy, 0-padded
 //   int8 AVX-VNNI  qp [dim4][lanes][4] s8 = Q                   D [Ld][dim4 * 4]     u8 = D + 128 copy
 //   int8 AVX2 ubs  qp [dim4][lanes][4] u8 = Q + 128 (Ubs2: + 64) D [Ld][dim]          (the input, 7-bit)
+//   int8 AVX2 tab  qp [dim4][16][lanes][4] s8 = Q * sign pattern  D: |D| [Ld][dim4 * 4] u8, patterns [Ld][dim4]
 #pragma once
 
 #include <cstdint>
@@ -61,6 +62,8 @@ void TileI8Avx512Vnni(const TileArgs& a, const Doc& doc, TileResult* out);  // n
 void TileI8Avx2I16(const TileArgs& a, const Doc& doc, TileResult* out);     // vpmaddwd, any AVX2 CPU
 void TileI8Avx2Ubs(const TileArgs& a, const Doc& doc, TileResult* out);     // vpmaddubsw, D in [-64, 63]
 void TileI8Avx2Ubs2(const TileArgs& a, const Doc& doc, TileResult* out);    // vpmaddubsw pairs, D and Q in [-64, 63]
+// |D| x Q * sign(D) from the tile's 16-pattern table, Q without -128, any D
+void TileI8Avx2Tab(const TileArgs& a, const Doc& doc, TileResult* out);
 void TileI8AvxVnni(const TileArgs& a, const Doc& doc, TileResult* out);     // needs avxvnni (VEX vpdpbusd)
 
 // Per-document preparation of the int8 variants.
@@ -69,6 +72,14 @@ void WidenI8Avx2(const int8_t* d, int64_t Ld, int64_t dim, int16_t* out);       
 void BiasI8Avx2(const int8_t* d, int64_t Ld, int64_t dim, uint8_t* out);            // -> [Ld][dim4 * 4] u8
 // out[j] = sum_k d[j, k]; false when an entry lies outside [-64, 63] (the document is then not for the Ubs tiles)
 bool DocSums7Avx2(const int8_t* d, int64_t Ld, int64_t dim, int32_t* out);
+// -> |D| [Ld][dim4 * 4] u8 then the sign patterns [Ld][dim4] (x 16) for TileI8Avx2Tab.
+// `out` is 64-byte aligned with TabDocBytes(Ld, dim4) bytes: the tile keeps its partial sums after the patterns.
+void PrepTabAvx2(const int8_t* d, int64_t Ld, int64_t dim, uint8_t* out);
+inline int64_t TabPartialsOffset(int64_t Ld, int64_t dim4) { return (Ld * dim4 * 5 + 63) / 64 * 64; }
+inline int64_t TabDocBytes(int64_t Ld, int64_t dim4) { return TabPartialsOffset(Ld, dim4) + Ld * 16 * 4; }
+inline int32_t* TabPartials(const uint8_t* doc, int64_t Ld, int64_t dim4) {
+  return reinterpret_cast<int32_t*>(const_cast<uint8_t*>(doc) + TabPartialsOffset(Ld, dim4));
+}
 
 // float16 documents: n float16 values (their bits) -> float32, exactly (F16C; needs f16c besides AVX2).
 void WidenF16Avx2(const uint16_t* x, float* y, int64_t n);

@@ -629,7 +629,7 @@ struct Aligned {
   }
 };
 
-enum class MsPath { kF32, kI8Avx2I16, kI8Avx2Ubs, kI8Avx2Ubs2, kI8AvxVnni, kI8Avx512Vnni };
+enum class MsPath { kF32, kI8Avx2I16, kI8Avx2Ubs, kI8Avx2Ubs2, kI8Avx2Tab, kI8AvxVnni, kI8Avx512Vnni };
 
 struct MsVariant {
   const char* name;
@@ -693,6 +693,13 @@ void SweepMaxSim(const MsVariant& v) {
         qi[0] = v.path == MsPath::kI8Avx2Ubs2 ? -64 : -128;
         qi[qi.size() - 1] = v.path == MsPath::kI8Avx2Ubs2 ? 63 : 127;
       }
+      if (v.path == MsPath::kI8Avx2Tab) {  // queries without -128 (their ends -127 and 127), documents at both ends
+        for (auto& e : qi) e = static_cast<int8_t>(e == -128 ? -127 : e);
+        qi[0] = -127;
+        qi[qi.size() - 1] = 127;
+        di[0] = -128;
+        di[di.size() - 1] = 127;
+      }
       if (kind == kNanPair) df[static_cast<size_t>(rng() % df.size())] = NAN;
       std::vector<uint8_t> valid(static_cast<size_t>(Ld), 1);
       if (kind == kMasked) {
@@ -737,7 +744,12 @@ void SweepMaxSim(const MsVariant& v) {
           std::vector<int16_t> dwide;
           std::vector<uint8_t> dbias;
           std::vector<int32_t> dsum(static_cast<size_t>(Ld));
-          if (v.path == MsPath::kI8Avx2I16) {
+          Aligned dtab(v.path == MsPath::kI8Avx2Tab ? static_cast<size_t>(sd::maxsim::TabDocBytes(Ld, dim4)) : 0);
+          if (v.path == MsPath::kI8Avx2Tab) {
+            std::memset(dtab.p, 0x55, static_cast<size_t>(sd::maxsim::TabDocBytes(Ld, dim4)));
+            sd::maxsim::PrepTabAvx2(di.data(), Ld, dim, dtab.p);
+            doc.data = dtab.p;
+          } else if (v.path == MsPath::kI8Avx2I16) {
             dwide.assign(static_cast<size_t>(Ld * dim2 * 2), 0x5555);
             sd::maxsim::WidenI8Avx2(di.data(), Ld, dim, dwide.data());
             doc.data = dwide.data();
@@ -766,7 +778,9 @@ void SweepMaxSim(const MsVariant& v) {
           }
           for (int64_t t = 0; t < tiles; ++t) {
             const int64_t i0 = t * T, count = std::min<int64_t>(T, Lq - i0);
-            const int64_t tile_bytes = v.path == MsPath::kI8Avx2I16 ? dim2 * 2 * T * 2 : dim4 * 4 * T;
+            const int64_t tile_bytes = v.path == MsPath::kI8Avx2I16   ? dim2 * 2 * T * 2
+                                       : v.path == MsPath::kI8Avx2Tab ? dim4 * 16 * 4 * T
+                                                                      : dim4 * 4 * T;
             Aligned qp(static_cast<size_t>(tile_bytes));
             std::vector<int32_t> qbias(static_cast<size_t>(T), 0);
             for (int64_t l = 0; l < count; ++l) {
@@ -778,6 +792,10 @@ void SweepMaxSim(const MsVariant& v) {
                 else if (v.path == MsPath::kI8Avx2Ubs) qp.p[(k / 4) * T * 4 + l * 4 + k % 4] = static_cast<uint8_t>(q + 128);
                 else if (v.path == MsPath::kI8Avx2Ubs2) qp.p[(k / 4) * T * 4 + l * 4 + k % 4] = static_cast<uint8_t>(q + 64);
                 else if (v.path == MsPath::kI8AvxVnni) qp.p[(k / 4) * T * 4 + l * 4 + k % 4] = static_cast<uint8_t>(q);
+                else if (v.path == MsPath::kI8Avx2Tab)
+                  for (int pattern = 0; pattern < 16; ++pattern)
+                    qp.p[(k / 4) * 16 * T * 4 + pattern * T * 4 + l * 4 + k % 4] =
+                        static_cast<uint8_t>((pattern >> (k % 4)) & 1 ? -q : q);
                 else {
                   const int16_t w = q;
                   std::memcpy(qp.p + ((k / 2) * T * 2 + l * 2 + k % 2) * 2, &w, 2);
@@ -795,6 +813,7 @@ void SweepMaxSim(const MsVariant& v) {
             if (v.path == MsPath::kI8Avx2I16) sd::maxsim::TileI8Avx2I16(a, doc, &res[t]);
             else if (v.path == MsPath::kI8Avx2Ubs) sd::maxsim::TileI8Avx2Ubs(a, doc, &res[t]);
             else if (v.path == MsPath::kI8Avx2Ubs2) sd::maxsim::TileI8Avx2Ubs2(a, doc, &res[t]);
+            else if (v.path == MsPath::kI8Avx2Tab) sd::maxsim::TileI8Avx2Tab(a, doc, &res[t]);
             else if (v.path == MsPath::kI8AvxVnni) v.avx_vnni(a, doc, &res[t]);
             else sd::maxsim::TileI8Avx512Vnni(a, doc, &res[t]);
           }
@@ -1223,6 +1242,8 @@ int main() {
     int8.push_back("vpmaddubsw");
     Run("MaxSim", [&] { SweepMaxSim({"avx2 int8 vpmaddubsw pairs (7-bit documents and queries)", MsPath::kI8Avx2Ubs2, 16, 3, nullptr}); });
     int8.push_back("vpmaddubsw-pairs");
+    Run("MaxSim", [&] { SweepMaxSim({"avx2 int8 sign table (queries without -128)", MsPath::kI8Avx2Tab, 16, 3, nullptr}); });
+    int8.push_back("sign-table");
     // AVX-VNNI as the library uses it: where the CPU has it and SOFTDEPLOY_TEST_CPU does not hide it.
     if (sd::KernelsUseAvxVnni()) {
       Run("MaxSim", [&] { SweepMaxSim({"avx2 int8 avx-vnni", MsPath::kI8AvxVnni, 16, 6, nullptr, sd::maxsim::TileI8AvxVnni}); });

@@ -217,6 +217,62 @@ def test_int8_seven_bit_documents_are_exact_on_an_avx2_cpu_without_vnni(monkeypa
     np.testing.assert_array_equal(got.astype(np.int64), want)
 
 
+@pytest.mark.parametrize("dim", [1, 3, 4, 5, 8, 9, 12, 13, 31, 32, 33, 129])
+@pytest.mark.parametrize("ld", [1, 2, 3, 4, 7])
+def test_int8_sign_table_is_exact_on_an_avx2_cpu_without_vnni(monkeypatch, ld, dim):
+    """8-bit documents against query rows without -128 (what quantize_tokens writes) take the sign-table tile: |D| as
+    u8 against Q * sign(D) from a table of the 16 sign patterns of a 4-byte group, one group per widening (at the end:
+    2 x 128 x 127 = 32512 with Q = -127 against D = -128). In the same call a row with -128 keeps the vpmaddwd tile,
+    documents in [-64, 63] (some one code outside, in a 32-byte chunk or in the last group) the biased vpmaddubsw
+    tiles, and a 7-bit row the paired one there. Around the 3-token block, the 1..3-byte last group, the 16-group
+    chunks of the table (dim 129) and the 16-lane tile (Lq 17). Exact against the integer reference; then with query
+    scales, the deferred fold (scales > 0) and the eager one (a negative scale)."""
+    monkeypatch.setenv("SOFTDEPLOY_TEST_CPU", "avx2")
+    if "avx2" not in conformance.available_isas():
+        pytest.skip("this CPU has no AVX2")
+    rng = np.random.default_rng(ld * 1000 + dim)
+    q8 = rng.choice(np.array([-127, -126, -1, 0, 1, 127], np.int8), (4, 17, dim))
+    q8[0, 0], q8[0, 16] = -127, 127
+    q8[1, 5, 0] = -128  # row 1: the tiles for -128
+    q8[3] = rng.choice(np.array([-64, 63, -1, 0, 1], np.int8), (17, dim))  # row 3: 7-bit
+    d8 = rng.choice(np.array([-64, -63, -1, 0, 1, 63], np.int8), (8, ld, dim))
+    d8[0] = -64
+    d8[1] = 63
+    d8[2] = -128  # 8-bit: the table's pairs at +-32512
+    d8[3] = rng.choice(np.array([-128, 127, -65, 64, 0], np.int8), (ld, dim))
+    d8[4, -1, -1] = 64  # out of range by one at the last code
+    d8[5, 0, 0] = -65  # ... at the first
+    dm = rng.random((8, ld)) < 0.8
+    dm[:, 0] = True
+    want = _int8_scores(q8, d8, dm)
+    ones_q, ones_d = np.ones((4, 17), np.float32), np.ones((8, ld), np.float32)
+    got = kernel(q8, d8, None, dm, ones_q, ones_d, isa="avx2")
+    np.testing.assert_array_equal(got.astype(np.int64), want)
+    qs = rng.uniform(0.5, 2.0, (4, 17)).astype(np.float32)
+    qs[2, 3] = -1.0
+    got = kernel(q8, d8, None, dm, qs, ones_d, isa="avx2")
+    # exact integer maxima, one rounding per scaled maximum and 17 float32 additions of terms up to
+    # 2 * dim * 128 * 128 (which may cancel): absolute error within 2 * 17 eps of the largest term
+    atol = 2 * 17 * float(np.finfo(np.float32).eps) * 2.0 * dim * 128 * 128
+    np.testing.assert_allclose(got, reference(q8, d8, None, dm, qs, ones_d), rtol=0, atol=atol)
+
+
+def test_int8_sign_table_when_no_row_has_minus_128(monkeypatch):
+    """Every query row without -128: an 8-bit document gets the table's preparation and no int16 copy, next to 7-bit
+    documents in the same call. Exact against the integer reference (dim 130: three chunks of the table)."""
+    monkeypatch.setenv("SOFTDEPLOY_TEST_CPU", "avx2")
+    if "avx2" not in conformance.available_isas():
+        pytest.skip("this CPU has no AVX2")
+    rng = np.random.default_rng(3)
+    q8 = rng.integers(-127, 128, (2, 33, 130), dtype=np.int8)
+    d8 = rng.integers(-64, 64, (5, 23, 130), dtype=np.int8)
+    d8[2] = rng.integers(-128, 128, (23, 130), dtype=np.int8)
+    dm = np.ones((5, 23), bool)
+    want = _int8_scores(q8, d8, dm)
+    got = kernel(q8, d8, None, None, np.ones((2, 33), np.float32), np.ones((5, 23), np.float32), isa="avx2")
+    np.testing.assert_array_equal(got.astype(np.int64), want)
+
+
 @pytest.mark.parametrize("scales", ["positive", "signed", "non-finite"])
 def test_int8_seven_bit_scales_on_an_avx2_cpu_without_vnni(monkeypatch, scales):
     """The vpmaddubsw tiles apply the query scale once per lane after the max when every query scale of the tile is

@@ -68,7 +68,7 @@ def test_sweep_matches_the_float64_references(sweep: Path, cpu: str | None) -> N
         assert int(summary.group(3)) > 1000
     # Every operator's kernels were swept (none silently dropped), and MaxSim's int8 dot products are
     # the ones the library would run here: vpmaddwd and, for 7-bit documents, vpmaddubsw (and its paired form for 7-bit
-    # queries too) on any AVX2 CPU (the only ones as an AVX2-only CPU).
+    # queries too), and the sign table for 8-bit documents, on any AVX2 CPU (the only ones as an AVX2-only CPU).
     per_op = re.search(r"sweep: checks per op \[([A-Za-z0-9=,]*)\]", done.stdout)
     assert per_op is not None, done.stdout[-2000:]
     counts = dict(item.split("=") for item in per_op.group(1).split(",")) if per_op.group(1) else {}
@@ -77,7 +77,7 @@ def test_sweep_matches_the_float64_references(sweep: Path, cpu: str | None) -> N
     dots = re.search(r"sweep: MaxSim int8 dot products \[([a-z0-9,-]*)\]", done.stdout)
     assert dots is not None
     if env.get("SOFTDEPLOY_TEST_CPU") == "avx2":
-        assert dots.group(1) == "vpmaddwd,vpmaddubsw,vpmaddubsw-pairs"
+        assert dots.group(1) == "vpmaddwd,vpmaddubsw,vpmaddubsw-pairs,sign-table"
     # RowwiseInt8MatMul's GEMM paths: each one the library can run on this CPU as limited, and the AVX-VNNI tile's source
     # (VEX vpdpbusd) with the EVEX encoding wherever AVX-512 VNNI runs, so its logic is swept without AVX-VNNI.
     paths = re.search(r"sweep: RowwiseInt8MatMul paths \[([a-z0-9,-]*)\]", done.stdout)

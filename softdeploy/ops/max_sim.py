@@ -360,8 +360,8 @@ def samples(rng: np.random.Generator) -> Iterator[Sample]:
     d8[0, 0, :] = -128
     d8[1, 0, :] = 127
     yield Sample("int8_2x33_vs_5x19_d128", (q8, d8, all_valid(2, 33), random_mask(rng, 5, 19), qs, ds))
-    # int8 tiles: 16 (AVX2 vpmaddwd / AVX-VNNI) or 32 (AVX-512 VNNI) lanes, 6- or 8-token blocks,
-    # dim % 2 (int16 pairs) and dim % 4 (VNNI quads) tails
+    # int8 tiles: 16 (AVX2: the sign table for rows without -128, vpmaddwd for rows with it; AVX-VNNI) or 32
+    # (AVX-512 VNNI) lanes, 6- or 8-token blocks, dim % 2 (int16 pairs) and dim % 4 (VNNI quads, sign groups) tails
     for lq, ld, dim in ((1, 1, 1), (17, 9, 63), (32, 16, 64), (5, 3, 130), (16, 6, 2), (33, 12, 6), (47, 13, 7)):
         q8, qs = quantize_tokens(unit_tokens(rng, 2, lq, dim))
         d8, ds = quantize_tokens(unit_tokens(rng, 3, ld, dim))

@@ -31,7 +31,8 @@
 // right after the strip's GEMM (ScoresTerms), with lane-wise (16 / 8) per-row sums and maxima kept in
 // registers over the row and folded once per block -- the separate row pass's per-row call, constants and
 // horizontal reductions were ~10% of a call at
-// T = 2048 (bench/results/softpick_attention.md).
+// T = 2048 (bench/results/softpick_attention.md). AVX2, Dv <= 64: P V of a full key block runs over P's
+// nonzero entries only (PvSparse: P is 0 wherever a score is <= 0), a row at a time with V's block in L1.
 //
 // What must stay true:
 //  * The fast path sees only finite scores or -inf: a query row whose Q row, K, V or Mask row holds a

@@ -27,10 +27,12 @@
 // C[6 x 16] (AVX2); the portable variant is the same loop nest left to the compiler's baseline vectoriser.
 // The vector variants are written once over ops/common/vec.h's traits (ops/softpick_attention_kernels.h) and
 // compiled per ISA (ops/softpick_attention_avx2.cc, _avx512.cc). Both vector variants without Mask: full key
-// blocks that every row of the task sees compute their softpick terms per score tile (AVX-512 6 x 64, AVX2
-// 6 x 16) right after its GEMM (ScoresTerms), with lane-wise (16 / 8) per-row sums and maxima folded once per
-// task -- the separate row pass's per-row call, constants and horizontal reductions were ~10% of a call at
-// T = 2048 (bench/results/softpick_attention.md).
+// blocks that every row of the task sees compute their softpick terms per strip of 6 query rows x kBlockK keys
+// right after the strip's GEMM (ScoresTerms), with lane-wise (16 / 8) per-row sums and maxima kept in
+// registers over the row and folded once per block -- the separate row pass's per-row call, constants and
+// horizontal reductions were ~10% of a call at
+// T = 2048 (bench/results/softpick_attention.md). AVX2, Dv <= 64: P V of a full key block runs over P's
+// nonzero entries only (PvSparse: P is 0 wherever a score is <= 0), a row at a time with V's block in L1.
 //
 // What must stay true:
 //  * The fast path sees only finite scores or -inf: a query row whose Q row, K, V or Mask row holds a
@@ -208,6 +210,8 @@ struct Ops {
   // full unmasked key blocks with the terms fused into the scores' GEMM (nullptr: the row path)
   softpick_attention::FusedFn fused;
   int lanes;  // the fused path's lanes per row of its sums and maxima
+  // P V of a full key block over P's nonzero entries (nullptr: the GEMM)
+  softpick_attention::PvFn pv;
 };
 
 void RunTask(const Problem& p, const Ops& ops, int64_t b, int64_t h, int64_t i0, int64_t i1) {
@@ -259,22 +263,22 @@ void RunTask(const Problem& p, const Ops& ops, int64_t b, int64_t h, int64_t i0,
   const float* kt = p.Kt(b, hk);
   const float* v = p.v + (b * p.Hk + hk) * p.Tk * Dv;
   // The fused path's per-row state (ScoresTerms in ops/softpick_attention_kernels.h): lane-wise sums of |term|
-  // and maxima over its blocks (ops.lanes per row), its per-block scratch, 2^-R, -R and the rescale bound per
+  // and maxima over its blocks (ops.lanes per row), 2^-R, -R and the rescale bound per
   // row; folded into l and m after the last block.
   const bool fusable = ops.fused != nullptr && p.mask == nullptr;
   const int64_t lanes = ops.lanes;
-  std::vector<float> lacc, vmx, bl, bmax, cr, mr, thr;
+  std::vector<float> lacc, vmx, cr, mr, thr;
   std::vector<uint8_t> flag;
   if (fusable) {
     lacc.assign(static_cast<size_t>(rows * lanes), 0.0f);
     vmx.assign(static_cast<size_t>(rows * lanes), -INFINITY);
-    bl.resize(static_cast<size_t>(rows * lanes));
-    bmax.resize(static_cast<size_t>(rows * lanes));
     cr.assign(static_cast<size_t>(rows), 1.0f);
     mr.assign(static_cast<size_t>(rows), 0.0f);
     thr.assign(static_cast<size_t>(rows), kSlack * kLn2);
     flag.resize(static_cast<size_t>(rows));
   }
+  // P V over P's nonzeros: Dv whole vectors, at most 8 (the row's outputs in registers, V's block in L1)
+  const bool sparse_pv = ops.pv != nullptr && Dv % ops.lanes == 0 && Dv <= 8 * ops.lanes;
   bool small_r = true;  // every R <= 126 (2^-R a normal float): what the fused path needs
   // Row rr of key block [j0, j0 + nk) on the row path, its scores in sbuf.
   auto row_step = [&](int64_t rr, int64_t j0, int64_t nk) {
@@ -324,7 +328,7 @@ void RunTask(const Problem& p, const Ops& ops, int64_t b, int64_t h, int64_t i0,
     // causal: fused only where every row of the task sees the whole block (the tile's first row sees least)
     const bool visible = !p.causal || i0 + p.Tk - p.Tq + 1 - j0 >= nk;
     if (fusable && small_r && nk == kBlockK && visible) {
-      ops.fused(qs, D, ktb, rows, cr.data(), mr.data(), thr.data(), pbuf, bl.data(), bmax.data(), lacc.data(),
+      ops.fused(qs, D, ktb, rows, cr.data(), mr.data(), thr.data(), pbuf, lacc.data(),
                 vmx.data(), flag.data());
       for (int64_t rr = 0; rr < rows; ++rr) {
         if (!flag[rr]) continue;
@@ -336,7 +340,8 @@ void RunTask(const Problem& p, const Ops& ops, int64_t b, int64_t h, int64_t i0,
       ops.gemm(qs, D, ktb, kBlockK, D, sbuf, kBlockK, rows, kBlockK, false);
       for (int64_t rr = 0; rr < rows; ++rr) row_step(rr, j0, nk);
     }
-    ops.gemm(pbuf, kBlockK, v + j0 * Dv, Dv, nk, oacc.data(), Dv, rows, Dv, true);
+    if (sparse_pv && nk == kBlockK) ops.pv(pbuf, v + j0 * Dv, Dv, oacc.data(), rows);
+    else ops.gemm(pbuf, kBlockK, v + j0 * Dv, Dv, nk, oacc.data(), Dv, rows, Dv, true);
   }
   if (fusable) {  // fold the fused blocks' lanes into m and l (in double)
     for (int64_t rr = 0; rr < rows; ++rr) {
@@ -514,12 +519,14 @@ struct SoftpickAttentionKernel {
     Ops ops;
     switch (isa) {
       case Isa::kAvx512:
-        ops = {softpick_attention::GemmAvx512, softpick_attention::RowAvx512, softpick_attention::ScoresTermsAvx512, 16};
+        ops = {softpick_attention::GemmAvx512, softpick_attention::RowAvx512, softpick_attention::ScoresTermsAvx512, 16,
+               nullptr};
         break;
       case Isa::kAvx2:
-        ops = {softpick_attention::GemmAvx2, softpick_attention::RowAvx2, softpick_attention::ScoresTermsAvx2, 8};
+        ops = {softpick_attention::GemmAvx2, softpick_attention::RowAvx2, softpick_attention::ScoresTermsAvx2, 8,
+               softpick_attention::PvSparseAvx2};
         break;
-      default: ops = {tile::GemmPortable<false>, RowPortable, nullptr, 1};
+      default: ops = {tile::GemmPortable<false>, RowPortable, nullptr, 1, nullptr};
     }
     p.nkb = (p.Tk + kBlockK - 1) / kBlockK;
     const int64_t bhk = p.B * p.Hk;

@@ -17,8 +17,8 @@ float RowAvx512(const float* s, float* pr, int64_t n, const float* mrow, int64_t
 }
 
 void ScoresTermsAvx512(const float* qs, int64_t D, const float* kt, int64_t rows, const float* cr, const float* mr,
-                       const float* thr, float* pbuf, float* bl, float* bmax, float* lacc, float* vmx, uint8_t* flag) {
-  ScoresTerms<vec::Avx512>(qs, D, kt, rows, cr, mr, thr, pbuf, bl, bmax, lacc, vmx, flag);
+                       const float* thr, float* pbuf, float* lacc, float* vmx, uint8_t* flag) {
+  ScoresTerms<vec::Avx512>(qs, D, kt, rows, cr, mr, thr, pbuf, lacc, vmx, flag);
 }
 
 }  // namespace softpick_attention

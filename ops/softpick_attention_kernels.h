@@ -161,49 +161,53 @@ float Row(const float* s, float* pr, int64_t n, const float* mrow, int64_t msk, 
 
 // ---- no mask: the scores' GEMM with the softpick terms in its epilogue -----------------------------
 //
-// For a full key block of a task without Mask that no causal limit cuts, S = Qs Kt is computed tile by
-// tile (6 rows x TileVecs vectors of keys, the k loop of ops/common/vec_gemm.h) and turned into terms while
-// still in L1, a tile at a time: P (the positive terms) overwrites the tile's S, and per row the block's
-// sum |term| and max score go, in kLanes lanes, to bl / bmax. The row pass (still used for masked, causal
-// and tail blocks) reads S back after the whole block's GEMM and pays, per row and block, a call, its
-// constants and three horizontal reductions. Per row, cr = 2^-R (R <= 126: kSmallR), mr = -R and thr =
-// (R + kSlack) ln 2. Then, per row: a block max above thr (the row needs a larger R) sets flag[row] = 1 and
-// leaves the row's lacc / vmx as they were -- RunTask redoes that row on the row path --, else lacc += bl
-// and vmx = max(vmx, bmax) (lane-wise, float: as the o sums).
+// For a full key block of a task without Mask that no causal limit cuts, S = Qs Kt is computed a strip of
+// query rows at a time (RI <= 6 rows x kBlockK keys: the register tiles of ops/common/vec_gemm.h's k loop,
+// 6 rows x TileVecs vectors each, left to right) and turned into terms while the strip is in L1: P (the
+// positive terms) overwrites the strip's S, and per row the block's sum |term| and max score are formed
+// in kLanes lanes in registers over the whole row. The row pass (still used for masked, causal and tail
+// blocks) reads S back after the whole block's GEMM and pays, per row and block, a call, its constants and
+// three horizontal reductions. Per row, cr = 2^-R (R <= 126: kSmallR), mr = -R and thr = (R + kSlack) ln 2.
+// Then, per row: a block max above thr (the row needs a larger R) sets flag[row] = 1 and leaves the row's
+// lacc / vmx as they were -- RunTask redoes that row on the row path --, else lacc += sum |term| and vmx =
+// max(vmx, block max) (lane-wise, float: as the o sums).
 
-// The terms of RI rows x TileVecs vectors of scores s (row stride kBlockK), in place: P (the positive
-// terms) over S; the block's kLanes-lane sum |term| and max per row into bl / bmax (first: the block's
-// first tile). Out of line on purpose: in line after the k loop its constants stayed live across it and
-// GCC spilled accumulators there (5 stack round trips per k).
+// The terms of RI rows x kBlockK scores s (row stride kBlockK), in place, and the rows' fold into lacc /
+// vmx (or flag). The numerator max(term, 0) is the term where s > 0 and 0 elsewhere: expm1(s) 2^-R has
+// the sign of s (2^(n-R) (1 + q) - 2^-R with 1 + q in [0.70, 1.42] is > 0 iff n >= 1 or, at n = 0, q > 0,
+// i.e. t = s > 0), one max in place of a compare and a mask. Out of line on purpose: in line after the k
+// loop its constants stayed live across it and GCC spilled accumulators there (5 stack round trips per k).
 template <class V, int RI>
-__attribute__((noinline)) void TermsTile(float* s, const float* cr, const float* mr, float* bl, float* bmax,
-                                         bool first) {
+__attribute__((noinline)) void TermsStrip(float* s, const float* cr, const float* mr, const float* thr, float* lacc,
+                                          float* vmx, uint8_t* flag) {
   using F = typename V::F;
-  constexpr int L = V::kLanes, NV = tile::TileVecs<V>();
+  constexpr int L = V::kLanes, NB = static_cast<int>(kBlockK) / L;
   const F zero = V::zero();
   for (int r = 0; r < RI; ++r) {
     const F c = V::set1(cr[r]), minus_r = Policy<V>::fused_minus_r(mr[r]);
     float* sr = s + r * kBlockK;
-    F labs = zero, mx = V::loadu(sr);
-    for (int x = 0; x < NV; ++x) {
-      const F sv = V::loadu(sr + L * x);
-      const F term = Term<V, false, true>(sv, c, minus_r, c);
-      V::storeu(sr + L * x, V::keep(V::gt(sv, zero), term));
-      labs = V::add(labs, V::abs(term));
-      mx = V::max(mx, sv);
+    F labs0 = zero, labs1 = zero, mx0 = V::loadu(sr), mx1 = mx0;
+    for (int x = 0; x < NB; x += 2) {
+      const F s0 = V::loadu(sr + L * x), s1 = V::loadu(sr + L * (x + 1));
+      const F t0 = Term<V, false, true>(s0, c, minus_r, c), t1 = Term<V, false, true>(s1, c, minus_r, c);
+      V::storeu(sr + L * x, V::max(t0, zero));
+      V::storeu(sr + L * (x + 1), V::max(t1, zero));
+      labs0 = V::add(labs0, V::abs(t0));
+      labs1 = V::add(labs1, V::abs(t1));
+      mx0 = V::max(mx0, s0);
+      mx1 = V::max(mx1, s1);
     }
-    float* blr = bl + L * r;
-    float* bmr = bmax + L * r;
-    V::storeu(blr, first ? labs : V::add(V::loadu(blr), labs));
-    V::storeu(bmr, first ? mx : V::max(V::loadu(bmr), mx));
+    const F labs = V::add(labs0, labs1), mx = V::max(mx0, mx1);
+    flag[r] = V::bits(V::gt(mx, V::set1(thr[r]))) != 0;
+    if (flag[r]) continue;
+    V::storeu(lacc + L * r, V::add(V::loadu(lacc + L * r), labs));
+    V::storeu(vmx + L * r, V::max(V::loadu(vmx + L * r), mx));
   }
 }
 
-// RI rows x TileVecs vectors of keys of S = Qs Kt (full tiles: no lane masks), stored to pr, then their
-// terms in place while the tile is in L1.
+// RI rows x TileVecs vectors of keys of S = Qs Kt (full tiles: no lane masks), stored to pr.
 template <class V, int RI>
-SD_VEC_INLINE void ScoreTile(const float* a, int64_t D, const float* kt, float* pr, const float* cr, const float* mr,
-                             float* bl, float* bmax, bool first) {
+SD_VEC_INLINE void ScoreTile(const float* a, int64_t D, const float* kt, float* pr) {
   using F = typename V::F;
   constexpr int L = V::kLanes, NV = tile::TileVecs<V>();
   F acc[RI][NV];
@@ -221,39 +225,92 @@ SD_VEC_INLINE void ScoreTile(const float* a, int64_t D, const float* kt, float* 
   for (int r = 0; r < RI; ++r) {
     for (int x = 0; x < NV; ++x) V::storeu(pr + r * kBlockK + L * x, acc[r][x]);
   }
-  TermsTile<V, RI>(pr, cr, mr, bl, bmax, first);
+}
+
+// One strip of RI query rows (a, row stride D) against the key block kt: its scores tile by tile, then
+// their terms (TermsStrip).
+template <class V, int RI>
+SD_VEC_INLINE void ScoreStrip(const float* a, int64_t D, const float* kt, float* pr, const float* cr, const float* mr,
+                              const float* thr, float* lacc, float* vmx, uint8_t* flag) {
+  constexpr int kCols = tile::TileVecs<V>() * V::kLanes;
+  for (int64_t c0 = 0; c0 < kBlockK; c0 += kCols) ScoreTile<V, RI>(a, D, kt + c0, pr + c0);
+  TermsStrip<V, RI>(pr, cr, mr, thr, lacc, vmx, flag);
 }
 
 // rows query rows (qs, row stride D) against one full key block kt ([D][kBlockK]); see above.
 template <class V>
 void ScoresTerms(const float* qs, int64_t D, const float* kt, int64_t rows, const float* cr, const float* mr,
-                 const float* thr, float* pbuf, float* bl, float* bmax, float* lacc, float* vmx, uint8_t* flag) {
+                 const float* thr, float* pbuf, float* lacc, float* vmx, uint8_t* flag) {
   constexpr int L = V::kLanes, kCols = tile::TileVecs<V>() * L;
-  static_assert(kBlockK % kCols == 0, "a key block is whole tiles");
-  for (int64_t c0 = 0; c0 < kBlockK; c0 += kCols) {
-    const bool first = c0 == 0;
-    int64_t r = 0;
-    for (; r + tile::kTileRows <= rows; r += tile::kTileRows) {
-      ScoreTile<V, tile::kTileRows>(qs + r * D, D, kt + c0, pbuf + r * kBlockK + c0, cr + r, mr + r, bl + L * r,
-                                    bmax + L * r, first);
-    }
-    const float* ar = qs + r * D;
-    float* pr = pbuf + r * kBlockK + c0;
-    switch (rows - r) {
-      case 5: ScoreTile<V, 5>(ar, D, kt + c0, pr, cr + r, mr + r, bl + L * r, bmax + L * r, first); break;
-      case 4: ScoreTile<V, 4>(ar, D, kt + c0, pr, cr + r, mr + r, bl + L * r, bmax + L * r, first); break;
-      case 3: ScoreTile<V, 3>(ar, D, kt + c0, pr, cr + r, mr + r, bl + L * r, bmax + L * r, first); break;
-      case 2: ScoreTile<V, 2>(ar, D, kt + c0, pr, cr + r, mr + r, bl + L * r, bmax + L * r, first); break;
-      case 1: ScoreTile<V, 1>(ar, D, kt + c0, pr, cr + r, mr + r, bl + L * r, bmax + L * r, first); break;
-      default: break;
-    }
+  static_assert(kBlockK % kCols == 0 && kBlockK % (2 * L) == 0, "a key block is whole tiles");
+  int64_t r = 0;
+  for (; r + tile::kTileRows <= rows; r += tile::kTileRows) {
+    ScoreStrip<V, tile::kTileRows>(qs + r * D, D, kt, pbuf + r * kBlockK, cr + r, mr + r, thr + r, lacc + L * r,
+                                   vmx + L * r, flag + r);
   }
+  const float* ar = qs + r * D;
+  float* pr = pbuf + r * kBlockK;
+  float* la = lacc + L * r;
+  float* vm = vmx + L * r;
+  switch (rows - r) {
+    case 5: ScoreStrip<V, 5>(ar, D, kt, pr, cr + r, mr + r, thr + r, la, vm, flag + r); break;
+    case 4: ScoreStrip<V, 4>(ar, D, kt, pr, cr + r, mr + r, thr + r, la, vm, flag + r); break;
+    case 3: ScoreStrip<V, 3>(ar, D, kt, pr, cr + r, mr + r, thr + r, la, vm, flag + r); break;
+    case 2: ScoreStrip<V, 2>(ar, D, kt, pr, cr + r, mr + r, thr + r, la, vm, flag + r); break;
+    case 1: ScoreStrip<V, 1>(ar, D, kt, pr, cr + r, mr + r, thr + r, la, vm, flag + r); break;
+    default: break;
+  }
+}
+
+// ---- P V over the nonzero numerators only ---------------------------------------------------------
+//
+// o[rows x Dv] += P[rows x kBlockK] V[kBlockK x Dv] for a full key block, one query row at a time with its
+// Dv = NVO * kLanes outputs in NVO accumulators, over the keys whose numerator is nonzero: P is 0 wherever
+// the score is <= 0 (about half of a block when scores centre on 0, more under a Mask or causal limit), and
+// the register-tiled GEMM multiplies those zeros like any other entry. Each row's sum runs over k in the
+// same order as the GEMM's and skips only exact zeros (0 * V_j = +-0 for the finite V of the fast path), so
+// o is what the GEMM gives. The key block's V (kBlockK x Dv floats) is reread by every row: it must stay in
+// L1 for this to pay (Dv <= 64 at kBlockK = 128).
+template <class V, int NVO>
+void PvSparseT(const float* p, const float* v, float* o, int64_t rows) {
+  using F = typename V::F;
+  constexpr int L = V::kLanes, Dv = NVO * L, kWord = 64;
+  static_assert(kBlockK % kWord == 0 && kWord % L == 0, "whole words of keys");
+  const F zero = V::zero();
   for (int64_t r = 0; r < rows; ++r) {
-    const typename V::F bm = V::loadu(bmax + L * r);
-    flag[r] = V::bits(V::gt(bm, V::set1(thr[r]))) != 0;
-    if (flag[r]) continue;
-    V::storeu(lacc + L * r, V::add(V::loadu(lacc + L * r), V::loadu(bl + L * r)));
-    V::storeu(vmx + L * r, V::max(V::loadu(vmx + L * r), bm));
+    const float* pr = p + r * kBlockK;
+    float* orow = o + r * Dv;
+    F acc[NVO];
+    for (int x = 0; x < NVO; ++x) acc[x] = V::loadu(orow + L * x);
+    for (int64_t j0 = 0; j0 < kBlockK; j0 += kWord) {
+      uint64_t nz = 0;  // bit j: P[r][j0 + j] != 0
+      for (int x = 0; x < kWord / L; ++x) {
+        nz |= static_cast<uint64_t>(V::bits(V::neq(V::loadu(pr + j0 + L * x), zero))) << (L * x);
+      }
+      while (nz != 0) {
+        const int64_t j = j0 + __builtin_ctzll(nz);
+        nz &= nz - 1;
+        const F pj = V::broadcast(pr + j);
+        const float* vj = v + j * Dv;
+        for (int x = 0; x < NVO; ++x) acc[x] = V::fma(pj, V::loadu(vj + L * x), acc[x]);
+      }
+    }
+    for (int x = 0; x < NVO; ++x) V::storeu(orow + L * x, acc[x]);
+  }
+}
+
+// PvSparseT for Dv = nvo kLanes, 1 <= nvo <= 8 (RunTask checks).
+template <class V>
+void PvSparse(const float* p, const float* v, int64_t Dv, float* o, int64_t rows) {
+  switch (Dv / V::kLanes) {
+    case 1: PvSparseT<V, 1>(p, v, o, rows); break;
+    case 2: PvSparseT<V, 2>(p, v, o, rows); break;
+    case 3: PvSparseT<V, 3>(p, v, o, rows); break;
+    case 4: PvSparseT<V, 4>(p, v, o, rows); break;
+    case 5: PvSparseT<V, 5>(p, v, o, rows); break;
+    case 6: PvSparseT<V, 6>(p, v, o, rows); break;
+    case 7: PvSparseT<V, 7>(p, v, o, rows); break;
+    default: PvSparseT<V, 8>(p, v, o, rows); break;
   }
 }
 

@@ -175,6 +175,31 @@ def test_key_blocks_the_mask_hides_everywhere_are_skipped_exactly(isa, layout):
 
 
 @isa_param
+@pytest.mark.parametrize("dv", [8, 24, 64, 72])
+@pytest.mark.parametrize("mode", ["none", "padding", "causal"])
+def test_full_key_blocks_sum_p_v_over_nonzero_numerators_only(isa, dv, mode):
+    """The vector kernels may form P V of a full 128-key block over P's nonzero entries only (P is 0 wherever
+    a score is <= 0: about half of them here), with Dv = 1..8 vectors of outputs per row in registers (8, 24,
+    64; 72 exceeds that on AVX2 and takes the GEMM). Two full blocks and a tail, rows whose scores are all
+    negative, all positive, and mixed: every row must match the reference as the dense GEMM does."""
+    rng = np.random.default_rng(17)
+    tq, tk, d = 50, 300, 32
+    q = rng.standard_normal((1, 2, tq, d)).astype(np.float32)
+    k = rng.standard_normal((1, 2, tk, d)).astype(np.float32)
+    k[..., 0] = np.abs(k[..., 0]) + 2.0  # feature 0 pushes a row's scores by its sign
+    q[:, :, 0, 0], q[:, :, 1, 0] = -20.0, 20.0  # row 0: no positive score; row 1: every score positive
+    v = rng.standard_normal((1, 2, tk, dv)).astype(np.float32)
+    mask = None
+    if mode == "padding":
+        mask = np.where(np.arange(tk) < 220, 0.0, -np.inf).astype(np.float32).reshape(1, 1, 1, tk)
+    causal = int(mode == "causal")
+    got, want = kernel(q, k, v, mask, isa=isa, causal=causal), reference(q, k, v, mask, causal=causal)
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+    if mode != "causal":
+        assert np.all(got[0, :, 0] == 0.0)
+
+
+@isa_param
 def test_zero_output_where_no_score_is_positive(isa):
     rng = np.random.default_rng(4)
     q = -np.abs(rng.standard_normal((1, 2, 9, 8))).astype(np.float32)

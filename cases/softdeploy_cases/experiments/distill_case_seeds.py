@@ -6,8 +6,9 @@ order), as much as the margin to the floors. This runs the whole case (distillat
 latency) once per seed, each student cached as the case caches it (``$SOFTDEPLOY_CACHE/minilm_distilled``), and
 prints one markdown row per seed with the floors' numbers, then their mean.
 
-Run: ``python -m bench.distill_case_seeds --seeds 0,1,2,3 --out /tmp/case_seeds`` (about 9 minutes a
-seed on 2 cores; a cached seed takes 1.5). Results: bench/results/distill_recipes.md (twenty-sixth session).
+Run: ``python -m softdeploy_cases.experiments.distill_case_seeds --seeds 0,1,2,3 --out /tmp/case_seeds`` (about 9
+minutes a seed on 2 cores; a cached seed takes 1.5). Results: cases/results/experiments/distill_recipes.md (the
+per-seed table of the fact questions' section).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ FLOORS = {
 
 
 def main() -> None:
+    """Runs the experiment with the command line's arguments and prints its markdown."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", default="0,1,2,3", help="comma-separated distillation seeds")
     ap.add_argument("--out", default="/tmp/case_seeds", help="a folder per seed: the case's reports and models")
@@ -67,7 +69,7 @@ def main() -> None:
         f"- CPU: {env['cpu']} ({env['cores']} cores, {', '.join(env['isa'])}); softdeploy kernels {env['softdeploy_kernel_isa']}"
     )
     print(f"- teacher fp32 MRR@10 {teacher:.4f}; floors: fp32 drop <= 0.02, int8 drop <= 0.025, speed-ups 1.9x / 3.5x")
-    print(f"- command: `python -m bench.distill_case_seeds --seeds {a.seeds}`")
+    print(f"- command: `python -m softdeploy_cases.experiments.distill_case_seeds --seeds {a.seeds}`")
     print()
     cols = [
         "seed",

@@ -1,6 +1,6 @@
 """The lora_mixer_retrieval case's trained router in int8: routing agreement with fp32 and MRR@10, guard off and on.
 
-    python -m bench.lora_mixer_case_int8
+    python -m softdeploy_cases.experiments.lora_mixer_case_int8
 
 The case (cases/softdeploy_cases/lora_mixer_retrieval.py: all-MiniLM-L6-v2, one trained LoRA expert per chatterbot
 category in the last layer's q/k/v/o projections, trained router, top-1) is prepared (its trained experts come from
@@ -8,11 +8,13 @@ the cache) and exported; ``quantize`` runs in dynamic mode with the case's probe
 questions and answers) with ``routing_guard`` off and on (the default). Reported: routing agreement per LoRAMixer
 node on the probe (as ``quantize`` reports it) and on the other calibration batches, the case's MRR@10 and routing
 accuracy on its held-out questions, int8 / float candidate counts. A third row: the same model quantized without any
-data (synthetic token ids: what ``compare`` runs, as it passes ``quantize`` no data).
+data (synthetic token ids: what ``compare`` runs, as it passes ``quantize`` no data). Results:
+cases/results/experiments/lora_mixer_case_int8.md.
 """
 
 from __future__ import annotations
 
+import argparse
 import tempfile
 from pathlib import Path
 
@@ -20,6 +22,8 @@ import numpy as np
 
 
 def main() -> None:
+    """Runs the experiment with the command line's arguments and prints its markdown."""
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()
     from softdeploy.models import get_case
     from softdeploy.progress import SilentProgress
     from softdeploy.quant import QuantConfig, quantize

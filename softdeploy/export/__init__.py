@@ -11,8 +11,6 @@ import sys
 import types
 from typing import Any
 
-from softdeploy.ops.functions import attach_function_bodies, inline_function_bodies
-
 
 def export(*args: Any, **kwargs: Any) -> Any:
     """``softdeploy.export(module, example_inputs, path=None, *, dynamic_shapes=None, validate=True,
@@ -23,6 +21,10 @@ def export(*args: Any, **kwargs: Any) -> Any:
 
 
 def __getattr__(name: str) -> Any:
+    if name in ("attach_function_bodies", "inline_function_bodies"):  # softdeploy.ops.functions (numpy, on use)
+        from softdeploy.ops import functions
+
+        return getattr(functions, name)
     if name in ("ExportResult",):
         from softdeploy.export import api
 

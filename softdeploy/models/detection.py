@@ -74,7 +74,7 @@ def _soft_nms_model(sigma: float) -> object:
     from onnx import TensorProto, helper
 
     from softdeploy.domain import DOMAIN, OPSET_VERSION
-    from softdeploy.export import attach_function_bodies
+    from softdeploy.ops.functions import attach_function_bodies
 
     node = helper.make_node(
         "SoftNMS",

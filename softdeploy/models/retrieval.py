@@ -95,7 +95,7 @@ def _maxsim_model(int8: bool) -> Any:
     from onnx import TensorProto, helper
 
     from softdeploy.domain import DOMAIN, OPSET_VERSION
-    from softdeploy.export import attach_function_bodies
+    from softdeploy.ops.functions import attach_function_bodies
 
     inputs = ["Q", "D", "QMask", "DMask"] + (["QScale", "DScale"] if int8 else [])
     elem = TensorProto.INT8 if int8 else TensorProto.FLOAT

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.metadata
 import os
@@ -61,6 +62,37 @@ def cpuid_shim(tmp_path: Path) -> CpuidShim:
     shim = tmp_path / "cpuid_avx2.so"
     subprocess.run(["gcc", "-O2", "-shared", "-fPIC", str(source), "-o", str(shim), "-ldl"], check=True)
     return CpuidShim(shim)
+
+
+@dataclasses.dataclass(frozen=True)
+class CliRun:
+    """What one ``softdeploy`` command gave: its exit status and what it wrote to stdout and stderr."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture
+def run_cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch):
+    """Runs ``softdeploy ARGV`` in this interpreter (``softdeploy.cli.main``, the console script's whole body
+    but its process exit), in ``cwd`` when given; returns a :class:`CliRun`. A fresh interpreter costs
+    seconds of imports per command, so the suite runs the CLI in process and keeps only a few subprocess
+    smoke tests for what needs a process (the console script, Ctrl-C, a real terminal)."""
+    from softdeploy.cli import main
+
+    def run(*argv: str | os.PathLike[str], cwd: Path | None = None) -> CliRun:
+        if cwd is not None:
+            monkeypatch.chdir(cwd)
+        capsys.readouterr()
+        try:
+            code = main([str(a) for a in argv])
+        except SystemExit as exit_:  # argparse's usage errors and --help
+            code = exit_.code if isinstance(exit_.code, int) else int(exit_.code is not None)
+        out, err = capsys.readouterr()
+        return CliRun(code, out, err)
+
+    return run
 
 
 # Marker -> the extra whose distributions a test so marked needs (peft: pinned by the test extra alone). Without one

@@ -74,16 +74,16 @@ class CliRun:
 
 
 @pytest.fixture
-def run_cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch):
+def run_cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     """Runs ``softdeploy ARGV`` in this interpreter (``softdeploy.cli.main``, the console script's whole body
-    but its process exit), in ``cwd`` when given; returns a :class:`CliRun`. A fresh interpreter costs
+    but its process exit) in ``cwd`` (default: the test's tmp_path, where a log folder may appear); returns a
+    :class:`CliRun`. A fresh interpreter costs
     seconds of imports per command, so the suite runs the CLI in process and keeps only a few subprocess
     smoke tests for what needs a process (the console script, Ctrl-C, a real terminal)."""
     from softdeploy.cli import main
 
     def run(*argv: str | os.PathLike[str], cwd: Path | None = None) -> CliRun:
-        if cwd is not None:
-            monkeypatch.chdir(cwd)
+        monkeypatch.chdir(tmp_path if cwd is None else cwd)
         capsys.readouterr()
         try:
             code = main([str(a) for a in argv])

@@ -98,7 +98,7 @@ def run_cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
 # Marker -> the extra whose distributions a test so marked needs (peft: pinned by the test extra alone). Without one
 # of them the test is skipped with a reason naming the extra; `pip install ".[test]"` (CI) installs them all, so
 # there every marked test runs. The distributions are read from pyproject.toml, so the list cannot drift.
-EXTRA_MARKERS: dict[str, str] = {"models": "models", "tvm": "tvm", "peft": "test"}
+EXTRA_MARKERS: dict[str, str] = {"models": "models", "tvm": "tvm", "peft": "test", "serve": "serve"}
 MARKER_DISTRIBUTIONS: dict[str, tuple[str, ...]] = {"peft": ("peft",)}
 
 
@@ -128,7 +128,7 @@ def _missing_distributions(names: tuple[str, ...]) -> list[str]:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skips each test marked ``models``, ``tvm`` or ``peft`` whose extra is not installed, naming the extra."""
+    """Skips each test marked ``models``, ``tvm``, ``peft`` or ``serve`` whose extra is not installed, naming the extra."""
     for item in items:
         for marker, extra in EXTRA_MARKERS.items():
             if item.get_closest_marker(marker) is None:

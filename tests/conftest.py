@@ -127,33 +127,9 @@ def _missing_distributions(names: tuple[str, ...]) -> list[str]:
     return missing
 
 
-def _xdist_group(item: pytest.Item) -> str | None:
-    """The pytest-xdist group that keeps ``item`` on one worker with the tests it shares work with: the tests
-    of a module that use one of its module- or class-scoped fixtures (one exported model, one native build),
-    the tests under a conftest.py whose session-scoped fixture they use (the decoder exports of generate/),
-    and every Ray test (each module starts a 2-CPU Ray cluster: two at once would starve each other). None
-    for a test that shares nothing: it goes wherever a worker is free."""
-    if item.get_closest_marker("serve") is not None or "ray_serve" in item.fixturenames:
-        return "ray"
-    info = getattr(item, "_fixtureinfo", None)
-    fixtures = [defs[-1] for defs in getattr(info, "name2fixturedefs", {}).values() if defs]
-    # the widest sharing first: a test using a conftest's session fixture and its module's stays with the conftest's
-    for fixture in fixtures:
-        if fixture.scope in ("package", "session") and fixture.baseid:  # a conftest's, not pytest's own
-            return fixture.baseid
-    if any(fixture.scope in ("module", "class") for fixture in fixtures):
-        return item.nodeid.split("::", 1)[0]
-    return None
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skips each test marked ``models``, ``tvm``, ``peft`` or ``serve`` whose extra is not installed, naming the
-    extra. Under pytest-xdist (``-n``, ``--dist loadgroup``) puts each test that shares fixtures in its group."""
-    grouped = config.pluginmanager.hasplugin("xdist") and bool(getattr(config.option, "numprocesses", None))
+    """Skips each test marked ``models``, ``tvm``, ``peft`` or ``serve`` whose extra is not installed, naming the extra."""
     for item in items:
-        group = _xdist_group(item) if grouped else None
-        if group is not None and item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(group))
         for marker, extra in EXTRA_MARKERS.items():
             if item.get_closest_marker(marker) is None:
                 continue

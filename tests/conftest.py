@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.metadata
 import os
@@ -63,10 +64,41 @@ def cpuid_shim(tmp_path: Path) -> CpuidShim:
     return CpuidShim(shim)
 
 
+@dataclasses.dataclass(frozen=True)
+class CliRun:
+    """What one ``softdeploy`` command gave: its exit status and what it wrote to stdout and stderr."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture
+def run_cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    """Runs ``softdeploy ARGV`` in this interpreter (``softdeploy.cli.main``, the console script's whole body
+    but its process exit) in ``cwd`` (default: the test's tmp_path, where a log folder may appear); returns a
+    :class:`CliRun`. A fresh interpreter costs
+    seconds of imports per command, so the suite runs the CLI in process and keeps only a few subprocess
+    smoke tests for what needs a process (the console script, Ctrl-C, a real terminal)."""
+    from softdeploy.cli import main
+
+    def run(*argv: str | os.PathLike[str], cwd: Path | None = None) -> CliRun:
+        monkeypatch.chdir(tmp_path if cwd is None else cwd)
+        capsys.readouterr()
+        try:
+            code = main([str(a) for a in argv])
+        except SystemExit as exit_:  # argparse's usage errors and --help
+            code = exit_.code if isinstance(exit_.code, int) else int(exit_.code is not None)
+        out, err = capsys.readouterr()
+        return CliRun(code, out, err)
+
+    return run
+
+
 # Marker -> the extra whose distributions a test so marked needs (peft: pinned by the test extra alone). Without one
 # of them the test is skipped with a reason naming the extra; `pip install ".[test]"` (CI) installs them all, so
 # there every marked test runs. The distributions are read from pyproject.toml, so the list cannot drift.
-EXTRA_MARKERS: dict[str, str] = {"models": "models", "tvm": "tvm", "peft": "test"}
+EXTRA_MARKERS: dict[str, str] = {"models": "models", "tvm": "tvm", "peft": "test", "serve": "serve"}
 MARKER_DISTRIBUTIONS: dict[str, tuple[str, ...]] = {"peft": ("peft",)}
 
 
@@ -96,7 +128,7 @@ def _missing_distributions(names: tuple[str, ...]) -> list[str]:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skips each test marked ``models``, ``tvm`` or ``peft`` whose extra is not installed, naming the extra."""
+    """Skips each test marked ``models``, ``tvm``, ``peft`` or ``serve`` whose extra is not installed, naming the extra."""
     for item in items:
         for marker, extra in EXTRA_MARKERS.items():
             if item.get_closest_marker(marker) is None:

@@ -80,23 +80,9 @@ def test_quantize_refuses_to_overwrite(
     assert out.stat().st_size > 0 and json.loads(out.with_suffix(".json").read_text())["quantized_nodes"]
 
 
-def test_quantize_without_model_or_case_prints_usage(tmp_path: Path) -> None:
-    import os
-    import subprocess
-    import sys
-
-    import softdeploy
-
+def test_quantize_without_model_or_case_prints_usage(tmp_path: Path, run_cli) -> None:
     # Used to start the all-MiniLM-L6-v2 job (a download and minutes of work) without being asked.
-    env = {**os.environ, "PYTHONPATH": str(Path(softdeploy.__file__).parents[1])}  # this checkout, from tmp_path
-    run = subprocess.run(
-        [sys.executable, "-m", "softdeploy.cli", "quantize"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path,
-        env=env,
-    )
+    run = run_cli("quantize", cwd=tmp_path)
     assert run.returncode == 2
     assert (
         run.stderr.startswith("usage: softdeploy quantize") and "give MODEL (an ONNX file) or --case CASE" in run.stderr

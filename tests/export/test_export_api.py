@@ -134,7 +134,7 @@ def test_compare_output_rules():
     assert compare_output("e", np.zeros((0, 3)), np.zeros((0, 3))).ok
 
 
-def test_cli_export_from_a_factory(tmp_path):
+def test_cli_export_from_a_factory(tmp_path, run_cli):
     factory = tmp_path / "factory.py"
     factory.write_text(
         "import torch\n"
@@ -147,13 +147,13 @@ def test_cli_export_from_a_factory(tmp_path):
         "    return M(), (torch.randn(3, 40),)\n"
     )
     out = tmp_path / "m.onnx"
-    cmd = [sys.executable, "-m", "softdeploy.cli", "export", f"{factory}:make", str(out)]
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    cmd = ["export", f"{factory}:make", str(out)]
+    run = run_cli(*cmd)
     assert run.returncode == 0, run.stderr
     assert "TwoPassSoftmax" in run.stdout and "| yes |" in run.stdout
-    again = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    again = run_cli(*cmd)
     assert again.returncode == 2 and "--overwrite" in again.stderr
-    bad = subprocess.run([*cmd[:4], f"{factory}:nothing", str(tmp_path / "x.onnx")], capture_output=True, text=True)
+    bad = run_cli("export", f"{factory}:nothing", str(tmp_path / "x.onnx"))
     assert bad.returncode == 2 and "no attribute 'nothing'" in bad.stderr
 
 

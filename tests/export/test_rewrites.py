@@ -3,9 +3,6 @@ each rule fires where it is safe, reports why where it is not, and the result ag
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import numpy as np
 import onnx
 import pytest
@@ -450,15 +447,15 @@ def test_function_bodies_are_not_rewritten():
     assert reasons(again, "two-pass-softmax") == []
 
 
-def test_cli_optimize_reports_and_refuses_to_overwrite(tmp_path):
+def test_cli_optimize_reports_and_refuses_to_overwrite(tmp_path, run_cli):
     src, dst = tmp_path / "in.onnx", tmp_path / "out.onnx"
     onnx.save(softmax_topk_model(18), src)
-    cmd = [sys.executable, "-m", "softdeploy.cli", "optimize", str(src), str(dst), "--dim", "B=3"]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    cmd = ["optimize", str(src), str(dst), "--dim", "B=3"]
+    out = run_cli(*cmd)
     assert out.returncode == 0, out.stderr
     assert "softmax-topk" in out.stdout and "agrees" in out.stdout
     assert custom_ops(onnx.load(dst)) == ["SoftmaxTopK"]
-    again = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    again = run_cli(*cmd)
     assert again.returncode == 2 and "--overwrite" in again.stderr
 
 

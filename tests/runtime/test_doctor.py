@@ -4,9 +4,6 @@ SOFTDEPLOY_ISA that names no variant. A request the CPU cannot honour is a warni
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
 from softdeploy import cli
@@ -14,11 +11,9 @@ from softdeploy.ops import REGISTRY
 from softdeploy.runtime.library import library_info
 
 
-def test_doctor_prints_what_the_library_says_and_exits_0():
+def test_doctor_prints_what_the_library_says_and_exits_0(run_cli):
     info = library_info()
-    out = subprocess.run(
-        [sys.executable, "-m", "softdeploy.cli", "doctor"], capture_output=True, text=True, timeout=300
-    )
+    out = run_cli("doctor")
     assert out.returncode == 0, out.stdout + out.stderr
     text = out.stdout
     assert str(info.path) in text

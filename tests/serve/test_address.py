@@ -26,6 +26,8 @@ from serve.conftest import free_port
 from serve.tiny import rowwise_mlp
 from softdeploy.runtime import Session
 
+pytestmark = pytest.mark.serve  # Ray Serve
+
 START_TIMEOUT_S = 120
 
 

@@ -14,6 +14,8 @@ import pytest
 from serve.tiny import mean_pool, rowwise_mlp
 from softdeploy.runtime import Session
 
+pytestmark = pytest.mark.serve  # Ray Serve
+
 pytest.importorskip("ray", reason="Ray is not installed (pip install 'softdeploy[serve]')")
 
 

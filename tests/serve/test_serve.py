@@ -18,6 +18,8 @@ from serve.tiny import rowwise_mlp
 from softdeploy.errors import InputError, OpContractError, RuntimeFailure, SoftdeployError
 from softdeploy.runtime import Session
 
+pytestmark = pytest.mark.serve  # Ray Serve
+
 MAX_BODY = 64 * 1024
 
 

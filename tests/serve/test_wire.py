@@ -61,6 +61,7 @@ def test_unreadable_bodies_are_one_line_input_errors(body, content_type, message
     assert str(e.value).startswith(message) and "\n" not in str(e.value)
 
 
+@pytest.mark.serve
 def test_a_replica_answers_an_unbatched_model_exactly_and_refuses_in_sessions_words(tmp_path):
     pytest.importorskip("ray", reason="Ray is not installed (pip install 'softdeploy[serve]')")
     import onnx

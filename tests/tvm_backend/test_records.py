@@ -5,8 +5,6 @@ shipped class is built untuned for its CPU instead of with another class's sched
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import onnx
@@ -116,12 +114,12 @@ def test_a_cpu_of_no_class_is_built_untuned_and_told_so():
     assert report.schedules == {"two_pass_softmax": "hand (TwoPassSoftmax)"}
 
 
-def test_cli_compile_says_the_build_is_untuned_for_the_cpu(tmp_path):
+def test_cli_compile_says_the_build_is_untuned_for_the_cpu(tmp_path, run_cli):
     model, _ = _softmax_module()
     src = tmp_path / "softmax.onnx"
     onnx.save(model, src)
     cmd = ["compile", str(src), "--backend", "tvm", "--shape", "X=4x64", "--target-cpu", "nehalem"]
     cmd += ["-o", str(tmp_path / "s.so")]
-    out = subprocess.run([sys.executable, "-m", "softdeploy.cli", *cmd], capture_output=True, text=True, timeout=600)
+    out = run_cli(*cmd)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "UNTUNED for this CPU: no shipped tuning records for -mcpu=nehalem" in out.stdout

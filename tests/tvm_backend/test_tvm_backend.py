@@ -505,14 +505,10 @@ def test_rpc_tracker_on_loopback_tunes_and_runs(tmp_path):
 # ---- CLI and import hygiene ---------------------------------------------------------------------
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "softdeploy.cli", *args], capture_output=True, text=True, timeout=600)
-
-
-def test_cli_compile_writes_a_loadable_library(tmp_path):
+def test_cli_compile_writes_a_loadable_library(tmp_path, run_cli):
     src = tmp_path / "tiny.onnx"
     onnx.save(_tiny_classifier(), src)
-    out = _cli("compile", str(src), "--backend", "tvm", "--shape", "x=8x16", "-o", str(tmp_path / "tiny.so"))
+    out = run_cli("compile", str(src), "--backend", "tvm", "--shape", "x=8x16", "-o", str(tmp_path / "tiny.so"))
     assert out.returncode == 0, out.stdout + out.stderr
     assert "TwoPassSoftmax" in out.stdout
     got = TVMSession.load(tmp_path / "tiny.so").run(_feeds())
@@ -520,7 +516,7 @@ def test_cli_compile_writes_a_loadable_library(tmp_path):
     np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6)
 
 
-def test_cli_compile_lists_unsupported_ops_and_fails(tmp_path):
+def test_cli_compile_lists_unsupported_ops_and_fails(tmp_path, run_cli):
     model = _model(
         [helper.make_node("FancyOp", ["x"], ["y"], domain="com.example")],
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
@@ -528,7 +524,7 @@ def test_cli_compile_lists_unsupported_ops_and_fails(tmp_path):
     )
     src = tmp_path / "bad.onnx"
     onnx.save(model, src)
-    out = _cli("compile", str(src), "--backend", "tvm")
+    out = run_cli("compile", str(src), "--backend", "tvm")
     assert out.returncode == 2
     assert "com.example.FancyOp" in out.stderr and "custom domain" in out.stderr
 

@@ -4,7 +4,6 @@ budget on the user's own metric -> compare, from the CLI; and every way the file
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -45,19 +44,9 @@ def _workflow(tmp_path: Path, **over) -> Path:
     return path
 
 
-def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    """The CLI of this source tree, run in ``cwd``."""
-    import os
-
-    paths = [str(HERE.parents[1]), *os.environ.get("PYTHONPATH", "").split(os.pathsep)]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
-    cmd = [sys.executable, "-m", "softdeploy.cli", *args]
-    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=900, env=env)
-
-
-def test_a_new_users_model_goes_through_the_whole_loop_from_one_file(tmp_path: Path) -> None:
+def test_a_new_users_model_goes_through_the_whole_loop_from_one_file(tmp_path: Path, run_cli) -> None:
     wf = _workflow(tmp_path)
-    run = _cli("run", str(wf), cwd=tmp_path)
+    run = run_cli("run", str(wf), cwd=tmp_path)
     assert run.returncode == 0, run.stdout + run.stderr
     out = tmp_path / "results" / "newuser"
     data = json.loads((out / "results.json").read_text())
@@ -75,7 +64,7 @@ def test_a_new_users_model_goes_through_the_whole_loop_from_one_file(tmp_path: P
     assert "ort-int8-dynamic" in run.stdout
 
 
-def test_an_onnx_file_with_simple_flags(tmp_path: Path) -> None:
+def test_an_onnx_file_with_simple_flags(tmp_path: Path, run_cli) -> None:
     """`softdeploy compare MODEL.onnx --data ... --labels ... --metric ...`: no file needed."""
     sys.path.insert(0, str(HERE))
     import torch
@@ -86,7 +75,7 @@ def test_an_onnx_file_with_simple_flags(tmp_path: Path) -> None:
     module, example, dims = make()
     softdeploy.export(module, example, tmp_path / "m.onnx", dynamic_shapes=dims)
     _data(tmp_path)
-    run = _cli(
+    run = run_cli(
         "compare",
         "m.onnx",
         "--data",

@@ -11,6 +11,7 @@ kernel got none (a rule that raises is reported and warned about, never taken fo
 from __future__ import annotations
 
 import dataclasses
+import functools
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -286,11 +287,20 @@ def _parse_with_element_alignment(func: Any, *, serial: bool = False) -> Any | N
         out.append(head[pos:end] + f", align={max(1, tvm.DataType(dtype).bits // 8)})")
         pos = end + 1
     out.append(head[pos:])
-    parsed = tvm.script.from_source("".join(out) + sep + body)
+    parsed = _parse_script("".join(out) + sep + body)
     want = [max(1, tvm.DataType(p.ty.dtype).bits // 8) for p in parsed.params]
     if [int(p.ty.data_alignment) for p in parsed.params] != want:
         return None
     return parsed
+
+
+@functools.lru_cache(maxsize=256)
+def _parse_script(text: str) -> Any:
+    """``text`` parsed as TVMScript, once per distinct text: parsing costs far more than printing (the
+    parser inspects the Python stack), and the same kernel recurs across builds of one model and of
+    models sharing a shape. The PrimFunc is shared safely: TVM IR nodes are immutable (passes and
+    ``with_attr`` return new nodes; copy-on-write copies a node the cache still holds)."""
+    return import_tvm().script.from_source(text)
 
 
 def schedule(

@@ -28,6 +28,8 @@ bounds both passes alike, and the rescaling pass cost more than the second read 
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Sequence
 from typing import Any
 
 from tvm import relax, te, tirx
@@ -136,7 +138,7 @@ BLOCK = 256  # elements per block of the selection's pre-filter: LANES lanes x 1
 GROUP = 8  # blocks per group: the floor's first level (the last group may hold fewer)
 
 
-def _row_layout(shape: list[int]) -> tuple[int, int, int, int]:
+def _row_layout(shape: Sequence[int]) -> tuple[int, int, int, int]:
     """(rows, n, blocks, groups) of the last-axis kernels: the rows flattened, BLOCK-element blocks,
     GROUP-block groups (the tail past the last whole block belongs to neither)."""
     rows = 1
@@ -146,11 +148,19 @@ def _row_layout(shape: list[int]) -> tuple[int, int, int, int]:
     return rows, shape[-1], blocks, -(-blocks // GROUP)
 
 
-def _maxima_shapes(shape: list[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+def _maxima_shapes(shape: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """The shapes of :func:`block_max`'s two outputs: lane maxima per block, and per group."""
     _, _, blocks, groups = _row_layout(shape)
     return (*shape[:-1], blocks, LANES), (*shape[:-1], groups, LANES)
 
+
+# The written-scheduled kernels are TVMScript parsed when built, and parsing is slow: each T.macro
+# expansion walks the whole Python stack reading source lines (inspect.getouterframes), scanning
+# sys.modules for frames without a module file -- seconds per kernel under a deep stack
+# (bench/results/test_suite_time.md). So each is parsed once per distinct (shape, k, dtype) and the
+# PrimFunc reused: TVM IR nodes are immutable (passes and with_attr return new nodes; copy-on-write
+# copies a node the cache still holds), so one PrimFunc can sit in any number of IRModules.
+_PARSED_KEYS = 64
 
 _INF_BITS = 0x7F800000  # bits of +inf: the key of +inf, and of NaN in the block maxima
 _NEG_INF_KEY = -2139095041  # the ranking key of -inf (its bits 0xFF800000, magnitude bits flipped)
@@ -180,6 +190,12 @@ def block_max(shape: list[int], dtype: str) -> Any:
 
     A lane holding a NaN or +inf gets the key of +inf (a lower bound of its top key), so the selection
     never skips it. Elements past the last whole block (the tail) are in neither."""
+    return _block_max(tuple(int(d) for d in shape), str(dtype))
+
+
+@functools.lru_cache(maxsize=_PARSED_KEYS)
+def _block_max(shape: tuple[int, ...], dtype: str) -> Any:
+    """:func:`block_max`, parsed once per (shape, dtype) (see :data:`_PARSED_KEYS`)."""
     rows, n, blocks, groups = _row_layout(shape)
     x_shape, (max_shape, group_shape) = tuple(shape), _maxima_shapes(shape)
 
@@ -263,6 +279,12 @@ def select_top_k(shape: list[int], k: int, dtype: str) -> Any:
     passing lane. (A second floor, the k-th largest lane maximum, was measured: it offered 4% fewer
     elements and cost 6 us more at k = 50: 17 -> 12 us without it.) Adversarial maxima make it read at
     most GROUP x k lanes."""
+    return _select_top_k(tuple(int(d) for d in shape), int(k), str(dtype))
+
+
+@functools.lru_cache(maxsize=_PARSED_KEYS)
+def _select_top_k(shape: tuple[int, ...], k: int, dtype: str) -> Any:
+    """:func:`select_top_k`, parsed once per (shape, k, dtype) (see :data:`_PARSED_KEYS`)."""
     rows, n, blocks, groups = _row_layout(shape)
     x_shape, out_shape = tuple(shape), (*shape[:-1], k)
     max_shape, group_shape = _maxima_shapes(shape)

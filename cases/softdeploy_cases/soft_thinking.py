@@ -183,8 +183,8 @@ def trained_model(cfg: TrainConfig | None = None, progress: Any = None) -> tuple
     few minutes on 2 shared cores)."""
     from softdeploy.cache import cache_root
     from softdeploy.compare.cache import fingerprint
-    from softdeploy.compare.progress import SilentProgress
     from softdeploy.models.cached import cached_weights
+    from softdeploy.progress import SilentProgress
 
     cfg = cfg or TrainConfig()
     data = load_qa()

@@ -546,7 +546,7 @@ def distill(
     ``config.steps`` AdamW steps; resumes from ``checkpoint`` when that file exists and belongs to this run.
     ``extra_texts``: broad texts making up ``config.extra_fraction`` of every batch (module docstring).
     ``progress``: a softdeploy.compare Progress (RichProgress on a terminal), silent when None."""
-    from softdeploy.compare.progress import SilentProgress
+    from softdeploy.progress import SilentProgress
 
     cfg = config or DistillConfig()
     cfg.check()

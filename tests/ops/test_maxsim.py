@@ -172,16 +172,21 @@ def test_int8_matches_the_integer_reference_exactly(isa, dim):
     np.testing.assert_array_equal(got.astype(np.int64), want)
 
 
+@pytest.fixture
+def avx2_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SOFTDEPLOY_TEST_CPU=avx2: the library detects like a Zen 3 (AVX2, no AVX-512, no AVX-VNNI)."""
+    monkeypatch.setenv("SOFTDEPLOY_TEST_CPU", "avx2")
+    if "avx2" not in conformance.available_isas():
+        pytest.skip("this CPU has no AVX2")
+
+
 @pytest.mark.parametrize("dim", [1, 2, 6, 7, 48])
 @pytest.mark.parametrize("ld", [5, 6, 13])
-def test_int8_is_exact_on_an_avx2_cpu_without_vnni(monkeypatch, ld, dim):
+def test_int8_is_exact_on_an_avx2_cpu_without_vnni(avx2_cpu, ld, dim):
     """SOFTDEPLOY_TEST_CPU=avx2 detects like a Zen 3 (AVX2, no AVX-512, no AVX-VNNI): the vpmaddwd
     path on D widened to int16 once per document. Extreme codes (-128 x -128 and -128 x 127 in every
     pair) around its 16-lane tile and 6-token block; the integer reference is exact (every score
     <= 17 * 48 * 128^2 < 2^24, exact in float32)."""
-    monkeypatch.setenv("SOFTDEPLOY_TEST_CPU", "avx2")
-    if "avx2" not in conformance.available_isas():
-        pytest.skip("this CPU has no AVX2")
     rng = np.random.default_rng(ld * 1000 + dim)
     q8 = rng.choice(np.array([-128, -127, 127, 0, 1], np.int8), (2, 17, dim))
     d8 = rng.choice(np.array([-128, 127, -1], np.int8), (3, ld, dim))
@@ -195,15 +200,12 @@ def test_int8_is_exact_on_an_avx2_cpu_without_vnni(monkeypatch, ld, dim):
 
 @pytest.mark.parametrize("dim", [1, 5, 7, 8, 12, 32, 48, 129])
 @pytest.mark.parametrize("ld", [3, 4, 7, 9])
-def test_int8_seven_bit_documents_are_exact_on_an_avx2_cpu_without_vnni(monkeypatch, ld, dim):
+def test_int8_seven_bit_documents_are_exact_on_an_avx2_cpu_without_vnni(avx2_cpu, ld, dim):
     """Documents whose codes all lie in [-64, 63] take a vpmaddubsw tile, read in place (Q + 128 as u8 against D as
     s8: a pair <= 2 * 255 * 64, never saturated; for a query row whose codes also lie in [-64, 63], Q + 64 and two
     groups summed in int16: <= 4 * 127 * 64); a document with one code outside (-65 or 64, next to 7-bit ones in
     the same call) keeps the vpmaddwd tile. All exact against the integer reference, at the ends of each range,
     around the 3- and 4-token blocks, the 4-byte groups and their pairs, and the 16-lane tile."""
-    monkeypatch.setenv("SOFTDEPLOY_TEST_CPU", "avx2")
-    if "avx2" not in conformance.available_isas():
-        pytest.skip("this CPU has no AVX2")
     rng = np.random.default_rng(ld * 100 + dim)
     q8 = rng.choice(np.array([-128, -127, 127, 0, 1], np.int8), (2, 19, dim))
     q8[1] = rng.choice(np.array([-64, 63, -1, 0, 1], np.int8), (19, dim))  # a 7-bit query row: the paired tile
@@ -219,7 +221,7 @@ def test_int8_seven_bit_documents_are_exact_on_an_avx2_cpu_without_vnni(monkeypa
 
 @pytest.mark.parametrize("dim", [1, 3, 4, 5, 8, 9, 12, 13, 31, 32, 33, 129])
 @pytest.mark.parametrize("ld", [1, 2, 3, 4, 7])
-def test_int8_sign_table_is_exact_on_an_avx2_cpu_without_vnni(monkeypatch, ld, dim):
+def test_int8_sign_table_is_exact_on_an_avx2_cpu_without_vnni(avx2_cpu, ld, dim):
     """8-bit documents against query rows without -128 (what quantize_tokens writes) take the sign-table tile: |D| as
     u8 against Q * sign(D) from a table of the 16 sign patterns of a 4-byte group, one group per widening (at the end:
     2 x 128 x 127 = 32512 with Q = -127 against D = -128). In the same call a row with -128 keeps the vpmaddwd tile,
@@ -227,9 +229,6 @@ def test_int8_sign_table_is_exact_on_an_avx2_cpu_without_vnni(monkeypatch, ld, d
     tiles, and a 7-bit row the paired one there. Around the 3-token block, the 1..3-byte last group, the 16-group
     chunks of the table (dim 129) and the 16-lane tile (Lq 17). Exact against the integer reference; then with query
     scales, the deferred fold (scales > 0) and the eager one (a negative scale)."""
-    monkeypatch.setenv("SOFTDEPLOY_TEST_CPU", "avx2")
-    if "avx2" not in conformance.available_isas():
-        pytest.skip("this CPU has no AVX2")
     rng = np.random.default_rng(ld * 1000 + dim)
     q8 = rng.choice(np.array([-127, -126, -1, 0, 1, 127], np.int8), (4, 17, dim))
     q8[0, 0], q8[0, 16] = -127, 127
@@ -257,12 +256,9 @@ def test_int8_sign_table_is_exact_on_an_avx2_cpu_without_vnni(monkeypatch, ld, d
     np.testing.assert_allclose(got, reference(q8, d8, None, dm, qs, ones_d), rtol=0, atol=atol)
 
 
-def test_int8_sign_table_when_no_row_has_minus_128(monkeypatch):
+def test_int8_sign_table_when_no_row_has_minus_128(avx2_cpu):
     """Every query row without -128: an 8-bit document gets the table's preparation and no int16 copy, next to 7-bit
     documents in the same call. Exact against the integer reference (dim 130: three chunks of the table)."""
-    monkeypatch.setenv("SOFTDEPLOY_TEST_CPU", "avx2")
-    if "avx2" not in conformance.available_isas():
-        pytest.skip("this CPU has no AVX2")
     rng = np.random.default_rng(3)
     q8 = rng.integers(-127, 128, (2, 33, 130), dtype=np.int8)
     d8 = rng.integers(-64, 64, (5, 23, 130), dtype=np.int8)
@@ -274,14 +270,11 @@ def test_int8_sign_table_when_no_row_has_minus_128(monkeypatch):
 
 
 @pytest.mark.parametrize("scales", ["positive", "signed", "non-finite"])
-def test_int8_seven_bit_scales_on_an_avx2_cpu_without_vnni(monkeypatch, scales):
+def test_int8_seven_bit_scales_on_an_avx2_cpu_without_vnni(avx2_cpu, scales):
     """The vpmaddubsw tiles apply the query scale once per lane after the max when every query scale of the tile is
     finite and > 0 and the document's scales are finite (monotone rounding: the same floats), and per token
     otherwise: negative and zero query scales (max of the scaled values, not of the sums), an infinite document
     scale (inf x 0 = NaN poisons the score, inf x a positive sum dominates it). Against the float64 reference."""
-    monkeypatch.setenv("SOFTDEPLOY_TEST_CPU", "avx2")
-    if "avx2" not in conformance.available_isas():
-        pytest.skip("this CPU has no AVX2")
     rng = np.random.default_rng(7)
     q8 = rng.integers(-64, 64, (2, 21, 40), dtype=np.int8)
     q8[0, 0, 0] = -128  # row 0 8-bit (the single-group tile), row 1 7-bit (the paired one)

@@ -22,7 +22,7 @@ import softdeploy
 # module alone, so a new module outside every entry fails test_every_module_has_a_layer instead of landing on top.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # Leaf helpers: errors, the ONNX domain, platform facts (CPU flags and the one ISA rule), files and caches,
-    # terminal output and progress, Ctrl-C held during imports, packaged assets. They import nothing above this layer.
+    # terminal output and progress, Ctrl-C held during imports, entry points, packaged assets. They import nothing above this layer.
     (
         "leaf",
         (
@@ -35,6 +35,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "softdeploy.safetensors_check",
             "softdeploy.progress",
             "softdeploy.interrupts",
+            "softdeploy.plugins",
             # packaged weights and data, located and verified (never the hub); export and distill read them too
             "softdeploy.models.assets",
         ),

@@ -42,7 +42,9 @@ class TextSource:
 
 def installed_sources() -> dict[str, metadata.EntryPoint]:
     """The ``softdeploy.distill_texts`` entry points by name (loaded by :func:`text_source`)."""
-    return {ep.name: ep for ep in sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: ep.name)}
+    from softdeploy.plugins import entry_points_by_name
+
+    return entry_points_by_name(ENTRY_POINT_GROUP)
 
 
 def _unknown_source(name: str, installed: dict[str, metadata.EntryPoint]) -> Exception:

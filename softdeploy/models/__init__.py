@@ -15,6 +15,7 @@ from importlib import metadata
 from typing import Any
 
 from softdeploy.errors import CaseNotFoundError
+from softdeploy.plugins import entry_points_by_name
 
 ENTRY_POINT_GROUP = "softdeploy.cases"
 # What `softdeploy compare` runs without --case: the README's first command
@@ -23,32 +24,32 @@ DEFAULT_CASE = "minilm_retrieval"
 CASES_INSTALL_HINT = "python -m pip install ./cases (the softdeploy-cases distribution in softdeploy's repository)"
 
 
+def _load(name: str, ep: metadata.EntryPoint) -> Callable[..., Any]:
+    """The factory behind case ``name``'s entry point; a broken installation is a CaseNotFoundError naming it."""
+    try:
+        factory = ep.load()
+    except Exception as e:  # a broken installation: say which entry point, not a bare ImportError
+        raise CaseNotFoundError(f"case {name}: cannot load its entry point {ep.value!r}: {e}") from e
+    if not callable(factory):
+        raise CaseNotFoundError(f"case {name}: entry point {ep.value!r} is {type(factory).__name__}, not a factory")
+    return factory  # type: ignore[no-any-return]
+
+
 class _InstalledCases(Mapping[str, Callable[..., Any]]):
     """The ``softdeploy.cases`` entry points as ``name -> factory``, in name order; each factory is imported when it
     is looked up, so listing the names imports no case."""
 
-    def _entry_points(self) -> dict[str, metadata.EntryPoint]:
-        found = metadata.entry_points(group=ENTRY_POINT_GROUP)
-        return {ep.name: ep for ep in sorted(found, key=lambda ep: ep.name)}
-
     def __getitem__(self, name: str) -> Callable[..., Any]:
-        ep = self._entry_points()[name]
-        try:
-            factory = ep.load()
-        except Exception as e:  # a broken installation: say which entry point, not a bare ImportError
-            raise CaseNotFoundError(f"case {name}: cannot load its entry point {ep.value!r}: {e}") from e
-        if not callable(factory):
-            raise CaseNotFoundError(f"case {name}: entry point {ep.value!r} is {type(factory).__name__}, not a factory")
-        return factory  # type: ignore[no-any-return]
+        return _load(name, entry_points_by_name(ENTRY_POINT_GROUP)[name])
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._entry_points())
+        return iter(entry_points_by_name(ENTRY_POINT_GROUP))
 
     def __len__(self) -> int:
-        return len(self._entry_points())
+        return len(entry_points_by_name(ENTRY_POINT_GROUP))
 
     def __contains__(self, name: object) -> bool:
-        return isinstance(name, str) and name in self._entry_points()
+        return isinstance(name, str) and name in entry_points_by_name(ENTRY_POINT_GROUP)
 
 
 CASES: Mapping[str, Callable[..., Any]] = _InstalledCases()
@@ -58,13 +59,13 @@ def get_case(name: str, **kw: Any) -> Any:
     """The installed case ``name`` (an entry point of the ``softdeploy.cases`` group), built with ``kw``;
     :class:`CaseNotFoundError` naming the installed cases, and where the built-in ones come from, for any other
     name."""
-    if name not in CASES:
-        installed = sorted(CASES)
+    installed = entry_points_by_name(ENTRY_POINT_GROUP)  # one scan of the installed metadata for the check and load
+    if name not in installed:
         raise CaseNotFoundError(
-            f"no case {name!r} is installed; installed cases are {installed or 'none'} (entry-point group "
+            f"no case {name!r} is installed; installed cases are {list(installed) or 'none'} (entry-point group "
             f"{ENTRY_POINT_GROUP!r}); the built-in cases install with: {CASES_INSTALL_HINT}"
         )
-    return CASES[name](**kw)
+    return _load(name, installed[name])(**kw)
 
 
 __all__ = ["CASES", "DEFAULT_CASE", "ENTRY_POINT_GROUP", "get_case"]

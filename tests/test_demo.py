@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from softdeploy.demo import run_demo
 
 
+@pytest.mark.slow
 def test_demo_trains_exports_and_agrees(tmp_path):
     results = run_demo(threads=1, out=str(tmp_path))
     assert (tmp_path / "softpick_classifier.onnx").is_file()

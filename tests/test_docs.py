@@ -122,6 +122,7 @@ def test_the_site_builds_strict_without_a_warning(tmp_path: Path) -> None:
     assert (tmp_path / "site" / "ops" / "MaxSim" / "index.html").exists()
 
 
+@pytest.mark.slow
 def test_the_export_guide_example_runs(tmp_path: Path) -> None:
     """The guide's first example (a model of softdeploy.nn modules, exported with a dynamic batch and validated)
     runs as written."""

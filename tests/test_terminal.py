@@ -99,6 +99,7 @@ def _assert_clean(run: subprocess.CompletedProcess, workdir: Path, *, expect_log
     return log
 
 
+@pytest.mark.slow
 def test_export_keeps_torch_warnings_in_the_log_file(exported: tuple[Path, subprocess.CompletedProcess]) -> None:
     path, run = exported
     log = _assert_clean(run, path.parent, expect_log=True)
@@ -106,6 +107,7 @@ def test_export_keeps_torch_warnings_in_the_log_file(exported: tuple[Path, subpr
     assert "wrote net.onnx" in run.stdout and "| yes |" in run.stdout  # the command's own output stays
 
 
+@pytest.mark.slow
 def test_verbose_shows_the_libraries_output(exported: tuple[Path, subprocess.CompletedProcess]) -> None:
     path, _ = exported
     run = _cli("export", "net.py:make", "again.onnx", "--verbose", cwd=path.parent)
@@ -115,6 +117,7 @@ def test_verbose_shows_the_libraries_output(exported: tuple[Path, subprocess.Com
     assert not LOG_LINE.search(run.stderr)
 
 
+@pytest.mark.slow
 def test_optimize_quantize_and_compare_are_quiet(exported: tuple[Path, subprocess.CompletedProcess]) -> None:
     path, _ = exported
     d = path.parent
@@ -140,6 +143,7 @@ def test_optimize_quantize_and_compare_are_quiet(exported: tuple[Path, subproces
     assert "ort-int8-static" in run.stdout and "torch-fp32" in run.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.tvm
 def test_compile_keeps_tvms_chatter_in_the_log_and_compares_with_onnxruntime(
     exported: tuple[Path, subprocess.CompletedProcess],
@@ -165,6 +169,7 @@ def test_compile_keeps_tvms_chatter_in_the_log_and_compares_with_onnxruntime(
     assert run.returncode == 0 and "Scope Saving" in run.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.tvm
 def test_tuning_shows_progress_and_summary_and_logs_the_tir(tmp_path: Path) -> None:
     """`compile --tune-trials`: MetaSchedule's per-task logs (TIR of every design space) go to the log
@@ -253,6 +258,7 @@ def test_sessions_within_one_second_keep_their_own_logs(
     assert f"1 lines of library output (torch, onnxruntime, TVM) in {logs[1]}" in err
 
 
+@pytest.mark.slow
 def test_library_use_keeps_pythons_default_warnings(workdir: Path) -> None:
     """Outside the CLI nothing is filtered or captured: the Python API runs in the user's process, whose
     warnings and logs are the user's business."""

@@ -68,6 +68,7 @@ def test_split_is_seeded_stratified_and_disjoint() -> None:
     assert len(a.categories) >= 8
 
 
+@pytest.mark.slow
 @pytest.mark.models
 @needs_models
 def test_quick_case_end_to_end(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ pytestmark = [
 ]
 
 
+@pytest.mark.slow
 def test_minilm_retrieval_reduced(tmp_path: Path) -> None:
     from softdeploy.models import get_case
 

@@ -206,6 +206,7 @@ def small_config(**changes: Any) -> dict[str, Any]:
     return cfg
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("changes", "message"),
     [

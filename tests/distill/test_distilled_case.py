@@ -35,6 +35,7 @@ pytestmark = [
 ]
 
 
+@pytest.mark.slow
 def test_minilm_distilled_quick(tmp_path: Path) -> None:
     from softdeploy.models import get_case
 

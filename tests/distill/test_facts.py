@@ -63,6 +63,7 @@ def test_fact_questions_are_the_recorded_ones() -> None:
     assert set(distillation_texts(("fact-questions",))) == set(questions)
 
 
+@pytest.mark.slow
 @pytest.mark.models
 def test_a_source_with_a_count_is_a_seeded_sample_of_it() -> None:
     every = distillation_texts(("wordnet-questions",))

@@ -60,6 +60,7 @@ def st_and_ours(folder: Path, safetensors: Path) -> tuple[np.ndarray, np.ndarray
     return want, got.numpy()
 
 
+@pytest.mark.slow
 def test_minilm_folder_as_teacher_layers_0_3_5_gives_a_loadable_student_folder(
     tmp_path: Path, minilm: Path, texts: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -157,6 +157,7 @@ def test_cli_export_from_a_factory(tmp_path, run_cli):
     assert bad.returncode == 2 and "no attribute 'nothing'" in bad.stderr
 
 
+@pytest.mark.slow
 def test_cli_export_imports_a_factory_module_from_the_current_folder(tmp_path):
     """`softdeploy export mymodel:make` from the folder holding mymodel.py (the console script's
     sys.path[0] is its own bin folder, not the user's)."""

@@ -54,6 +54,7 @@ def test_a_folder_that_is_not_a_model_is_one_line(tmp_path, capfd):
     assert "no config.json" in one_line(capfd.readouterr().err)
 
 
+@pytest.mark.slow
 def test_generates_on_both_backends_with_the_same_ids(model_dir, tmp_path, capfd):
     common = ["--prompt", "<bos> w1 w2 w3 <think>", "--prompt", "w7 <think>", "--soft-thinking", "--noise", "gumbel"]
     common += ["--tau", "0.5", "--max-new-tokens", "12", "--seed", "3"]

@@ -51,6 +51,7 @@ def _check(export: DecoderExport, model, batch: int, seq: int, past: int) -> Non
         assert np.abs(a - b).transpose(0, 2, 1, 3)[keep].max() <= ATOL
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["gpt2", "llama", "qwen2"])
 @pytest.mark.parametrize("batch", [1, 2])
 @pytest.mark.parametrize("seq", [1, 4])
@@ -61,6 +62,7 @@ def test_prefill_and_step_match_eager(tiny_export, kind, batch, seq):
     assert all(v <= 1e-3 for v in export.max_error.values()), export.max_error
 
 
+@pytest.mark.slow
 def test_input_ids_variant(tiny_export):
     model, export = tiny_export("qwen2", inputs_embeds=False)
     assert export.input_kind == "input_ids"

@@ -7,6 +7,7 @@ import pytest
 pytestmark = pytest.mark.models  # transformers, chatterbot-corpus
 
 
+@pytest.mark.slow
 def test_the_case_runs_every_variant_and_torch_gives_the_same_traces(tmp_path, monkeypatch):
     from softdeploy.cache import CACHE_ENV
     from softdeploy.compare.runner import run_compare

@@ -17,6 +17,7 @@ from softdeploy.cli import main
 pytestmark = pytest.mark.models
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_a_folder_exports_validated_then_quantizes_and_compares(
     arch: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
@@ -59,6 +60,7 @@ def test_a_folder_exports_validated_then_quantizes_and_compares(
     assert rows["ort-int8-dynamic"]["cosine"] > 0.95
 
 
+@pytest.mark.slow
 def test_a_decoder_folder_exports_with_its_kv_cache_then_quantizes_and_compares(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

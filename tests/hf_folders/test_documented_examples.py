@@ -59,6 +59,7 @@ def _documented_example(page: str) -> dict:
     return yaml.safe_load(block.group(1))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page", ["README.md", "docs/guide/workflow.md"])
 def test_the_documented_example_runs_for_factory_folder_and_onnx_models(
     page: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
@@ -90,6 +91,7 @@ def test_the_documented_example_runs_for_factory_folder_and_onnx_models(
         assert "accuracy" in report and "macro_recall" in report, form
 
 
+@pytest.mark.slow
 def test_a_factory_model_without_outputs_names_them_as_torch_does(tmp_path: Path) -> None:
     """Without model.outputs, `output: logits` cannot match a factory's torch-named output: the error says which
     names exist (the reason model.outputs exists)."""

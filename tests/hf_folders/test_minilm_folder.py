@@ -18,6 +18,7 @@ TEXTS = [
 ]
 
 
+@pytest.mark.slow
 def test_minilm_sentence_embeddings_equal_encode(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -57,6 +58,7 @@ def test_minilm_sentence_embeddings_equal_encode(
     assert rows["ort-int8-dynamic"]["cosine"] > 0.98
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["weightedmean", "lasttoken", "cls"])
 def test_every_pooling_mode_of_sentence_transformers_6_equals_encode(tmp_path: Path, mode: str) -> None:
     """The Pooling config as sentence-transformers 6 writes it (one ``pooling_mode`` key), each mode it offers beyond

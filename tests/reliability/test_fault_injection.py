@@ -419,12 +419,14 @@ def test_quantize_under_faults(top: Path, inputs: Path) -> None:
     _inject(command, top, model.read_bytes(), _faults(seed=1, slow=4.0, work=0.15, die_in_write=False))
 
 
+@pytest.mark.slow
 def test_optimize_under_faults(top: Path, inputs: Path) -> None:
     model = inputs / "tiny.onnx"
     command = Command(lambda out: ["optimize", str(model), str(out / "o.onnx")], ["o.onnx"])
     _inject(command, top, model.read_bytes(), _faults(seed=2, slow=4.0, work=0.3))
 
 
+@pytest.mark.slow
 def test_export_under_faults(top: Path, inputs: Path) -> None:
     factory = f"{inputs / 'factory.py'}:make"
     command = Command(lambda out: ["export", factory, str(out / "e.onnx"), "--no-validate"], ["e.onnx"])
@@ -435,6 +437,7 @@ def test_export_under_faults(top: Path, inputs: Path) -> None:
 REPORTS = ["report.md", "results.csv", "results.json", "accuracy_vs_latency.png"]
 
 
+@pytest.mark.slow
 def test_compare_under_faults(top: Path, inputs: Path) -> None:
     model, data = inputs / "m.onnx", inputs / "x.npz"
     outputs = [*(f"m/{r}" for r in REPORTS), "m/models/fp32.onnx", "m/models/int8_dynamic.onnx"]
@@ -451,6 +454,7 @@ def test_compare_under_faults(top: Path, inputs: Path) -> None:
     _inject(command, top, model.read_bytes(), faults)
 
 
+@pytest.mark.slow
 def test_run_under_faults(top: Path, inputs: Path) -> None:
     model, data = inputs / "m.onnx", inputs / "x.npz"
 
@@ -492,6 +496,7 @@ def test_run_under_faults(top: Path, inputs: Path) -> None:
 DISTILL_QUICK = ["--steps", "2", "--batch-size", "4", "--limit-texts", "8", "--max-length", "16", "--extra-count", "6"]
 
 
+@pytest.mark.slow
 def test_distill_under_faults(top: Path, inputs: Path) -> None:
     command = Command(
         lambda out: ["distill", str(out / "run"), *DISTILL_QUICK],
@@ -506,6 +511,7 @@ def test_distill_under_faults(top: Path, inputs: Path) -> None:
     _inject(command, top, b"", faults)
 
 
+@pytest.mark.slow
 def test_demo_under_faults(top: Path, inputs: Path) -> None:
     from softdeploy.demo import MODEL_FILE
 

@@ -344,6 +344,7 @@ def _quiet_onnxruntime():
     onnxruntime.set_default_logger_severity(4)  # refusals are expected here; the test reads them itself
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(REGISTRY))
 def test_fuzz_kernel_matches_reference_or_refuses_clearly(name, capsys):
     report = fuzz(name)
@@ -353,6 +354,7 @@ def test_fuzz_kernel_matches_reference_or_refuses_clearly(name, capsys):
     assert not report.new, f"{report.line()}\n" + "\n".join(report.new[:10])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [n for n, op in REGISTRY.items() if op.linear_in is not None])
 def test_fuzz_magnitudes_of_the_linear_input(name, capsys):
     """The fuzz with the op's linear input scaled from 1e-3 to 1e20: the kernel stays within the tolerance

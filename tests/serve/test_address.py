@@ -143,6 +143,7 @@ def ray_head() -> Iterator[tuple[str, subprocess.Popen[str]]]:
         shutil.rmtree(temp, ignore_errors=True)
 
 
+@pytest.mark.slow
 def test_serve_with_address_joins_the_running_cluster(ray_head, tmp_path):
     from softdeploy.serve.client import Client
 

@@ -80,6 +80,7 @@ def _same(a: np.ndarray, b: np.ndarray) -> bool:
     return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(CASES))
 def test_case_models_over_http_are_bit_identical_to_session_run(ray_serve: tuple[str, int], name: str) -> None:
     from ray import serve

@@ -94,6 +94,7 @@ def pooled(ray_serve: tuple[str, int], tmp_path_factory: pytest.TempPathFactory)
     serve.delete("pool")
 
 
+@pytest.mark.slow
 def test_a_model_that_is_not_batch_invariant_is_answered_exactly_over_http(pooled):
     from softdeploy.serve.client import Client
 

@@ -87,6 +87,7 @@ def _replica_actors(app: str = "tiny") -> set[str]:
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["npz", "npy", "json"])
 def test_answers_are_bit_identical_to_session_run(tiny, fmt):
     url, ref = tiny
@@ -219,6 +220,7 @@ def test_bad_requests_get_400_with_sessions_message(tiny):
         _client(url, "json").run({"Z": _rows(1, seed=3)})
 
 
+@pytest.mark.slow
 def test_a_thousand_bad_requests_among_a_thousand_good_ones(tiny):
     url, ref = tiny
     replicas = _replica_actors()
@@ -243,6 +245,7 @@ def test_a_thousand_bad_requests_among_a_thousand_good_ones(tiny):
     assert sum(s["bad_requests"] for s in _all_stats(url).values()) >= 1000
 
 
+@pytest.mark.slow
 def test_a_killed_replica_is_replaced_and_no_request_is_answered_wrong(tiny):
     import ray
 

@@ -128,6 +128,7 @@ def _layouts_here() -> list:
     return [x for x in TARGET_CPUS if _runnable_here(x)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", _layouts_here(), ids=lambda x: TARGET_CPUS[x])
 def test_every_sample_equals_the_cpp_kernel_bit_for_bit(layout):
     """Both quantize with the contract's float32 steps and sum exactly; the epilogue is one FMA in both (TVM's LLVM

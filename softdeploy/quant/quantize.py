@@ -359,6 +359,7 @@ def quantize(
         return _with_routing_note(made, t0)
     names = [n for n, _ in candidate_nodes(proto, config)]
     flipped = [r.node for r in bad]
+    first_seconds = made.seconds  # the guard's own quantize runs are counted in the routing time (from t0)
     upstream = [n for n in routing.guard_nodes(proto, flipped, names, config.mode) if n not in config.exclude]
     hint = routing_hint.routing.search if routing_hint is not None and routing_hint.routing is not None else None
     if upstream and routing.search_evaluations(len(upstream)) <= config.routing_search_evaluations:
@@ -366,6 +367,7 @@ def quantize(
             model, output, config, calibration, calibration_cache, kernels, measured, upstream, flipped, errors, hint
         )
         reason = routing.describe_guard(bad, config.max_flip_rate, "search", found)
+        made.seconds = first_seconds
         made.routing = routing.RoutingReport(
             before, found.after, list(found.kept), reason, described, config.max_flip_rate, found
         )
@@ -384,6 +386,7 @@ def quantize(
         after, _ = measured.evaluate(made.path)
         if not routing.flipping(after, config.max_flip_rate):
             break
+    made.seconds = first_seconds
     made.routing = routing.RoutingReport(
         before,
         after,

@@ -6,10 +6,13 @@ created, or any router on ambiguous tokens) the top expert flips. One flip chang
 so the input of every router after it: on MiniLM with three PEFT adapters the token cosine to fp32 fell from 0.987
 (merged) to ~0.6 routed. Quantizing a model that routes therefore measures, per LoRAMixer node, the fraction of
 tokens whose selected experts (as a set) are the same in int8 as in fp32 on the probe data, and past
-``MAX_FLIP_RATE`` keeps in float the candidate nodes on the router's input path: every candidate upstream of a
-flipping router's input (their noise is what reaches its logits) and, in static mode, the candidates that read that
-input (their QuantizeLinear / DequantizeLinear pair would be shared with the router). The measure is repeated on the
-model as written, so the report shows the agreement before and after.
+``MAX_FLIP_RATE`` keeps in float as few candidate nodes on the flipping routers' input path as bring every node
+within it (:func:`search_guard`): each candidate upstream of a flipping router's input (their noise is what reaches
+its logits) and, in static mode, each candidate reading that input (their QuantizeLinear / DequantizeLinear pair
+would be shared with the router) is quantized alone and ranked by its share of the all-int8 router-logit error, and
+the fewest most harmful are kept in float. Where that search would take too many quantize + probe runs, two coarse
+stages (:func:`guard_nodes`): the candidates nearest the routers' input, then all of them. The measure is repeated
+on the model as written, so the report shows the agreement before and after and why each kept node was kept.
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ from softdeploy.quant.formats import _rowwise_vnni_runs as _rowwise_vnni_runs
 from softdeploy.quant.formats import table_weights as table_weights
 from softdeploy.quant.gemm import gemms_as_matmuls
 from softdeploy.quant.nodes import load_named as load_named
-from softdeploy.quant.routing import MAX_FLIP_RATE, ROUTING_SEARCH_EVALUATIONS
+from softdeploy.quant.routing import MAX_FLIP_RATE, ROUTING_SEARCH_EVALUATIONS, GuardSearch, RoutingProbe
 from softdeploy.quant.rowwise import FORMS as ROWWISE_FORMS
 from softdeploy.runtime.session import Kernels
 
@@ -405,15 +405,15 @@ def _search_routing_guard(
     calibration: Sequence[Mapping[str, np.ndarray]] | None,
     calibration_cache: str | os.PathLike[str] | None,
     kernels: Kernels,
-    measured: Any,
+    measured: RoutingProbe,
     upstream: Sequence[str],
     flipped: Sequence[str],
     errors: Mapping[str, float],
-    hint: Any,
-) -> tuple[QuantizedModel, Any]:
+    hint: GuardSearch | None,
+) -> tuple[QuantizedModel, GuardSearch]:
     """The routing guard by sensitivity (softdeploy.quant.routing.search_guard): every model it tries is written to a
     private folder and only the chosen one to ``output``; static mode calibrates once for all of them. Returns the
-    chosen model and the search (a routing.GuardSearch)."""
+    chosen model and the search."""
     import shutil
 
     from softdeploy.files import write_with

@@ -286,7 +286,8 @@ class GuardEffect:
     """One candidate on a flipping router's input path, quantized alone (every other candidate in float): its share of
     the all-int8 model's router-logit error (mean over the flipping LoRAMixer nodes of its squared logit error over
     theirs; int8 noise of independent nodes adds up in variance, so the shares rank what each node contributes) and
-    the worst flip rate it causes by itself; rank 1 = most harmful."""
+    the worst flip rate it causes by itself; rank 1 = most harmful (by share, then by that flip rate: the share is 0
+    where no flipping node's Router is a constant of the model, whose logits the probe cannot recompute)."""
 
     node: str
     logit_error_share: float

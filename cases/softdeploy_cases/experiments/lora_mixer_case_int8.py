@@ -12,8 +12,9 @@ Reported: routing agreement per LoRAMixer node on the probe (as ``quantize`` rep
 calibration batches (never seen by ``quantize``), the case's MRR@10 and routing accuracy on its held-out questions,
 int8 / float candidate counts, the search's quantize + probe runs, ``quantize``'s seconds, and encode speed vs fp32
 (1 thread, one calibration batch not in the probe, medians of interleaved rounds: softdeploy.compare.latency). A last
-row: the same model quantized without any data (synthetic token ids: what ``compare`` runs, as it passes
-``quantize`` no data). Results: cases/results/experiments/lora_mixer_case_int8.md.
+row: the same model quantized without any data (synthetic token ids: what ``quantize`` measures on when given no
+probe or calibration data; ``compare`` hands it the case's probe feeds, as the default row). Results:
+cases/results/experiments/lora_mixer_case_int8.md.
 """
 
 from __future__ import annotations

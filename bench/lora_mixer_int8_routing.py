@@ -9,9 +9,12 @@ routers as created), exported routed (MatMul + Add + LoRAMixer per projection). 
 batches of 8 padded to 32 tokens; the first 4 batches are the probe / calibration data handed to ``quantize``, the
 next 8 the evaluation. Token cosine: mean over valid tokens of the last hidden state's cosine to fp32. Routing
 agreement: per LoRAMixer node the share of tokens whose expert is the fp32 one, as ``quantize`` reports it (on the
-probe) and re-measured on the evaluation batches (lowest node / mean). Baseline: the same adapters merged with equal
-weights (``softdeploy.lora.merge``), quantized the same way. Encode time: 1 thread, batch 8 x 32, median of
-interleaved rounds, fp32 = 1.
+probe) and re-measured on the evaluation batches (lowest node / mean). The routed model is quantized with the guard
+off (measure only), on (the default: the sensitivity search) and on with the coarse stages only
+(``routing_search_evaluations=0``: the nearest residual-stream writers, then everything upstream), with the search's
+quantize + probe runs and ``quantize``'s seconds. Baseline: the same adapters merged with equal weights
+(``softdeploy.lora.merge``), quantized the same way. Encode time: 1 thread, batch 8 x 32, median of interleaved
+rounds, fp32 = 1.
 """
 
 from __future__ import annotations
@@ -120,9 +123,9 @@ def main() -> None:
         f"evaluation {len(evaluation)} x {BATCH} x {SEQ}\n"
     )
     print(
-        "| seed | model | mode | guard | int8 / float candidates | token cosine to fp32 | routing agreement (probe, lowest) | routing agreement (evaluation: lowest / mean) | kept for routing | encode vs fp32 |"
+        "| seed | model | mode | guard | int8 / float candidates | token cosine to fp32 | routing agreement (probe, lowest) | routing agreement (evaluation: lowest / mean) | kept for routing | search runs | quantize s | encode vs fp32 |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for seed in [int(s) for s in args.seeds.split(",")]:
         with tempfile.TemporaryDirectory() as tmpd:
             tmp = Path(tmpd)
@@ -139,10 +142,16 @@ def main() -> None:
                 paths = {"fp32": src}
                 rows = []
                 for mode in args.modes.split(","):
-                    guards = (True,) if kind.startswith("merged") else (False, True)
-                    for guard in guards:
-                        out = tmp / f"{kind[:6]}-{mode}-{guard}.onnx"
-                        q = quantize(src, out, QuantConfig(mode, routing_guard=guard), probe=probe, calibration=probe)
+                    guards = {"on": QuantConfig(mode)}
+                    if not kind.startswith("merged"):
+                        guards = {
+                            "off": QuantConfig(mode, routing_guard=False),
+                            "on (search, default)": QuantConfig(mode),
+                            "on (coarse stages)": QuantConfig(mode, routing_search_evaluations=0),
+                        }
+                    for guard, cfg in guards.items():
+                        out = tmp / f"{kind[:6]}-{mode}-{len(paths)}.onnx"
+                        q = quantize(src, out, cfg, probe=probe, calibration=probe)
                         got = [Session(out, kernels="auto").run(f)[0] for f in evaluation]
                         cos = token_cosine(ref, got, evaluation)
                         if q.routing is not None:
@@ -150,8 +159,10 @@ def main() -> None:
                             ra = f"{q.routing.agreement:.1%}"
                             rev = f"{min(r.agreement for r in ev):.1%} / {np.mean([r.agreement for r in ev]):.1%}"
                             kept = f"{len(q.routing.kept_float)}"
+                            runs = str(q.routing.search.evaluations) if q.routing.search is not None else "-"
+                            print(f"<!-- seed {seed} {kind} {mode} guard {guard}: {q.routing.line()} -->", flush=True)
                         else:
-                            ra = rev = kept = "-"
+                            ra = rev = kept = runs = "-"
                         label = f"{mode}-{guard}"
                         paths[label] = out
                         rows.append(
@@ -159,12 +170,14 @@ def main() -> None:
                                 seed,
                                 kind,
                                 mode,
-                                "on" if guard else "off",
+                                guard,
                                 f"{len(q.quantized_nodes)} / {len(q.float_nodes)}",
                                 f"{cos:.4f}",
                                 ra,
                                 rev,
                                 kept,
+                                runs,
+                                f"{q.seconds:.0f}",
                                 label,
                             ]
                         )

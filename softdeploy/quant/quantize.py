@@ -39,7 +39,7 @@ from softdeploy.quant.formats import _rowwise_vnni_runs as _rowwise_vnni_runs
 from softdeploy.quant.formats import table_weights as table_weights
 from softdeploy.quant.gemm import gemms_as_matmuls
 from softdeploy.quant.nodes import load_named as load_named
-from softdeploy.quant.routing import MAX_FLIP_RATE
+from softdeploy.quant.routing import MAX_FLIP_RATE, ROUTING_SEARCH_EVALUATIONS, GuardSearch, RoutingProbe
 from softdeploy.quant.rowwise import FORMS as ROWWISE_FORMS
 from softdeploy.runtime.session import Kernels
 
@@ -84,6 +84,10 @@ class QuantConfig:
     # probe tokens' experts at any LoRAMixer node (softdeploy.quant.routing)
     routing_guard: bool = True
     max_flip_rate: float = MAX_FLIP_RATE
+    # the guard's sensitivity search may take this many quantize + probe runs (softdeploy.quant.routing.search_guard:
+    # one per candidate on the routers' input path, then a bisection); a model with more candidates there gets the
+    # coarse stages (the nearest residual-stream writers, then everything upstream)
+    routing_search_evaluations: int = ROUTING_SEARCH_EVALUATIONS
 
     def resolved_target(self) -> str:
         """The deployment target (formats.TARGETS): ``target``, else SOFTDEPLOY_INT8_TARGET (how `compare` and Case
@@ -316,6 +320,7 @@ def quantize(
     calibration_cache: str | os.PathLike[str] | None = None,
     kernels: Kernels = "auto",
     probe: Sequence[Mapping[str, np.ndarray]] | None = None,
+    routing_hint: QuantizedModel | None = None,
 ) -> QuantizedModel:
     """Quantizes ``model`` (path or ModelProto) to ``output`` under ``config``.
 
@@ -325,9 +330,12 @@ def quantize(
 
     A model that routes (LoRAMixer nodes) has its routing agreement with fp32 measured per node on ``probe`` (else
     the calibration batches, else synthetic feeds) and, with ``config.routing_guard`` (default) and any node past
-    softdeploy.quant.routing.MAX_FLIP_RATE, is quantized again with the candidates on the routers' input path kept
-    in float; ``QuantizedModel.routing`` reports both measures and the nodes kept. The sensitivity probe
-    (``config.only``) skips this."""
+    ``config.max_flip_rate``, is quantized again with the fewest candidates on the flipping routers' input path kept
+    in float that bring every node within it, found by sensitivity (softdeploy.quant.routing.search_guard; past
+    ``config.routing_search_evaluations`` quantize + probe runs, the coarse stages: the nearest residual-stream
+    writers, then every candidate upstream); ``QuantizedModel.routing`` reports both measures, the nodes kept and
+    their measured effect. ``routing_hint``: a model this call's search may start from (--max-drop's all-int8 model:
+    its ranking is reused and its kept set tried first). The sensitivity probe (``config.only``) skips all this."""
     made = _quantize_once(model, output, config, calibration, calibration_cache, kernels)
     if config.only is not None or config.mode not in ("dynamic", "static"):
         return made
@@ -338,7 +346,8 @@ def quantize(
         return made
     t0 = time.perf_counter()
     feeds, described = routing.probe_for(proto, probe, calibration)
-    before = routing.measure(proto, made.path, feeds)
+    measured = routing.RoutingProbe(proto, feeds)
+    before, errors = measured.evaluate(made.path)
     bad = routing.flipping(before, config.max_flip_rate)
     if not bad or not config.routing_guard:
         reason = (
@@ -350,8 +359,21 @@ def quantize(
         return _with_routing_note(made, t0)
     names = [n for n, _ in candidate_nodes(proto, config)]
     flipped = [r.node for r in bad]
-    # First the residual stream's writers nearest to the routers (fewer nodes in float); where routing still flips
-    # past the limit, everything upstream of the routers' input.
+    first_seconds = made.seconds  # the guard's own quantize runs are counted in the routing time (from t0)
+    upstream = [n for n in routing.guard_nodes(proto, flipped, names, config.mode) if n not in config.exclude]
+    hint = routing_hint.routing.search if routing_hint is not None and routing_hint.routing is not None else None
+    if upstream and routing.search_evaluations(len(upstream)) <= config.routing_search_evaluations:
+        made, found = _search_routing_guard(
+            model, output, config, calibration, calibration_cache, kernels, measured, upstream, flipped, errors, hint
+        )
+        reason = routing.describe_guard(bad, config.max_flip_rate, "search", found)
+        made.seconds = first_seconds
+        made.routing = routing.RoutingReport(
+            before, found.after, list(found.kept), reason, described, config.max_flip_rate, found
+        )
+        return _with_routing_note(made, t0)
+    # Too many candidates for the search's evaluations: first the residual stream's writers nearest to the routers
+    # (fewer nodes in float); where routing still flips past the limit, everything upstream of the routers' input.
     for stage in ("nearest", "upstream"):  # the stage that held is reported after the loop
         guard = [
             n
@@ -361,9 +383,10 @@ def quantize(
         kept = dataclasses.replace(config, exclude=tuple(config.exclude) + tuple(guard))
         made = _quantize_once(model, output, kept, calibration, calibration_cache, kernels)
         made.config = config
-        after = routing.measure(proto, made.path, feeds)
+        after, _ = measured.evaluate(made.path)
         if not routing.flipping(after, config.max_flip_rate):
             break
+    made.seconds = first_seconds
     made.routing = routing.RoutingReport(
         before,
         after,
@@ -373,6 +396,53 @@ def quantize(
         config.max_flip_rate,
     )
     return _with_routing_note(made, t0)
+
+
+def _search_routing_guard(
+    model: str | os.PathLike[str] | Any,
+    output: str | os.PathLike[str],
+    config: QuantConfig,
+    calibration: Sequence[Mapping[str, np.ndarray]] | None,
+    calibration_cache: str | os.PathLike[str] | None,
+    kernels: Kernels,
+    measured: RoutingProbe,
+    upstream: Sequence[str],
+    flipped: Sequence[str],
+    errors: Mapping[str, float],
+    hint: GuardSearch | None,
+) -> tuple[QuantizedModel, GuardSearch]:
+    """The routing guard by sensitivity (softdeploy.quant.routing.search_guard): every model it tries is written to a
+    private folder and only the chosen one to ``output``; static mode calibrates once for all of them. Returns the
+    chosen model and the search."""
+    import shutil
+
+    from softdeploy.files import write_with
+    from softdeploy.quant import routing
+
+    make_folder(Path(output).parent)
+    with tempfile.TemporaryDirectory(prefix="softdeploy-routing-") as tmp:
+        work = Path(tmp)
+        cache = calibration_cache
+        if cache is None and config.mode == "static":
+            cache = work / "calibration.json"
+
+        def alone(node: str) -> Path:
+            only = dataclasses.replace(config, only=(node,))
+            return _quantize_once(model, work / "alone.onnx", only, calibration, cache, kernels).path
+
+        def with_float(nodes: Sequence[str]) -> tuple[Path, QuantizedModel]:
+            kept = dataclasses.replace(config, exclude=tuple(config.exclude) + tuple(nodes))
+            made = _quantize_once(model, work / f"keep{len(nodes)}.onnx", kept, calibration, cache, kernels)
+            made.config = config
+            return made.path, made
+
+        found = routing.search_guard(
+            upstream, flipped, measured, errors, alone, with_float, config.max_flip_rate, hint=hint
+        )
+        chosen: QuantizedModel = found.model
+        write_with(Path(output), lambda t: shutil.copyfile(chosen.path, t), "quantized model")
+        chosen.path = Path(output)
+    return chosen, found
 
 
 def _with_routing_note(made: QuantizedModel, t0: float) -> QuantizedModel:

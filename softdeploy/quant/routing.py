@@ -6,16 +6,19 @@ created, or any router on ambiguous tokens) the top expert flips. One flip chang
 so the input of every router after it: on MiniLM with three PEFT adapters the token cosine to fp32 fell from 0.987
 (merged) to ~0.6 routed. Quantizing a model that routes therefore measures, per LoRAMixer node, the fraction of
 tokens whose selected experts (as a set) are the same in int8 as in fp32 on the probe data, and past
-``MAX_FLIP_RATE`` keeps in float the candidate nodes on the router's input path: every candidate upstream of a
-flipping router's input (their noise is what reaches its logits) and, in static mode, the candidates that read that
-input (their QuantizeLinear / DequantizeLinear pair would be shared with the router). The measure is repeated on the
-model as written, so the report shows the agreement before and after.
+``MAX_FLIP_RATE`` keeps in float as few candidate nodes on the flipping routers' input path as bring every node
+within it (:func:`search_guard`): each candidate upstream of a flipping router's input (their noise is what reaches
+its logits) and, in static mode, each candidate reading that input (their QuantizeLinear / DequantizeLinear pair
+would be shared with the router) is quantized alone and ranked by its share of the all-int8 router-logit error, and
+the fewest most harmful are kept in float. Where that search would take too many quantize + probe runs, two coarse
+stages (:func:`guard_nodes`): the candidates nearest the routers' input, then all of them. The measure is repeated
+on the model as written, so the report shows the agreement before and after and why each kept node was kept.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -24,6 +27,11 @@ import numpy as np
 # stays in float. 2%: on the routed MiniLM the cosine to fp32 was 0.987 merged and fell with each flipped percent;
 # a few flips per thousand tokens are what the int8 rounding of the float-kept model itself leaves.
 MAX_FLIP_RATE = 0.02
+
+# The routing guard's sensitivity search takes at most this many quantize + probe runs (search_evaluations: one per
+# candidate on the flipping routers' input path, then a bisection): 43 for all-MiniLM-L6-v2 routed in any layer (36
+# candidates), a few seconds each there; a model with more candidates on that path gets the coarse stages.
+ROUTING_SEARCH_EVALUATIONS = 64
 
 LORA_MIXER = "LoRAMixer"
 
@@ -56,6 +64,7 @@ class RoutingReport:
     reason: str
     probe: str
     max_flip_rate: float = MAX_FLIP_RATE
+    search: GuardSearch | None = None  # the sensitivity search that chose kept_float (None: the coarse stages)
 
     @property
     def agreement(self) -> float:
@@ -94,6 +103,7 @@ class RoutingReport:
             "kept_float": self.kept_float,
             "reason": self.reason,
             "nodes": [dataclasses.asdict(r) | {"agreement_all_int8": b.agreement} for r, b in _paired(self)],
+            "search": self.search.to_json() if self.search is not None else None,
             "summary": self.line(),
         }
 
@@ -133,31 +143,60 @@ def _with_routing_outputs(model: Any) -> tuple[Any, dict[str, tuple[str, str]]]:
     return m, names
 
 
-def _routing(model: Any, probe: Sequence[Mapping[str, np.ndarray]]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def _routing(
+    model: Any, probe: Sequence[Mapping[str, np.ndarray]], *, logits: bool = False
+) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray | None]]:
+    """Per LoRAMixer node its experts and gates on ``probe`` (one row per token) and, with ``logits``, its router
+    logits ``Router . x`` recomputed from the node's input and Router (float64; None where the Router is not a
+    constant of the model)."""
+    from onnx import numpy_helper
+
     from softdeploy.runtime import Session
 
     m, names = _with_routing_outputs(model)
+    inits = {t.name: t for t in m.graph.initializer}
+    routers: dict[str, np.ndarray] = {}
+    inputs: dict[str, str] = {}
+    if logits:
+        from onnx import TensorProto, helper
+
+        outs = {o.name for o in m.graph.output}
+        known = {v.name: v.type.tensor_type.elem_type for v in list(m.graph.value_info) + list(m.graph.input)}
+        for i, node in enumerate(mixer_nodes(m)):
+            key = node.name or f"{LORA_MIXER}_{i}"
+            if len(node.input) < 4 or node.input[3] not in inits:
+                continue
+            routers[key] = numpy_helper.to_array(inits[node.input[3]]).astype(np.float64)
+            inputs[key] = node.input[0]
+            if node.input[0] not in outs:
+                dtype = known.get(node.input[0]) or TensorProto.FLOAT
+                m.graph.output.append(helper.make_tensor_value_info(node.input[0], dtype, None))
+                outs.add(node.input[0])
     session = Session(m, kernels="auto", threads=1)
-    wanted = [name for pair in names.values() for name in pair]
-    runs = [session.run(dict(f), wanted) for f in probe]
-    out = {}
-    for i, key in enumerate(names):
-        experts = np.concatenate([np.asarray(r[2 * i]).reshape(-1, np.asarray(r[2 * i]).shape[-1]) for r in runs])
-        gates = np.concatenate([np.asarray(r[2 * i + 1]).reshape(-1, experts.shape[1]) for r in runs])
-        out[key] = (experts, gates)
+    wanted = [name for pair in names.values() for name in pair] + list(dict.fromkeys(inputs.values()))
+    runs = [dict(zip(wanted, session.run(dict(f), wanted), strict=True)) for f in probe]
+    out: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray | None]] = {}
+    for key, (e_name, g_name) in names.items():
+        experts = np.concatenate([np.asarray(r[e_name]).reshape(-1, np.asarray(r[e_name]).shape[-1]) for r in runs])
+        gates = np.concatenate([np.asarray(r[g_name]).reshape(-1, experts.shape[1]) for r in runs])
+        lg = None
+        if key in routers:
+            router = routers[key]
+            x = np.concatenate([np.asarray(r[inputs[key]], np.float64).reshape(-1, router.shape[1]) for r in runs])
+            lg = x @ router.T
+        out[key] = (experts, gates, lg)
     return out
 
 
-def measure(fp32: Any, int8: Any, probe: Sequence[Mapping[str, np.ndarray]]) -> list[NodeRouting]:
-    """Per LoRAMixer node of ``fp32`` (ModelProto or path), its routing agreement in ``int8`` on ``probe``."""
-    from softdeploy.quant.nodes import load_named
-
-    ref, got = _routing(load_named(fp32), probe), _routing(load_named(int8), probe)
+def _compare(
+    ref: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray | None]],
+    got: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray | None]],
+) -> list[NodeRouting]:
     out = []
-    for key, (e_ref, g_ref) in ref.items():
+    for key, (e_ref, g_ref, _) in ref.items():
         if key not in got:
             continue
-        e_got, g_got = got[key]
+        e_got, g_got, _ = got[key]
         order_ref, order_got = np.argsort(e_ref, 1), np.argsort(e_got, 1)
         same = (np.take_along_axis(e_ref, order_ref, 1) == np.take_along_axis(e_got, order_got, 1)).all(1)
         gates_ref = np.take_along_axis(g_ref, order_ref, 1)[same]
@@ -172,6 +211,39 @@ def measure(fp32: Any, int8: Any, probe: Sequence[Mapping[str, np.ndarray]]) -> 
             )
         )
     return out
+
+
+def measure(fp32: Any, int8: Any, probe: Sequence[Mapping[str, np.ndarray]]) -> list[NodeRouting]:
+    """Per LoRAMixer node of ``fp32`` (ModelProto or path), its routing agreement in ``int8`` on ``probe``."""
+    from softdeploy.quant.nodes import load_named
+
+    return _compare(_routing(load_named(fp32), probe), _routing(load_named(int8), probe))
+
+
+class RoutingProbe:
+    """fp32's routing on the probe feeds, computed once, against which quantized models are measured: their routing
+    agreement per LoRAMixer node and the mean squared error of their router logits (per token, summed over experts)."""
+
+    def __init__(self, fp32: Any, probe: Sequence[Mapping[str, np.ndarray]]) -> None:
+        from softdeploy.quant.nodes import load_named
+
+        self.probe = list(probe)
+        self.reference = _routing(load_named(fp32), self.probe, logits=True)
+        self.runs = 0  # quantized models measured
+
+    def evaluate(self, int8: Any) -> tuple[list[NodeRouting], dict[str, float]]:
+        """``int8``'s routing agreement per node and its router-logit error per node (nodes whose Router is not a
+        constant have none)."""
+        from softdeploy.quant.nodes import load_named
+
+        got = _routing(load_named(int8), self.probe, logits=True)
+        self.runs += 1
+        errors = {}
+        for key, (_, _, ref) in self.reference.items():
+            lg = got.get(key, (None, None, None))[2]
+            if ref is not None and lg is not None:
+                errors[key] = float(((lg - ref) ** 2).sum(1).mean())
+        return _compare(self.reference, got), errors
 
 
 def guard_nodes(
@@ -207,6 +279,143 @@ def guard_nodes(
         if mode == "static":
             keep |= {n.name for n in model.graph.node if x in n.input and n.name in cand}
     return [n.name for n in model.graph.node if n.name in keep]
+
+
+@dataclasses.dataclass(frozen=True)
+class GuardEffect:
+    """One candidate on a flipping router's input path, quantized alone (every other candidate in float): its share of
+    the all-int8 model's router-logit error (mean over the flipping LoRAMixer nodes of its squared logit error over
+    theirs; int8 noise of independent nodes adds up in variance, so the shares rank what each node contributes) and
+    the worst flip rate it causes by itself; rank 1 = most harmful (by share, then by that flip rate: the share is 0
+    where no flipping node's Router is a constant of the model, whose logits the probe cannot recompute)."""
+
+    node: str
+    logit_error_share: float
+    flip_rate_alone: float
+    rank: int
+
+
+@dataclasses.dataclass(frozen=True)
+class GuardTrial:
+    """One model of the sensitivity search: the ``kept_float`` most harmful candidates in float, the worst per-node
+    flip rate on the probe and whether every node is within the limit."""
+
+    kept_float: int
+    worst_flip_rate: float
+    within_limit: bool
+
+
+@dataclasses.dataclass
+class GuardSearch:
+    """The outcome of :func:`search_guard`: the candidates kept in float (most harmful first), the routing of the model
+    that keeps them, that model (whatever ``with_float`` returned), every candidate's effect (most harmful first), the
+    trials, how many quantize + probe runs it took and whether every node ended within the limit."""
+
+    kept: list[str]
+    after: list[NodeRouting]
+    model: Any
+    effects: list[GuardEffect]
+    trials: list[GuardTrial]
+    evaluations: int
+    reached: bool
+    from_hint: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``search`` part of the routing report."""
+        kept = set(self.kept)
+        return {
+            "evaluations": self.evaluations,
+            "candidates": len(self.effects),
+            "reached": self.reached,
+            "from_previous_search": self.from_hint,
+            "kept_float": [dataclasses.asdict(e) for e in self.effects if e.node in kept],
+            "ranking": [dataclasses.asdict(e) for e in self.effects],
+            "trials": [dataclasses.asdict(t) for t in self.trials],
+        }
+
+
+def search_evaluations(candidates: int) -> int:
+    """The most quantize + probe runs :func:`search_guard` takes for ``candidates`` candidates: one per candidate
+    alone, then a bisection over their ranking (at most ceil(log2(n)) + 1 models)."""
+    return candidates + max(1, candidates).bit_length() + 1
+
+
+def search_guard(
+    candidates: Sequence[str],
+    flipped: Sequence[str],
+    probe: RoutingProbe,
+    all_int8_errors: Mapping[str, float],
+    alone: Callable[[str], Any],
+    with_float: Callable[[Sequence[str]], tuple[Any, Any]],
+    max_flip_rate: float = MAX_FLIP_RATE,
+    *,
+    hint: GuardSearch | None = None,
+) -> GuardSearch:
+    """The fewest ``candidates`` to keep in float so that no LoRAMixer node flips more than ``max_flip_rate`` of the
+    probe tokens, by sensitivity: each candidate quantized alone (``alone(node)`` -> the model's path) is measured by
+    its share of the all-int8 router-logit error at the ``flipped`` nodes (``all_int8_errors``: their
+    RoutingProbe.evaluate errors), and the k most harmful are kept in float (``with_float(nodes)`` -> (model's path,
+    anything the caller wants back)) with k the smallest a bisection over k finds within the limit (the search
+    assumes fewer flips as more stay in float; every trial is recorded). With every candidate in float and still past
+    the limit it reports ``reached=False``. ``hint``: a previous search on the same model (a --max-drop trial keeps
+    more nodes in float than the all-int8 model it ranked): its ranking is reused (no candidate quantized alone) and
+    its kept set tried first."""
+    cand = list(candidates)
+    evaluations = 0
+    effects: list[GuardEffect]
+    if hint is not None:
+        known = {e.node: e for e in hint.effects}
+        order = [e.node for e in hint.effects if e.node in set(cand)] + [n for n in cand if n not in known]
+        effects = [
+            dataclasses.replace(known[n], rank=i) if n in known else GuardEffect(n, 0.0, 0.0, i)
+            for i, n in enumerate(order, 1)
+        ]
+    else:
+        rows = []
+        for index, node in enumerate(cand):
+            routes, errors = probe.evaluate(alone(node))
+            evaluations += 1
+            shares = [
+                errors[f] / all_int8_errors[f] for f in flipped if all_int8_errors.get(f, 0.0) > 0 and f in errors
+            ]
+            share = float(np.mean(shares)) if shares else 0.0
+            worst = max((r.flip_rate for r in routes if r.node in set(flipped)), default=0.0)
+            rows.append((-share, -worst, index, node, share, worst))
+        rows.sort()
+        effects = [GuardEffect(r[3], r[4], r[5], i) for i, r in enumerate(rows, 1)]
+        order = [e.node for e in effects]
+    trials: list[GuardTrial] = []
+    tried: dict[int, tuple[bool, list[NodeRouting], Any]] = {}
+
+    def attempt(k: int) -> bool:
+        nonlocal evaluations
+        path, kept_model = with_float(order[:k])
+        routes, _ = probe.evaluate(path)
+        evaluations += 1
+        worst = max((r.flip_rate for r in routes), default=0.0)
+        ok = worst <= max_flip_rate
+        trials.append(GuardTrial(k, worst, ok))
+        tried[k] = (ok, routes, kept_model)
+        return ok
+
+    n = len(order)
+    lo, hi = 0, n  # lo: known to fail (all int8 flipped); hi: assumed to hold until tried
+    if hint is not None:
+        k_hint = sum(1 for node in order if node in set(hint.kept))
+        if 0 < k_hint <= n and attempt(k_hint):
+            ok, routes, kept_model = tried[k_hint]
+            return GuardSearch(order[:k_hint], routes, kept_model, effects, trials, evaluations, True, True)
+        lo = max(lo, k_hint)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if attempt(mid):
+            hi = mid
+        else:
+            lo = mid
+    if hi not in tried:
+        attempt(hi)
+    ok, routes, kept_model = tried[hi]
+    return GuardSearch(order[:hi], routes, kept_model, effects, trials, evaluations, ok, hint is not None)
 
 
 def synthetic_probe(model: Any, batches: int = 4, seed: int = 0) -> list[dict[str, np.ndarray]]:
@@ -268,10 +477,40 @@ def flipping(routes: Sequence[NodeRouting], max_flip_rate: float = MAX_FLIP_RATE
     return [r for r in routes if r.flip_rate > max_flip_rate]
 
 
-def describe_guard(bad: Sequence[NodeRouting], max_flip_rate: float, stage: str = "upstream") -> str:
-    """Why the guard was kept: the flipping nodes, worst first (a few named), and which nodes were kept."""
+def describe_guard(
+    bad: Sequence[NodeRouting], max_flip_rate: float, stage: str = "upstream", search: GuardSearch | None = None
+) -> str:
+    """Why the guard was kept: the flipping nodes, worst first (a few named), and which nodes were kept -- by the
+    sensitivity ``search`` (``stage`` "search": the kept nodes' measured effect, a few named) or a coarse stage."""
     worst = sorted(bad, key=lambda r: r.agreement)
     named = ", ".join(f"{r.node} {r.flip_rate:.1%}" for r in worst[:3]) + (" ..." if len(worst) > 3 else "")
+    if search is not None:
+        head = (
+            f"with every candidate int8, {len(bad)} LoRAMixer node(s) routed more than {max_flip_rate:.0%} of tokens "
+            f"to other experts than fp32 ({named}); "
+        )
+        n, k = len(search.effects), len(search.kept)
+        effect = {e.node: e for e in search.effects}
+        shown = ", ".join(
+            f"{node} {effect[node].logit_error_share:.0%} of the logit error, {effect[node].flip_rate_alone:.1%} "
+            "flipped alone"
+            for node in search.kept[:3]
+        ) + (" ..." if k > 3 else "")
+        how = (
+            "the previous search's ranking (no candidate quantized alone again)"
+            if search.from_hint
+            else f"each of the {n} candidates on their routers' input path quantized alone"
+        )
+        verdict = (
+            f"kept in float the {k} of {n} whose int8 noise moves those routers' logits most ({shown}); the other "
+            f"{n - k} stay int8"
+            if search.reached
+            else f"even with all {n} in float a node still flips more than {max_flip_rate:.0%}"
+        )
+        return head + (
+            f"a sensitivity search ({how}, then {len(search.trials)} model(s) bisecting how many to keep: "
+            f"{search.evaluations} extra quantize + probe runs) {verdict}"
+        )
     which = (
         "the candidates nearest their routers' input (the residual stream's writers) were kept in float"
         if stage == "nearest"

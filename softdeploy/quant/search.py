@@ -296,6 +296,7 @@ def budget_search(
                 calibration_cache=cache,
                 kernels=kernels,
                 probe=probe,
+                routing_hint=full,  # the routing guard's ranking, searched once on the all-int8 model
             )
             m = evaluate(q.path)
             ok = base - m <= max_drop

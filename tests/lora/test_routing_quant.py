@@ -111,6 +111,63 @@ def test_default_keeps_routing_in_int8(routed, tmp_path):
     assert _cosine(src, on.path, probe) > max(0.99, _cosine(src, off.path, probe))
 
 
+def test_search_keeps_fewer_nodes_in_float_than_the_coarse_guard(routed, tmp_path):
+    from softdeploy.quant.routing import measure
+
+    src, probe = routed
+    kw = {"probe": probe, "calibration": probe}
+    fine = quantize(src, tmp_path / "fine.onnx", QuantConfig("static"), **kw)
+    # routing_search_evaluations=0: no room for the search, so the coarse stages decide (what they keep is the bar)
+    coarse = quantize(src, tmp_path / "coarse.onnx", QuantConfig("static", routing_search_evaluations=0), **kw)
+    rep, bar = fine.routing, coarse.routing
+    assert bar.search is None and bar.kept_float and rep.search is not None and rep.search.reached
+    assert rep.agreement_before < 0.98, rep.line()  # the search had something to do
+    assert 0 < len(rep.kept_float) < len(bar.kept_float), (rep.line(), bar.line())
+    assert len(fine.quantized_nodes) > len(coarse.quantized_nodes)
+    assert set(rep.kept_float) <= set(fine.float_nodes)
+    # every node within the limit on the probe, in the report and re-measured on the model as written
+    assert all(r.flip_rate <= rep.max_flip_rate for r in rep.after), rep.line()
+    again = {r.node: r.agreement for r in measure(src, fine.path, probe)}
+    assert again == {r.node: r.agreement for r in rep.after}
+    # the kept nodes are the most harmful ones: the search's ranking, most harmful first, every candidate measured
+    search = rep.search
+    ranked = [e.node for e in search.effects]
+    assert rep.kept_float == ranked[: len(rep.kept_float)]
+    assert sorted(ranked) == sorted(bar.kept_float)  # ranked: the coarse upstream set, each quantized alone
+    shares = [e.logit_error_share for e in search.effects]
+    assert shares == sorted(shares, reverse=True) and shares[0] > 0
+    assert search.evaluations == len(search.effects) + len(search.trials)
+    # one fewer than kept is past the limit: the bisection tried it (or it is none at all)
+    assert (
+        any(t.kept_float == len(rep.kept_float) - 1 and not t.within_limit for t in search.trials)
+        or len(rep.kept_float) == 1
+    )
+    # the report names the kept nodes and why, with their measured effect
+    doc = report_json(fine)["routing"]
+    assert doc["kept_float"] == rep.kept_float
+    assert [e["node"] for e in doc["search"]["kept_float"]] == rep.kept_float
+    assert all(e["logit_error_share"] > 0 for e in doc["search"]["kept_float"])
+    assert doc["search"]["evaluations"] == search.evaluations
+    line = rep.line()
+    assert "sensitivity search" in line and rep.kept_float[0] in line and "of the logit error" in line
+    assert f"{search.evaluations} extra quantize + probe runs" in line
+    off = quantize(src, tmp_path / "off.onnx", QuantConfig("static", routing_guard=False), **kw)
+    assert _cosine(src, fine.path, probe) > max(0.99, _cosine(src, off.path, probe))
+    json.dumps(report_json(fine), default=str)
+
+
+def test_search_reuses_a_previous_ranking(routed, tmp_path):
+    src, probe = routed
+    kw = {"probe": probe, "calibration": probe}
+    first = quantize(src, tmp_path / "a.onnx", QuantConfig("static"), **kw)
+    again = quantize(src, tmp_path / "b.onnx", QuantConfig("static"), routing_hint=first, **kw)
+    s1, s2 = first.routing.search, again.routing.search
+    assert s2.from_hint and s2.evaluations == 1 and s2.trials[0].within_limit  # the previous choice, tried once
+    assert again.routing.kept_float == first.routing.kept_float
+    assert [e.node for e in s2.effects] == [e.node for e in s1.effects]
+    assert "previous search's ranking" in again.routing.line()
+
+
 def test_synthetic_probe_when_no_data(routed, tmp_path):
     src, _ = routed
     q = quantize(src, tmp_path / "q.onnx", QuantConfig("dynamic"))

@@ -1,6 +1,6 @@
 """Held-out MRR@10 of the lora_mixer_retrieval case's routed model along its training, per seed (each seed its own
 held-out split), against the base model on the same split: how robust "trained routed >= base" is to the split
-and the step count (issue 14's accuracy floor).
+and the step count (the case's accuracy floor).
 
 One training run per seed to ``--steps``, evaluated (eager torch, eval mode, cosine of sentence embeddings, every
 held-out question against the whole corpus) every ``--every`` steps. Evaluation draws no random numbers, so the

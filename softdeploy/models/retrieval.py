@@ -204,3 +204,72 @@ class MaxSimScorer:
             scales = [*extra, corpus.scales[di]] if corpus.scales is not None else []
             out[dids] = self._fn(qb, qm, d, dm, *scales)[0]
         return out
+
+
+def _rows(bank: TokenBank, ids: np.ndarray) -> TokenBank:
+    """The texts ``ids`` of ``bank`` (in that order: text i of the result is ``ids[i]``) as a bank of their own, each
+    kept in its length bucket."""
+    position = np.full(bank.count, -1, np.int64)
+    position[ids] = np.arange(len(ids))
+    buckets, scales = [], []
+    for b, (emb, mask, bank_ids) in enumerate(bank.buckets):
+        rows = np.nonzero(position[bank_ids] >= 0)[0]
+        if len(rows) == 0:
+            continue
+        buckets.append((emb[rows], mask[rows], position[bank_ids[rows]]))
+        if bank.scales is not None:
+            scales.append(bank.scales[b][rows])
+    return TokenBank(buckets, len(ids), bank.dim, scales if bank.scales is not None else None, bits=bank.bits)
+
+
+class RerankedMaxSim:
+    """Top-k MaxSim retrieval in two stages, the way late-interaction engines serve (ColBERTv2's PLAID scores
+    compressed candidates, then re-ranks them): every document scored on int8 codes, the ``candidates`` best of
+    those re-scored in float32, and the ``k`` best of the re-scored returned with their float32 scores.
+
+    The first stage is the fast one: ``bits`` 7 (the default) runs MaxSim's paired vpmaddubsw tile, the fastest
+    int8 form on a CPU without VNNI, but ranks less exactly than 8-bit codes; the second makes the result the float
+    one. What must hold for the result to equal float32 MaxSim's top k: each of those k documents is among the first
+    stage's ``candidates`` best. Nothing bounds that a priori (an int8 score can move past more than ``candidates``
+    others where scores crowd), so the margin is measured, not guaranteed (bench/results/maxsim_int8_avx2.md).
+    ``candidates`` must be at least ``k``.
+
+    Memory: the corpus is held twice, as int8 codes (the first stage) and as float32 (re-ranking reads only the
+    candidates' rows)."""
+
+    def __init__(
+        self,
+        corpus: TokenBank,
+        *,
+        bits: int = 7,
+        candidates: int = 100,
+        backend: Backend = "native",
+        threads: int = 1,
+    ) -> None:
+        from softdeploy.errors import ArgumentError
+
+        if corpus.int8:
+            raise ArgumentError("RerankedMaxSim: corpus must be the float32 TokenBank (it is kept for re-ranking)")
+        if bits not in (7, 8):
+            raise ArgumentError(f"RerankedMaxSim: bits must be 7 or 8, got {bits}")
+        if candidates < 1:
+            raise ArgumentError(f"RerankedMaxSim: candidates must be >= 1, got {candidates}")
+        self.corpus = corpus
+        self.codes = corpus.to_int8(bits=bits)
+        self.candidates = candidates
+        self._int8 = MaxSimScorer(backend, threads, int8=True)
+        self._fp32 = MaxSimScorer(backend, threads)
+
+    def search(self, q: np.ndarray, k: int = 10) -> tuple[np.ndarray, np.ndarray]:
+        """The ``k`` best documents for one query ([Lq, dim] float32, every token valid): their ids and float32
+        MaxSim scores, best first (ties in id order)."""
+        if not 1 <= k <= self.candidates:
+            from softdeploy.errors import ArgumentError
+
+            raise ArgumentError(f"RerankedMaxSim.search: k must be within 1..candidates = {self.candidates}, got {k}")
+        coarse = self._int8.score_one(q, self.codes)
+        count = min(self.candidates, self.corpus.count)
+        ids = np.sort(np.argpartition(-coarse, count - 1)[:count]) if count < len(coarse) else np.arange(count)
+        exact = self._fp32.score_one(q, _rows(self.corpus, ids))
+        order = np.lexsort((ids, -exact))[: min(k, count)]
+        return ids[order], exact[order]

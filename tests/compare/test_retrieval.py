@@ -91,3 +91,51 @@ def test_token_bank_seven_bit_documents():
     assert (b7.bits, b8.bits) == (7, 8)
     assert all(np.abs(codes).max() <= 63 for codes, _, _ in b7.buckets)
     assert any(np.abs(codes).max() > 63 for codes, _, _ in b8.buckets)
+
+
+@pytest.mark.parametrize("bits", [7, 8])
+def test_reranked_search_returns_the_float_top_k_with_float_scores(bits: int) -> None:
+    from softdeploy.models.retrieval import RerankedMaxSim
+
+    rng = np.random.default_rng(3)
+    docs, query = _ragged(rng, 300, 40), _ragged(rng, 1, 12)[0]
+    exact = _brute([query], docs)[0]
+    search = RerankedMaxSim(TokenBank.from_ragged(docs), bits=bits, candidates=60)
+    ids, scores = search.search(query, k=10)
+    want = np.lexsort((np.arange(len(docs)), -exact))[:10]
+    np.testing.assert_array_equal(ids, want)
+    np.testing.assert_allclose(scores, exact[want], rtol=1e-5, atol=1e-5)
+    assert np.all(np.diff(scores) <= 0)
+
+
+def test_reranked_search_with_fewer_candidates_than_documents_can_miss_and_says_what_it_needs() -> None:
+    """One candidate re-ranked: the result is the int8 stage's best, re-scored -- the float best only where the int8
+    stage put it first; k above the candidates is refused."""
+    from softdeploy.errors import ArgumentError
+    from softdeploy.models.retrieval import MaxSimScorer, RerankedMaxSim
+
+    rng = np.random.default_rng(4)
+    docs, query = _ragged(rng, 200, 30), _ragged(rng, 1, 8)[0]
+    bank = TokenBank.from_ragged(docs)
+    search = RerankedMaxSim(bank, bits=7, candidates=1)
+    ids, scores = search.search(query, k=1)
+    coarse = MaxSimScorer("native", int8=True).score_one(query, bank.to_int8(bits=7))
+    assert ids.tolist() == [int(np.argmax(coarse))]
+    np.testing.assert_allclose(scores, _brute([query], [docs[ids[0]]])[0], rtol=1e-5, atol=1e-5)
+    with pytest.raises(ArgumentError, match=r"k must be within 1\.\.candidates = 1, got 2"):
+        search.search(query, k=2)
+    with pytest.raises(ArgumentError, match="corpus must be the float32 TokenBank"):
+        RerankedMaxSim(bank.to_int8())
+    with pytest.raises(ArgumentError, match="bits must be 7 or 8, got 6"):
+        RerankedMaxSim(bank, bits=6)
+
+
+def test_reranked_search_over_a_corpus_smaller_than_the_candidates() -> None:
+    from softdeploy.models.retrieval import RerankedMaxSim
+
+    rng = np.random.default_rng(5)
+    docs, query = _ragged(rng, 5, 9), _ragged(rng, 1, 4)[0]
+    ids, scores = RerankedMaxSim(TokenBank.from_ragged(docs), candidates=100).search(query, k=10)
+    exact = _brute([query], docs)[0]
+    np.testing.assert_array_equal(ids, np.lexsort((np.arange(5), -exact)))
+    np.testing.assert_allclose(scores, exact[ids], rtol=1e-5, atol=1e-5)

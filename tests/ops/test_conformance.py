@@ -54,7 +54,7 @@ def _cases() -> list:
                     backends.append(("tvm", None))
                 for backend, isa in backends:
                     tag = backend if isa is None else f"{backend}-{isa}"
-                    # TVM converts and compiles each sample (seconds each): the slow tier (tests/conftest.py)
+                    # TVM converts and compiles each sample (seconds each): the slow tier (pyproject.toml, addopts)
                     marks = [pytest.mark.slow] if backend == "tvm" else []
                     cases.append(pytest.param(op, s, dtype, backend, isa, id=f"{op.name}-{s.name}-{tag}", marks=marks))
     return cases

@@ -15,6 +15,7 @@ import errno
 import os
 import re
 import secrets
+import shutil
 import stat
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -229,8 +230,9 @@ def _replaced_mode(path: Path) -> int:
 
 
 def remove_stale_partials(path: str | os.PathLike[str]) -> list[Path]:
-    """Removes the temporary files that writes of ``path`` left behind when their process was killed (their pid is
-    gone); returns the paths removed. Partials of live processes are left alone."""
+    """Removes the temporary files -- or folders, for an output written as a whole folder (distill's student folder)
+    -- that writes of ``path`` left behind when their process was killed (their pid is gone); returns the paths
+    removed. Partials of live processes are left alone."""
     path = Path(path)
     removed = []
     # A write that goes through a temporary name itself (quantize_file's model: quantize() writes its temporary file
@@ -244,7 +246,10 @@ def remove_stale_partials(path: str | os.PathLike[str]) -> list[Path]:
             pid = name[len(prefix) :].split("-", 1)[0]
             if pid.isdigit() and not pid_alive(int(pid)):
                 with contextlib.suppress(OSError):
-                    entry.unlink()
+                    if entry.is_dir() and not entry.is_symlink():
+                        shutil.rmtree(entry)
+                    else:
+                        entry.unlink()
                     removed.append(entry)
     return removed
 

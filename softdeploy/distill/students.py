@@ -472,9 +472,20 @@ def save_student_folder(
     import shutil
 
     from softdeploy.errors import OverwriteError
-    from softdeploy.files import make_folder, output_error
+    from softdeploy.files import make_folder, output_error, pid_alive, remove_stale_partials
 
     folder = Path(folder)
+    # What a writer killed mid-way left (its pid gone): its temporary folder, removed; and, killed between the two
+    # renames below, the previous folder moved aside -- put back under its name, or removed when a new one is there.
+    if folder.parent.is_dir():
+        remove_stale_partials(folder)
+        for aside in folder.parent.glob(f".{folder.name}.old-*"):
+            pid = aside.name.rsplit("-", 1)[1]
+            if pid.isdigit() and not pid_alive(int(pid)):
+                if folder.exists() or folder.is_symlink():
+                    shutil.rmtree(aside, ignore_errors=True)
+                else:
+                    aside.rename(folder)
     if folder.exists() and not overwrite:
         raise OverwriteError(f"{folder} exists; pass --overwrite to replace it")
     if folder.is_symlink() or (folder.exists() and not folder.is_dir()):

@@ -281,3 +281,57 @@ def test_outputs_get_the_usual_mode_or_keep_the_replaced_files(tmp_path: Path) -
         assert out.stat().st_mode & 0o777 == 0o640
     finally:
         os.umask(umask)
+
+
+def test_stale_partial_folders_of_dead_processes_are_removed(tmp_path: Path) -> None:
+    out = tmp_path / "student"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = tmp_path / f".student.partial-{int(dead.stdout)}"
+    (stale / "1_Pooling").mkdir(parents=True)
+    (stale / "config.json").write_text("{")
+    live = tmp_path / f".student.partial-{os.getpid()}"
+    live.mkdir()
+    assert remove_stale_partials(out) == [stale]
+    assert not stale.exists() and live.is_dir()
+
+
+class _FolderWriter:
+    """Writes one file into the folder it is given, as save_pretrained does (the student folder's writer only needs
+    that)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def save_pretrained(self, path: str, **_: object) -> None:
+        Path(path).mkdir(parents=True, exist_ok=True)
+        (Path(path) / self.name).write_text("{}")
+
+
+def test_the_student_folder_writer_cleans_up_after_a_killed_writer(tmp_path: Path) -> None:
+    """A writer killed mid-way leaves its temporary folder (removed by the next write) and, killed between its two
+    renames, the previous folder moved aside (put back under its name when no new one is there)."""
+    from types import SimpleNamespace
+
+    from softdeploy.distill.students import save_student_folder
+
+    student = SimpleNamespace(bert=_FolderWriter("config.json"), hidden_size=8, normalize=False, pooling="mean")
+    tokenizer = _FolderWriter("tokenizer.json")
+    dead = int(
+        subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True).stdout
+    )
+    folder = tmp_path / "run" / "student"
+    folder.parent.mkdir()
+    (folder.parent / f".student.partial-{dead}" / "1_Pooling").mkdir(parents=True)
+    aside = folder.parent / f".student.old-{dead}"
+    aside.mkdir()
+    (aside / "config.json").write_text('{"previous": true}')
+    # the previous folder comes back under its name, so without --overwrite the new write is refused
+    with pytest.raises(OverwriteError, match="pass --overwrite"):
+        save_student_folder(student, tokenizer, folder, max_length=16)  # type: ignore[arg-type]
+    assert (folder / "config.json").read_text() == '{"previous": true}'
+    assert sorted(p.name for p in folder.parent.iterdir()) == ["student"]
+    # with a new folder in place, a stale aside copy is removed
+    aside.mkdir()
+    save_student_folder(student, tokenizer, folder, max_length=16, overwrite=True)  # type: ignore[arg-type]
+    assert sorted(p.name for p in folder.parent.iterdir()) == ["student"]
+    assert (folder / "config.json").read_text() == "{}" and (folder / "modules.json").is_file()

@@ -380,9 +380,7 @@ def quantize(
             for n in routing.guard_nodes(proto, flipped, names, config.mode, nearest=stage == "nearest")
             if n not in config.exclude
         ]
-        kept = dataclasses.replace(config, exclude=tuple(config.exclude) + tuple(guard))
-        made = _quantize_once(model, output, kept, calibration, calibration_cache, kernels)
-        made.config = config
+        made = _quantize_keeping_float(model, output, config, guard, calibration, calibration_cache, kernels)
         after, _ = measured.evaluate(made.path)
         if not routing.flipping(after, config.max_flip_rate):
             break
@@ -431,9 +429,9 @@ def _search_routing_guard(
             return _quantize_once(model, work / "alone.onnx", only, calibration, cache, kernels).path
 
         def with_float(nodes: Sequence[str]) -> tuple[Path, QuantizedModel]:
-            kept = dataclasses.replace(config, exclude=tuple(config.exclude) + tuple(nodes))
-            made = _quantize_once(model, work / f"keep{len(nodes)}.onnx", kept, calibration, cache, kernels)
-            made.config = config
+            made = _quantize_keeping_float(
+                model, work / f"keep{len(nodes)}.onnx", config, nodes, calibration, cache, kernels
+            )
             return made.path, made
 
         found = routing.search_guard(
@@ -443,6 +441,23 @@ def _search_routing_guard(
         write_with(Path(output), lambda t: shutil.copyfile(chosen.path, t), "quantized model")
         chosen.path = Path(output)
     return chosen, found
+
+
+def _quantize_keeping_float(
+    model: str | os.PathLike[str] | Any,
+    output: str | os.PathLike[str],
+    config: QuantConfig,
+    nodes: Sequence[str],
+    calibration: Sequence[Mapping[str, np.ndarray]] | None,
+    calibration_cache: str | os.PathLike[str] | None,
+    kernels: Kernels,
+) -> QuantizedModel:
+    """One run of the quantizer under ``config`` with ``nodes`` kept in float as well (the routing guard's models),
+    reported under the caller's ``config``."""
+    kept = dataclasses.replace(config, exclude=tuple(config.exclude) + tuple(nodes))
+    made = _quantize_once(model, output, kept, calibration, calibration_cache, kernels)
+    made.config = config
+    return made
 
 
 def _with_routing_note(made: QuantizedModel, t0: float) -> QuantizedModel:

@@ -361,11 +361,13 @@ def search_guard(
     more nodes in float than the all-int8 model it ranked): its ranking is reused (no candidate quantized alone) and
     its kept set tried first."""
     cand = list(candidates)
+    flipped_set = set(flipped)
     evaluations = 0
     effects: list[GuardEffect]
     if hint is not None:
         known = {e.node: e for e in hint.effects}
-        order = [e.node for e in hint.effects if e.node in set(cand)] + [n for n in cand if n not in known]
+        in_cand = set(cand)
+        order = [e.node for e in hint.effects if e.node in in_cand] + [n for n in cand if n not in known]
         effects = [
             dataclasses.replace(known[n], rank=i) if n in known else GuardEffect(n, 0.0, 0.0, i)
             for i, n in enumerate(order, 1)
@@ -379,7 +381,7 @@ def search_guard(
                 errors[f] / all_int8_errors[f] for f in flipped if all_int8_errors.get(f, 0.0) > 0 and f in errors
             ]
             share = float(np.mean(shares)) if shares else 0.0
-            worst = max((r.flip_rate for r in routes if r.node in set(flipped)), default=0.0)
+            worst = max((r.flip_rate for r in routes if r.node in flipped_set), default=0.0)
             rows.append((-share, -worst, index, node, share, worst))
         rows.sort()
         effects = [GuardEffect(r[3], r[4], r[5], i) for i, r in enumerate(rows, 1)]
@@ -401,7 +403,8 @@ def search_guard(
     n = len(order)
     lo, hi = 0, n  # lo: known to fail (all int8 flipped); hi: assumed to hold until tried
     if hint is not None:
-        k_hint = sum(1 for node in order if node in set(hint.kept))
+        hinted = set(hint.kept)
+        k_hint = sum(1 for node in order if node in hinted)
         if 0 < k_hint <= n and attempt(k_hint):
             ok, routes, kept_model = tried[k_hint]
             return GuardSearch(order[:k_hint], routes, kept_model, effects, trials, evaluations, True, True)

@@ -3,10 +3,13 @@
 //   per row m of A [M, K] (A's leading dimensions flattened), in float32, round half to even:
 //     lo = min(0, min_k A[m, k]),  hi = max(0, max_k A[m, k]),  s = (hi - lo) / L  (1 when below 2^-126)
 //     z  = round(clip(-lo / s, 0, L)),  q[m, k] = clip(round(A[m, k] * (1 / s)) + z, 0, L)
-//   Y[m, n] = s_m * BScale[n] * sum_k (q[m, k] - z_m) * B[k, n] + Bias[n]
+//   V[m, n] = s_m * BScale[n] * sum_k (q[m, k] - z_m) * B[k, n] + Bias[n]
+//   Y[m, n] = act(V[m, n]) + Residual[m, n]      (act: identity, or gelu(v) = v / 2 (1 + erf(v / sqrt(2))))
 //
 // The equation and rules: softdeploy/ops/rowwise_int8_matmul.py, rendered in docs/ops/RowwiseInt8MatMul.md. The
-// integers are exact (int32; K <= 65536); the result is fma(float(acc - z colsum), s * BScale, Bias) in float32.
+// integers are exact (int32; K <= 65536); V is fma(float(acc - z colsum), s * BScale, Bias) in float32, gelu is
+// ops/common/simd_math.h's GeluErf (|error| <= 2e-7 |v|), the residual one float32 add: the epilogue of every tile,
+// so the activation and the residual add cost no pass of their own over Y.
 //
 // Variants: AVX-512 (ops/rowwise_int8_matmul_zmm.h: on a CPU with VNNI the vpdpbusd tile of
 // ops/rowwise_int8_matmul_avx512vnni.cc, every int8 B; without VNNI ops/rowwise_int8_matmul_avx512.cc, the AVX2
@@ -14,7 +17,7 @@
 // ops/rowwise_int8_matmul_avxvnni.cc, every int8 B; without it ops/rowwise_int8_matmul_avx2.cc, vpmaddubsw results
 // summed in int16 under the lane bound of ops/rowwise_int8_matmul_kernels.h); and portable C++ (CPUs without AVX2).
 // The vpmaddubsw paths (AVX2 without AVX-VNNI, AVX-512 without VNNI) run weights outside the lane bound on the widened
-// packing instead: int16 weights packed at creation, the quantized rows widened per call, vpmaddwd into int32 -- exact
+// packing instead: int16 weights packed at creation, the rows quantized straight to int16, vpmaddwd into int32 -- exact
 // for every int8 B, so a model written for the VNNI class stays vectorized there. The row quantization is the AVX2
 // unit's on every vector path. A constant B (an initializer) is packed (and its lane bound found) once, at kernel
 // creation; a B fed at run time is packed on every call.
@@ -26,6 +29,7 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "common/kernel.h"
@@ -55,10 +59,15 @@ constexpr int64_t kMaxK = 65536;
 
 struct RowwiseInt8MatMulKernel {
   static constexpr const char* kName = kOp;
-  static constexpr Port kInputs[] = {{Elem::kT}, {Elem::kInt8}, {Elem::kFloat}, {Elem::kFloat, /*optional=*/true}};
+  static constexpr Port kInputs[] = {{Elem::kT},
+                                     {Elem::kInt8},
+                                     {Elem::kFloat},
+                                     {Elem::kFloat, /*optional=*/true},
+                                     {Elem::kFloat, /*optional=*/true}};
   static constexpr Port kOutputs[] = {{Elem::kT}};
 
   int levels;
+  Activation activation;
   Isa isa;
   Path path;
   std::shared_ptr<const Packed> constant_b;  // B packed at creation when it is an initializer
@@ -91,6 +100,12 @@ struct RowwiseInt8MatMulKernel {
            "(7 bits))");
     }
     levels = static_cast<int>(l);
+    const std::string act = attrs.String("activation", "none");
+    if (act != "none" && act != "gelu") {
+      Fail(kOp, "activation '", act, "' is not 'none' or 'gelu' (rule: the epilogue applies no activation or GELU's ",
+           "erf form)");
+    }
+    activation = act == "gelu" ? Activation::kGelu : Activation::kNone;
     if (const OrtValue* b = attrs.ConstantInput(1)) {
       Ort::ConstValue v(b);
       const std::vector<int64_t> shape = v.GetTensorTypeAndShapeInfo().GetShape();
@@ -105,7 +120,8 @@ struct RowwiseInt8MatMulKernel {
   void Compute(Ort::KernelContext& ctx) const {
     const Input<T> a = GetInput<T>(ctx, 0);
     const Input<int8_t> b = GetInput<int8_t>(ctx, 1);
-    const Input<float> b_scale = GetInput<float>(ctx, 2), bias = GetInput<float>(ctx, 3);
+    const Input<float> b_scale = GetInput<float>(ctx, 2), bias = GetInput<float>(ctx, 3),
+                       residual = GetInput<float>(ctx, 4);
     if (a.rank() == 0) Fail(kOp, "A must have rank >= 1 ([..., K]), got a scalar");
     if (b.rank() != 2) Fail(kOp, "B must have rank 2 ([K, N]), got shape ", ShapeStr(b.shape));
     const int64_t K = b.shape[0], N = b.shape[1];
@@ -131,6 +147,10 @@ struct RowwiseInt8MatMulKernel {
     std::vector<int64_t> y_shape(a.shape.begin(), a.shape.end() - 1);
     const int64_t M = NumElements(y_shape);  // rows: A's leading dimensions flattened
     y_shape.push_back(N);
+    if (residual.present && residual.shape != y_shape && NumElements(residual.shape) != 1) {
+      Fail(kOp, "Residual must have Y's shape ", ShapeStr(y_shape), " or one element, got ", ShapeStr(residual.shape),
+           " (rule: the residual is added element by element, or one value to every entry)");
+    }
     float* y = AllocOutput<float>(ctx, 0, y_shape);
     if (M == 0) return;
 
@@ -143,27 +163,42 @@ struct RowwiseInt8MatMulKernel {
       packed = &local;
     }
     const int64_t kp = packed->kp;
-    std::vector<uint8_t> xq(static_cast<size_t>(M * kp));
-    std::vector<float> sa(static_cast<size_t>(M));
-    std::vector<int32_t> za(static_cast<size_t>(M));
+    // Scratch written before it is read, so left uninitialised. The widened packing's tiles read the quantized rows
+    // as int16, which the quantization writes directly (M * kp entries of 1 or 2 bytes).
+    const bool wide = vector && packed->width == 2;
+    const std::unique_ptr<uint8_t[]> rows_buf(new uint8_t[static_cast<size_t>(M * kp * (wide ? 2 : 1))]);
+    const std::unique_ptr<float[]> sa(new float[static_cast<size_t>(M)]);
+    const std::unique_ptr<int32_t[]> za(new int32_t[static_cast<size_t>(M)]);
+    uint8_t* const xq = rows_buf.get();
     // (the AVX2 unit's on the AVX-512 paths too: a zmm form of it measured 0.79-0.85x its speed on Zen 4;
     // bench/results/rowwise_int8_matmul.md)
-    const int64_t bad = vector ? QuantizeRowsAvx2(x, M, K, kp, levels, xq.data(), sa.data(), za.data())
-                               : QuantizeRowsPortable(x, M, K, kp, levels, xq.data(), sa.data(), za.data());
+    const int64_t bad =
+        wide     ? QuantizeRowsWideAvx2(x, M, K, kp, levels, reinterpret_cast<int16_t*>(xq), sa.get(), za.get())
+        : vector ? QuantizeRowsAvx2(x, M, K, kp, levels, xq, sa.get(), za.get())
+                 : QuantizeRowsPortable(x, M, K, kp, levels, xq, sa.get(), za.get());
     if (bad >= 0) FailRow(x, K, bad);  // checked for every row, even when N = 0 leaves nothing to compute
     if (N == 0) return;
     const float* sb = b_scale.data;
     const float* bias_data = bias.present ? bias.data : nullptr;
+    // One residual value for every entry: -0.0 (what an omitted Residual becomes under a function body's fill) adds
+    // nothing to any float, so it is skipped; another value is spread to Y's shape (a node written by hand).
+    const float* res = residual.present ? residual.data : nullptr;
+    std::unique_ptr<float[]> spread;
+    if (res != nullptr && residual.shape != y_shape) {
+      if (std::signbit(res[0]) && res[0] == 0.f) {
+        res = nullptr;
+      } else {
+        spread.reset(new float[static_cast<size_t>(M * N)]);
+        std::fill(spread.get(), spread.get() + M * N, res[0]);
+        res = spread.get();
+      }
+    }
 
     // Tasks over 16-column panels on every path (the same split: results never depend on it): the weights are
-    // read once, the quantized rows (M * kp bytes) by every task. A unit of work ~ 32 int8 products.
+    // read once, the quantized rows (M * kp entries) by every task. A unit of work ~ 32 int8 products.
     const int64_t panels = packed->np / kNR;
     const size_t tasks = NumTasks(panels, M * kp * kNR / 32);
     if (vector) {
-      // The widened packing's tiles read the quantized rows as int16 (widened once here, not per panel).
-      std::vector<int16_t> xw(packed->width == 2 ? static_cast<size_t>(M * kp) : 0);
-      if (packed->width == 2) WidenRows(xq.data(), M, kp, xw.data());
-      const uint8_t* rows = packed->width == 2 ? reinterpret_cast<const uint8_t*>(xw.data()) : xq.data();
       const PackedView whole = packed->View();
       ParallelFor(ctx, tasks, [&](size_t task) {
         int64_t p0, p1;
@@ -175,17 +210,18 @@ struct RowwiseInt8MatMulKernel {
         part.np = (p1 - p0) * kNR;
         part.N = std::min(N, p1 * kNR) - n0;
         const float* bias_part = bias_data == nullptr ? nullptr : bias_data + n0;
+        const float* res_part = res == nullptr ? nullptr : res + n0;
         switch (path) {
           case Path::kAvx512Vnni:
-            GemmAvx512Vnni(part, xq.data(), sa.data(), za.data(), M, sb + n0, bias_part, y + n0, N);
+            GemmAvx512Vnni(part, xq, sa.get(), za.get(), M, sb + n0, bias_part, y + n0, N, activation, res_part);
             break;
           case Path::kAvxVnni:
-            GemmAvxVnni(part, xq.data(), sa.data(), za.data(), M, sb + n0, bias_part, y + n0, N);
+            GemmAvxVnni(part, xq, sa.get(), za.get(), M, sb + n0, bias_part, y + n0, N, activation, res_part);
             break;
           case Path::kAvx512Bw:
-            GemmAvx512Bw(part, rows, sa.data(), za.data(), M, sb + n0, bias_part, y + n0, N);
+            GemmAvx512Bw(part, xq, sa.get(), za.get(), M, sb + n0, bias_part, y + n0, N, activation, res_part);
             break;
-          default: GemmAvx2(part, rows, sa.data(), za.data(), M, sb + n0, bias_part, y + n0, N); break;
+          default: GemmAvx2(part, xq, sa.get(), za.get(), M, sb + n0, bias_part, y + n0, N, activation, res_part); break;
         }
       });
       return;
@@ -194,8 +230,8 @@ struct RowwiseInt8MatMulKernel {
     ParallelFor(ctx, tasks, [&](size_t task) {
       int64_t p0, p1;
       TaskRange(task, tasks, panels, &p0, &p1);
-      GemmPortable(b.data, K, N, packed->colsum.data(), xq.data(), kp, sa.data(), za.data(), M, sb, bias_data, y,
-                   p0 * kNR, std::min(N, p1 * kNR));
+      GemmPortable(b.data, K, N, packed->colsum.data(), xq, kp, sa.get(), za.get(), M, sb, bias_data, y,
+                   p0 * kNR, std::min(N, p1 * kNR), activation, res);
     });
   }
 };

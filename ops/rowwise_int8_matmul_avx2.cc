@@ -88,15 +88,20 @@ struct WideSums {
 }  // namespace
 
 void GemmAvx2(const PackedView& w, const uint8_t* xq, const float* sa, const int32_t* za, int64_t M, const float* sb,
-              const float* bias, float* y, int64_t ldy) {
-  if (w.width == 2) GemmYmm<WideSums>(w, xq, sa, za, M, sb, bias, y, ldy);
-  else if (w.groups == 4) GemmYmm<LaneSums<4>>(w, xq, sa, za, M, sb, bias, y, ldy);
-  else if (w.groups == 2) GemmYmm<LaneSums<2>>(w, xq, sa, za, M, sb, bias, y, ldy);
-  else GemmYmm<LaneSums<1>>(w, xq, sa, za, M, sb, bias, y, ldy);
+              const float* bias, float* y, int64_t ldy, Activation act, const float* residual) {
+  if (w.width == 2) GemmYmm<WideSums>(w, xq, sa, za, M, sb, bias, y, ldy, act, residual);
+  else if (w.groups == 4) GemmYmm<LaneSums<4>>(w, xq, sa, za, M, sb, bias, y, ldy, act, residual);
+  else if (w.groups == 2) GemmYmm<LaneSums<2>>(w, xq, sa, za, M, sb, bias, y, ldy, act, residual);
+  else GemmYmm<LaneSums<1>>(w, xq, sa, za, M, sb, bias, y, ldy, act, residual);
 }
 
-int64_t QuantizeRowsAvx2(const float* x, int64_t M, int64_t K, int64_t kp, int levels, uint8_t* xq, float* sa,
-                         int32_t* za) {
+namespace {
+
+// The row quantization into uint8 codes (the vpmaddubsw and vpdpbusd tiles' activations) or int16 ones (the widened
+// packing's: the same integers, written once as the vpmaddwd tiles read them rather than widened in a second pass).
+template <class Code>
+int64_t QuantizeRows(const float* x, int64_t M, int64_t K, int64_t kp, int levels, Code* xq, float* sa, int32_t* za) {
+  static_assert(sizeof(Code) == 1 || sizeof(Code) == 2, "uint8 or int16 codes");
   const float top = static_cast<float>(levels);
   for (int64_t m = 0; m < M; ++m) {
     const float* row = x + m * K;
@@ -146,7 +151,8 @@ int64_t QuantizeRowsAvx2(const float* x, int64_t M, int64_t K, int64_t kp, int l
     const __m256 vinv = _mm256_set1_ps(inv);
     const __m256i zp16 = _mm256_set1_epi16(static_cast<int16_t>(za[m]));
     const __m256i top8 = _mm256_set1_epi8(static_cast<char>(levels));
-    uint8_t* dst = xq + m * kp;
+    const __m256i top16 = _mm256_set1_epi16(static_cast<int16_t>(levels));
+    Code* dst = xq + m * kp;
     // q = round(x * inv) + z, saturated to 0..255 and clipped to levels. vcvtps2dq rounds in the current mode
     // (half to even unless a caller changed MXCSR), as the portable variant's nearbyint does; round(x * inv) is
     // within +-(levels + 1), so the int16 packing is exact and z is added there (the portable variant's float sum of
@@ -157,24 +163,43 @@ int64_t QuantizeRowsAvx2(const float* x, int64_t M, int64_t K, int64_t kp, int l
       return _mm256_add_epi16(_mm256_packs_epi32(a, b), zp16);
     };
     k = 0;
-    for (; k + 32 <= K; k += 32) {
-      // packus of the two: dwords [a0-3 b0-3 c0-3 d0-3 | a4-7 b4-7 c4-7 d4-7] of the four groups of 8 entries
-      const __m256i u = _mm256_packus_epi16(codes16(row + k), codes16(row + k + 16));
-      const __m256i ordered = _mm256_permutevar8x32_epi32(u, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + k), _mm256_min_epu8(ordered, top8));
+    if constexpr (sizeof(Code) == 1) {
+      for (; k + 32 <= K; k += 32) {
+        // packus of the two: dwords [a0-3 b0-3 c0-3 d0-3 | a4-7 b4-7 c4-7 d4-7] of the four groups of 8 entries
+        const __m256i u = _mm256_packus_epi16(codes16(row + k), codes16(row + k + 16));
+        const __m256i ordered = _mm256_permutevar8x32_epi32(u, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + k), _mm256_min_epu8(ordered, top8));
+      }
     }
     for (; k + 16 <= K; k += 16) {
       const __m256i w = _mm256_permute4x64_epi64(codes16(row + k), 0xD8);  // 16 x int16 in order
-      const __m128i u = _mm_packus_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + k), _mm_min_epu8(u, _mm256_castsi256_si128(top8)));
+      if constexpr (sizeof(Code) == 1) {
+        const __m128i u = _mm_packus_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + k), _mm_min_epu8(u, _mm256_castsi256_si128(top8)));
+      } else {  // clip(v, 0, L): what packus (saturation to 0..255) and the min with L give above
+        const __m256i c = _mm256_min_epi16(_mm256_max_epi16(w, _mm256_setzero_si256()), top16);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + k), c);
+      }
     }
     for (; k < K; ++k) {
       const float q = __builtin_nearbyintf(row[k] * inv) + zp;
-      dst[k] = static_cast<uint8_t>(q < 0.f ? 0.f : (q > top ? top : q));
+      dst[k] = static_cast<Code>(q < 0.f ? 0.f : (q > top ? top : q));
     }
-    for (; k < kp; ++k) dst[k] = static_cast<uint8_t>(zp);
+    for (; k < kp; ++k) dst[k] = static_cast<Code>(zp);
   }
   return -1;
+}
+
+}  // namespace
+
+int64_t QuantizeRowsAvx2(const float* x, int64_t M, int64_t K, int64_t kp, int levels, uint8_t* xq, float* sa,
+                         int32_t* za) {
+  return QuantizeRows(x, M, K, kp, levels, xq, sa, za);
+}
+
+int64_t QuantizeRowsWideAvx2(const float* x, int64_t M, int64_t K, int64_t kp, int levels, int16_t* xw, float* sa,
+                             int32_t* za) {
+  return QuantizeRows(x, M, K, kp, levels, xw, sa, za);
 }
 
 }  // namespace rowwise_int8

@@ -81,11 +81,11 @@ struct WideSums {
 }  // namespace
 
 void GemmAvx512Bw(const PackedView& w, const uint8_t* xq, const float* sa, const int32_t* za, int64_t M,
-                  const float* sb, const float* bias, float* y, int64_t ldy) {
-  if (w.width == 2) GemmZmm<WideSums>(w, xq, sa, za, M, sb, bias, y, ldy);
-  else if (w.groups == 4) GemmZmm<LaneSums<4>>(w, xq, sa, za, M, sb, bias, y, ldy);
-  else if (w.groups == 2) GemmZmm<LaneSums<2>>(w, xq, sa, za, M, sb, bias, y, ldy);
-  else GemmZmm<LaneSums<1>>(w, xq, sa, za, M, sb, bias, y, ldy);
+                  const float* sb, const float* bias, float* y, int64_t ldy, Activation act, const float* residual) {
+  if (w.width == 2) GemmZmm<WideSums>(w, xq, sa, za, M, sb, bias, y, ldy, act, residual);
+  else if (w.groups == 4) GemmZmm<LaneSums<4>>(w, xq, sa, za, M, sb, bias, y, ldy, act, residual);
+  else if (w.groups == 2) GemmZmm<LaneSums<2>>(w, xq, sa, za, M, sb, bias, y, ldy, act, residual);
+  else GemmZmm<LaneSums<1>>(w, xq, sa, za, M, sb, bias, y, ldy, act, residual);
 }
 
 }  // namespace rowwise_int8

@@ -39,8 +39,9 @@ struct VnniSums {
 }  // namespace
 
 void GemmAvx512Vnni(const PackedView& w, const uint8_t* xq, const float* sa, const int32_t* za, int64_t M,
-                    const float* sb, const float* bias, float* y, int64_t ldy) {
-  GemmZmm<VnniSums>(w, xq, sa, za, M, sb, bias, y, ldy);
+                    const float* sb, const float* bias, float* y, int64_t ldy, Activation act,
+                    const float* residual) {
+  GemmZmm<VnniSums>(w, xq, sa, za, M, sb, bias, y, ldy, act, residual);
 }
 
 }  // namespace rowwise_int8

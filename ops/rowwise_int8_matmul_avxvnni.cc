@@ -39,8 +39,9 @@ struct VnniYmmSums {
 }  // namespace
 
 void SD_AVXVNNI_NAME(GemmAvxVnni)(const PackedView& w, const uint8_t* xq, const float* sa, const int32_t* za,
-                                  int64_t M, const float* sb, const float* bias, float* y, int64_t ldy) {
-  GemmYmm<VnniYmmSums>(w, xq, sa, za, M, sb, bias, y, ldy);
+                                  int64_t M, const float* sb, const float* bias, float* y, int64_t ldy,
+                                  Activation act, const float* residual) {
+  GemmYmm<VnniYmmSums>(w, xq, sa, za, M, sb, bias, y, ldy, act, residual);
 }
 
 }  // namespace rowwise_int8

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "common/simd_math.h"
+
 namespace sd {
 namespace rowwise_int8 {
 namespace {
@@ -132,13 +134,9 @@ int64_t QuantizeRowsPortable(const float* x, int64_t M, int64_t K, int64_t kp, i
   return -1;
 }
 
-void WidenRows(const uint8_t* xq, int64_t M, int64_t kp, int16_t* xw) {
-  for (int64_t i = 0; i < M * kp; ++i) xw[i] = xq[i];
-}
-
 void GemmPortable(const int8_t* b, int64_t K, int64_t N, const int32_t* colsum, const uint8_t* xq, int64_t kp,
                   const float* sa, const int32_t* za, int64_t M, const float* sb, const float* bias, float* y,
-                  int64_t n0, int64_t n1) {
+                  int64_t n0, int64_t n1, Activation act, const float* residual) {
   std::vector<int32_t> acc(static_cast<size_t>(n1 - n0));
   for (int64_t m = 0; m < M; ++m) {
     std::fill(acc.begin(), acc.end(), 0);
@@ -151,7 +149,10 @@ void GemmPortable(const int8_t* b, int64_t K, int64_t N, const int32_t* colsum, 
     float* yrow = y + m * N;
     for (int64_t n = n0; n < n1; ++n) {
       const float v = static_cast<float>(acc[n - n0] - za[m] * colsum[n]);
-      yrow[n] = std::fma(v, sa[m] * sb[n], bias == nullptr ? 0.f : bias[n]);
+      float o = std::fma(v, sa[m] * sb[n], bias == nullptr ? 0.f : bias[n]);
+      if (act == Activation::kGelu) o = simd::GeluErf(o);
+      if (residual != nullptr) o += residual[m * N + n];
+      yrow[n] = o;
     }
   }
 }

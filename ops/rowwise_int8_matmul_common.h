@@ -39,16 +39,12 @@ Packed Pack(const int8_t* b, int64_t K, int64_t N, int levels, Path path);
 int64_t QuantizeRowsPortable(const float* x, int64_t M, int64_t K, int64_t kp, int levels, uint8_t* xq, float* sa,
                              int32_t* za);
 
-// Rows [0, M) of the quantized rows xq (row stride kp) widened to int16 into xw (same layout): the activations of the
-// widened packing's vpmaddwd tiles.
-void WidenRows(const uint8_t* xq, int64_t M, int64_t kp, int16_t* xw);
-
 // Columns [n0, n1) of Y [M, N] from B [K, N] as stored (int32 sums, a row at a time) and the quantized rows: the
 // portable variant (CPUs without AVX2). The epilogue is the tiles':
-// fma(float(acc - za colsum), sa sb, bias), bias nullptr for 0.
+// fma(float(acc - za colsum), sa sb, bias), bias nullptr for 0, then `act` and + residual (Y's layout; nullptr: none).
 void GemmPortable(const int8_t* b, int64_t K, int64_t N, const int32_t* colsum, const uint8_t* xq, int64_t kp,
                   const float* sa, const int32_t* za, int64_t M, const float* sb, const float* bias, float* y,
-                  int64_t n0, int64_t n1);
+                  int64_t n0, int64_t n1, Activation act, const float* residual);
 
 }  // namespace rowwise_int8
 }  // namespace sd

@@ -35,6 +35,11 @@ constexpr int kNR = 16;  // columns per panel: two ymm of eight int32 lanes
 constexpr int kKB = 16;  // k per packed block: four groups of four bytes
 constexpr int kMR = 6;   // rows per ymm tile: 6 x 2 int32 accumulators + ones + a broadcast + products
 
+// What the epilogue applies after fma(float(acc - za colsum), sa sb, bias), in this order: the activation (kGelu:
+// ops/common/simd_math.h's GeluErf, the same float32 operations on every variant), then + residual[m, n] (a float32
+// tensor of Y's shape and row stride; nullptr: none).
+enum class Activation : int { kNone = 0, kGelu = 1 };
+
 // The packed weights (see above); `panels` holds np / kNR panels of kp * kNR bytes.
 struct PackedView {
   const int8_t* panels;
@@ -44,27 +49,30 @@ struct PackedView {
   int width;   // bytes per packed weight: 1 (int8 panels), 2 (the widened packing: vpmaddwd tiles, int16 xq)
 };
 
-// Rows [0, M) of Y (row stride ldy) at the columns of `w` (a whole packing or a range of its panels) from the quantized rows xq (row stride kp, padded with each row's zero point),
-// their scales sa and zero points za: Y[m, n] = fma(float(acc - za[m] colsum[n]), sa[m] * sb[n], bias[n]) with acc
-// = sum_k xq[m, k] B[k, n] in int32. bias may be nullptr (0). AVX2 + FMA only; w.groups 4, 2 or 1 (width 1: the
-// vpmaddubsw tile), or width 2 (the vpmaddwd tile; xq then points at int16 rows, see the widened packing above).
+// Rows [0, M) of Y (row stride ldy) at the columns of `w` (a whole packing or a range of its panels) from the
+// quantized rows xq (row stride kp, padded with each row's zero point), their scales sa and zero points za:
+// Y[m, n] = fma(float(acc - za[m] colsum[n]), sa[m] * sb[n], bias[n]) with acc = sum_k xq[m, k] B[k, n] in int32,
+// then `act` and + residual (Activation above; residual offset like y). bias may be nullptr (0). AVX2 + FMA only;
+// w.groups 4, 2 or 1 (width 1: the vpmaddubsw tile), or width 2 (the vpmaddwd tile; xq then points at int16 rows, see
+// the widened packing above).
 void GemmAvx2(const PackedView& w, const uint8_t* xq, const float* sa, const int32_t* za, int64_t M, const float* sb,
-              const float* bias, float* y, int64_t ldy);
+              const float* bias, float* y, int64_t ldy, Activation act, const float* residual);
 
 // The same on VEX vpdpbusd ymm (ops/rowwise_int8_matmul_avxvnni.cc): exact for every int8 B, w.groups is not read.
 // AVX2 + FMA + AVX-VNNI only.
 void GemmAvxVnni(const PackedView& w, const uint8_t* xq, const float* sa, const int32_t* za, int64_t M, const float* sb,
-                 const float* bias, float* y, int64_t ldy);
+                 const float* bias, float* y, int64_t ldy, Activation act, const float* residual);
 
 // The same on vpdpbusd zmm (ops/rowwise_int8_matmul_avx512vnni.cc): exact for every int8 B, w.groups is not read.
 // AVX-512 F/BW/VL/DQ + VNNI only.
 void GemmAvx512Vnni(const PackedView& w, const uint8_t* xq, const float* sa, const int32_t* za, int64_t M,
-                    const float* sb, const float* bias, float* y, int64_t ldy);
+                    const float* sb, const float* bias, float* y, int64_t ldy, Activation act,
+                    const float* residual);
 
 // The AVX2 tiles' forms on zmm (ops/rowwise_int8_matmul_avx512.cc), for AVX-512 CPUs without VNNI: as GemmAvx2,
 // w.groups 4, 2 or 1 (width 1), or width 2 with int16 xq. AVX-512 F/BW/VL/DQ only.
 void GemmAvx512Bw(const PackedView& w, const uint8_t* xq, const float* sa, const int32_t* za, int64_t M,
-                  const float* sb, const float* bias, float* y, int64_t ldy);
+                  const float* sb, const float* bias, float* y, int64_t ldy, Activation act, const float* residual);
 
 // Quantizes rows [0, M) of X (row stride K) as the contract says (per row: lo = min(0, min x), hi = max(0, max x),
 // s = (hi - lo) / L or 1 when that is below 2^-126, z = round(clip(-lo / s, 0, L)), q = clip(round(x * (1 / s)) + z,
@@ -72,6 +80,10 @@ void GemmAvx512Bw(const PackedView& w, const uint8_t* xq, const float* sa, const
 // whose entries are not all finite or whose hi - lo overflows, or -1. AVX2 only.
 int64_t QuantizeRowsAvx2(const float* x, int64_t M, int64_t K, int64_t kp, int levels, uint8_t* xq, float* sa,
                          int32_t* za);
+
+// The same integers as int16 (xw, row stride kp entries): the widened packing's activations, in one pass. AVX2 only.
+int64_t QuantizeRowsWideAvx2(const float* x, int64_t M, int64_t K, int64_t kp, int levels, int16_t* xw, float* sa,
+                             int32_t* za);
 
 }  // namespace rowwise_int8
 }  // namespace sd

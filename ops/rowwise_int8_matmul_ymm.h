@@ -11,15 +11,18 @@
 // Include only from a translation unit compiled with at least -mavx2 -mfma (CMakeLists.txt); everything here has
 // internal linkage (see ops/common/vec.h on why).
 //
-// What must stay true: the epilogue is fma(float(acc - z * colsum), sa * sb, bias), as in the portable and zmm
-// variants, so every variant gives the same bits; an edge panel's scales and bias are padded (never read past N)
-// and only its N - n0 columns are written.
+// What must stay true: the epilogue is fma(float(acc - z * colsum), sa * sb, bias), then the activation
+// (ops/common/simd_math.h's GeluErf) and the residual's float add, as in the portable and zmm variants, so every
+// variant gives the same bits; an edge panel's scales, bias and residual are padded (never read past N) and only its
+// N - n0 columns are written.
 #pragma once
 
 #include <immintrin.h>
 
 #include <cstring>
 
+#include "common/simd_math.h"
+#include "common/vec.h"
 #include "rowwise_int8_matmul_kernels.h"
 
 namespace sd {
@@ -34,20 +37,26 @@ inline __m256i Broadcast4(const uint8_t* p) {
   return _mm256_set1_epi32(v);
 }
 
-// y[r, 0..ncols) = fma(float(acc - za[r] colsum), sa[r] * sb, bias) for the MR rows of a tile; sb, colsum and bias
-// hold 16 entries.
+// y[r, 0..ncols) = fma(float(acc - za[r] colsum), sa[r] * sb, bias) for the MR rows of a tile, then the activation
+// and + residual[r, 0..ncols) (nullptr: none; Y's row stride); sb, colsum and bias hold 16 entries.
 template <int MR>
 inline void EpilogueYmm(__m256i acc[MR][2], const float* sa, const int32_t* za, const float* sb, const int32_t* colsum,
-                        const float* bias, float* y, int64_t ldy, int64_t ncols) {
+                        const float* bias, float* y, int64_t ldy, int64_t ncols, Activation act,
+                        const float* residual) {
   for (int r = 0; r < MR; ++r) {
-    alignas(32) float out[kNR];
+    alignas(32) float out[kNR], res[kNR];
     float* dst = ncols == kNR ? y + r * ldy : out;  // a full panel straight to y, an edge one through `out`
+    const float* add = residual == nullptr ? nullptr : ncols == kNR ? residual + r * ldy : res;
+    if (add == res) std::memcpy(res, residual + r * ldy, sizeof(float) * ncols);  // never read past N
     for (int h = 0; h < 2; ++h) {
       const __m256i corr = _mm256_mullo_epi32(
           _mm256_set1_epi32(za[r]), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(colsum + 8 * h)));
       const __m256 v = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[r][h], corr));
       const __m256 s = _mm256_mul_ps(_mm256_set1_ps(sa[r]), _mm256_loadu_ps(sb + 8 * h));
-      _mm256_storeu_ps(dst + 8 * h, _mm256_fmadd_ps(v, s, _mm256_loadu_ps(bias + 8 * h)));
+      __m256 o = _mm256_fmadd_ps(v, s, _mm256_loadu_ps(bias + 8 * h));
+      if (act == Activation::kGelu) o = simd::GeluErf<vec::Avx2>(o);
+      if (add != nullptr) o = _mm256_add_ps(o, _mm256_loadu_ps(add + 8 * h));
+      _mm256_storeu_ps(dst + 8 * h, o);
     }
     if (ncols != kNR) std::memcpy(y + r * ldy, out, sizeof(float) * ncols);
   }
@@ -55,17 +64,19 @@ inline void EpilogueYmm(__m256i acc[MR][2], const float* sa, const int32_t* za, 
 
 template <class Sums, int MR>
 inline void TileAndStoreYmm(const PackedView& w, const uint8_t* xq, const float* sa, const int32_t* za, int64_t m,
-                            int64_t n0, const float* sb, const float* bias, float* y, int64_t ldy) {
+                            int64_t n0, const float* sb, const float* bias, float* y, int64_t ldy, Activation act,
+                            const float* residual) {
   __m256i acc[MR][2];
   // (w.width: bytes per weight and per activation, 2 on the widened packing)
   Sums::template Run<MR>(xq + m * w.kp * w.width, w.kp, w.panels + n0 * w.kp * w.width, acc);
-  EpilogueYmm<MR>(acc, sa + m, za + m, sb, w.colsum + n0, bias, y + m * ldy + n0, ldy, MinYmm(kNR, w.N - n0));
+  EpilogueYmm<MR>(acc, sa + m, za + m, sb, w.colsum + n0, bias, y + m * ldy + n0, ldy, MinYmm(kNR, w.N - n0), act,
+                  residual == nullptr ? nullptr : residual + m * ldy + n0);
 }
 
 // The whole packing (or a task's range of its panels), a panel at a time.
 template <class Sums>
 void GemmYmm(const PackedView& w, const uint8_t* xq, const float* sa, const int32_t* za, int64_t M, const float* sb,
-             const float* bias, float* y, int64_t ldy) {
+             const float* bias, float* y, int64_t ldy, Activation act, const float* residual) {
   const int64_t full = M / kMR * kMR;
   static_assert(kMR == 6, "the remainder switch below covers 1..5 rows");
   // The next panel is prefetched (into L1: measured better than L2) while this one runs, a share per row tile: in a
@@ -92,14 +103,14 @@ void GemmYmm(const PackedView& w, const uint8_t* xq, const float* sa, const int3
         for (int64_t l = t * per_tile; l < MinYmm(panel_lines, (t + 1) * per_tile); ++l)
           _mm_prefetch(next + 64 * l, _MM_HINT_T0);
       }
-      TileAndStoreYmm<Sums, kMR>(w, xq, sa, za, m, n0, sb_p, bias_p, y, ldy);
+      TileAndStoreYmm<Sums, kMR>(w, xq, sa, za, m, n0, sb_p, bias_p, y, ldy, act, residual);
     }
     switch (M - full) {  // the last rows in one tile of their own height
-      case 5: TileAndStoreYmm<Sums, 5>(w, xq, sa, za, full, n0, sb_p, bias_p, y, ldy); break;
-      case 4: TileAndStoreYmm<Sums, 4>(w, xq, sa, za, full, n0, sb_p, bias_p, y, ldy); break;
-      case 3: TileAndStoreYmm<Sums, 3>(w, xq, sa, za, full, n0, sb_p, bias_p, y, ldy); break;
-      case 2: TileAndStoreYmm<Sums, 2>(w, xq, sa, za, full, n0, sb_p, bias_p, y, ldy); break;
-      case 1: TileAndStoreYmm<Sums, 1>(w, xq, sa, za, full, n0, sb_p, bias_p, y, ldy); break;
+      case 5: TileAndStoreYmm<Sums, 5>(w, xq, sa, za, full, n0, sb_p, bias_p, y, ldy, act, residual); break;
+      case 4: TileAndStoreYmm<Sums, 4>(w, xq, sa, za, full, n0, sb_p, bias_p, y, ldy, act, residual); break;
+      case 3: TileAndStoreYmm<Sums, 3>(w, xq, sa, za, full, n0, sb_p, bias_p, y, ldy, act, residual); break;
+      case 2: TileAndStoreYmm<Sums, 2>(w, xq, sa, za, full, n0, sb_p, bias_p, y, ldy, act, residual); break;
+      case 1: TileAndStoreYmm<Sums, 1>(w, xq, sa, za, full, n0, sb_p, bias_p, y, ldy, act, residual); break;
       default: break;
     }
   }

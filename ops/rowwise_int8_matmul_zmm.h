@@ -10,15 +10,18 @@
 // Include only from a translation unit compiled with -mavx512f -mavx512bw -mavx512vl -mavx512dq (CMakeLists.txt);
 // everything here has internal linkage (see ops/common/vec.h on why).
 //
-// What must stay true: the epilogue is fma(float(acc - z * colsum), sa * sb, bias), as in the portable and AVX2
-// variants, so every variant gives the same bits; lanes past N are never read from sb, bias or colsum (masked
-// loads) nor written to y.
+// What must stay true: the epilogue is fma(float(acc - z * colsum), sa * sb, bias), then the activation
+// (ops/common/simd_math.h's GeluErf) and the residual's float add, as in the portable and AVX2 variants, so every
+// variant gives the same bits; lanes past N are never read from sb, bias, colsum or the residual (masked loads) nor
+// written to y.
 #pragma once
 
 #include <immintrin.h>
 
 #include <cstring>
 
+#include "common/simd_math.h"
+#include "common/vec.h"
 #include "rowwise_int8_matmul_kernels.h"
 
 namespace sd {
@@ -35,10 +38,12 @@ inline __m512i Broadcast4Zmm(const uint8_t* p) {
   return _mm512_set1_epi32(v);
 }
 
-// Rows [m, m + MR) of xq times NP consecutive panels from column n0 (the last may be partial); stores y.
+// Rows [m, m + MR) of xq times NP consecutive panels from column n0 (the last may be partial); stores y after the
+// activation and the residual add (nullptr: none; Y's row stride).
 template <class Sums, int MR, int NP>
 inline void TileZmm(const PackedView& w, const uint8_t* xq, const float* sa, const int32_t* za, int64_t m, int64_t n0,
-                    const float* sb, const float* bias, float* y, int64_t ldy) {
+                    const float* sb, const float* bias, float* y, int64_t ldy, Activation act,
+                    const float* residual) {
   const int8_t* panel[NP];
   // (w.width: bytes per weight and per activation, 2 on the widened packing)
   for (int p = 0; p < NP; ++p) panel[p] = w.panels + (n0 + p * kNR) * w.kp * w.width;
@@ -55,14 +60,17 @@ inline void TileZmm(const PackedView& w, const uint8_t* xq, const float* sa, con
       // (maskz: the plain form trips GCC 12's -Wuninitialized inside its own header; lanes past N are not stored)
       const __m512 v = _mm512_maskz_cvtepi32_ps(mask, _mm512_sub_epi32(acc[r][p], corr));
       const __m512 s = _mm512_mul_ps(_mm512_set1_ps(sa[m + r]), scale_b);
-      _mm512_mask_storeu_ps(y + (m + r) * ldy + c0, mask, _mm512_fmadd_ps(v, s, bias_v));
+      __m512 o = _mm512_fmadd_ps(v, s, bias_v);
+      if (act == Activation::kGelu) o = simd::GeluErf<vec::Avx512>(o);
+      if (residual != nullptr) o = _mm512_add_ps(o, _mm512_maskz_loadu_ps(mask, residual + (m + r) * ldy + c0));
+      _mm512_mask_storeu_ps(y + (m + r) * ldy + c0, mask, o);
     }
   }
 }
 
 template <class Sums, int NP>
 void PanelsZmm(const PackedView& w, const uint8_t* xq, const float* sa, const int32_t* za, int64_t M, int64_t n0,
-               const float* sb, const float* bias, float* y, int64_t ldy) {
+               const float* sb, const float* bias, float* y, int64_t ldy, Activation act, const float* residual) {
   const int64_t full = M / kMRZmm * kMRZmm;
   static_assert(kMRZmm == 8, "the remainder switch below covers 1..7 rows");
   // The next NP panels are prefetched while these run, a share per row tile (as in the AVX2 unit: in a model the
@@ -75,16 +83,16 @@ void PanelsZmm(const PackedView& w, const uint8_t* xq, const float* sa, const in
   for (int64_t m = 0, t = 0; m < full; m += kMRZmm, ++t) {
     for (int64_t l = t * per_tile; l < MinZmm(next_lines, (t + 1) * per_tile); ++l)
       _mm_prefetch(next + 64 * l, _MM_HINT_T0);
-    TileZmm<Sums, kMRZmm, NP>(w, xq, sa, za, m, n0, sb, bias, y, ldy);
+    TileZmm<Sums, kMRZmm, NP>(w, xq, sa, za, m, n0, sb, bias, y, ldy, act, residual);
   }
   switch (M - full) {  // the last rows in one tile of their own height
-    case 7: TileZmm<Sums, 7, NP>(w, xq, sa, za, full, n0, sb, bias, y, ldy); break;
-    case 6: TileZmm<Sums, 6, NP>(w, xq, sa, za, full, n0, sb, bias, y, ldy); break;
-    case 5: TileZmm<Sums, 5, NP>(w, xq, sa, za, full, n0, sb, bias, y, ldy); break;
-    case 4: TileZmm<Sums, 4, NP>(w, xq, sa, za, full, n0, sb, bias, y, ldy); break;
-    case 3: TileZmm<Sums, 3, NP>(w, xq, sa, za, full, n0, sb, bias, y, ldy); break;
-    case 2: TileZmm<Sums, 2, NP>(w, xq, sa, za, full, n0, sb, bias, y, ldy); break;
-    case 1: TileZmm<Sums, 1, NP>(w, xq, sa, za, full, n0, sb, bias, y, ldy); break;
+    case 7: TileZmm<Sums, 7, NP>(w, xq, sa, za, full, n0, sb, bias, y, ldy, act, residual); break;
+    case 6: TileZmm<Sums, 6, NP>(w, xq, sa, za, full, n0, sb, bias, y, ldy, act, residual); break;
+    case 5: TileZmm<Sums, 5, NP>(w, xq, sa, za, full, n0, sb, bias, y, ldy, act, residual); break;
+    case 4: TileZmm<Sums, 4, NP>(w, xq, sa, za, full, n0, sb, bias, y, ldy, act, residual); break;
+    case 3: TileZmm<Sums, 3, NP>(w, xq, sa, za, full, n0, sb, bias, y, ldy, act, residual); break;
+    case 2: TileZmm<Sums, 2, NP>(w, xq, sa, za, full, n0, sb, bias, y, ldy, act, residual); break;
+    case 1: TileZmm<Sums, 1, NP>(w, xq, sa, za, full, n0, sb, bias, y, ldy, act, residual); break;
     default: break;
   }
 }
@@ -92,10 +100,10 @@ void PanelsZmm(const PackedView& w, const uint8_t* xq, const float* sa, const in
 // The whole packing (or a task's range of its panels): pairs of panels, then a last single one.
 template <class Sums>
 void GemmZmm(const PackedView& w, const uint8_t* xq, const float* sa, const int32_t* za, int64_t M, const float* sb,
-             const float* bias, float* y, int64_t ldy) {
+             const float* bias, float* y, int64_t ldy, Activation act, const float* residual) {
   int64_t n0 = 0;
-  for (; n0 + 2 * kNR <= w.np; n0 += 2 * kNR) PanelsZmm<Sums, 2>(w, xq, sa, za, M, n0, sb, bias, y, ldy);
-  if (n0 < w.np) PanelsZmm<Sums, 1>(w, xq, sa, za, M, n0, sb, bias, y, ldy);
+  for (; n0 + 2 * kNR <= w.np; n0 += 2 * kNR) PanelsZmm<Sums, 2>(w, xq, sa, za, M, n0, sb, bias, y, ldy, act, residual);
+  if (n0 < w.np) PanelsZmm<Sums, 1>(w, xq, sa, za, M, n0, sb, bias, y, ldy, act, residual);
 }
 
 }  // namespace

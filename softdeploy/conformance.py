@@ -212,7 +212,7 @@ def compare(
     input, as attention's with |V|)."""
     # Exactly as many: an extra output is as wrong as a missing one (zip below would not look at it).
     assert len(got) == len(want), f"{op.name}: {len(got)} outputs, expected {len(want)}"
-    scale = op.error_scale(sample.inputs)
+    scale = op.error_scale(sample.inputs, sample.attrs)
     for port, g, w in zip(op.outputs, got, want, strict=False):
         g, w = np.asarray(g), np.asarray(w)
         assert g.shape == w.shape, f"{op.name}.{port.name}: shape {g.shape}, expected {w.shape}"

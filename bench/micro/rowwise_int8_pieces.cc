@@ -67,9 +67,9 @@ int main() {
         std::nth_element(ts.begin(), ts.begin() + ts.size() / 2, ts.end());
         return ts[ts.size() / 2];
       };
-      t_ymm.push_back(time([&] { rw::GemmAvxVnniEvex(pv.View(), xq.data(), sa.data(), za.data(), s.M, sb.data(), nullptr, y.data(), s.N); }));
-      t_zmm.push_back(time([&] { rw::GemmAvx512Vnni(pv.View(), xq.data(), sa.data(), za.data(), s.M, sb.data(), nullptr, y.data(), s.N); }));
-      t_lane.push_back(time([&] { rw::GemmAvx2(pl.View(), xq.data(), sa.data(), za.data(), s.M, sb.data(), nullptr, y.data(), s.N); }));
+      t_ymm.push_back(time([&] { rw::GemmAvxVnniEvex(pv.View(), xq.data(), sa.data(), za.data(), s.M, sb.data(), nullptr, y.data(), s.N, rw::Activation::kNone, nullptr); }));
+      t_zmm.push_back(time([&] { rw::GemmAvx512Vnni(pv.View(), xq.data(), sa.data(), za.data(), s.M, sb.data(), nullptr, y.data(), s.N, rw::Activation::kNone, nullptr); }));
+      t_lane.push_back(time([&] { rw::GemmAvx2(pl.View(), xq.data(), sa.data(), za.data(), s.M, sb.data(), nullptr, y.data(), s.N, rw::Activation::kNone, nullptr); }));
       const int64_t iters = 2000000;
       double ops = 0;
       p_ymm.push_back(Seconds([&] { ops = sd_peak(5, iters); }) / (ops / 2));  // s per MAC; sd_peak: all iterations

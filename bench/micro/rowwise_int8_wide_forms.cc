@@ -122,8 +122,7 @@ int main() {
     for (auto& v : xq) v = static_cast<uint8_t>(a8(rng));
     std::vector<uint8_t> xq7(xq.size());
     for (size_t i = 0; i < xq.size(); ++i) xq7[i] = xq[i] / 2;
-    std::vector<int16_t> xw(xq.size());
-    rw::WidenRows(xq.data(), s.M, pw.kp, xw.data());
+    std::vector<int16_t> xw(xq.begin(), xq.end());  // the widened tiles' int16 rows
     const uint8_t* xwp = reinterpret_cast<const uint8_t*>(xw.data());
     std::vector<uint8_t> x2(xq.size() * 2);  // the split tile's activations: row stride 2 kp bytes (see SplitSums)
     for (int64_t m = 0; m < s.M; ++m) std::memcpy(&x2[m * 2 * pw.kp], &xq[m * pw.kp], pw.kp);
@@ -146,12 +145,12 @@ int main() {
         }
       }
     };
-    rw::GemmAvx2(pw.View(), xwp, sa.data(), za.data(), s.M, sb.data(), nullptr, y.data(), s.N);
+    rw::GemmAvx2(pw.View(), xwp, sa.data(), za.data(), s.M, sb.data(), nullptr, y.data(), s.N, rw::Activation::kNone, nullptr);
     check("AVX2 widened");
-    rw::GemmYmm<SplitSums>(sv, x2.data(), sa.data(), za.data(), s.M, sb.data(), nullptr, y.data(), s.N);
+    rw::GemmYmm<SplitSums>(sv, x2.data(), sa.data(), za.data(), s.M, sb.data(), nullptr, y.data(), s.N, rw::Activation::kNone, nullptr);
     check("AVX2 split");
     if (bw) {
-      rw::GemmAvx512Bw(pwz.View(), xwp, sa.data(), za.data(), s.M, sb.data(), nullptr, y.data(), s.N);
+      rw::GemmAvx512Bw(pwz.View(), xwp, sa.data(), za.data(), s.M, sb.data(), nullptr, y.data(), s.N, rw::Activation::kNone, nullptr);
       check("AVX-512 BW widened");
     }
     const double work = double(s.M) * s.K * s.N;
@@ -166,7 +165,7 @@ int main() {
       };
       const float* no_bias = nullptr;
       const auto run = [&](auto gemm, const rw::PackedView& w, const uint8_t* x) {
-        return time([&] { gemm(w, x, sa.data(), za.data(), s.M, sb.data(), no_bias, y.data(), s.N); });
+        return time([&] { gemm(w, x, sa.data(), za.data(), s.M, sb.data(), no_bias, y.data(), s.N, rw::Activation::kNone, nullptr); });
       };
       t[0].push_back(run(rw::GemmAvx2, pw.View(), xwp));
       t[5].push_back(run(rw::GemmYmm<SplitSums>, sv, x2.data()));

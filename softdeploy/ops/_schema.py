@@ -225,9 +225,9 @@ class OpDef:
         default_factory=lambda: {"float32": (2e-6, 1e-30), "float16": (2e-3, 1e-6)}
     )
     source: str = ""  # paper / reference implementation
-    # For outputs linear in an input (attention's O = W V): (*inputs) -> the magnitude the absolute error
-    # is proportional to, an array broadcastable to each float output (e.g. max(1, max|V|) per head and
-    # column); the absolute tolerance is atol times it (error_scale). None: atol as it is.
+    # For outputs whose error grows with an input (attention's O = W V): (*inputs, **attrs) -> the magnitude the
+    # absolute error is proportional to, an array broadcastable to each float output (e.g. max(1, max|V|) per head
+    # and column); the absolute tolerance is atol times it (error_scale). None: atol as it is.
     atol_scale: Callable[..., Any] | None = None
     # The input the outputs are linear in (O(c V) = c O(V), attention's V), if any: the reliability fuzz
     # scales it over many magnitudes, which the tolerance must follow (atol_scale).
@@ -246,14 +246,15 @@ class OpDef:
             return self.stem_override
         return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", self.name).lower()
 
-    def error_scale(self, inputs: Sequence[Any]) -> Any:
-        """What the absolute tolerance is multiplied by on ``inputs``: ``atol_scale(*inputs)`` (an array
-        broadcastable to the float outputs, >= 1), or 1.0 for ops whose error does not scale with an input.
-        A float output meets the tolerance where ``|got - ref| <= atol * error_scale + rtol * |ref|``."""
+    def error_scale(self, inputs: Sequence[Any], attrs: Mapping[str, Any] | None = None) -> Any:
+        """What the absolute tolerance is multiplied by on ``inputs`` (and the node's ``attrs``):
+        ``atol_scale(*inputs, **attrs)`` (an array broadcastable to the float outputs, > 0), or 1.0 for ops whose
+        error does not scale with an input. A float output meets the tolerance where
+        ``|got - ref| <= atol * error_scale + rtol * |ref|``."""
         if self.atol_scale is None:
             return 1.0
         with np.errstate(all="ignore"):
-            return np.asarray(self.atol_scale(*inputs), np.float64)
+            return np.asarray(self.atol_scale(*inputs, **dict(attrs or {})), np.float64)
 
     def attr_defaults(self) -> dict[str, Any]:
         """The defaults of the optional attributes, by name."""

@@ -190,7 +190,7 @@ def NystromGaussianAttention(Q, V, Landmarks, newton_iters: int = 20, regulariza
     return out
 
 
-def value_scale(q: Any, v: Any, landmarks: Any) -> np.ndarray:
+def value_scale(q: Any, v: Any, landmarks: Any, **_: Any) -> np.ndarray:
     """The magnitude O's absolute error is proportional to: O is linear in V (each column of a head's O
     mixes that column of V over all n rows), so max(1, max_n |V|) over the finite entries, per head and
     column, ``[B, H, 1, dv]`` (OpDef.atol_scale)."""

@@ -7,10 +7,16 @@ half to even, ``L = levels``:
     s  = (hi - lo) / L                  (s = 1 where that is below 2^-126, the smallest normal float32)
     z  = round(clip(-lo / s, 0, L))
     q[m, k] = clip(round(A[m, k] * (1 / s)) + z, 0, L)
-    Y[m, n] = s * BScale[n] * sum_k (q[m, k] - z) * B[k, n] + Bias[n]
+    V[m, n] = s * BScale[n] * sum_k (q[m, k] - z) * B[k, n] + Bias[n]
+    Y[m, n] = act(V[m, n]) + Residual[m, n]
 
 ``B`` is int8 ``[K, N]`` with one positive scale per column (``BScale [N]``, symmetric: no weight zero point);
-``Y`` has ``A``'s leading shape and ``N`` columns. This is onnxruntime's DynamicQuantizeLinear rule applied to each
+``Y`` has ``A``'s leading shape and ``N`` columns. ``act`` is the ``activation`` attribute: ``"none"`` (the
+identity) or ``"gelu"``, GELU's erf form ``gelu(v) = v / 2 * (1 + erf(v / sqrt(2)))`` (ONNX ``Gelu``,
+``approximate="none"``; the FFN activation of BERT-family encoders). ``Residual`` (optional) has ``Y``'s shape, or
+is one element added to every entry; omitted, nothing is added (``-0.0``, the exact identity of float addition).
+Both run in the kernel's epilogue, so a transformer's FFN GELU and its residual Adds cost no pass of their own over
+``Y``; ``softdeploy quantize`` folds them in (softdeploy.quant.rowwise.fuse_epilogues). This is onnxruntime's DynamicQuantizeLinear rule applied to each
 row instead of the whole tensor: one uint8 range per token, which keeps a transformer's outlier tokens ([CLS],
 [SEP]) from widening every other token's step (all-MiniLM-L6-v2's sentence cosine to float32 0.9985 against 0.9917
 per tensor, bench/results/minilm_int8_options.md). ``levels = 127`` quantizes the activations to 7 bits.
@@ -22,14 +28,21 @@ Rules (docs/ops/RowwiseInt8MatMul.md):
 * ``K <= 65536``: every integer sum is exact in int32.
 * ``levels`` is 255 or 127.
 * ``BScale`` is finite and > 0.
+* ``activation`` is ``"none"`` or ``"gelu"``.
+* ``Residual`` float32 of ``Y``'s shape (``A``'s leading dimensions and ``N``) or of one element.
 * ``A`` is finite and each row's ``hi - lo`` is a finite float32 (a row's range sets its scale: a NaN or an infinity
   would make every entry of its row meaningless, so it is an error, naming the entry).
 
 Every backend computes the same integers ``q`` and ``z`` (the float32 steps above, a reciprocal rather than a
 division per entry); the sums are exact (int32 in the kernel, float64 in the function body and the torch op, int64
-in the reference). The kernel then returns ``fma(float32(sum - z colsum), s * BScale[n], Bias[n])``: three float32
+in the reference). The kernel then returns ``V = fma(float32(sum - z colsum), s * BScale[n], Bias[n])``: three float32
 roundings, so its error against the float64 reference is at most ~3 * 2^-24 of ``|s BScale[n] sum|`` plus half an
-ulp of ``Y`` (rtol 3e-7 on samples whose Bias does not cancel the product; without Bias there is nothing to cancel).
+ulp of ``V``. Its GELU is a rational approximation of erf (ops/common/simd_math.h: |erf error| <= 3.4e-7, |gelu error|
+<= 2.0e-7 |v|, measured over the float range) whose float32 operations are the same on every kernel variant, and the
+residual one float32 add (half an ulp of ``Y``). The tolerance: ``rtol`` 3e-7 plus ``atol`` 6e-7 per unit of
+``|s BScale sum| + |Bias| + |Residual|`` (:func:`error_scale`), the magnitudes those errors scale with (GELU's slope
+is at most 1.13, so V's error passes through it nearly unchanged), and at least 1e-30 absolute (where float32's
+``s * BScale`` falls below the normal range).
 
 The kernel (ops/rowwise_int8_matmul.cc) has three variants, all giving the same bits:
 
@@ -71,6 +84,9 @@ if TYPE_CHECKING:  # bound when the body is compiled (softdeploy/ops/_body.py)
 NAME = "RowwiseInt8MatMul"
 MAX_K = 65536
 LEVELS = (255, 127)
+ACTIVATIONS = ("none", "gelu")
+# The kernel's tolerance (rtol, atol per unit of error_scale; derived in the docstring) and its absolute floor.
+_RTOL, _ATOL, _ABS_FLOOR = 3e-7, 6e-7, 1e-30
 _MIN_SCALE = np.float32(2.0**-126)
 _RANGE_RULE = "rule: each row's range max(0, max A) - min(0, min A) is a finite float32"
 
@@ -79,8 +95,18 @@ def _shape(v: Any) -> list[int]:
     return [int(d) for d in np.shape(v)]
 
 
-def validate(a: Any, b: Any, b_scale: Any, bias: Any, levels: int, *, values: bool = True) -> None:
-    """Checks RowwiseInt8MatMul's inputs and attribute in the kernel's order and raises OpContractError naming the
+def validate(
+    a: Any,
+    b: Any,
+    b_scale: Any,
+    bias: Any,
+    levels: int,
+    *,
+    residual: Any = None,
+    activation: str = "none",
+    values: bool = True,
+) -> None:
+    """Checks RowwiseInt8MatMul's inputs and attributes in the kernel's order and raises OpContractError naming the
     op, the value and the rule (in the kernel's words). ``a`` and friends are numpy arrays or torch tensors;
     ``values=False`` checks shapes only (torch's fake tensors while tracing have no values, and A's leading
     dimensions may be symbolic)."""
@@ -88,6 +114,11 @@ def validate(a: Any, b: Any, b_scale: Any, bias: Any, levels: int, *, values: bo
         raise OpContractError(
             f"{NAME}: levels {levels} is neither 255 nor 127 (rule: the activations' top code L is 255 (uint8) or "
             "127 (7 bits))"
+        )
+    if activation not in ACTIVATIONS:
+        raise OpContractError(
+            f"{NAME}: activation '{activation}' is not 'none' or 'gelu' (rule: the epilogue applies no activation or "
+            "GELU's erf form)"
         )
     if np.ndim(a) == 0:
         raise OpContractError(f"{NAME}: A must have rank >= 1 ([..., K]), got a scalar")
@@ -109,6 +140,14 @@ def validate(a: Any, b: Any, b_scale: Any, bias: Any, levels: int, *, values: bo
         raise OpContractError(
             f"{NAME}: Bias must have shape [N] = [{n}], got {_shape(bias)} (rule: one bias per column of B)"
         )
+    if residual is not None:
+        y_shape = [*_shape(a)[:-1], n]
+        r_shape = _shape(residual)
+        if r_shape != y_shape and math.prod(r_shape) != 1:
+            raise OpContractError(
+                f"{NAME}: Residual must have Y's shape {y_shape} or one element, got {r_shape} (rule: the residual "
+                "is added element by element, or one value to every entry)"
+            )
     if not values:
         return
     scales = np.asarray(b_scale, dtype=np.float32)
@@ -148,26 +187,81 @@ def quantize_rows(rows: np.ndarray, levels: int) -> tuple[np.ndarray, np.ndarray
     return q.astype(np.int64), s, z.astype(np.int64)
 
 
-def reference(
-    a: np.ndarray, b: np.ndarray, b_scale: np.ndarray, bias: np.ndarray | None = None, *, levels: int = 255
-) -> tuple[np.ndarray]:
-    """The float64 NumPy oracle of RowwiseInt8MatMul: the integers of :func:`quantize_rows`, their exact int64 sums,
-    then ``s * BScale * sum + Bias`` in float64. It checks the contract first, so a bad input raises the same
-    OpContractError as the kernel."""
-    validate(a, b, b_scale, bias, levels)
-    lead = _shape(a)[:-1]
-    k, n = _shape(b)
-    rows = np.asarray(a, np.float32).reshape(math.prod(lead), k)
+def _gelu64(v: np.ndarray) -> np.ndarray:
+    """GELU's erf form in float64 (math.erf per element: NumPy has no erf)."""
+    erf = np.vectorize(math.erf, otypes=[np.float64])
+    with np.errstate(invalid="ignore"):
+        return 0.5 * v * (1.0 + erf(v / math.sqrt(2.0)))
+
+
+def _linear64(a: Any, b: Any, b_scale: Any, levels: int) -> np.ndarray:
+    """``s * BScale * sum`` in float64, ``[M, N]`` (the integers of :func:`quantize_rows`, exact int64 sums)."""
+    k = _shape(b)[0]
+    rows = np.asarray(a, np.float32).reshape(math.prod(_shape(a)[:-1]), k)
     q, s, z = quantize_rows(rows, levels)
     sums = (q - z[:, None]) @ np.asarray(b, np.int64)
-    y = s.astype(np.float64)[:, None] * np.asarray(b_scale, np.float64) * sums
+    return s.astype(np.float64)[:, None] * np.asarray(b_scale, np.float64) * sums
+
+
+def reference(
+    a: np.ndarray,
+    b: np.ndarray,
+    b_scale: np.ndarray,
+    bias: np.ndarray | None = None,
+    residual: np.ndarray | None = None,
+    *,
+    levels: int = 255,
+    activation: str = "none",
+) -> tuple[np.ndarray]:
+    """The float64 NumPy oracle of RowwiseInt8MatMul: the integers of :func:`quantize_rows`, their exact int64 sums,
+    then ``act(s * BScale * sum + Bias) + Residual`` in float64. It checks the contract first, so a bad input raises
+    the same OpContractError as the kernel."""
+    validate(a, b, b_scale, bias, levels, residual=residual, activation=activation)
+    lead = _shape(a)[:-1]
+    n = _shape(b)[1]
+    y = _linear64(a, b, b_scale, levels)
     if bias is not None:
         y = y + np.asarray(bias, np.float64)
-    return (y.reshape([*lead, n]),)
+    if activation == "gelu":
+        y = _gelu64(y)
+    y = y.reshape([*lead, n])
+    if residual is not None:
+        y = y + np.asarray(residual, np.float64)  # Y's shape, or one element
+    return (y,)
+
+
+def error_scale(
+    a: Any,
+    b: Any,
+    b_scale: Any,
+    bias: Any = None,
+    residual: Any = None,
+    *,
+    levels: int = 255,
+    **_: Any,
+) -> np.ndarray:
+    """``|s BScale sum| + |Bias| + |Residual|`` per entry of Y in float64: the magnitudes the kernel's absolute error
+    scales with (OpDef.atol_scale; the module docstring derives the tolerance), at least ``1e-30 / atol`` (an
+    absolute 1e-30: where float32's ``s * BScale`` is below the normal range its relative precision is gone). Inputs
+    that break the contract get 1 (the comparison is of the error, not of a value)."""
+    try:
+        validate(a, b, b_scale, bias, levels, residual=residual, values=False)
+    except OpContractError:
+        return np.ones(())
+    lead = _shape(a)[:-1]
+    n = _shape(b)[1]
+    with np.errstate(all="ignore"):
+        scale = np.abs(_linear64(a, b, b_scale, levels))
+        if bias is not None:
+            scale = scale + np.abs(np.asarray(bias, np.float64))
+        scale = scale.reshape([*lead, n])
+        if residual is not None:
+            scale = scale + np.abs(np.asarray(residual, np.float64))
+    return np.maximum(np.nan_to_num(scale, nan=1.0, posinf=np.inf), _ABS_FLOOR / _ATOL)
 
 
 @function_body
-def RowwiseInt8MatMul(A, B, BScale, Bias, levels: int = 255):
+def RowwiseInt8MatMul(A, B, BScale, Bias, Residual, levels: int = 255, activation: str = "none"):
     # Rows: A's leading dimensions flattened (ReduceProd of an empty shape is 1: a rank-1 A is one row).
     lead = op.Shape(A, end=-1)
     k = op.Shape(B, start=0, end=1)
@@ -190,15 +284,30 @@ def RowwiseInt8MatMul(A, B, BScale, Bias, levels: int = 255):
     # Integer sums of up to 65536 products of |q - z| <= 255 and |B| <= 128: exact in float64.
     sums = op.MatMul(op.Sub(op.Cast(q, to=DOUBLE.dtype), op.Cast(z, to=DOUBLE.dtype)), op.Cast(B, to=DOUBLE.dtype))
     y = op.Add(op.Mul(op.Cast(sums, to=FLOAT.dtype), op.Mul(s, BScale)), Bias)
-    return op.Reshape(y, op.Concat(lead, n, axis=0))
+    # activation: string equality in opset 18 (Unique of [activation, "gelu"] has one element iff they are equal)
+    name = op.Unsqueeze(op.Constant(value_string=activation), op.Constant(value_ints=[0]))
+    is_gelu = op.Equal(op.Size(op.Unique(op.Concat(name, op.Constant(value_strings=["gelu"]), axis=0))), 1)
+    half = op.Mul(y, op.Constant(value_float=0.5))
+    gelu = op.Add(half, op.Mul(half, op.Erf(op.Mul(y, op.Constant(value_float=0.7071067811865476)))))
+    y = op.Where(is_gelu, gelu, y)
+    # an omitted Residual arrives as -0.0 (Port.body_fill): adding it changes no value, -0.0 included
+    return op.Add(op.Reshape(y, op.Concat(lead, n, axis=0)), Residual)
 
 
-def torch_impl(a: Any, b: Any, b_scale: Any, bias: Any = None, levels: int = 255) -> Any:
-    """Eager torch RowwiseInt8MatMul (the contract's float32 steps, exact float64 sums), registered as
-    torch.ops.softdeploy.rowwise_int8_matmul; it checks the contract first, like every backend."""
+def torch_impl(
+    a: Any,
+    b: Any,
+    b_scale: Any,
+    bias: Any = None,
+    residual: Any = None,
+    levels: int = 255,
+    activation: str = "none",
+) -> Any:
+    """Eager torch RowwiseInt8MatMul (the contract's float32 steps, exact float64 sums, GELU with torch's erf),
+    registered as torch.ops.softdeploy.rowwise_int8_matmul; it checks the contract first, like every backend."""
     import torch
 
-    validate(a, b, b_scale, bias, levels)
+    validate(a, b, b_scale, bias, levels, residual=residual, activation=activation)
     lead = list(a.shape[:-1])
     k, n = b.shape
     rows = a.float().reshape(math.prod(lead), k)
@@ -213,12 +322,24 @@ def torch_impl(a: Any, b: Any, b_scale: Any, bias: Any = None, levels: int = 255
     y = sums.float() * (s[:, None] * b_scale.float())
     if bias is not None:
         y = y + bias.float()
-    return y.reshape([*lead, n])
+    if activation == "gelu":  # as h + h erf(v / sqrt(2)), the kernel's form: no overflow of v (1 + erf) near FLT_MAX
+        half = y * 0.5
+        y = half + half * torch.erf(y * 0.7071067811865476)
+    y = y.reshape([*lead, n])
+    return y if residual is None else y + residual.float()
 
 
-def torch_fake(a: Any, b: Any, b_scale: Any, bias: Any = None, levels: int = 255) -> Any:
+def torch_fake(
+    a: Any,
+    b: Any,
+    b_scale: Any,
+    bias: Any = None,
+    residual: Any = None,
+    levels: int = 255,
+    activation: str = "none",
+) -> Any:
     """RowwiseInt8MatMul on torch's fake tensors (export tracing): the shape checks, then an empty Y [..., N]."""
-    validate(a, b, b_scale, bias, levels, values=False)
+    validate(a, b, b_scale, bias, levels, residual=residual, activation=activation, values=False)
     return a.new_empty([*a.shape[:-1], b.shape[1]], dtype=a.dtype)
 
 
@@ -347,6 +468,39 @@ def samples(rng: np.random.Generator) -> Iterator[Sample]:
     yield Sample("special_rows_7bit", (ties, weights(9, 19, 20), scales(19)), {"levels": 127}, kind="special")
     tiny_scales = np.array([1e-30, 1e30, 1.0, 1e-6], np.float32)
     yield Sample("extreme_scales", (acts(5, 24), weights(24, 4, 100), tiny_scales), kind="special")
+    # The epilogue: GELU (pre-activations over ~[-6, 6]: its clamp at |v / sqrt(2)| = 4 and the region where
+    # 1 + erf cancels), a residual of Y's shape or one element, both, on the vector tiles (full-range and
+    # lane-bounded weights) and their edges (partial panels: N = 70, 33; remainder rows: M = 37, 13)
+    ffn = (acts(2, 13, 200), full, scales(70) * 1.5, rng.uniform(-1, 1, 70).astype(np.float32))
+    yield Sample("gelu_full_range", ffn, {"activation": "gelu"})
+    yield Sample(
+        "gelu_lane_bounded_7bit", (acts(40, 256, scale=3.0), lanes, step), {"activation": "gelu", "levels": 127}
+    )
+    res = acts(37, 33, scale=2.0)
+    yield Sample("residual", (acts(37, 64), weights(64, 33, 20), scales(33), None, res))
+    yield Sample(
+        "gelu_bias_residual",
+        (acts(37, 64), weights(64, 33, 128), scales(33), rng.uniform(-2, 2, 33).astype(np.float32), res),
+        {"activation": "gelu"},
+    )
+    yield Sample("residual_one_element", (acts(3, 5, 16), weights(16, 7, 30), scales(7), None, np.float32([0.75])))
+    yield Sample(
+        "gelu_residual_empty_k",
+        (acts(4, 0), weights(0, 5, 10), scales(5), bias, acts(4, 5)),
+        {"activation": "gelu"},
+        kind="edge",
+    )
+    yield Sample(
+        "gelu_rank1", (acts(100), weights(100, 20, 30), scales(20), None, acts(20)), {"activation": "gelu"}, kind="edge"
+    )
+    # GELU of special pre-activations: 0, -0, huge magnitudes (gelu(v) = v or -0 there), through Bias with K = 0
+    special_bias = np.array([0.0, -0.0, 1e30, -1e30, 3e38, -3e38, 5.65, -5.66, -30.0, 1e-40], np.float32)
+    yield Sample(
+        "gelu_special_bias",
+        (acts(2, 0), weights(0, 10, 10), scales(10), special_bias),
+        {"activation": "gelu"},
+        kind="special",
+    )
 
 
 def errors() -> Iterator[ErrorCase]:
@@ -368,6 +522,13 @@ def errors() -> Iterator[ErrorCase]:
     )
     yield ErrorCase("scale_shape", (a, b, np.ones(2, np.float32)), {}, "BScale must have shape [N] = [3], got [2]")
     yield ErrorCase("bias_shape", (a, b, sb, np.ones(4, np.float32)), {}, "Bias must have shape [N] = [3], got [4]")
+    yield ErrorCase("activation", (a, b, sb), {"activation": "relu"}, "activation 'relu' is not 'none' or 'gelu'")
+    yield ErrorCase(
+        "residual_shape",
+        (a, b, sb, None, np.ones((2, 4), np.float32)),
+        {},
+        "Residual must have Y's shape [2, 3] or one element, got [2, 4]",
+    )
     for name, value, shown in (("zero", 0.0, "0"), ("negative", -1.0, "-1"), ("nan", np.nan, "nan")):
         bad = sb.copy()
         bad[1] = value
@@ -394,9 +555,19 @@ DEF = OpDef(
             doc="float32 [N]: added to every row; omitted means 0",
             body_fill=BodyFill(0.0, shape_of=1, start=1, end=2),
         ),
+        Port(
+            "Residual",
+            dtype="float32",
+            optional=True,
+            doc="float32 of Y's shape, or one element: added after the activation; omitted means nothing added",
+            body_fill=BodyFill(-0.0),
+        ),
     ),
     outputs=(Port("Y", doc="float32 [..., N]"),),
-    attrs=(Attr("levels", int, 255, "the activations' top code L: 255 (uint8) or 127 (7 bits)"),),
+    attrs=(
+        Attr("levels", int, 255, "the activations' top code L: 255 (uint8) or 127 (7 bits)"),
+        Attr("activation", str, "none", "applied to V in the epilogue: 'none' or 'gelu' (erf form)"),
+    ),
     reference=reference,
     function=RowwiseInt8MatMul,
     samples=samples,
@@ -405,7 +576,9 @@ DEF = OpDef(
     torch_fake=torch_fake,
     infer_shapes=infer_shapes,
     float_types=("float32",),
-    tolerance={"float32": (3e-7, 1e-30)},
+    # rtol, and atol per unit of error_scale (|s BScale sum| + |Bias| + |Residual|): derived in the docstring
+    tolerance={"float32": (_RTOL, _ATOL)},
+    atol_scale=error_scale,
     source="onnxruntime DynamicQuantizeLinear (its rule, per row); MLAS u8s8 GEMM (vpmaddubsw); "
     "bench/results/minilm_int8_options.md (the int16-summing form, measured)",
     stem_override="rowwise_int8_matmul",

@@ -532,7 +532,7 @@ def infer_shapes(ctx: Any) -> None:
     ctx.set_output_type(2, helper.make_tensor_type_proto(TensorProto.INT64, None))
 
 
-def error_scale(logits: Any, embedding: Any, *rest: Any) -> Any:
+def error_scale(logits: Any, embedding: Any, *rest: Any, **_: Any) -> Any:
     """Mixed's error grows with |Embedding|: max(1, largest finite |Embedding|)."""
     e = np.abs(np.asarray(embedding, np.float64))
     e = e[np.isfinite(e)]

@@ -216,7 +216,7 @@ def SoftpickAttention(Q, K, V, Mask, scale: float = 0.0, causal: int = 0, eps: f
     return out
 
 
-def value_scale(q: Any, k: Any, v: Any, mask: Any = None) -> np.ndarray:
+def value_scale(q: Any, k: Any, v: Any, mask: Any = None, **_: Any) -> np.ndarray:
     """The magnitude O's absolute error is proportional to: O = W V with weights summing to <= 1, so an
     error in the weights moves O by at most that error times max|V| over the keys; max(1, max_k |V|) over
     the finite entries, per query head and column, ``[B, H, 1, Dv]`` (OpDef.atol_scale)."""

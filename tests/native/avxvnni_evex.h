@@ -13,6 +13,7 @@ void TileI8AvxVnniEvex(const TileArgs& a, const Doc& doc, TileResult* out);  // 
 }  // namespace maxsim
 namespace rowwise_int8 {
 void GemmAvxVnniEvex(const PackedView& w, const uint8_t* xq, const float* sa, const int32_t* za, int64_t M,
-                     const float* sb, const float* bias, float* y, int64_t ldy);  // GemmAvxVnni, EVEX
+                     const float* sb, const float* bias, float* y, int64_t ldy, Activation act,
+                     const float* residual);  // GemmAvxVnni, EVEX
 }  // namespace rowwise_int8
 }  // namespace sd

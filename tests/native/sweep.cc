@@ -48,6 +48,7 @@
 #include "adaptive_temperature_softmax_row.h"
 #include "avxvnni_evex.h"  // the sweep's own EVEX twins of the AVX-VNNI units
 #include "common/cpu.h"
+#include "common/simd_math.h"
 #include "lora_mixer_tiles.h"
 #include "max_sim_tile.h"
 #include "multi_max_row.h"
@@ -1106,13 +1107,15 @@ void SweepLoRAMixerRoute() {
 // ---- RowwiseInt8MatMul ------------------------------------------------------------------------------
 // Rows M = 1 .. 25 (the AVX2 tile's 6 and the VNNI tile's 8, with every remainder), columns around the 16-column
 // panels and the VNNI tile's pairs of them, k around the 4-byte steps and 16-k blocks, weights whose bound allows
-// each lane-group count (|w| <= 16, 32, 64 at L = 255: groups 4, 2, 1 at least; full range: 0, the portable loops,
-// but for the smallest K), with
-// and without a bias, and each call also split at a panel boundary as the binding's tasks split it. Expected:
-// acc = sum_k xq[m, k] B[k, n] in int64, y = fma(float(acc - z colsum), s * BScale, bias) -- every path exactly.
+// each lane-group count (|w| <= 16, 32, 64 at L = 255: groups 4, 2, 1 at least; full range: 0, the widened tile,
+// but for the smallest K), with and without a bias, each epilogue (no activation or GELU, with and without a residual, in turn over the calls),
+// and each call also split at a panel boundary as the binding's tasks split it. Full-range weights run the vpmaddubsw
+// paths' widened vpmaddwd tile (its int16 rows from QuantizeRowsWideAvx2, checked against the portable integers).
+// Expected: acc = sum_k xq[m, k] B[k, n] in int64, y = fma(float(acc - z colsum), s * BScale, bias), then GELU by
+// the scalar GeluErf and + residual -- every path exactly.
 namespace rw = sd::rowwise_int8;
 using RowwiseGemm = void (*)(const rw::PackedView&, const uint8_t*, const float*, const int32_t*, int64_t,
-                             const float*, const float*, float*, int64_t);
+                             const float*, const float*, float*, int64_t, rw::Activation, const float*);
 
 using RowwiseQuantize = int64_t (*)(const float*, int64_t, int64_t, int64_t, int, uint8_t*, float*, int32_t*);
 
@@ -1133,7 +1136,11 @@ void SweepRowwise(const char* variant, rw::Path path, RowwiseGemm gemm, RowwiseQ
         for (auto& v : b) v = static_cast<int8_t>(wdist(rng));
         const rw::Packed packed = rw::Pack(b.data(), K, N, levels, path);
         const bool bounded = path == rw::Path::kAvx2 || path == rw::Path::kAvx512Bw;  // the vpmaddubsw tiles
-        const bool tile = path == rw::Path::kAvx512Vnni || path == rw::Path::kAvxVnni || (bounded && packed.groups > 0);
+        const bool tile = path != rw::Path::kPortable;
+        const bool wide = packed.width == 2;  // the widened packing: int16 rows
+        if (wide != (bounded && packed.groups == 0)) {
+          Fail(std::string("RowwiseInt8MatMul ") + variant + ": widened packing where the lane bound allows a tile");
+        }
         if (bounded && packed.groups != rw::LaneGroups(b.data(), K, N, levels)) {
           Fail(std::string("RowwiseInt8MatMul ") + variant + ": Pack's groups differ from LaneGroups");
         }
@@ -1162,13 +1169,32 @@ void SweepRowwise(const char* variant, rw::Path path, RowwiseGemm gemm, RowwiseQ
                  std::to_string(K));
           }
         }
+        // The tiles' rows: uint8, or int16 on the widened packing (the AVX2 unit's int16 quantization, every vector
+        // path's).
+        std::vector<int16_t> xw(wide ? static_cast<size_t>(M * kp) : 0);
+        if (wide) {
+          std::vector<float> sw(static_cast<size_t>(M));
+          std::vector<int32_t> zw(static_cast<size_t>(M));
+          rw::QuantizeRowsWideAvx2(x.data(), M, K, kp, levels, xw.data(), sw.data(), zw.data());
+          ++g_checks;
+          if (!std::equal(xw.begin(), xw.end(), xq_ref.begin()) || sw != sa_ref || zw != za_ref) {
+            Fail(std::string("RowwiseInt8MatMul ") + variant + ": int16 row quantization differs from the portable " +
+                 "one, K=" + std::to_string(K));
+          }
+        }
+        const uint8_t* rows = wide ? reinterpret_cast<const uint8_t*>(xw.data()) : xq_ref.data();
+        std::vector<float> residual(static_cast<size_t>(M * N));
+        for (auto& v : residual) v = normal(rng) * 3.0f;
         for (int64_t m_count = 1; m_count <= M; ++m_count) {
           for (bool with_bias : {false, true}) {
             const float* bias_p = with_bias ? bias.data() : nullptr;
+            const int epilogue = static_cast<int>((m_count + (with_bias ? 1 : 0)) % 4);  // each in turn
+            const rw::Activation act = epilogue % 2 ? rw::Activation::kGelu : rw::Activation::kNone;
+            const float* res_p = epilogue >= 2 ? residual.data() : nullptr;
             std::vector<float> y(static_cast<size_t>(m_count * N), NAN);
             if (!tile) {
               rw::GemmPortable(b.data(), K, N, packed.colsum.data(), xq_ref.data(), kp, sa_ref.data(), za_ref.data(),
-                               m_count, sb.data(), bias_p, y.data(), 0, N);
+                               m_count, sb.data(), bias_p, y.data(), 0, N, act, res_p);
             } else {
               // as the binding's tasks call it: the whole packing, or two parts split at panel 1
               const rw::PackedView whole = packed.View();
@@ -1176,12 +1202,13 @@ void SweepRowwise(const char* variant, rw::Path path, RowwiseGemm gemm, RowwiseQ
               for (int64_t n0 = 0; n0 < packed.np; n0 = split) {
                 const int64_t n1 = n0 == 0 ? split : packed.np;
                 rw::PackedView part = whole;
-                part.panels = whole.panels + n0 * kp;
+                part.panels = whole.panels + n0 * kp * whole.width;
                 part.colsum = whole.colsum + n0;
                 part.np = n1 - n0;
                 part.N = std::min(N, n1) - n0;
-                gemm(part, xq_ref.data(), sa_ref.data(), za_ref.data(), m_count, sb.data() + n0,
-                     bias_p == nullptr ? nullptr : bias_p + n0, y.data() + n0, N);
+                gemm(part, rows, sa_ref.data(), za_ref.data(), m_count, sb.data() + n0,
+                     bias_p == nullptr ? nullptr : bias_p + n0, y.data() + n0, N, act,
+                     res_p == nullptr ? nullptr : res_p + n0);
                 if (n1 == packed.np) break;
               }
             }
@@ -1190,12 +1217,15 @@ void SweepRowwise(const char* variant, rw::Path path, RowwiseGemm gemm, RowwiseQ
                 int64_t acc = 0;
                 for (int64_t k = 0; k < K; ++k) acc += int64_t{xq_ref[m * kp + k]} * b[k * N + n];
                 const float v = static_cast<float>(acc - int64_t{za_ref[m]} * packed.colsum[n]);
-                const float want = std::fma(v, sa_ref[m] * sb[n], with_bias ? bias[n] : 0.0f);
+                float want = std::fma(v, sa_ref[m] * sb[n], with_bias ? bias[n] : 0.0f);
+                if (act == rw::Activation::kGelu) want = sd::simd::GeluErf(want);
+                if (res_p != nullptr) want += res_p[m * N + n];
                 ++g_checks;
                 if (std::memcmp(&want, &y[m * N + n], sizeof(float)) != 0) {
                   Fail(std::string("RowwiseInt8MatMul ") + variant + (tile ? " tile" : " portable loops") +
                        ": M=" + std::to_string(m_count) + " K=" + std::to_string(K) + " N=" + std::to_string(N) +
-                       " groups=" + std::to_string(packed.groups) + " y[" + std::to_string(m) + "," +
+                       " groups=" + std::to_string(packed.groups) + " width=" + std::to_string(packed.width) +
+                       " epilogue=" + std::to_string(epilogue) + " y[" + std::to_string(m) + "," +
                        std::to_string(n) + "]=" + std::to_string(y[m * N + n]) + " want " + std::to_string(want));
                 }
               }

@@ -75,7 +75,9 @@ def test_matches_reference(op, sample, dtype, backend, isa):
     for g, p in zip(got, op.outputs, strict=False):
         if p.dtype == "T":
             assert g.dtype == np.dtype(dtype), f"{op.name}.{p.name}: dtype {g.dtype}, expected {dtype}"
-    rtol, atol = op.tolerance[dtype] if backend == "kernel" else OTHERS_TOLERANCE[dtype]
+    rtol, atol = op.tolerance[dtype]
+    if backend != "kernel":  # never tighter than the kernel's: an approximation the op declares (GELU's erf) is in
+        rtol, atol = max(rtol, OTHERS_TOLERANCE[dtype][0]), max(atol, OTHERS_TOLERANCE[dtype][1])
     conformance.compare(op, sample, got, want, rtol, atol)
 
 

@@ -179,3 +179,108 @@ def test_rowwise_vnni_rule_follows_the_selected_variant(monkeypatch):
     if info is not None:
         assert info.avx512_vnni == (info.isa_detected == "avx512" and vnni)
         assert info.avx_vnni == avx_vnni
+
+
+def _ffn_block(tmp_path, *, residual_shape_known: bool = True, gelu_domain: str = "com.microsoft", **gelu_attrs):
+    """A transformer FFN block: X [b, 7, 32] -> MatMul(W1) + b1 -> Gelu -> MatMul(W2) + b2 -> Add(X) -> LayerNorm;
+    value_info gives every tensor's shape (as exporters write it) unless ``residual_shape_known`` is False."""
+    rng = np.random.default_rng(3)
+    w1 = (rng.standard_normal((32, 64)) * 0.3).astype(np.float32)
+    w2 = (rng.standard_normal((64, 32)) * 0.3).astype(np.float32)
+    gelu = helper.make_node("Gelu", ["h1b"], ["g"], name="gelu", domain=gelu_domain, **gelu_attrs)
+    nodes = [
+        helper.make_node("MatMul", ["X", "W1"], ["h1"], name="up"),
+        helper.make_node("Add", ["h1", "b1"], ["h1b"], name="up_bias"),
+        gelu,
+        helper.make_node("MatMul", ["g", "W2"], ["h2"], name="down"),
+        helper.make_node("Add", ["h2", "b2"], ["h2b"], name="down_bias"),
+        helper.make_node("Add", ["X", "h2b"], ["s"], name="residual"),  # residual first: folded all the same
+        helper.make_node("LayerNormalization", ["s", "gamma", "beta"], ["Y"], name="norm", axis=-1),
+    ]
+    shape = {"h1": ["b", 7, 64], "h1b": ["b", 7, 64], "g": ["b", 7, 64], "h2": ["b", 7, 32], "h2b": ["b", 7, 32]}
+    if residual_shape_known:
+        shape["s"] = ["b", 7, 32]
+    graph = helper.make_graph(
+        nodes,
+        "ffn",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["b", 7, 32])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["b", 7, 32])],
+        initializer=[
+            numpy_helper.from_array(w1, "W1"),
+            numpy_helper.from_array((rng.standard_normal(64) * 0.5).astype(np.float32), "b1"),
+            numpy_helper.from_array(w2, "W2"),
+            numpy_helper.from_array((rng.standard_normal(32) * 0.5).astype(np.float32), "b2"),
+            numpy_helper.from_array(np.ones(32, np.float32), "gamma"),
+            numpy_helper.from_array(np.zeros(32, np.float32), "beta"),
+        ],
+        value_info=[helper.make_tensor_value_info(k, TensorProto.FLOAT, v) for k, v in shape.items()],
+    )
+    opsets = [helper.make_opsetid("", 20), helper.make_opsetid("com.microsoft", 1)]
+    model = helper.make_model(graph, opset_imports=opsets, ir_version=10)
+    path = tmp_path / "ffn.onnx"
+    onnx.save(model, path)
+    return path, rng.standard_normal((3, 7, 32)).astype(np.float32)
+
+
+def _rowwise_nodes(model):
+    return {n.name: n for n in model.graph.node if n.op_type == "RowwiseInt8MatMul"}
+
+
+@pytest.mark.parametrize("weights", ["lane-bounded", "rowwise-8-bit"])
+@pytest.mark.parametrize("gelu_domain", ["com.microsoft", ""])
+def test_gelu_and_residual_add_fold_into_the_epilogue(tmp_path, weights, gelu_domain):
+    """The FFN's GELU becomes the up-projection's activation and the residual Add the down-projection's Residual:
+    only the LayerNorm is left besides the two nodes, the graph stays valid and topologically sorted, and the values
+    are those of the same quantized weights run node by node (GELU within the kernel's erf approximation)."""
+    from softdeploy.quant.rowwise import fuse_epilogues, rewrite_matmuls
+
+    src, x = _ffn_block(tmp_path, gelu_domain=gelu_domain)
+    q = quantize(src, tmp_path / "q.onnx", QuantConfig("dynamic", weights=weights))
+    model = onnx.load(q.path)
+    onnx.checker.check_model(model)
+    assert [n.op_type for n in model.graph.node if n.domain != "" or n.op_type != "Constant"] == [
+        "RowwiseInt8MatMul",
+        "RowwiseInt8MatMul",
+        "LayerNormalization",
+    ]
+    up, down = _rowwise_nodes(model).values()
+    assert helper.get_attribute_value(next(a for a in up.attribute if a.name == "activation")) == b"gelu"
+    assert down.input[4] == "X" and all(a.name != "activation" for a in down.attribute)
+    assert sorted(q.quantized_nodes) == ["down", "up"]
+
+    # the same weights, unfused: the rewrite without fuse_epilogues
+    plain = onnx.load(src)
+    import softdeploy.quant.rowwise as rowwise
+
+    levels, groups = FORMS[weights]
+    original = rowwise.fuse_epilogues
+    rowwise.fuse_epilogues = lambda model: {}
+    try:
+        rewrite_matmuls(plain, levels=levels, groups=groups)
+    finally:
+        rowwise.fuse_epilogues = original
+    assert [n.op_type for n in plain.graph.node].count("Add") == 1  # the residual Add stayed there
+    assert fuse_epilogues(model) == {}  # and the fused model has nothing left to fold
+    fused = Session(q.path, kernels="native").run({"X": x})[0]
+    unfused = Session(plain, kernels="native").run({"X": x})[0]
+    np.testing.assert_allclose(fused, unfused, rtol=1e-5, atol=1e-5)
+    body = Session(q.path, kernels="portable").run({"X": x})[0]  # stock onnxruntime: the function bodies
+    np.testing.assert_allclose(body, fused, rtol=1e-5, atol=1e-5)
+
+
+def test_what_the_epilogue_cannot_take_stays(tmp_path):
+    """GELU's tanh approximation is not the epilogue's GELU, and a residual whose shape the graph does not state is
+    not guessed: both nodes stay, and fuse_epilogues says what it folded."""
+    from softdeploy.quant.rowwise import fuse_epilogues
+
+    src, x = _ffn_block(tmp_path, residual_shape_known=False, gelu_domain="", approximate="tanh")
+    q = quantize(src, tmp_path / "q.onnx", QuantConfig("dynamic", weights="lane-bounded"))
+    model = onnx.load(q.path)
+    ops = [n.op_type for n in model.graph.node]
+    assert "Gelu" in ops and ops.count("Add") == 1
+    assert all("X" not in n.input[1:] for n in _rowwise_nodes(model).values())  # no Residual taken
+    assert fuse_epilogues(model) == {}  # nothing left to fold
+    want = Session(src, kernels="portable").run({"X": x})[0]
+    got = Session(q.path, kernels="native").run({"X": x})[0]
+    cos = float(np.dot(got.ravel(), want.ravel()) / np.linalg.norm(got) / np.linalg.norm(want))
+    assert cos > 0.99, cos

@@ -41,7 +41,7 @@ def compare(op: OpDef, sample: Sample, dtype: str, got: tuple[np.ndarray, ...], 
     """'' when ``got`` matches ``want`` within the op's declared tolerance for ``dtype`` (atol times the
     op's error scale on the sample's inputs, OpDef.error_scale), else why not."""
     rtol, atol = op.tolerance[dtype]
-    scale = op.error_scale(sample.inputs)
+    scale = op.error_scale(sample.inputs, sample.attrs)
     if len(got) < len(want):
         return f"{len(got)} outputs, expected {len(want)}"
     for port, g, w in zip(op.outputs, got, want, strict=False):

@@ -3,6 +3,7 @@
     lo, hi = min(0, min_k A[m, k]), max(0, max_k A[m, k]);   s = (hi - lo) / L  (1 below 2^-126)
     z = round(clip(-lo / s, 0, L));   q[m, k] = clip(round(A[m, k] * (1 / s)) + z, 0, L)
     Y[m, n] = float32(sum_k q[m, k] B[k, n] - z colsum[n]) * (s BScale[n]) + Bias[n]
+    then act(Y) + Residual (activation "gelu": Relax's nn.gelu, erf form; Residual: Relax's add)
 
 The same float32 steps as the kernel and the function body (round half to even), so every backend quantizes to the
 same integers; the sums are exact in int32 (``K <= 65536``), ``colsum[n] = sum_k B[k, n]`` taking the zero point out
@@ -225,11 +226,30 @@ def quantize(a: te.Tensor, levels: int, kp: int, mp: int) -> list[te.Tensor]:
     return [q, params]
 
 
+def _activate(y: Any, r: Any, c: Any, residual: te.Tensor | None, gelu: bool) -> Any:
+    """act(y) + Residual[r, c] (a Residual of one element: Residual[0]) in the epilogue's expression; GELU's erf
+    form as h + h erf(v / sqrt(2)), the C++ kernel's order (TVM's own erf)."""
+    if gelu:
+        half = y * f32(0.5)
+        y = half + half * tirx.erf(y * f32(0.7071067811865476))
+    if residual is not None:
+        y = y + (residual[r, c] if len(residual.shape) == 2 else residual[0])
+    return y
+
+
 def gemm(
-    q: te.Tensor, params: te.Tensor, packed: te.Tensor, colsum: te.Tensor, b_scale: te.Tensor, bias: te.Tensor | None
+    q: te.Tensor,
+    params: te.Tensor,
+    packed: te.Tensor,
+    colsum: te.Tensor,
+    b_scale: te.Tensor,
+    bias: te.Tensor | None,
+    residual: te.Tensor | None = None,
+    gelu: bool = False,
 ) -> te.Tensor:
     """Y [M, N] from the quantized rows and B packed (:func:`pack_weights`): the exact int32 sums ``rowq_acc``, then
-    the float32 epilogue ``rowq_out``."""
+    the float32 epilogue ``rowq_out`` (with the activation and the residual, ``[M, N]`` or one element, in it: one
+    block, which the hand schedule places per column panel)."""
     mp, kp = (int(d) for d in q.shape)
     m, n = int(params.shape[0]), int(b_scale.shape[0])
     shape = tuple(int(d) for d in packed.shape)
@@ -243,17 +263,27 @@ def gemm(
     def out(r: Any, c: Any) -> Any:
         sums = acc[r, c] - params[r, 1].astype("int32") * colsum[c]
         y = sums.astype("float32") * (params[r, 0] * b_scale[c])
-        return y if bias is None else y + bias[c]
+        return _activate(y if bias is None else y + bias[c], r, c, residual, gelu)
 
     return te.compute((m, n), out, name="rowq_out")
 
 
-def _empty(a: te.Tensor, shape: list[int], bias: te.Tensor | None) -> te.Tensor:
-    """Y where the product has no terms or no entries: Bias (K = 0) or zeros. ``a`` (A, never read) is a parameter so
-    that constant folding cannot turn the call into a constant: one of size 0 does not survive TVM's executable
-    serialisation ("Invalid DLTensor file format" when the VM loads it)."""
+def _empty(
+    a: te.Tensor,
+    shape: list[int],
+    bias: te.Tensor | None,
+    residual: te.Tensor | None = None,
+    gelu: bool = False,
+) -> te.Tensor:
+    """Y [M, N] where the product has no terms or no entries: act(Bias) (K = 0) or zeros, + Residual. ``a`` (A, never
+    read) is a parameter so that constant folding cannot turn the call into a constant: one of size 0 does not
+    survive TVM's executable serialisation ("Invalid DLTensor file format" when the VM loads it)."""
     del a
-    return te.compute(shape, lambda *i: f32(0.0) if bias is None else bias[i[-1]], name="rowq_empty")
+
+    def out(r: Any, c: Any) -> Any:
+        return _activate(f32(0.0) if bias is None else bias[c], r, c, residual, gelu)
+
+    return te.compute(shape, out, name="rowq_empty")
 
 
 def schedule(sch: Any) -> bool:
@@ -344,26 +374,40 @@ def _schedule_gemm(sch: Any) -> bool:
 def convert(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
     """Relax converter: the op's own rule checks on the static shapes, A flattened to rows, B packed once for the
     current target when it is a constant, then the quantization and GEMM kernels (for empty dimensions one fill:
-    zeros, or Bias when K = 0)."""
+    zeros, or Bias when K = 0), the activation and the residual add in the GEMM's epilogue."""
     from tvm import relax
     from tvm.ir.expr import Constant
 
     a, b, b_scale = inputs[:3]
     bias = inputs[3] if len(inputs) > 3 else None
+    residual = inputs[4] if len(inputs) > 4 else None
     levels = int(attrs["levels"])
-    op.validate(*(shape_proxy(x) for x in (a, b, b_scale, bias)), levels, values=False)
+    activation = str(attrs.get("activation", "none"))
+    op.validate(
+        *(shape_proxy(x) for x in (a, b, b_scale, bias)),
+        levels,
+        residual=None if residual is None else shape_proxy(residual),
+        activation=activation,
+        values=False,
+    )
     if str(a.ty.dtype) != "float32":
         raise OpContractError(f"{op.NAME}: A must be float32, got {a.ty.dtype}")
     lead = [int(d) for d in a.ty.shape][:-1]
     k, n = (int(d) for d in b.ty.shape)
     m = math.prod(lead)
-    if m == 0 or n == 0 or k == 0:
-        return bb.emit_te(_empty, a, [*lead, n], bias if k == 0 else None, primfunc_name_hint="rowwise_int8_matmul")
+    flat = len(lead) == 1  # already [M, K] and [M, N]: no reshapes
+    if m == 0 or n == 0:  # no entries: nothing to activate or add to
+        y = bb.emit_te(_empty, a, [m, n], None, primfunc_name_hint="rowwise_int8_matmul")
+        return y if flat else bb.emit(relax.op.reshape(y, relax.ShapeExpr([*lead, n])))
+    residual = _residual_rows(bb, residual, m, n)
+    gelu = activation == "gelu"
+    if k == 0:
+        y = bb.emit_te(_empty, a, [m, n], bias, residual, gelu, primfunc_name_hint="rowwise_int8_matmul")
+        return y if flat else bb.emit(relax.op.reshape(y, relax.ShapeExpr([*lead, n])))
     weights = b.value.numpy() if isinstance(b, Constant) else None  # an initializer: packed once, here
     layout = target_layout()
     if weights is not None and layout in LANE_LAYOUTS:  # lane-bounded weights: vpmaddubsw sums, see LANE_LAYOUTS
         layout = LANE_LAYOUTS[layout].get(op.lane_groups(weights, levels), layout)
-    flat = len(lead) == 1  # already [M, K]: no reshape
     rows = a if flat else bb.emit(relax.op.reshape(a, relax.ShapeExpr([m, k])))
     if weights is not None:
         packed_np, sums = pack_weights(weights, layout)
@@ -374,8 +418,28 @@ def convert(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
     kp, mp = _padded(k, layout.k_step), rows_padded(m, layout)
     quantized = bb.emit_te(quantize, rows, levels, kp, mp, primfunc_name_hint="rowwise_int8_matmul_quantize")
     q, params = bb.emit(relax.TupleGetItem(quantized, 0)), bb.emit(relax.TupleGetItem(quantized, 1))
-    y = bb.emit_te(gemm, q, params, packed, colsum, b_scale, bias, primfunc_name_hint="rowwise_int8_matmul")
+    y = bb.emit_te(
+        gemm, q, params, packed, colsum, b_scale, bias, residual, gelu, primfunc_name_hint="rowwise_int8_matmul"
+    )
     return y if flat else bb.emit(relax.op.reshape(y, relax.ShapeExpr([*lead, n])))
+
+
+def _residual_rows(bb: Any, residual: Any, m: int, n: int) -> Any:
+    """The Residual as the epilogue reads it: None when omitted or the omitted input's fill (one -0.0, which adds
+    nothing), ``[1]`` when it is one element, else ``[M, N]``."""
+    from tvm import relax
+    from tvm.ir.expr import Constant
+
+    if residual is None:
+        return None
+    shape = [int(d) for d in residual.ty.shape]
+    if math.prod(shape) == 1:
+        if isinstance(residual, Constant):
+            value = residual.value.numpy().reshape(-1)[0]
+            if value == 0 and np.signbit(value):
+                return None
+        return bb.emit(relax.op.reshape(residual, relax.ShapeExpr([1])))
+    return residual if len(shape) == 2 else bb.emit(relax.op.reshape(residual, relax.ShapeExpr([m, n])))
 
 
 @functools.cache

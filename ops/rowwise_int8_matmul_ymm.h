@@ -47,7 +47,10 @@ inline void EpilogueYmm(__m256i acc[MR][2], const float* sa, const int32_t* za, 
     alignas(32) float out[kNR], res[kNR];
     float* dst = ncols == kNR ? y + r * ldy : out;  // a full panel straight to y, an edge one through `out`
     const float* add = residual == nullptr ? nullptr : ncols == kNR ? residual + r * ldy : res;
-    if (add == res) std::memcpy(res, residual + r * ldy, sizeof(float) * ncols);  // never read past N
+    if (add == res) {  // never read past N; the padding lanes (not stored) add 0
+      std::memcpy(res, residual + r * ldy, sizeof(float) * ncols);
+      std::memset(res + ncols, 0, sizeof(float) * (kNR - ncols));
+    }
     for (int h = 0; h < 2; ++h) {
       const __m256i corr = _mm256_mullo_epi32(
           _mm256_set1_epi32(za[r]), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(colsum + 8 * h)));

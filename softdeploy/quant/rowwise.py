@@ -168,7 +168,8 @@ def fuse_epilogues(model: Any) -> dict[str, list[str]]:
 
     def only_reader(name: str) -> Any:
         users = readers.get(name, [])
-        return users[0] if name not in outputs and len(users) == 1 else None
+        # (a node another one has absorbed already is no longer there to take: Y = X W1 + X W2 is one Add)
+        return users[0] if name not in outputs and len(users) == 1 and id(users[0]) not in place else None
 
     folded: dict[str, list[str]] = {}
     # A fused node moves to the place of the last node it absorbed: its inputs (a Residual included) are all

@@ -284,3 +284,38 @@ def test_what_the_epilogue_cannot_take_stays(tmp_path):
     got = Session(q.path, kernels="native").run({"X": x})[0]
     cos = float(np.dot(got.ravel(), want.ravel()) / np.linalg.norm(got) / np.linalg.norm(want))
     assert cos > 0.99, cos
+
+
+def test_a_sum_of_two_rowwise_products_folds_once(tmp_path):
+    """Y = X W1 + X W2: one product takes the Add (the other's output as its Residual); the other, whose reader is
+    now that node, takes nothing -- one producer per tensor, and Y's values."""
+    rng = np.random.default_rng(5)
+    nodes = [
+        helper.make_node("MatMul", ["X", "W1"], ["a"], name="left"),
+        helper.make_node("MatMul", ["X", "W2"], ["b"], name="right"),
+        helper.make_node("Add", ["a", "b"], ["Y"], name="sum"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "two",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["n", 16])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["n", 8])],
+        initializer=[
+            numpy_helper.from_array((rng.standard_normal((16, 8)) * 0.3).astype(np.float32), name)
+            for name in ("W1", "W2")
+        ],
+        value_info=[helper.make_tensor_value_info(t, TensorProto.FLOAT, ["n", 8]) for t in ("a", "b")],
+    )
+    src = tmp_path / "two.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10), src)
+    q = quantize(src, tmp_path / "q.onnx", QuantConfig("dynamic", weights="lane-bounded"))
+    model = onnx.load(q.path)
+    onnx.checker.check_model(model)
+    produced = [o for n in model.graph.node for o in n.output if o]
+    assert len(produced) == len(set(produced))
+    ops = [n.op_type for n in model.graph.node]
+    assert ops.count("RowwiseInt8MatMul") == 2 and "Add" not in ops
+    x = rng.standard_normal((5, 16)).astype(np.float32)
+    want = Session(src, kernels="portable").run({"X": x})[0]
+    got = Session(q.path, kernels="native").run({"X": x})[0]
+    np.testing.assert_allclose(got, want, rtol=0.05, atol=0.05)

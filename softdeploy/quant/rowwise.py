@@ -180,12 +180,19 @@ def fuse_epilogues(model: Any) -> dict[str, list[str]]:
             continue
         absorbed: list[Any] = []
         user = only_reader(node.output[0])
-        if user is not None and all(a.name != "activation" for a in node.attribute) and _is_erf_gelu(user):
+        residual = len(node.input) > 4 and bool(node.input[4])  # (a body's fill too: what it adds is not known here)
+        # act(V) + Residual: an activation after a residual add is not the epilogue's order
+        if (
+            user is not None
+            and not residual
+            and all(a.name != "activation" for a in node.attribute)
+            and _is_erf_gelu(user)
+        ):
             node.attribute.append(helper.make_attribute("activation", "gelu"))
             node.output[0] = user.output[0]
             absorbed.append(user)
             user = only_reader(node.output[0])
-        if user is not None and user.op_type == "Add" and user.domain in ("", "ai.onnx") and len(node.input) < 5:
+        if user is not None and user.op_type == "Add" and user.domain in ("", "ai.onnx") and not residual:
             other = [i for i in user.input if i != node.output[0]]
             shape = shapes.get(user.output[0])
             if len(other) == 1 and other[0] not in inits and shape is not None and shapes.get(other[0]) == shape:

@@ -319,3 +319,28 @@ def test_a_sum_of_two_rowwise_products_folds_once(tmp_path):
     want = Session(src, kernels="portable").run({"X": x})[0]
     got = Session(q.path, kernels="native").run({"X": x})[0]
     np.testing.assert_allclose(got, want, rtol=0.05, atol=0.05)
+
+
+def test_an_activation_after_a_residual_is_not_folded():
+    """The epilogue is act(V) + Residual: a GELU after a node that already adds a residual stays a node."""
+    from softdeploy.ops import REGISTRY
+    from softdeploy.quant.rowwise import fuse_epilogues
+
+    op = REGISTRY["RowwiseInt8MatMul"]
+    nodes = [
+        op.make_node(["X", "B", "S", "", "R"], ["y"], name="fc"),
+        helper.make_node("Gelu", ["y"], ["Y"], name="gelu", domain="com.microsoft"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 4]) for n in ("X", "R")],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [2, 4])],
+        initializer=[
+            numpy_helper.from_array(np.ones((4, 4), np.int8), "B"),
+            numpy_helper.from_array(np.ones(4, np.float32), "S"),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+    assert fuse_epilogues(model) == {}
+    assert [n.op_type for n in model.graph.node] == ["RowwiseInt8MatMul", "Gelu"]

@@ -219,7 +219,7 @@ def compare(
         if np.issubdtype(w.dtype, np.integer) or w.dtype == bool:
             np.testing.assert_array_equal(g, w, err_msg=f"{op.name}.{port.name} ({sample.name})")
         else:
-            # |g - w| <= atol s + rtol |w|  <=>  |g/s - w/s| <= atol + rtol |w/s|  (s >= 1)
+            # |g - w| <= atol s + rtol |w|  <=>  |g/s - w/s| <= atol + rtol |w/s|  (s > 0)
             s = np.broadcast_to(scale, w.shape) if np.ndim(scale) else scale
             np.testing.assert_allclose(
                 g.astype(np.float64) / s,

@@ -11,15 +11,17 @@ half to even, ``L = levels``:
     Y[m, n] = act(V[m, n]) + Residual[m, n]
 
 ``B`` is int8 ``[K, N]`` with one positive scale per column (``BScale [N]``, symmetric: no weight zero point);
-``Y`` has ``A``'s leading shape and ``N`` columns. ``act`` is the ``activation`` attribute: ``"none"`` (the
-identity) or ``"gelu"``, GELU's erf form ``gelu(v) = v / 2 * (1 + erf(v / sqrt(2)))`` (ONNX ``Gelu``,
-``approximate="none"``; the FFN activation of BERT-family encoders). ``Residual`` (optional) has ``Y``'s shape, or
-is one element added to every entry; omitted, nothing is added (``-0.0``, the exact identity of float addition).
-Both run in the kernel's epilogue, so a transformer's FFN GELU and its residual Adds cost no pass of their own over
-``Y``; ``softdeploy quantize`` folds them in (softdeploy.quant.rowwise.fuse_epilogues). This is onnxruntime's DynamicQuantizeLinear rule applied to each
+``Y`` has ``A``'s leading shape and ``N`` columns. This is onnxruntime's DynamicQuantizeLinear rule applied to each
 row instead of the whole tensor: one uint8 range per token, which keeps a transformer's outlier tokens ([CLS],
 [SEP]) from widening every other token's step (all-MiniLM-L6-v2's sentence cosine to float32 0.9985 against 0.9917
 per tensor, bench/results/minilm_int8_options.md). ``levels = 127`` quantizes the activations to 7 bits.
+
+``act`` is the ``activation`` attribute: ``"none"`` (the identity) or ``"gelu"``, GELU's erf form
+``gelu(v) = v / 2 * (1 + erf(v / sqrt(2)))`` (ONNX ``Gelu``, ``approximate="none"``; the FFN activation of
+BERT-family encoders). ``Residual`` (optional) has ``Y``'s shape, or is one element added to every entry; omitted,
+nothing is added (``-0.0``, the exact identity of float addition). Both run in the kernel's epilogue, so a
+transformer's FFN GELU and its residual Adds cost no pass of their own over ``Y``; ``softdeploy quantize`` folds them
+in (softdeploy.quant.rowwise.fuse_epilogues).
 
 Rules (docs/ops/RowwiseInt8MatMul.md):
 

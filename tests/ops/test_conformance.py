@@ -20,11 +20,6 @@ from softdeploy import conformance
 from softdeploy.ops import REGISTRY
 from softdeploy.runtime import Session
 
-# Stock onnxruntime's and torch's own arithmetic (e.g. MLAS's exp) is looser than our kernels'
-# contract; they are checked for semantic agreement, our kernels for the contract's error bound.
-OTHERS_TOLERANCE = {"float32": (1e-4, 1e-30), "float16": (5e-3, 1e-5), "int8": (1e-4, 1e-30)}
-
-
 # TVM backend: only where apache-tvm is installed (an optional extra). Ops TVM cannot import are
 # listed in softdeploy.tvm.ops.NOT_IMPORTABLE with the reason; for them the test asserts that the
 # backend refuses them naming the op, so the list cannot go stale silently.
@@ -75,10 +70,7 @@ def test_matches_reference(op, sample, dtype, backend, isa):
     for g, p in zip(got, op.outputs, strict=False):
         if p.dtype == "T":
             assert g.dtype == np.dtype(dtype), f"{op.name}.{p.name}: dtype {g.dtype}, expected {dtype}"
-    rtol, atol = op.tolerance[dtype]
-    if backend != "kernel":  # never tighter than the kernel's: an approximation the op declares (GELU's erf) is in
-        rtol, atol = max(rtol, OTHERS_TOLERANCE[dtype][0]), max(atol, OTHERS_TOLERANCE[dtype][1])
-    conformance.compare(op, sample, got, want, rtol, atol)
+    conformance.compare(op, sample, got, want, *conformance.tolerance(op, dtype, backend))
 
 
 @pytest.mark.parametrize("op", REGISTRY.values(), ids=lambda d: d.name)

@@ -228,7 +228,7 @@ def _rowwise_nodes(model):
 
 @pytest.mark.parametrize("weights", ["lane-bounded", "rowwise-8-bit"])
 @pytest.mark.parametrize("gelu_domain", ["com.microsoft", ""])
-def test_gelu_and_residual_add_fold_into_the_epilogue(tmp_path, weights, gelu_domain):
+def test_gelu_and_residual_add_fold_into_the_epilogue(tmp_path, monkeypatch, weights, gelu_domain):
     """The FFN's GELU becomes the up-projection's activation and the residual Add the down-projection's Residual:
     only the LayerNorm is left besides the two nodes, the graph stays valid and topologically sorted, and the values
     are those of the same quantized weights run node by node (GELU within the kernel's erf approximation)."""
@@ -250,15 +250,10 @@ def test_gelu_and_residual_add_fold_into_the_epilogue(tmp_path, weights, gelu_do
 
     # the same weights, unfused: the rewrite without fuse_epilogues
     plain = onnx.load(src)
-    import softdeploy.quant.rowwise as rowwise
-
     levels, groups = FORMS[weights]
-    original = rowwise.fuse_epilogues
-    rowwise.fuse_epilogues = lambda model: {}
-    try:
+    with monkeypatch.context() as patched:
+        patched.setattr("softdeploy.quant.rowwise.fuse_epilogues", lambda model: {})
         rewrite_matmuls(plain, levels=levels, groups=groups)
-    finally:
-        rowwise.fuse_epilogues = original
     assert [n.op_type for n in plain.graph.node].count("Add") == 1  # the residual Add stayed there
     assert fuse_epilogues(model) == {}  # and the fused model has nothing left to fold
     fused = Session(q.path, kernels="native").run({"X": x})[0]

@@ -158,10 +158,15 @@ def test_a_folder_that_cannot_be_made_is_one_line(tmp_path: Path) -> None:
     assert make_folder(tmp_path / "new" / "sub").is_dir()  # already there: nothing to do
 
 
+def _dead_pid() -> int:
+    """The pid of a process that has exited (a writer killed mid-way, as far as its temporary names tell)."""
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    return int(done.stdout)
+
+
 def test_stale_partials_of_dead_processes_are_removed(tmp_path: Path) -> None:
     out = tmp_path / "m.onnx"
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    stale = tmp_path / f".m.onnx.partial-{int(dead.stdout)}-abcd"
+    stale = tmp_path / f".m.onnx.partial-{_dead_pid()}-abcd"
     live = tmp_path / f".m.onnx.partial-{os.getpid()}-abcd"
     stale.write_text("x")
     live.write_text("x")
@@ -182,8 +187,8 @@ def test_nested_temporary_names_name_the_output_and_are_cleaned_up(tmp_path: Pat
     with pytest.raises(OutputError) as caught, atomic_output(out, "model") as outer, atomic_output(outer, "model"):
         raise OSError(28, "No space left on device")
     assert str(caught.value).startswith(f"model {out}: cannot be written: No space left")
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    torn = tmp_path / f"..q.onnx.partial-{int(dead.stdout)}-abcd1234.partial-{int(dead.stdout)}-dcba4321"
+    dead = _dead_pid()
+    torn = tmp_path / f"..q.onnx.partial-{dead}-abcd1234.partial-{dead}-dcba4321"
     torn.write_text("half")  # left by a kill during the inner write
     assert remove_stale_partials(out) == [torn]
 
@@ -285,8 +290,7 @@ def test_outputs_get_the_usual_mode_or_keep_the_replaced_files(tmp_path: Path) -
 
 def test_stale_partial_folders_of_dead_processes_are_removed(tmp_path: Path) -> None:
     out = tmp_path / "student"
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    stale = tmp_path / f".student.partial-{int(dead.stdout)}"
+    stale = tmp_path / f".student.partial-{_dead_pid()}"
     (stale / "1_Pooling").mkdir(parents=True)
     (stale / "config.json").write_text("{")
     live = tmp_path / f".student.partial-{os.getpid()}"
@@ -316,9 +320,7 @@ def test_the_student_folder_writer_cleans_up_after_a_killed_writer(tmp_path: Pat
 
     student = SimpleNamespace(bert=_FolderWriter("config.json"), hidden_size=8, normalize=False, pooling="mean")
     tokenizer = _FolderWriter("tokenizer.json")
-    dead = int(
-        subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True).stdout
-    )
+    dead = _dead_pid()
     folder = tmp_path / "run" / "student"
     folder.parent.mkdir()
     (folder.parent / f".student.partial-{dead}" / "1_Pooling").mkdir(parents=True)

@@ -134,9 +134,9 @@ def test_every_sample_equals_the_cpp_kernel_bit_for_bit(layout):
     """Both quantize with the contract's float32 steps and sum exactly; the epilogue is one FMA in both (TVM's LLVM
     contracts ``x * y + b``), so the outputs are the same floats. Every sample, B a graph input (packed by the pack
     kernel), on each layout this CPU runs. GELU is the exception: TVM's erf is not the kernel's rational one, so a
-    GELU sample matches the reference within the op's tolerance (rtol at least 1e-4, as for every other backend)."""
+    GELU sample matches the reference within the tolerance of every backend but the kernel (conformance.tolerance)."""
     target = host_target(TARGET_CPUS[layout])
-    rtol, atol = OP.tolerance["float32"]
+    tol = conformance.tolerance(OP, "float32", "tvm")
     for sample in OP.samples(np.random.default_rng(0)):
         with warnings.catch_warnings():
             warnings.simplefilter("error", ScheduleWarning)  # the hand schedules, not dlight's
@@ -144,7 +144,7 @@ def test_every_sample_equals_the_cpp_kernel_bit_for_bit(layout):
         got = session.run(OP.feeds(sample))[0]
         if sample.attrs.get("activation", "none") == "gelu":
             want = OP.reference(*sample.inputs, **sample.attrs)
-            conformance.compare(OP, sample, (got,), want, max(rtol, 1e-4), atol)
+            conformance.compare(OP, sample, (got,), want, *tol)
             continue
         kernel = Session(OP.make_model(sample), kernels="native")
         want = kernel.run(OP.feeds(sample))[0]
@@ -155,12 +155,12 @@ def test_activation_and_residual_follow_the_gemm():
     """A node with GELU, a Bias and a Residual (the kernel's epilogue; Relax operators after the GEMM here) gives the
     reference's values within the op's tolerance, and the residual alone the C++ kernel's bits."""
     samples = {s.name: s for s in OP.samples(np.random.default_rng(0))}
-    rtol, atol = OP.tolerance["float32"]
+    tol = conformance.tolerance(OP, "float32", "tvm")
     for name in ("gelu_bias_residual", "residual", "residual_one_element"):
         sample = samples[name]
         session = TVMSession(OP.make_model(sample), shapes=_shapes(sample), target=host_target())
         got = session.run(OP.feeds(sample))[0]
-        conformance.compare(OP, sample, (got,), OP.reference(*sample.inputs, **sample.attrs), max(rtol, 1e-4), atol)
+        conformance.compare(OP, sample, (got,), OP.reference(*sample.inputs, **sample.attrs), *tol)
         if name != "gelu_bias_residual":
             want = Session(OP.make_model(sample), kernels="native").run(OP.feeds(sample))[0]
             np.testing.assert_array_equal(got, want, err_msg=name)

@@ -300,12 +300,8 @@ def test_empty_inputs_run(op, sample):
     shapes = {p.name: list(np.shape(v)) for p, v in zip(op.inputs, sample.inputs, strict=False) if v is not None}
     got = TVMSession(op.make_model(sample), shapes=shapes).run(op.feeds(sample))
     want = op.reference(*sample.inputs, **sample.attrs)
-    # TVM's own arithmetic at 1e-4, never tighter than the kernel's tolerance (an approximation the op declares, as
-    # GELU's erf; tests/ops/test_conformance.py's rule)
-    rtol, atol = op.tolerance["float32"]
-    conformance.compare(
-        op, sample, got, want if isinstance(want, tuple) else (want,), max(rtol, 1e-4), max(atol, 1e-30)
-    )
+    tol = conformance.tolerance(op, "float32", "tvm")
+    conformance.compare(op, sample, got, want if isinstance(want, tuple) else (want,), *tol)
 
 
 def test_session_refuses_other_shapes_and_missing_inputs():

@@ -3,7 +3,7 @@
     lo, hi = min(0, min_k A[m, k]), max(0, max_k A[m, k]);   s = (hi - lo) / L  (1 below 2^-126)
     z = round(clip(-lo / s, 0, L));   q[m, k] = clip(round(A[m, k] * (1 / s)) + z, 0, L)
     Y[m, n] = float32(sum_k q[m, k] B[k, n] - z colsum[n]) * (s BScale[n]) + Bias[n]
-    then act(Y) + Residual (activation "gelu": Relax's nn.gelu, erf form; Residual: Relax's add)
+    then act(Y) + Residual in the same block (activation "gelu": h + h erf(Y / sqrt(2)), TVM's erf)
 
 The same float32 steps as the kernel and the function body (round half to even), so every backend quantizes to the
 same integers; the sums are exact in int32 (``K <= 65536``), ``colsum[n] = sum_k B[k, n]`` taking the zero point out

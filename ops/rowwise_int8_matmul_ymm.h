@@ -12,9 +12,9 @@
 // internal linkage (see ops/common/vec.h on why).
 //
 // What must stay true: the epilogue is fma(float(acc - z * colsum), sa * sb, bias), then the activation
-// (ops/common/simd_math.h's GeluErf) and the residual's float add, as in the portable and zmm variants, so every
-// variant gives the same bits; an edge panel's scales, bias and residual are padded (never read past N) and only its
-// N - n0 columns are written.
+// (ops/common/simd_math.h's GeluErf; a pass over each finished panel here, inside each tile in the zmm driver) and the
+// residual's float add, as in the portable and zmm variants, so every variant gives the same bits; an edge panel's
+// scales, bias and residual are padded (never read past N) and only its N - n0 columns are written.
 #pragma once
 
 #include <immintrin.h>
@@ -37,12 +37,12 @@ inline __m256i Broadcast4(const uint8_t* p) {
   return _mm256_set1_epi32(v);
 }
 
-// y[r, 0..ncols) = fma(float(acc - za[r] colsum), sa[r] * sb, bias) for the MR rows of a tile, then the activation
-// and + residual[r, 0..ncols) (nullptr: none; Y's row stride); sb, colsum and bias hold 16 entries.
+// y[r, 0..ncols) = fma(float(acc - za[r] colsum), sa[r] * sb, bias) + residual[r, 0..ncols) (nullptr: none; Y's row
+// stride) for the MR rows of a tile; sb, colsum and bias hold 16 entries. A GELU goes between the two, so a node with
+// one passes no residual here and GeluColumnsYmm adds it.
 template <int MR>
 inline void EpilogueYmm(__m256i acc[MR][2], const float* sa, const int32_t* za, const float* sb, const int32_t* colsum,
-                        const float* bias, float* y, int64_t ldy, int64_t ncols, Activation act,
-                        const float* residual) {
+                        const float* bias, float* y, int64_t ldy, int64_t ncols, const float* residual) {
   for (int r = 0; r < MR; ++r) {
     alignas(32) float out[kNR], res[kNR];
     float* dst = ncols == kNR ? y + r * ldy : out;  // a full panel straight to y, an edge one through `out`
@@ -57,7 +57,6 @@ inline void EpilogueYmm(__m256i acc[MR][2], const float* sa, const int32_t* za, 
       const __m256 v = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[r][h], corr));
       const __m256 s = _mm256_mul_ps(_mm256_set1_ps(sa[r]), _mm256_loadu_ps(sb + 8 * h));
       __m256 o = _mm256_fmadd_ps(v, s, _mm256_loadu_ps(bias + 8 * h));
-      if (act == Activation::kGelu) o = simd::GeluErf<vec::Avx2>(o);
       if (add != nullptr) o = _mm256_add_ps(o, _mm256_loadu_ps(add + 8 * h));
       _mm256_storeu_ps(dst + 8 * h, o);
     }
@@ -65,14 +64,42 @@ inline void EpilogueYmm(__m256i acc[MR][2], const float* sa, const int32_t* za, 
   }
 }
 
+// y[m, 0..ncols) = GeluErf(y[m, 0..ncols)) + residual[m, 0..ncols) (nullptr: none) for rows [0, M) of one panel
+// (ncols <= 16; y and residual share the row stride ldy), after its tiles stored the epilogue's fma alone: the same
+// float32 operations per element as one epilogue, so the same bits. A pass over the panel's rows (in L1: 64 bytes a
+// row) because GeluErf's ~25 dependent operations pipeline across rows here, where 12 of them at the end of each tile
+// held up the next tile's GEMM loop (bench/results/rowwise_int8_wide.md).
+inline void GeluColumnsYmm(float* y, int64_t ldy, int64_t M, int64_t ncols, const float* residual) {
+  for (int64_t m = 0; m < M; ++m) {
+    float* row = y + m * ldy;
+    alignas(32) float buf[kNR], res[kNR];
+    float* dst = ncols == kNR ? row : buf;  // an edge panel through `buf`: never read or written past N
+    const float* add = residual == nullptr ? nullptr : ncols == kNR ? residual + m * ldy : res;
+    if (ncols != kNR) {
+      std::memcpy(buf, row, sizeof(float) * ncols);
+      std::memset(buf + ncols, 0, sizeof(float) * (kNR - ncols));
+    }
+    if (add == res) {
+      std::memcpy(res, residual + m * ldy, sizeof(float) * ncols);
+      std::memset(res + ncols, 0, sizeof(float) * (kNR - ncols));
+    }
+    for (int h = 0; h < 2; ++h) {
+      __m256 o = simd::GeluErf<vec::Avx2>(_mm256_loadu_ps(dst + 8 * h));
+      if (add != nullptr) o = _mm256_add_ps(o, _mm256_loadu_ps(add + 8 * h));
+      _mm256_storeu_ps(dst + 8 * h, o);
+    }
+    if (ncols != kNR) std::memcpy(row, buf, sizeof(float) * ncols);
+  }
+}
+
 template <class Sums, int MR>
 inline void TileAndStoreYmm(const PackedView& w, const uint8_t* xq, const float* sa, const int32_t* za, int64_t m,
-                            int64_t n0, const float* sb, const float* bias, float* y, int64_t ldy, Activation act,
+                            int64_t n0, const float* sb, const float* bias, float* y, int64_t ldy,
                             const float* residual) {
   __m256i acc[MR][2];
   // (w.width: bytes per weight and per activation, 2 on the widened packing)
   Sums::template Run<MR>(xq + m * w.kp * w.width, w.kp, w.panels + n0 * w.kp * w.width, acc);
-  EpilogueYmm<MR>(acc, sa + m, za + m, sb, w.colsum + n0, bias, y + m * ldy + n0, ldy, MinYmm(kNR, w.N - n0), act,
+  EpilogueYmm<MR>(acc, sa + m, za + m, sb, w.colsum + n0, bias, y + m * ldy + n0, ldy, MinYmm(kNR, w.N - n0),
                   residual == nullptr ? nullptr : residual + m * ldy + n0);
 }
 
@@ -86,6 +113,8 @@ void GemmYmm(const PackedView& w, const uint8_t* xq, const float* sa, const int3
   // model the weights are read once per call from L3 or DRAM, which cost ~10% of the GEMM's time without it.
   const int64_t panel_lines = w.kp * kNR * w.width / 64, tiles = full / kMR > 1 ? full / kMR : 1;
   const int64_t per_tile = (panel_lines + tiles - 1) / tiles;
+  // GELU (and then the residual) runs over a panel's finished rows rather than inside each tile (GeluColumnsYmm).
+  const float* tile_res = act == Activation::kGelu ? nullptr : residual;
   alignas(32) float sb_edge[kNR], bias_edge[kNR];
   alignas(32) static const float kZeros[kNR] = {};
   for (int64_t n0 = 0; n0 < w.np; n0 += kNR) {
@@ -106,15 +135,18 @@ void GemmYmm(const PackedView& w, const uint8_t* xq, const float* sa, const int3
         for (int64_t l = t * per_tile; l < MinYmm(panel_lines, (t + 1) * per_tile); ++l)
           _mm_prefetch(next + 64 * l, _MM_HINT_T0);
       }
-      TileAndStoreYmm<Sums, kMR>(w, xq, sa, za, m, n0, sb_p, bias_p, y, ldy, act, residual);
+      TileAndStoreYmm<Sums, kMR>(w, xq, sa, za, m, n0, sb_p, bias_p, y, ldy, tile_res);
     }
     switch (M - full) {  // the last rows in one tile of their own height
-      case 5: TileAndStoreYmm<Sums, 5>(w, xq, sa, za, full, n0, sb_p, bias_p, y, ldy, act, residual); break;
-      case 4: TileAndStoreYmm<Sums, 4>(w, xq, sa, za, full, n0, sb_p, bias_p, y, ldy, act, residual); break;
-      case 3: TileAndStoreYmm<Sums, 3>(w, xq, sa, za, full, n0, sb_p, bias_p, y, ldy, act, residual); break;
-      case 2: TileAndStoreYmm<Sums, 2>(w, xq, sa, za, full, n0, sb_p, bias_p, y, ldy, act, residual); break;
-      case 1: TileAndStoreYmm<Sums, 1>(w, xq, sa, za, full, n0, sb_p, bias_p, y, ldy, act, residual); break;
+      case 5: TileAndStoreYmm<Sums, 5>(w, xq, sa, za, full, n0, sb_p, bias_p, y, ldy, tile_res); break;
+      case 4: TileAndStoreYmm<Sums, 4>(w, xq, sa, za, full, n0, sb_p, bias_p, y, ldy, tile_res); break;
+      case 3: TileAndStoreYmm<Sums, 3>(w, xq, sa, za, full, n0, sb_p, bias_p, y, ldy, tile_res); break;
+      case 2: TileAndStoreYmm<Sums, 2>(w, xq, sa, za, full, n0, sb_p, bias_p, y, ldy, tile_res); break;
+      case 1: TileAndStoreYmm<Sums, 1>(w, xq, sa, za, full, n0, sb_p, bias_p, y, ldy, tile_res); break;
       default: break;
+    }
+    if (act == Activation::kGelu) {
+      GeluColumnsYmm(y + n0, ldy, M, MinYmm(kNR, w.N - n0), residual == nullptr ? nullptr : residual + n0);
     }
   }
 }

@@ -208,6 +208,7 @@ struct RowwiseInt8MatMulKernel {
         part.panels = whole.panels + n0 * kp * whole.width;
         part.colsum = whole.colsum + n0;
         part.np = (p1 - p0) * kNR;
+        part.readable_np = whole.np - n0;
         part.N = std::min(N, p1 * kNR) - n0;
         const float* bias_part = bias_data == nullptr ? nullptr : bias_data + n0;
         const float* res_part = res == nullptr ? nullptr : res + n0;

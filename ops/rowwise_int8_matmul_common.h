@@ -24,7 +24,7 @@ struct Packed {
   int64_t K = 0, N = 0, kp = 0, np = 0;
   int groups = 0;
   int width = 1;  // 2: the widened packing (the vpmaddubsw paths' weights outside the lane bound)
-  PackedView View() const { return {panels.data(), colsum.data(), K, N, kp, np, groups, width}; }
+  PackedView View() const { return {panels.data(), colsum.data(), K, N, kp, np, groups, width, np}; }
 };
 
 // The largest of 4, 2, 1 vpmaddubsw results that may be summed in int16 for activations on 0..levels (0: not even

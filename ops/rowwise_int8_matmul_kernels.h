@@ -47,6 +47,9 @@ struct PackedView {
   int64_t K, N, kp, np;
   int groups;  // 4, 2 or 1; 0: no vpmaddubsw form is exact for these weights
   int width;   // bytes per packed weight: 1 (int8 panels), 2 (the widened packing: vpmaddwd tiles, int16 xq)
+  // Columns of panels readable from `panels`: np for a whole packing; for a task's range of its panels, also the
+  // panels after the range, so that the tiles prefetch the next task's first panel as they would their own next one.
+  int64_t readable_np;
 };
 
 // Rows [0, M) of Y (row stride ldy) at the columns of `w` (a whole packing or a range of its panels) from the

@@ -76,7 +76,8 @@ void PanelsZmm(const PackedView& w, const uint8_t* xq, const float* sa, const in
   // The next NP panels are prefetched while these run, a share per row tile (as in the AVX2 unit: in a model the
   // weights come from L3 or DRAM once per call).
   const int64_t next_n0 = n0 + NP * kNR;
-  const int64_t next_lines = next_n0 < w.np ? MinZmm(w.np - next_n0, NP * kNR) * w.kp * w.width / 64 : 0;
+  const int64_t next_lines =
+      next_n0 < w.readable_np ? MinZmm(w.readable_np - next_n0, NP * kNR) * w.kp * w.width / 64 : 0;
   const int64_t tiles = full / kMRZmm > 1 ? full / kMRZmm : 1;
   const int64_t per_tile = (next_lines + tiles - 1) / tiles;
   const char* next = reinterpret_cast<const char*>(w.panels + next_n0 * w.kp * w.width);

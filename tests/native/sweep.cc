@@ -1205,6 +1205,7 @@ void SweepRowwise(const char* variant, rw::Path path, RowwiseGemm gemm, RowwiseQ
                 part.panels = whole.panels + n0 * kp * whole.width;
                 part.colsum = whole.colsum + n0;
                 part.np = n1 - n0;
+                part.readable_np = whole.np - n0;
                 part.N = std::min(N, n1) - n0;
                 gemm(part, rows, sa_ref.data(), za_ref.data(), m_count, sb.data() + n0,
                      bias_p == nullptr ? nullptr : bias_p + n0, y.data() + n0, N, act,

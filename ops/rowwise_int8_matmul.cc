@@ -44,6 +44,26 @@ using namespace rowwise_int8;  // NOLINT: the kernel's own compute pieces
 constexpr const char* kOp = "RowwiseInt8MatMul";
 // |sum_k (q - z) B[k, n]| <= K * 255 * 128 and z * colsum alike must fit in int32.
 constexpr int64_t kMaxK = 65536;
+// The quantized rows' scratch: `bytes` of this thread's buffer, kept between calls, up to kKeptRowsBytes; a larger one
+// in *own for this call only, so no thread keeps more than that. Allocated per call, the scratch came back from
+// malloc at another address each time in a model (the other nodes' sizes in between), so the quantization wrote into
+// lines no cache held: 0.3-0.5 ms of a 21 ms MiniLM encode on AVX2 (bench/results/rowwise_int8_wide.md). Safe under
+// concurrent Run: each thread has its own, and one Compute uses it at a time. Left uninitialised (written before read).
+constexpr size_t kKeptRowsBytes = size_t{4} << 20;  // M = 1024 rows at K = 1536, widened
+uint8_t* RowsScratch(size_t bytes, std::unique_ptr<uint8_t[]>* own) {
+  if (bytes > kKeptRowsBytes) {
+    own->reset(new uint8_t[bytes]);
+    return own->get();
+  }
+  thread_local std::unique_ptr<uint8_t[]> kept;
+  thread_local size_t kept_bytes = 0;
+  if (kept_bytes < bytes) {
+    kept.reset(new uint8_t[bytes]);
+    kept_bytes = bytes;
+  }
+  return kept.get();
+}
+
 // Fails naming the bad row and what is wrong with it (the error path: a plain scan of that row).
 [[noreturn]] void FailRow(const float* x, int64_t K, int64_t m) {
   const float* row = x + m * K;
@@ -163,13 +183,13 @@ struct RowwiseInt8MatMulKernel {
       packed = &local;
     }
     const int64_t kp = packed->kp;
-    // Scratch written before it is read, so left uninitialised. The widened packing's tiles read the quantized rows
-    // as int16, which the quantization writes directly (M * kp entries of 1 or 2 bytes).
+    // The widened packing's tiles read the quantized rows as int16, which the quantization writes directly (M * kp
+    // entries of 1 or 2 bytes).
     const bool wide = vector && packed->width == 2;
-    const std::unique_ptr<uint8_t[]> rows_buf(new uint8_t[static_cast<size_t>(M * kp * (wide ? 2 : 1))]);
+    std::unique_ptr<uint8_t[]> rows_own;
+    uint8_t* const xq = RowsScratch(static_cast<size_t>(M * kp * (wide ? 2 : 1)), &rows_own);
     const std::unique_ptr<float[]> sa(new float[static_cast<size_t>(M)]);
     const std::unique_ptr<int32_t[]> za(new int32_t[static_cast<size_t>(M)]);
-    uint8_t* const xq = rows_buf.get();
     // (the AVX2 unit's on the AVX-512 paths too: a zmm form of it measured 0.79-0.85x its speed on Zen 4;
     // bench/results/rowwise_int8_matmul.md)
     const int64_t bad =

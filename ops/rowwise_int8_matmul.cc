@@ -131,7 +131,7 @@ struct RowwiseInt8MatMulKernel {
       const std::vector<int64_t> shape = v.GetTensorTypeAndShapeInfo().GetShape();
       if (shape.size() == 2 && shape[0] <= kMaxK) {  // otherwise Compute names the rule broken
         constant_b = std::make_shared<const Packed>(
-            Pack(v.GetTensorData<int8_t>(), shape[0], shape[1], levels, path));
+            Pack(v.GetTensorData<int8_t>(), shape[0], shape[1], levels, path, /*kept=*/true));
       }
     }
   }
@@ -179,7 +179,7 @@ struct RowwiseInt8MatMulKernel {
     Packed local;
     const Packed* packed = constant_b.get();
     if (packed == nullptr || packed->K != K || packed->N != N) {
-      local = Pack(b.data, K, N, levels, path);
+      local = Pack(b.data, K, N, levels, path, /*kept=*/false);
       packed = &local;
     }
     const int64_t kp = packed->kp;

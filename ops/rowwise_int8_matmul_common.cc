@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "common/simd_math.h"
+#include "common/weight_arena.h"
 
 namespace sd {
 namespace rowwise_int8 {
@@ -53,8 +54,8 @@ int LaneGroups(const int8_t* b, int64_t K, int64_t N, int levels) {
 }
 
 // Column sums always; the lane bound for the vpmaddubsw paths; panels on every vector path (widened where the lane
-// bound gives groups 0 on a vpmaddubsw path).
-Packed Pack(const int8_t* b, int64_t K, int64_t N, int levels, Path path) {
+// bound gives groups 0 on a vpmaddubsw path), in weight storage when kept.
+Packed Pack(const int8_t* b, int64_t K, int64_t N, int levels, Path path, bool kept) {
   Packed p;
   p.K = K;
   p.N = N;
@@ -67,23 +68,23 @@ Packed Pack(const int8_t* b, int64_t K, int64_t N, int levels, Path path) {
   if (path == Path::kPortable) return p;
   if (path == Path::kAvx2 || path == Path::kAvx512Bw) {
     p.groups = LaneGroups(b, K, N, levels);
-    if (p.groups == 0) {  // the widened packing (layout: ops/rowwise_int8_matmul_kernels.h), exact for every int8 B
-      p.width = 2;
-      std::vector<int16_t> wide(static_cast<size_t>(p.kp * p.np), 0);
-      for (int64_t n0 = 0; n0 < p.np; n0 += kNR) {
-        int16_t* panel = wide.data() + n0 * p.kp;
-        for (int64_t k = 0; k < K; ++k) {
-          for (int64_t c = 0; c < kNR && n0 + c < N; ++c) panel[(k / 2) * 2 * kNR + 2 * c + k % 2] = b[k * N + n0 + c];
-        }
-      }
-      p.panels.resize(wide.size() * sizeof(int16_t));
-      std::memcpy(p.panels.data(), wide.data(), p.panels.size());
-      return p;
-    }
+    if (p.groups == 0) p.width = 2;  // the widened packing: exact for every int8 B
   }
-  p.panels.assign(static_cast<size_t>(p.kp * p.np), 0);
+  const size_t bytes = static_cast<size_t>(p.kp * p.np * p.width);
+  p.panels = kept ? AllocateWeightStorage(bytes)
+                  : std::shared_ptr<uint8_t>(new uint8_t[bytes], std::default_delete<uint8_t[]>());
+  std::memset(p.panels.get(), 0, bytes);  // K and N padding
+  if (p.width == 2) {  // layout: ops/rowwise_int8_matmul_kernels.h
+    for (int64_t n0 = 0; n0 < p.np; n0 += kNR) {
+      int16_t* panel = reinterpret_cast<int16_t*>(p.panels.get()) + n0 * p.kp;
+      for (int64_t k = 0; k < K; ++k) {
+        for (int64_t c = 0; c < kNR && n0 + c < N; ++c) panel[(k / 2) * 2 * kNR + 2 * c + k % 2] = b[k * N + n0 + c];
+      }
+    }
+    return p;
+  }
   for (int64_t n0 = 0; n0 < p.np; n0 += kNR) {
-    int8_t* panel = p.panels.data() + n0 * p.kp;
+    int8_t* panel = reinterpret_cast<int8_t*>(p.panels.get()) + n0 * p.kp;
     for (int64_t i = 0; i < p.kp / kKB; ++i) {
       for (int g = 0; g < 4; ++g) {
         for (int h = 0; h < 2; ++h) {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "rowwise_int8_matmul_kernels.h"
@@ -19,12 +20,15 @@ enum class Path { kPortable, kAvx2, kAvxVnni, kAvx512Bw, kAvx512Vnni };
 
 // B packed for the vector tiles (layout: ops/rowwise_int8_matmul_kernels.h), its column sums and lane bound.
 struct Packed {
-  std::vector<int8_t> panels;  // empty on the portable path; int16 weights' bytes when width == 2
+  // kp * np * width bytes (int16 weights' bytes when width == 2); none on the portable path
+  std::shared_ptr<uint8_t> panels;
   std::vector<int32_t> colsum;
   int64_t K = 0, N = 0, kp = 0, np = 0;
   int groups = 0;
   int width = 1;  // 2: the widened packing (the vpmaddubsw paths' weights outside the lane bound)
-  PackedView View() const { return {panels.data(), colsum.data(), K, N, kp, np, groups, width, np}; }
+  PackedView View() const {
+    return {reinterpret_cast<const int8_t*>(panels.get()), colsum.data(), K, N, kp, np, groups, width, np};
+  }
 };
 
 // The largest of 4, 2, 1 vpmaddubsw results that may be summed in int16 for activations on 0..levels (0: not even
@@ -32,8 +36,9 @@ struct Packed {
 int LaneGroups(const int8_t* b, int64_t K, int64_t N, int levels);
 
 // Column sums always; the lane bound for the vpmaddubsw paths; panels on every vector path (widened where the lane
-// bound gives groups 0 on a vpmaddubsw path).
-Packed Pack(const int8_t* b, int64_t K, int64_t N, int levels, Path path);
+// bound gives groups 0 on a vpmaddubsw path). `kept`: the panels are read by every call (B an initializer, packed at
+// kernel creation), so they go into huge-page weight storage (ops/common/weight_arena.h); otherwise ordinary memory.
+Packed Pack(const int8_t* b, int64_t K, int64_t N, int levels, Path path, bool kept);
 
 // The portable row quantization: the AVX2 unit's operations, one entry at a time. Returns the first bad row or -1.
 int64_t QuantizeRowsPortable(const float* x, int64_t M, int64_t K, int64_t kp, int levels, uint8_t* xq, float* sa,

@@ -6,7 +6,7 @@
 // 128 x 1536 (the inputs of MiniLM's projections and FFN down-projection). Minimum over rounds of the median of each round's repetitions (a
 // shared machine), the forms interleaved.
 //   S="-O3 -std=c++17 -fno-math-errno -ffp-contract=off -fno-tree-pre -Iops"  # the library's flags; V="-mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx2 -mfma"
-//   g++ $S -c ops/rowwise_int8_matmul_common.cc -o /tmp/rwb/c.o && \
+//   g++ $S -c ops/rowwise_int8_matmul_common.cc -o /tmp/rwb/c.o && g++ $S -c ops/common/weight_arena.cc -o /tmp/rwb/w.o && \
 //   g++ $S -mavx2 -mfma -c ops/rowwise_int8_matmul_avx2.cc -o /tmp/rwb/a2.o && \
 //   g++ $S $V -mavx512vnni -c ops/rowwise_int8_matmul_avx512vnni.cc -o /tmp/rwb/z.o && \
 //   g++ $S $V -mavx512vnni -c tests/native/rowwise_int8_matmul_avxvnni_evex.cc -o /tmp/rwb/y.o && \
@@ -51,8 +51,8 @@ int main() {
     std::vector<int8_t> b(static_cast<size_t>(s.K * s.N)), bl(b.size());
     for (auto& v : b) v = static_cast<int8_t>(w8(rng));
     for (auto& v : bl) v = static_cast<int8_t>(wl(rng));  // inside the lane bound for groups 4 at 7-bit rows
-    const rw::Packed pv = rw::Pack(b.data(), s.K, s.N, 255, rw::Path::kAvx512Vnni);
-    const rw::Packed pl = rw::Pack(bl.data(), s.K, s.N, 127, rw::Path::kAvx2);
+    const rw::Packed pv = rw::Pack(b.data(), s.K, s.N, 255, rw::Path::kAvx512Vnni, /*kept=*/true);
+    const rw::Packed pl = rw::Pack(bl.data(), s.K, s.N, 127, rw::Path::kAvx2, /*kept=*/true);
     std::vector<uint8_t> xq(static_cast<size_t>(s.M * pv.kp));
     for (auto& v : xq) v = static_cast<uint8_t>(a8(rng) / 2);
     std::vector<float> sa(s.M, 0.01f), sb(s.N, 0.02f), y(static_cast<size_t>(s.M * s.N));

@@ -15,6 +15,7 @@
 //   S="-O3 -std=c++17 -fno-math-errno -ffp-contract=off -fno-tree-pre -Iops"
 //   V="-mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx2 -mfma"
 //   mkdir -p /tmp/rww && g++ $S -c ops/rowwise_int8_matmul_common.cc -o /tmp/rww/c.o &&
+//   g++ $S -c ops/common/weight_arena.cc -o /tmp/rww/w.o &&
 //   g++ $S -mavx2 -mfma -c ops/rowwise_int8_matmul_avx2.cc -o /tmp/rww/a2.o &&
 //   g++ $S $V -c ops/rowwise_int8_matmul_avx512.cc -o /tmp/rww/bw.o &&
 //   g++ $S $V -mavx512vnni -c ops/rowwise_int8_matmul_avx512vnni.cc -o /tmp/rww/z.o &&
@@ -78,14 +79,14 @@ struct SplitSums {
 std::vector<int8_t> PackSplit(const std::vector<int8_t>& b, int64_t K, int64_t N, const rw::Packed& like) {
   std::vector<int8_t> hi(b.size()), lo(b.size());
   for (size_t i = 0; i < b.size(); ++i) hi[i] = static_cast<int8_t>(b[i] >> 1), lo[i] = static_cast<int8_t>(b[i] & 1);
-  const rw::Packed ph = rw::Pack(hi.data(), K, N, 255, rw::Path::kAvx512Vnni);
-  const rw::Packed pl = rw::Pack(lo.data(), K, N, 255, rw::Path::kAvx512Vnni);
+  const rw::Packed ph = rw::Pack(hi.data(), K, N, 255, rw::Path::kAvx512Vnni, /*kept=*/true);
+  const rw::Packed pl = rw::Pack(lo.data(), K, N, 255, rw::Path::kAvx512Vnni, /*kept=*/true);
   std::vector<int8_t> out(static_cast<size_t>(like.kp * like.np * 2));
   for (int64_t n0 = 0; n0 < like.np; n0 += rw::kNR) {
     for (int64_t i = 0; i < like.kp / rw::kKB; ++i) {
       const int64_t src = n0 * like.kp + i * 256, dst = 2 * n0 * like.kp + i * 512;
-      std::memcpy(&out[dst], &ph.panels[src], 256);
-      std::memcpy(&out[dst + 256], &pl.panels[src], 256);
+      std::memcpy(&out[dst], ph.panels.get() + src, 256);
+      std::memcpy(&out[dst + 256], pl.panels.get() + src, 256);
     }
   }
   return out;
@@ -110,10 +111,10 @@ int main() {
     for (auto& v : b) v = static_cast<int8_t>(w8(rng));
     b[0] = -128;  // the grid's extreme, where it can occur
     for (auto& v : bl) v = static_cast<int8_t>(wl(rng));
-    const rw::Packed pw = rw::Pack(b.data(), s.K, s.N, 255, rw::Path::kAvx2);
-    const rw::Packed pwz = rw::Pack(b.data(), s.K, s.N, 255, rw::Path::kAvx512Bw);
-    const rw::Packed pl = rw::Pack(bl.data(), s.K, s.N, 127, rw::Path::kAvx2);
-    const rw::Packed pv = rw::Pack(b.data(), s.K, s.N, 255, rw::Path::kAvx512Vnni);
+    const rw::Packed pw = rw::Pack(b.data(), s.K, s.N, 255, rw::Path::kAvx2, /*kept=*/true);
+    const rw::Packed pwz = rw::Pack(b.data(), s.K, s.N, 255, rw::Path::kAvx512Bw, /*kept=*/true);
+    const rw::Packed pl = rw::Pack(bl.data(), s.K, s.N, 127, rw::Path::kAvx2, /*kept=*/true);
+    const rw::Packed pv = rw::Pack(b.data(), s.K, s.N, 255, rw::Path::kAvx512Vnni, /*kept=*/true);
     if (pw.width != 2 || pl.groups != 4) {
       std::printf("unexpected packing: width %d, lane groups %d\n", pw.width, pl.groups);
       return 1;

@@ -49,6 +49,7 @@
 #include "avxvnni_evex.h"  // the sweep's own EVEX twins of the AVX-VNNI units
 #include "common/cpu.h"
 #include "common/simd_math.h"
+#include "common/weight_arena.h"
 #include "lora_mixer_tiles.h"
 #include "max_sim_tile.h"
 #include "multi_max_row.h"
@@ -1120,6 +1121,32 @@ using RowwiseGemm = void (*)(const rw::PackedView&, const uint8_t*, const float*
 using RowwiseQuantize = int64_t (*)(const float*, int64_t, int64_t, int64_t, int, uint8_t*, float*, int32_t*);
 
 // quantize: the path's vector row quantization (nullptr: the portable one alone).
+// The weight storage RowwiseInt8MatMul packs into (ops/common/weight_arena.h): every block 64-byte aligned and its
+// own (filled with distinct bytes, all intact once every block exists), sizes around the chunk's, a block larger than
+// a chunk, and new blocks after every earlier one is freed.
+void SweepWeightArena() {
+  const size_t chunk = sd::kWeightChunk;
+  const std::vector<size_t> sizes = {0, 1, 63, 64, 65, 4096, 3 << 20, chunk - 64, chunk, chunk + 1, 100, 5 << 20, 1};
+  for (int round = 0; round < 2; ++round) {
+    std::vector<std::shared_ptr<uint8_t>> blocks;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      blocks.push_back(sd::AllocateWeightStorage(sizes[i]));
+      ++g_checks;
+      if (reinterpret_cast<uintptr_t>(blocks.back().get()) % 64 != 0) {
+        Fail("weight storage: a block is not 64-byte aligned");
+      }
+      std::memset(blocks.back().get(), static_cast<int>(i + 1), sizes[i]);
+    }
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      ++g_checks;
+      const uint8_t* data = blocks[i].get();
+      if (!std::all_of(data, data + sizes[i], [&](uint8_t v) { return v == i + 1; })) {
+        Fail("weight storage: block " + std::to_string(i) + " (" + std::to_string(sizes[i]) + " bytes) overlaps another");
+      }
+    }
+  }
+}
+
 void SweepRowwise(const char* variant, rw::Path path, RowwiseGemm gemm, RowwiseQuantize quantize) {
   std::mt19937 rng(31);
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -1134,7 +1161,7 @@ void SweepRowwise(const char* variant, rw::Path path, RowwiseGemm gemm, RowwiseQ
         std::uniform_int_distribution<int> wdist(-bound, bound - (bound == 128 ? 1 : 0));
         std::vector<int8_t> b(static_cast<size_t>(K * N));
         for (auto& v : b) v = static_cast<int8_t>(wdist(rng));
-        const rw::Packed packed = rw::Pack(b.data(), K, N, levels, path);
+        const rw::Packed packed = rw::Pack(b.data(), K, N, levels, path, /*kept=*/(K + N) % 2 == 0);  // both storages
         const bool bounded = path == rw::Path::kAvx2 || path == rw::Path::kAvx512Bw;  // the vpmaddubsw tiles
         const bool tile = path != rw::Path::kPortable;
         const bool wide = packed.width == 2;  // the widened packing: int16 rows
@@ -1282,6 +1309,7 @@ int main() {
     }
     Run("RowwiseInt8MatMul", [&] { SweepRowwise("avx2", rw::Path::kAvx2, rw::GemmAvx2, rw::QuantizeRowsAvx2); });
     Run("RowwiseInt8MatMul", [&] { SweepRowwise("portable", rw::Path::kPortable, nullptr, nullptr); });
+    Run("RowwiseInt8MatMul", SweepWeightArena);
     rowwise.insert(rowwise.end(), {"avx2", "portable"});
     if (sd::KernelsUseAvxVnni()) {  // as the library: the avx2 variant's VNNI tile
       Run("RowwiseInt8MatMul", [&] { SweepRowwise("avx2 avx-vnni", rw::Path::kAvxVnni, rw::GemmAvxVnni, rw::QuantizeRowsAvx2); });

@@ -47,7 +47,7 @@ constexpr int64_t kMaxK = 65536;
 // The quantized rows' scratch: `bytes` of this thread's buffer, kept between calls, up to kKeptRowsBytes; a larger one
 // in *own for this call only, so no thread keeps more than that. Allocated per call, the scratch came back from
 // malloc at another address each time in a model (the other nodes' sizes in between), so the quantization wrote into
-// lines no cache held: 0.3-0.5 ms of a 21 ms MiniLM encode on AVX2 (bench/results/rowwise_int8_wide.md). Safe under
+// lines no cache held: up to 0.4 ms of a 21 ms MiniLM encode on AVX2 (bench/results/rowwise_int8_wide.md). Safe under
 // concurrent Run: each thread has its own, and one Compute uses it at a time. Left uninitialised (written before read).
 constexpr size_t kKeptRowsBytes = size_t{4} << 20;  // M = 1024 rows at K = 1536, widened
 uint8_t* RowsScratch(size_t bytes, std::unique_ptr<uint8_t[]>* own) {

@@ -3,9 +3,9 @@
 // or when refused, ordinary pages).
 //
 // Why: a model's packed weights are read once per call, each from L3 or DRAM. On 4 KB pages the core walks the page
-// table for every 4 KB of them (all-MiniLM-L6-v2's widened int8 weights: ~5,400 pages, beyond Zen 4's 3,072-entry
-// L2 TLB) and its hardware prefetchers stop at each page's end; on 2 MB pages neither happens. RowwiseInt8MatMul's
-// widened GEMM ran 4-5% faster in a model (bench/results/rowwise_int8_wide.md).
+// table for every 4 KB of them (all-MiniLM-L6-v2's widened int8 weights: ~5,300 pages, beyond Zen 4's 3,072-entry
+// L2 TLB) and its hardware prefetchers stop at each page's end; on 2 MB pages neither happens. MiniLM's
+// RowwiseInt8MatMul nodes ran 6-8% faster in the model, its encode ~2% (bench/results/rowwise_int8_wide.md).
 //
 // Packings share a chunk, in creation order (a session creates its kernels together, so one model's weights are
 // mostly contiguous). A chunk's memory is returned when the last packing in it is freed; the kernel's own space is

@@ -8,8 +8,9 @@
 //
 // The equation and rules: softdeploy/ops/rowwise_int8_matmul.py, rendered in docs/ops/RowwiseInt8MatMul.md. The
 // integers are exact (int32; K <= 65536); V is fma(float(acc - z colsum), s * BScale, Bias) in float32, gelu is
-// ops/common/simd_math.h's GeluErf (|error| <= 2e-7 |v|), the residual one float32 add: the epilogue of every tile,
-// so the activation and the residual add cost no pass of their own over Y.
+// ops/common/simd_math.h's GeluErf (|error| <= 2e-7 |v|), the residual one float32 add: the epilogue of every tile
+// (on the ymm driver the GELU and the residual after it run over each finished 16-column panel, still in cache), so
+// neither costs a pass of its own over Y.
 //
 // Variants: AVX-512 (ops/rowwise_int8_matmul_zmm.h: on a CPU with VNNI the vpdpbusd tile of
 // ops/rowwise_int8_matmul_avx512vnni.cc, every int8 B; without VNNI ops/rowwise_int8_matmul_avx512.cc, the AVX2
@@ -20,11 +21,11 @@
 // packing instead: int16 weights packed at creation, the rows quantized straight to int16, vpmaddwd into int32 -- exact
 // for every int8 B, so a model written for the VNNI class stays vectorized there. The row quantization is the AVX2
 // unit's on every vector path. A constant B (an initializer) is packed (and its lane bound found) once, at kernel
-// creation; a B fed at run time is packed on every call.
+// creation, into huge-page weight storage (ops/common/weight_arena.h); a B fed at run time is packed on every call.
 //
 // What must stay true: every contract check runs before ParallelFor; all variants produce the same integers and
 // the same bits (the same float32 operations; see the vector units' headers); the kernel's state after creation is
-// read-only (concurrent Run).
+// read-only (concurrent Run; the quantized rows' scratch is per thread, RowsScratch below).
 #include <algorithm>
 #include <cmath>
 #include <cstring>

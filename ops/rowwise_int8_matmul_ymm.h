@@ -66,9 +66,9 @@ inline void EpilogueYmm(__m256i acc[MR][2], const float* sa, const int32_t* za, 
 
 // y[m, 0..ncols) = GeluErf(y[m, 0..ncols)) + residual[m, 0..ncols) (nullptr: none) for rows [0, M) of one panel
 // (ncols <= 16; y and residual share the row stride ldy), after its tiles stored the epilogue's fma alone: the same
-// float32 operations per element as one epilogue, so the same bits. A pass over the panel's rows (in L1: 64 bytes a
-// row) because GeluErf's ~25 dependent operations pipeline across rows here, where 12 of them at the end of each tile
-// held up the next tile's GEMM loop (bench/results/rowwise_int8_wide.md).
+// float32 operations per element as one epilogue, so the same bits. A pass over the panel's rows (64 bytes a row,
+// still in L1 or L2) measured faster in a model than the same operations at the end of each tile, and than a pass
+// after each tile (bench/results/rowwise_int8_wide.md): here GeluErf's ~25 dependent operations pipeline across rows.
 inline void GeluColumnsYmm(float* y, int64_t ldy, int64_t M, int64_t ncols, const float* residual) {
   for (int64_t m = 0; m < M; ++m) {
     float* row = y + m * ldy;

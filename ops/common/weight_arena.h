@@ -8,9 +8,9 @@
 // RowwiseInt8MatMul nodes ran 6-8% faster in the model, its encode ~2% (bench/results/rowwise_int8_wide.md).
 //
 // Packings share a chunk, in creation order (a session creates its kernels together, so one model's weights are
-// mostly contiguous). A chunk's memory is returned when the last packing in it is freed; the kernel's own space is
-// never reused before, so a process that keeps creating and dropping sessions holds at most a chunk (kWeightChunk)
-// per packing still alive. Only the 2 MB pages a packing touches are backed by memory.
+// mostly contiguous). A chunk's memory is returned when the last packing in it is freed; space freed inside a chunk
+// is not reused, so a process that keeps creating and dropping sessions holds at most one chunk (kWeightChunk) per
+// packing still alive. Only the 2 MB pages a packing touches are backed by memory.
 #pragma once
 
 #include <cstddef>

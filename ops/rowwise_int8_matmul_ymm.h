@@ -110,11 +110,13 @@ void GemmYmm(const PackedView& w, const uint8_t* xq, const float* sa, const int3
   const int64_t full = M / kMR * kMR;
   static_assert(kMR == 6, "the remainder switch below covers 1..5 rows");
   // The next panel is prefetched while this one runs, a share per row tile: in a model the weights are read once per
-  // call from L3 or DRAM. Into L2, not L1: a widened K = 1536 panel (48 KB) exceeds L1, where each tile's burst of
-  // prefetches evicted the panel it was reading; past the range's last panel too (readable_np: with one thread the
-  // next task's first panel is this core's next). bench/results/rowwise_int8_wide.md has the measurements.
+  // call from L3 or DRAM. Into L1 where a panel fits it with room to spare (the few row tiles of a small M then read
+  // it from L1), else into L2: a widened K = 1536 panel (48 KB) exceeds L1, where each tile's burst of prefetches
+  // evicted the panel it was reading. Past the range's last panel too (readable_np: with one thread the next task's
+  // first panel is this core's next). bench/results/rowwise_int8_wide.md has the measurements.
   const int64_t panel_lines = w.kp * kNR * w.width / 64, tiles = full / kMR > 1 ? full / kMR : 1;
   const int64_t per_tile = (panel_lines + tiles - 1) / tiles;
+  const bool into_l1 = panel_lines * 64 <= 16384;
   // GELU (and then the residual) runs over a panel's finished rows rather than inside each tile (GeluColumnsYmm).
   const float* tile_res = act == Activation::kGelu ? nullptr : residual;
   alignas(32) float sb_edge[kNR], bias_edge[kNR];
@@ -135,7 +137,7 @@ void GemmYmm(const PackedView& w, const uint8_t* xq, const float* sa, const int3
     for (int64_t m = 0, t = 0; m < full; m += kMR, ++t) {
       if (prefetch) {
         for (int64_t l = t * per_tile; l < MinYmm(panel_lines, (t + 1) * per_tile); ++l)
-          _mm_prefetch(next + 64 * l, _MM_HINT_T1);
+          into_l1 ? _mm_prefetch(next + 64 * l, _MM_HINT_T0) : _mm_prefetch(next + 64 * l, _MM_HINT_T1);
       }
       TileAndStoreYmm<Sums, kMR>(w, xq, sa, za, m, n0, sb_p, bias_p, y, ldy, tile_res);
     }

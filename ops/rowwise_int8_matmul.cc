@@ -49,20 +49,16 @@ constexpr int64_t kMaxK = 65536;
 // in *own for this call only, so no thread keeps more than that. Allocated per call, the scratch came back from
 // malloc at another address each time in a model (the other nodes' sizes in between), so the quantization wrote into
 // lines no cache held: up to 0.4 ms of a 21 ms MiniLM encode on AVX2 (bench/results/rowwise_int8_wide.md). Safe under
-// concurrent Run: each thread has its own, and one Compute uses it at a time. Left uninitialised (written before read).
+// concurrent Run: each thread has its own, and one Compute uses it at a time. Written before it is read.
 constexpr size_t kKeptRowsBytes = size_t{4} << 20;  // M = 1024 rows at K = 1536, widened
 uint8_t* RowsScratch(size_t bytes, std::unique_ptr<uint8_t[]>* own) {
   if (bytes > kKeptRowsBytes) {
     own->reset(new uint8_t[bytes]);
     return own->get();
   }
-  thread_local std::unique_ptr<uint8_t[]> kept;
-  thread_local size_t kept_bytes = 0;
-  if (kept_bytes < bytes) {
-    kept.reset(new uint8_t[bytes]);
-    kept_bytes = bytes;
-  }
-  return kept.get();
+  thread_local std::vector<uint8_t> kept;  // grows to the largest call's, as two_pass_softmax's LaneExponents
+  if (kept.size() < bytes) kept.resize(bytes);
+  return kept.data();
 }
 
 // Fails naming the bad row and what is wrong with it (the error path: a plain scan of that row).

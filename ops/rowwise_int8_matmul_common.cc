@@ -73,8 +73,8 @@ Packed Pack(const int8_t* b, int64_t K, int64_t N, int levels, Path path, bool k
   const size_t bytes = static_cast<size_t>(p.kp * p.np * p.width);
   p.panels = kept ? AllocateWeightStorage(bytes)
                   : std::shared_ptr<uint8_t>(new uint8_t[bytes], std::default_delete<uint8_t[]>());
-  std::memset(p.panels.get(), 0, bytes);  // K and N padding
   if (p.width == 2) {  // layout: ops/rowwise_int8_matmul_kernels.h
+    std::memset(p.panels.get(), 0, bytes);  // K and N padding (the int8 loop below writes every byte itself)
     for (int64_t n0 = 0; n0 < p.np; n0 += kNR) {
       int16_t* panel = reinterpret_cast<int16_t*>(p.panels.get()) + n0 * p.kp;
       for (int64_t k = 0; k < K; ++k) {

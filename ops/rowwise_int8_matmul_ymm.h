@@ -37,6 +37,13 @@ inline __m256i Broadcast4(const uint8_t* p) {
   return _mm256_set1_epi32(v);
 }
 
+// An edge panel's row through a 16-entry buffer: its ncols entries of src, then zeros (never read past N; the padding
+// lanes are not stored).
+inline void CopyEdge(float* buf, const float* src, int64_t ncols) {
+  std::memcpy(buf, src, sizeof(float) * ncols);
+  std::memset(buf + ncols, 0, sizeof(float) * (kNR - ncols));
+}
+
 // y[r, 0..ncols) = fma(float(acc - za[r] colsum), sa[r] * sb, bias) + residual[r, 0..ncols) (nullptr: none; Y's row
 // stride) for the MR rows of a tile; sb, colsum and bias hold 16 entries. A GELU goes between the two, so a node with
 // one passes no residual here and GeluColumnsYmm adds it.
@@ -47,10 +54,7 @@ inline void EpilogueYmm(__m256i acc[MR][2], const float* sa, const int32_t* za, 
     alignas(32) float out[kNR], res[kNR];
     float* dst = ncols == kNR ? y + r * ldy : out;  // a full panel straight to y, an edge one through `out`
     const float* add = residual == nullptr ? nullptr : ncols == kNR ? residual + r * ldy : res;
-    if (add == res) {  // never read past N; the padding lanes (not stored) add 0
-      std::memcpy(res, residual + r * ldy, sizeof(float) * ncols);
-      std::memset(res + ncols, 0, sizeof(float) * (kNR - ncols));
-    }
+    if (add == res) CopyEdge(res, residual + r * ldy, ncols);
     for (int h = 0; h < 2; ++h) {
       const __m256i corr = _mm256_mullo_epi32(
           _mm256_set1_epi32(za[r]), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(colsum + 8 * h)));
@@ -75,14 +79,8 @@ inline void GeluColumnsYmm(float* y, int64_t ldy, int64_t M, int64_t ncols, cons
     alignas(32) float buf[kNR], res[kNR];
     float* dst = ncols == kNR ? row : buf;  // an edge panel through `buf`: never read or written past N
     const float* add = residual == nullptr ? nullptr : ncols == kNR ? residual + m * ldy : res;
-    if (ncols != kNR) {
-      std::memcpy(buf, row, sizeof(float) * ncols);
-      std::memset(buf + ncols, 0, sizeof(float) * (kNR - ncols));
-    }
-    if (add == res) {
-      std::memcpy(res, residual + m * ldy, sizeof(float) * ncols);
-      std::memset(res + ncols, 0, sizeof(float) * (kNR - ncols));
-    }
+    if (ncols != kNR) CopyEdge(buf, row, ncols);
+    if (add == res) CopyEdge(res, residual + m * ldy, ncols);
     for (int h = 0; h < 2; ++h) {
       __m256 o = simd::GeluErf<vec::Avx2>(_mm256_loadu_ps(dst + 8 * h));
       if (add != nullptr) o = _mm256_add_ps(o, _mm256_loadu_ps(add + 8 * h));
